@@ -1,0 +1,36 @@
+# Convenience front end over CMake. `make demo` installs what is missing (Debian/Ubuntu),
+# builds, and runs the built-in demo model; `make test` builds and runs the whole test suite.
+BUILD ?= build
+BUILD_TYPE ?= Release
+WERROR ?= OFF
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev \
+  libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev liburing-dev \
+  libedit-dev libgtest-dev libgmock-dev libbenchmark-dev
+
+.PHONY: all deps configure build test demo clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+configure:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDELTAFIN_WERROR=$(WERROR)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: deps build
+	$(BUILD)/src/cli/deltafin run --prompt "The capital of France is" --max-new 24 --stats
+
+clean:
+	rm -rf $(BUILD)

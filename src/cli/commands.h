@@ -1,0 +1,13 @@
+// The `deltafin` subcommands. Each cmd_*.cpp file adds one subcommand to the app; main.cpp
+// lists them. A subcommand's callback throws deltafin::Error on failure; main prints it as one
+// line ("deltafin: <message>") and exits 1.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace deltafin::cli {
+
+// Adds every subcommand (commands.cpp lists them in help order).
+void register_all(CLI::App& app);
+
+}  // namespace deltafin::cli

@@ -1,0 +1,152 @@
+#include "core/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace deltafin {
+
+namespace {
+FileIdentity identity_from_stat(const struct stat& st) {
+  FileIdentity id;
+  id.device = static_cast<uint64_t>(st.st_dev);
+  id.inode = static_cast<uint64_t>(st.st_ino);
+  id.size = static_cast<uint64_t>(st.st_size);
+#if defined(__APPLE__)
+  id.mtime_ns = static_cast<int64_t>(st.st_mtimespec.tv_sec) * 1000000000LL + st.st_mtimespec.tv_nsec;
+#else
+  id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+#endif
+  return id;
+}
+}  // namespace
+
+FileIdentity file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    fail_io("cannot stat {}: {}", path, std::strerror(errno));
+  }
+  return identity_from_stat(st);
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    fail_io("cannot open {}: {}", path, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    int err = errno;
+    reset();
+    fail_io("cannot stat {}: {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    reset();
+    fail_io("{} is not a regular file", path);
+  }
+  identity_ = identity_from_stat(st);
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      reset();
+      fail_io("cannot map {}: {}", path, std::strerror(err));
+    }
+    data_ = static_cast<const uint8_t*>(p);
+  }
+}
+
+MappedFile::~MappedFile() { reset(); }
+
+MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    reset();
+    path_ = std::move(other.path_);
+    fd_ = other.fd_;
+    data_ = other.data_;
+    size_ = other.size_;
+    identity_ = other.identity_;
+    other.fd_ = -1;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+void MappedFile::reset() {
+  if (data_ != nullptr) {
+    ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = nullptr;
+  }
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  size_ = 0;
+}
+
+void MappedFile::advise_random() const {
+  if (data_ != nullptr) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_RANDOM);
+}
+
+void MappedFile::advise_willneed(uint64_t offset, uint64_t length) const {
+  if (data_ == nullptr || offset >= size_) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t start = offset / page * page;
+  uint64_t end = std::min(size_, offset + length);
+  ::madvise(const_cast<uint8_t*>(data_) + start, end - start, MADV_WILLNEED);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    fail_io("cannot open {}: {}", path, std::strerror(errno));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail_io("cannot read {}", path);
+  return ss.str();
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail_io("cannot create {}: {}", tmp, std::strerror(errno));
+  const char* p = contents.data();
+  size_t left = contents.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail_io("cannot write {}: {}", tmp, std::strerror(err));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    fail_io("cannot finish writing {}: {}", tmp, std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    fail_io("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+  }
+}
+
+}  // namespace deltafin

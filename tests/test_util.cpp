@@ -1,0 +1,122 @@
+#include "test_util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace deltafin::test {
+
+std::string temp_dir(const std::string& name) {
+  static std::atomic<int> counter{0};
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(DELTAFIN_TEST_TMP) /
+               (name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void spit(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out << data;
+}
+
+RunResult run_deltafin(const std::vector<std::string>& args, const std::string& stdin_data,
+                       double timeout_s) {
+  int in_pipe[2], out_pipe[2], err_pipe[2];
+  if (pipe(in_pipe) || pipe(out_pipe) || pipe(err_pipe)) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+    posix_spawn_file_actions_addclose(&fa, fd);
+  }
+  std::vector<std::string> full = {binary()};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, full[0].c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (rc != 0) throw std::runtime_error("cannot spawn " + full[0]);
+
+  RunResult r;
+  size_t written = 0;
+  if (stdin_data.empty()) {
+    close(in_pipe[1]);
+    in_pipe[1] = -1;
+  } else {
+    fcntl(in_pipe[1], F_SETFL, O_NONBLOCK);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool out_open = true, err_open = true;
+  signal(SIGPIPE, SIG_IGN);
+  while (out_open || err_open) {
+    std::vector<pollfd> fds;
+    if (out_open) fds.push_back({out_pipe[0], POLLIN, 0});
+    if (err_open) fds.push_back({err_pipe[0], POLLIN, 0});
+    if (in_pipe[1] >= 0) fds.push_back({in_pipe[1], POLLOUT, 0});
+    int n = poll(fds.data(), fds.size(), 100);
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      break;
+    }
+    if (n <= 0) continue;
+    for (auto& p : fds) {
+      if (p.revents == 0) continue;
+      if (p.fd == in_pipe[1]) {
+        ssize_t w = write(in_pipe[1], stdin_data.data() + written, stdin_data.size() - written);
+        if (w > 0) written += static_cast<size_t>(w);
+        if (w < 0 || written == stdin_data.size()) {
+          close(in_pipe[1]);
+          in_pipe[1] = -1;
+        }
+        continue;
+      }
+      char buf[65536];
+      ssize_t got = read(p.fd, buf, sizeof buf);
+      if (got <= 0) {
+        if (p.fd == out_pipe[0]) out_open = false;
+        else err_open = false;
+      } else {
+        (p.fd == out_pipe[0] ? r.out : r.err).append(buf, static_cast<size_t>(got));
+      }
+    }
+  }
+  if (in_pipe[1] >= 0) close(in_pipe[1]);
+  close(out_pipe[0]);
+  close(err_pipe[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace deltafin::test
