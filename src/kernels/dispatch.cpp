@@ -1,0 +1,88 @@
+// Picks the kernel table for this CPU and provides the threaded front ends.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace deltafin::kernels {
+
+namespace {
+std::atomic<const KernelTable*> g_active{nullptr};
+
+const KernelTable* by_name(const std::string& n) {
+  if (n == "scalar") return &scalar_table();
+  if (n == "avx2") return avx2_table();
+  if (n == "avx512") return avx512_table();
+  if (n == "neon") return neon_table();
+  return nullptr;
+}
+
+const KernelTable* best() {
+  if (const char* env = std::getenv("DELTAFIN_KERNELS"); env != nullptr && *env != '\0') {
+    const KernelTable* t = by_name(env);
+    if (t == nullptr) {
+      fail("DELTAFIN_KERNELS={} is not available on this machine (expected scalar, avx2, avx512 "
+           "or neon, as the CPU supports)", env);
+    }
+    return t;
+  }
+  if (auto* t = avx512_table()) return t;
+  if (auto* t = avx2_table()) return t;
+  if (auto* t = neon_table()) return t;
+  return &scalar_table();
+}
+}  // namespace
+
+#if !defined(DELTAFIN_HAVE_X86)
+const KernelTable* avx2_table() { return nullptr; }
+const KernelTable* avx512_table() { return nullptr; }
+#endif
+#if !defined(DELTAFIN_HAVE_NEON)
+const KernelTable* neon_table() { return nullptr; }
+#endif
+
+const KernelTable& active() {
+  const KernelTable* t = g_active.load(std::memory_order_acquire);
+  if (t == nullptr) {
+    t = best();
+    g_active.store(t, std::memory_order_release);
+  }
+  return *t;
+}
+
+void select(const char* name) {
+  const KernelTable* t = by_name(name);
+  if (t == nullptr) fail("kernel set '{}' is not available on this machine", name);
+  g_active.store(t, std::memory_order_release);
+}
+
+void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+            ThreadPool& pool, bool accumulate) {
+  const KernelTable& t = active();
+  MatmulFn fn = t.matmul[static_cast<int>(w.format)];
+  // Aim for >= ~64K multiply-adds per task so short products do not pay for a fork.
+  int64_t per_row = std::max<int64_t>(1, w.cols * M);
+  int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / per_row);
+  pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e, int) {
+    fn(w, b, e, x, M, ldx, y, ldy, accumulate);
+  }, 16);
+}
+
+void matmul_t(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+              ThreadPool& pool) {
+  const KernelTable& t = active();
+  MatmulTFn fn = t.matmul_t[static_cast<int>(w.format)];
+  if (fn == nullptr) fn = scalar_table().matmul_t[static_cast<int>(w.format)];
+  int64_t per_col = std::max<int64_t>(1, w.rows * M);
+  int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / per_col);
+  pool.parallel_for(w.cols, grain, [&](int64_t b, int64_t e, int) {
+    fn(w, b, e, x, M, ldx, y, ldy);
+  }, 16);
+}
+
+}  // namespace deltafin::kernels

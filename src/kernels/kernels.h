@@ -1,0 +1,60 @@
+// Compute kernels behind one table, chosen once at start-up from the CPU's features (or forced
+// with DELTAFIN_KERNELS=scalar|avx2|avx512|neon). The scalar table is the reference that every
+// SIMD implementation is tested against on odd sizes. Kernels know nothing about models.
+//
+// Matrix products use the HF layout: W[n, k] with n = output, k = input; activations are fp32.
+// MXFP4 and BF16 weights are decoded inside the kernel (a small panel at a time at most, never
+// a whole float copy of a matrix).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/matrix.h"
+
+namespace deltafin {
+class ThreadPool;
+}
+
+namespace deltafin::kernels {
+
+// y[m*ldy + n] = (accumulate ? y : 0) + sum_k x[m*ldx + k] * W(n, k)
+// for m in [0, M) and output rows n in [n0, n1). Single-threaded; callers split n.
+using MatmulFn = void (*)(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M,
+                          int64_t ldx, float* y, int64_t ldy, bool accumulate);
+
+// y[m*ldy + c] += sum_r x[m*ldx + r] * W(r, c) for m in [0, M), columns c in [c0, c1):
+// the product with W transposed (W's rows are the input). Single-threaded; callers split c.
+using MatmulTFn = void (*)(const Matrix& w, int64_t c0, int64_t c1, const float* x, int64_t M,
+                           int64_t ldx, float* y, int64_t ldy);
+
+using DotFn = float (*)(const float* a, const float* b, int64_t n);
+// y[i] += a * x[i]
+using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);
+
+struct KernelTable {
+  const char* name;
+  MatmulFn matmul[4];    // indexed by WeightFormat
+  MatmulTFn matmul_t[4]; // indexed by WeightFormat (nullptr where unsupported)
+  DotFn dot;
+  AxpyFn axpy;
+};
+
+const KernelTable& scalar_table();
+// nullptr when the ISA is not compiled in or not supported by this CPU.
+const KernelTable* avx2_table();
+const KernelTable* avx512_table();
+const KernelTable* neon_table();
+
+// The table in use (picked on first call).
+const KernelTable& active();
+// Forces a table by name ("scalar", "avx2", ...); throws Error if unavailable here.
+void select(const char* name);
+
+// Threaded front ends over the active table: split the output across the pool in chunks that
+// keep each thread's share of W contiguous.
+void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+            ThreadPool& pool, bool accumulate = false);
+void matmul_t(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+              ThreadPool& pool);
+
+}  // namespace deltafin::kernels
