@@ -2,6 +2,9 @@
 
 namespace deltafin::cli {
 
-void register_all(CLI::App& app) { (void)app; }
+void register_all(CLI::App& app) {
+  register_logits(app);
+  register_inspect(app);
+}
 
 }  // namespace deltafin::cli

@@ -10,4 +10,7 @@ namespace deltafin::cli {
 // Adds every subcommand (commands.cpp lists them in help order).
 void register_all(CLI::App& app);
 
+void register_inspect(CLI::App& app);
+void register_logits(CLI::App& app);
+
 }  // namespace deltafin::cli

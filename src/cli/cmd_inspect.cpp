@@ -1,0 +1,117 @@
+// `deltafin inspect`: what a checkpoint is — architecture and layer schedule, parameter counts,
+// bytes of trunk and experts, the bytes a decoded token reads — and what the inventory check
+// found. Exits 1 (after printing the findings) if the checkpoint is unusable.
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/inventory.h"
+
+namespace deltafin::cli {
+
+namespace {
+
+struct InspectArgs {
+  std::string model;
+  bool json = false;
+};
+
+void run_inspect(const InspectArgs& a) {
+  ModelConfig c = load_config(a.model);
+  auto ck = Checkpoint::open(a.model);
+  std::string inventory_error;
+  InventoryReport rep;
+  try {
+    rep = check_inventory(c, *ck);
+  } catch (const Error& e) {
+    inventory_error = e.what();
+  }
+
+  // Parameters and bytes from the tensors actually present.
+  uint64_t trunk_params = 0, trunk_bytes = 0, expert_params = 0, expert_bytes = 0;
+  uint64_t embed_params = 0, head_params = 0, head_bytes = 0, embed_row_bytes = 0, ignored = 0;
+  uint64_t one_expert_bytes = 0, one_expert_params = 0;
+  for (const auto& [name, t] : ck->tensors()) {
+    const uint64_t n = static_cast<uint64_t>(t.numel());
+    if (name.find(".block_sparse_moe.experts.") != std::string::npos) {
+      // MXFP4: weight_packed holds two parameters per byte; scales are not parameters.
+      uint64_t params = name.ends_with("weight_packed") ? 2 * n : name.ends_with("weight_scale") ? 0 : n;
+      expert_params += params;
+      expert_bytes += t.nbytes;
+      if (name.find(fmt::format("layers.{}.block_sparse_moe.experts.0.", c.first_k_dense)) != std::string::npos) {
+        one_expert_bytes += t.nbytes;
+        one_expert_params += params;
+      }
+    } else if (name == "language_model.model.embed_tokens.weight") {
+      embed_params = n;
+      embed_row_bytes = t.nbytes / static_cast<uint64_t>(std::max<int64_t>(1, t.shape[0]));
+    } else if (name == "language_model.lm_head.weight") {
+      head_params = n;
+      head_bytes = t.nbytes;
+    } else if (name.rfind("language_model.", 0) == 0) {
+      trunk_params += n;
+      trunk_bytes += t.nbytes;
+    } else {
+      ++ignored;
+    }
+  }
+  if (c.tie_embeddings) head_bytes = embed_params * 2;
+  const uint64_t active_experts = static_cast<uint64_t>(c.moe.top_k * c.num_moe_layers());
+  const uint64_t per_token = trunk_bytes + head_bytes + embed_row_bytes + active_experts * one_expert_bytes;
+  const uint64_t active_params = trunk_params + (c.tie_embeddings ? embed_params : head_params) +
+                                 static_cast<uint64_t>(c.hidden) + active_experts * one_expert_params;
+
+  std::string sched;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    sched += c.is_mla(i) ? 'M' : 'K';
+  }
+  fmt::print("model        {}\n", a.model);
+  fmt::print("architecture Kimi K3 (KimiK3ForConditionalGeneration): hidden {}, {} layers ({} KDA, {} MLA), vocab {}\n",
+             c.hidden, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
+  fmt::print("schedule     {} (K = KDA, M = MLA; layers 0..{} dense, the rest MoE)\n", sched,
+             c.first_k_dense - 1);
+  fmt::print("KDA          {} heads x {}, conv {}, gate lower bound {}, f_a rank {}\n", c.kda.num_heads,
+             c.kda.head_dim, c.kda.conv_kernel, c.kda.gate_lower_bound, rep.f_a_rank);
+  fmt::print("MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} (unrotated), v {}, output gate {}\n",
+             c.mla.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_dim, c.mla.qk_rope_dim,
+             c.mla.v_head_dim, c.mla.output_gate ? "on" : "off");
+  fmt::print("MoE          {} routed experts, top {}, {} shared, expert {} -> {} (latent), scaling {}, "
+             "dense intermediate {}\n", c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts,
+             c.moe.latent_dim, c.moe.intermediate, c.moe.routed_scaling_factor, c.dense_intermediate);
+  fmt::print("AttnRes      block size {}, {} anchors banked\n", c.attn_res_block,
+             (c.num_layers + c.attn_res_block - 1) / c.attn_res_block);
+  fmt::print("experts      {} ({} per expert, {} params each)\n",
+             c.quantized_experts ? "MXFP4 (compressed-tensors)" : "BF16", human_bytes(static_cast<double>(one_expert_bytes)),
+             one_expert_params);
+  fmt::print("parameters   total {:.3f} B: trunk {:.3f} B, embedding {:.3f} B, lm_head {:.3f} B, routed experts {:.3f} B\n",
+             (trunk_params + embed_params + head_params + expert_params) / 1e9, trunk_params / 1e9,
+             embed_params / 1e9, head_params / 1e9, expert_params / 1e9);
+  fmt::print("active       {:.3f} B parameters per token\n", active_params / 1e9);
+  fmt::print("bytes        files {}, trunk {} (+ lm_head {}), routed experts {}\n",
+             human_bytes(static_cast<double>(ck->total_bytes())), human_bytes(static_cast<double>(trunk_bytes)),
+             human_bytes(static_cast<double>(head_bytes)), human_bytes(static_cast<double>(expert_bytes)));
+  fmt::print("per token    {} read per decoded token with nothing cached (trunk + head + {} experts)\n",
+             human_bytes(static_cast<double>(per_token)), active_experts);
+  fmt::print("shards       {} files, {} tensors ({} vision/projector tensors ignored)\n", ck->shards().size(),
+             ck->tensors().size(), ignored);
+  if (inventory_error.empty()) {
+    fmt::print("inventory    OK: {} tensors match the config\n", rep.checked);
+  } else {
+    fmt::print("inventory    FAILED\n{}\n", inventory_error);
+    throw Error("the checkpoint's tensors do not match its config (see above)");
+  }
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto args = std::make_shared<InspectArgs>();
+  auto* cmd = app.add_subcommand("inspect", "Describe a checkpoint and check its tensor inventory");
+  cmd->add_option("--model", args->model, "Model folder")->required();
+  cmd->callback([args] { run_inspect(*args); });
+}
+
+}  // namespace deltafin::cli

@@ -1,0 +1,111 @@
+#include "cli/common.h"
+
+#include <cctype>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+namespace deltafin::cli {
+
+void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
+  auto* m = cmd->add_option("--model", o.model, "Model folder (config.json + safetensors shards)");
+  if (!model_optional) m->required();
+  cmd->add_option("--threads", o.threads, "Compute threads (default: one per physical core)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--kernels", o.kernels, "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)");
+}
+
+void apply_engine_options(const EngineOptions& o) {
+  set_global_threads(o.threads);
+  if (!o.kernels.empty()) kernels::select(o.kernels.c_str());
+}
+
+std::unique_ptr<Model> load_model(const EngineOptions& o) {
+  apply_engine_options(o);
+  return Model::load(o.model);
+}
+
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  auto skip = [&] {
+    while (i < text.size() && (std::isspace(static_cast<unsigned char>(text[i])) != 0)) ++i;
+  };
+  skip();
+  bool bracket = i < text.size() && text[i] == '[';
+  if (bracket) ++i;
+  skip();
+  if (bracket && i < text.size() && text[i] == ']') {
+    ++i;
+    skip();
+    if (i != text.size()) fail_arg("{}: unexpected text after ']'", what);
+    return ids;
+  }
+  while (i < text.size()) {
+    skip();
+    size_t start = i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
+    if (start == i) fail_arg("{}: expected a comma-separated list of token ids, found \"{}\"", what, text);
+    long long v = std::stoll(text.substr(start, i - start));
+    if (v > INT32_MAX) fail_arg("{}: token id {} is too large", what, v);
+    ids.push_back(static_cast<int32_t>(v));
+    skip();
+    if (i < text.size() && text[i] == ',') {
+      ++i;
+      continue;
+    }
+    if (bracket && i < text.size() && text[i] == ']') {
+      ++i;
+      skip();
+      if (i != text.size()) fail_arg("{}: unexpected text after ']'", what);
+      return ids;
+    }
+    if (i < text.size()) fail_arg("{}: expected ',' after a token id in \"{}\"", what, text);
+  }
+  if (bracket) fail_arg("{}: missing ']'", what);
+  if (ids.empty()) fail_arg("{}: no token ids given", what);
+  return ids;
+}
+
+uint64_t parse_size(const std::string& text, const std::string& what) {
+  std::string t = text;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back())) != 0) t.pop_back();
+  if (t.empty()) fail_arg("{}: empty size", what);
+  double mult = static_cast<double>(1ull << 30);  // bare number = GiB
+  char last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
+  if (last == 'B' && t.size() >= 2 && std::isalpha(static_cast<unsigned char>(t[t.size() - 2]))) {
+    t.pop_back();
+    last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
+  }
+  if (last == 'K' || last == 'M' || last == 'G' || last == 'T') {
+    mult = last == 'K' ? 1024.0 : last == 'M' ? 1048576.0 : last == 'G' ? 1073741824.0 : 1099511627776.0;
+    t.pop_back();
+  }
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != t.size() || !(v > 0) || !std::isfinite(v)) {
+    fail_arg("{}: \"{}\" is not a size (expected a positive number with an optional K, M, G or T "
+             "suffix, powers of 1024; a bare number means GiB)", what, text);
+  }
+  return static_cast<uint64_t>(v * mult);
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) {
+    b /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.{}f} {}", b, u == 0 ? 0 : 2, units[u]);
+}
+
+}  // namespace deltafin::cli

@@ -1,0 +1,37 @@
+// Helpers shared by the subcommands: options every engine command takes, and small parsers.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace deltafin {
+class Model;
+}
+
+namespace deltafin::cli {
+
+struct EngineOptions {
+  std::string model;
+  int threads = 0;
+  std::string kernels;  // force a kernel table
+};
+
+// Adds --model (required unless `model_optional`), --threads and --kernels to a subcommand.
+void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);
+// Applies --threads / --kernels; call at the start of a command.
+void apply_engine_options(const EngineOptions& o);
+std::unique_ptr<Model> load_model(const EngineOptions& o);
+
+// "3,1,4" or "[3, 1, 4]" -> ids. Throws InvalidArgument naming `what`.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);
+
+// "2G", "512M", "1.5" (GiB), ... -> bytes. Throws InvalidArgument naming `what`.
+uint64_t parse_size(const std::string& text, const std::string& what);
+
+std::string human_bytes(double bytes);
+
+}  // namespace deltafin::cli

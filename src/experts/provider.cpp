@@ -1,0 +1,137 @@
+#include "experts/provider.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/inventory.h"
+
+namespace deltafin {
+
+bool ExpertLocation::contiguous() const {
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].shard != ranges[0].shard ||
+        ranges[i].offset != ranges[i - 1].offset + ranges[i - 1].size) {
+      return false;
+    }
+  }
+  return !ranges.empty();
+}
+
+ByteRange ExpertLocation::span() const {
+  return {ranges.front().shard, ranges.front().offset, bytes};
+}
+
+ExpertDirectory::ExpertDirectory(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format)
+    : format_(format),
+      intermediate_(c.moe.intermediate),
+      latent_(c.moe.latent_dim),
+      first_moe_(static_cast<int>(c.first_k_dense)),
+      num_layers_(static_cast<int>(c.num_layers)),
+      num_experts_(static_cast<int>(c.moe.num_experts)) {
+  const auto suffixes = expert_tensor_suffixes(format);
+  locations_.resize(static_cast<size_t>((num_layers_ - first_moe_) * num_experts_));
+  for (int l = first_moe_; l < num_layers_; ++l) {
+    for (int e = 0; e < num_experts_; ++e) {
+      ExpertLocation& loc = locations_[static_cast<size_t>((l - first_moe_) * num_experts_ + e)];
+      const std::string prefix = expert_prefix(l, e);
+      // Order ranges by file offset within the tensor order so a contiguous expert is detected
+      // whatever order its tensors were written in; keep tensor order for weights_from().
+      for (const auto& s : suffixes) {
+        const TensorInfo& t = ck.get(prefix + s);
+        loc.ranges.push_back({t.shard, t.offset, t.nbytes});
+        loc.bytes += t.nbytes;
+      }
+    }
+  }
+  if (!locations_.empty()) expert_bytes_ = locations_.front().bytes;
+}
+
+const ExpertLocation& ExpertDirectory::location(int layer, int expert) const {
+  if (layer < first_moe_ || layer >= num_layers_ || expert < 0 || expert >= num_experts_) {
+    fail("no routed expert {} in layer {} (MoE layers {}..{}, {} experts)", expert, layer,
+         first_moe_, num_layers_ - 1, num_experts_);
+  }
+  return locations_[static_cast<size_t>((layer - first_moe_) * num_experts_ + expert)];
+}
+
+ExpertWeights ExpertDirectory::weights_from(const std::vector<const uint8_t*>& b) const {
+  ExpertWeights w;
+  const int64_t I = intermediate_, Hl = latent_;
+  if (format_ == ExpertFormat::kMXFP4) {
+    w.w1 = {WeightFormat::kMXFP4, I, Hl, b[0], b[1]};
+    w.w2 = {WeightFormat::kMXFP4, Hl, I, b[2], b[3]};
+    w.w3 = {WeightFormat::kMXFP4, I, Hl, b[4], b[5]};
+  } else {
+    w.w1 = {WeightFormat::kBF16, I, Hl, b[0], nullptr};
+    w.w2 = {WeightFormat::kBF16, Hl, I, b[1], nullptr};
+    w.w3 = {WeightFormat::kBF16, I, Hl, b[2], nullptr};
+  }
+  return w;
+}
+
+namespace {
+class ReadyBatch : public ExpertBatch {
+ public:
+  explicit ReadyBatch(std::vector<ExpertHandle> items) : items_(std::move(items)) {}
+  bool next(size_t& index, ExpertHandle& handle) override {
+    if (pos_ >= items_.size()) return false;
+    index = pos_;
+    handle = items_[pos_++];
+    return true;
+  }
+
+ private:
+  std::vector<ExpertHandle> items_;
+  size_t pos_ = 0;
+};
+}  // namespace
+
+MmapExpertProvider::MmapExpertProvider(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format)
+    : ck_(ck), dir_(c, ck, format) {
+  const int n_layers = dir_.num_layers() - dir_.first_moe_layer();
+  views_.resize(static_cast<size_t>(n_layers * dir_.num_experts()));
+  for (int l = dir_.first_moe_layer(); l < dir_.num_layers(); ++l) {
+    for (int e = 0; e < dir_.num_experts(); ++e) {
+      const ExpertLocation& loc = dir_.location(l, e);
+      std::vector<const uint8_t*> ptrs;
+      for (const auto& r : loc.ranges) ptrs.push_back(ck_.shards()[r.shard].data() + r.offset);
+      views_[static_cast<size_t>((l - dir_.first_moe_layer()) * dir_.num_experts() + e)] =
+          std::make_shared<ExpertWeights>(dir_.weights_from(ptrs));
+    }
+  }
+}
+
+ExpertLocation MmapExpertProvider::locate(int layer, int expert) const {
+  return dir_.location(layer, expert);
+}
+
+ExpertHandle MmapExpertProvider::acquire(int layer, int expert) {
+  const ExpertLocation& loc = dir_.location(layer, expert);
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  bytes_served_.fetch_add(loc.bytes, std::memory_order_relaxed);
+  return views_[static_cast<size_t>((layer - dir_.first_moe_layer()) * dir_.num_experts() + expert)];
+}
+
+std::unique_ptr<ExpertBatch> MmapExpertProvider::request(int layer, std::span<const int> experts) {
+  std::vector<ExpertHandle> items;
+  items.reserve(experts.size());
+  for (int e : experts) items.push_back(acquire(layer, e));
+  return std::make_unique<ReadyBatch>(std::move(items));
+}
+
+ExpertStats MmapExpertProvider::stats() const {
+  ExpertStats s;
+  s.requests = requests_.load();
+  s.hits = s.requests;  // everything is addressable; the page cache does any I/O
+  s.bytes_served = bytes_served_.load();
+  return s;
+}
+
+std::string MmapExpertProvider::describe() const {
+  return fmt::format("mmap ({} routed experts of {} bytes, {})",
+                     static_cast<int64_t>(dir_.num_experts()) * (dir_.num_layers() - dir_.first_moe_layer()),
+                     dir_.expert_bytes(), dir_.format() == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16");
+}
+
+}  // namespace deltafin

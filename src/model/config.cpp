@@ -1,0 +1,351 @@
+#include "model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+
+namespace deltafin {
+
+using nlohmann::json;
+
+namespace {
+
+// Reads fields from one JSON object and collects every problem, so one error lists them all.
+class FieldReader {
+ public:
+  FieldReader(const json& obj, std::string prefix, std::vector<std::string>& problems)
+      : obj_(obj), prefix_(std::move(prefix)), problems_(problems) {}
+
+  const json* find(const char* key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() ? nullptr : &*it;
+  }
+  std::string name(const char* key) const { return prefix_ + key; }
+  void problem(const std::string& msg) { problems_.push_back(msg); }
+
+  int64_t integer(const char* key, int64_t min_value, std::optional<int64_t> fallback = {}) {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) {
+      if (fallback) return *fallback;
+      problem(fmt::format("{}: missing (expected an integer >= {})", name(key), min_value));
+      return min_value;
+    }
+    if (!v->is_number_integer()) {
+      problem(fmt::format("{}: expected an integer, found {}", name(key), v->dump()));
+      return min_value;
+    }
+    int64_t x = v->get<int64_t>();
+    if (x < min_value) {
+      problem(fmt::format("{}: expected an integer >= {}, found {}", name(key), min_value, x));
+      return min_value;
+    }
+    return x;
+  }
+
+  double number(const char* key, std::optional<double> fallback = {}) {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) {
+      if (fallback) return *fallback;
+      problem(fmt::format("{}: missing (expected a number)", name(key)));
+      return 0.0;
+    }
+    if (!v->is_number()) {
+      problem(fmt::format("{}: expected a number, found {}", name(key), v->dump()));
+      return 0.0;
+    }
+    return v->get<double>();
+  }
+
+  bool boolean(const char* key, std::optional<bool> fallback = {}) {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) {
+      if (fallback) return *fallback;
+      problem(fmt::format("{}: missing (expected true or false)", name(key)));
+      return false;
+    }
+    if (!v->is_boolean()) {
+      problem(fmt::format("{}: expected true or false, found {}", name(key), v->dump()));
+      return false;
+    }
+    return v->get<bool>();
+  }
+
+  std::string string(const char* key, std::optional<std::string> fallback = {}) {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) {
+      if (fallback) return *fallback;
+      problem(fmt::format("{}: missing (expected a string)", name(key)));
+      return {};
+    }
+    if (!v->is_string()) {
+      problem(fmt::format("{}: expected a string, found {}", name(key), v->dump()));
+      return {};
+    }
+    return v->get<std::string>();
+  }
+
+  void expect_string(const char* key, const std::string& want, bool required = true) {
+    const json* v = find(key);
+    if (v == nullptr) {
+      if (required) problem(fmt::format("{}: missing (expected \"{}\")", name(key), want));
+      return;
+    }
+    if (!v->is_string() || v->get<std::string>() != want) {
+      problem(fmt::format("{}: expected \"{}\", found {} (not supported)", name(key), want, v->dump()));
+    }
+  }
+
+  std::vector<int64_t> int_list(const char* key) {
+    const json* v = find(key);
+    std::vector<int64_t> out;
+    if (v == nullptr || !v->is_array()) {
+      problem(fmt::format("{}: {} (expected a list of 1-based layer numbers)", name(key),
+                          v == nullptr ? "missing" : "found " + v->dump()));
+      return out;
+    }
+    for (const auto& e : *v) {
+      if (!e.is_number_integer()) {
+        problem(fmt::format("{}: expected integers, found {}", name(key), e.dump()));
+        return {};
+      }
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+
+ private:
+  const json& obj_;
+  std::string prefix_;
+  std::vector<std::string>& problems_;
+};
+
+void check_quantization(const json& q, std::vector<std::string>& problems) {
+  const std::string p = "text_config.quantization_config.";
+  auto want = [&](const json& obj, const char* key, const json& expected, const std::string& where) {
+    auto it = obj.find(key);
+    if (it == obj.end()) {
+      problems.push_back(fmt::format("{}{}: missing (expected {})", where, key, expected.dump()));
+    } else if (*it != expected) {
+      problems.push_back(fmt::format("{}{}: expected {}, found {} (only MXFP4 compressed-tensors "
+                                     "experts are supported)", where, key, expected.dump(), it->dump()));
+    }
+  };
+  if (!q.is_object()) {
+    problems.push_back(p.substr(0, p.size() - 1) + ": expected an object, found " + q.dump());
+    return;
+  }
+  want(q, "quant_method", "compressed-tensors", p);
+  want(q, "format", "mxfp4-pack-quantized", p);
+  auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->empty()) {
+    problems.push_back(p + "config_groups: missing (expected one MXFP4 weight group)");
+    return;
+  }
+  for (auto it = groups->begin(); it != groups->end(); ++it) {
+    std::string gp = p + "config_groups." + it.key() + ".";
+    const json& g = it.value();
+    if (!g.is_object()) {
+      problems.push_back(gp + ": expected an object");
+      continue;
+    }
+    auto w = g.find("weights");
+    if (w == g.end() || !w->is_object()) {
+      problems.push_back(gp + "weights: missing (expected the MXFP4 weight scheme)");
+      continue;
+    }
+    std::string wp = gp + "weights.";
+    want(*w, "num_bits", 4, wp);
+    want(*w, "type", "float", wp);
+    want(*w, "group_size", 32, wp);
+    want(*w, "strategy", "group", wp);
+    want(*w, "symmetric", true, wp);
+    auto act = g.find("input_activations");
+    if (act != g.end() && !act->is_null()) {
+      problems.push_back(gp + "input_activations: expected null (activation quantization is not "
+                              "part of the released checkpoint), found " + act->dump());
+    }
+  }
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_kda_layers() const {
+  return std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kKDA);
+}
+int64_t ModelConfig::num_mla_layers() const {
+  return std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kMLA);
+}
+
+ModelConfig parse_config(const std::string& json_text, const std::string& path) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  if (!root.is_object()) fail("{}: expected a JSON object at the top level", path);
+
+  std::vector<std::string> problems;
+  ModelConfig c;
+  c.path = path;
+
+  // Route on the top-level architecture: the text config calls itself kimi_linear.
+  bool arch_ok = false;
+  if (auto a = root.find("architectures"); a != root.end() && a->is_array()) {
+    for (const auto& s : *a) arch_ok |= s.is_string() && s.get<std::string>() == "KimiK3ForConditionalGeneration";
+  }
+  if (!arch_ok) {
+    problems.push_back(fmt::format("architectures: expected [\"KimiK3ForConditionalGeneration\"], "
+                                   "found {}", root.contains("architectures") ? root["architectures"].dump() : "nothing"));
+  }
+  auto tc_it = root.find("text_config");
+  if (tc_it == root.end() || !tc_it->is_object()) {
+    problems.push_back("text_config: missing (expected the text model's configuration object)");
+    fail("{}: invalid K3 config:\n  {}", path, fmt::join(problems, "\n  "));
+  }
+  const json& tc = *tc_it;
+  FieldReader t(tc, "text_config.", problems);
+
+  c.hidden = t.integer("hidden_size", 1);
+  c.num_layers = t.integer("num_hidden_layers", 1);
+  c.vocab = t.integer("vocab_size", 1);
+  c.dense_intermediate = t.integer("intermediate_size", 1);
+  c.first_k_dense = t.integer("first_k_dense_replace", 0);
+  c.attn_res_block = t.integer("attn_res_block_size", 1);
+  c.max_positions = t.integer("max_position_embeddings", 1);
+  c.rms_eps = static_cast<float>(t.number("rms_norm_eps"));
+  if (!(c.rms_eps > 0)) t.problem("text_config.rms_norm_eps: expected a positive number");
+  t.expect_string("hidden_act", "situ");
+  c.situ_beta = static_cast<float>(t.number("activation_situ_beta"));
+  c.situ_linear_beta = static_cast<float>(t.number("activation_situ_linear_beta"));
+  if (!(c.situ_beta > 0)) t.problem("text_config.activation_situ_beta: expected a positive number");
+  if (!(c.situ_linear_beta > 0)) t.problem("text_config.activation_situ_linear_beta: expected a positive number");
+  c.tie_embeddings = t.boolean("tie_word_embeddings", false);
+  if (root.contains("tie_word_embeddings") && root["tie_word_embeddings"].is_boolean() &&
+      root["tie_word_embeddings"].get<bool>() != c.tie_embeddings) {
+    t.problem("tie_word_embeddings: the top level and text_config disagree");
+  }
+  c.bos_token_id = t.integer("bos_token_id", 0, root.value("bos_token_id", int64_t{-1}));
+  c.eos_token_id = t.integer("eos_token_id", 0, root.value("eos_token_id", int64_t{-1}));
+  c.pad_token_id = t.integer("pad_token_id", 0, root.value("pad_token_id", int64_t{-1}));
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (root.contains(k) && tc.contains(k) && root[k] != tc[k]) {
+      t.problem(fmt::format("{}: the top level ({}) and text_config ({}) disagree", k, root[k].dump(), tc[k].dump()));
+    }
+  }
+  if (c.eos_token_id >= c.vocab) t.problem(fmt::format("text_config.eos_token_id {} is outside the vocabulary ({})", c.eos_token_id, c.vocab));
+  if (int64_t n = t.integer("num_nextn_predict_layers", 0, 0); n != 0) {
+    t.problem(fmt::format("text_config.num_nextn_predict_layers: expected 0 (K3 has no MTP head), found {}", n));
+  }
+  if (int64_t f = t.integer("moe_layer_freq", 1, 1); f != 1) {
+    t.problem(fmt::format("text_config.moe_layer_freq: expected 1, found {} (not supported)", f));
+  }
+
+  // MLA
+  c.mla.num_heads = t.integer("num_attention_heads", 1);
+  c.mla.q_lora_rank = t.integer("q_lora_rank", 1);
+  c.mla.kv_lora_rank = t.integer("kv_lora_rank", 1);
+  c.mla.qk_nope_dim = t.integer("qk_nope_head_dim", 1);
+  c.mla.qk_rope_dim = t.integer("qk_rope_head_dim", 0);
+  c.mla.v_head_dim = t.integer("v_head_dim", 1);
+  if (!t.boolean("mla_use_nope", false)) {
+    t.problem("text_config.mla_use_nope: expected true (K3's MLA uses no rotary embedding; RoPE is not implemented)");
+  }
+  c.mla.output_gate = t.boolean("mla_use_output_gate", false);
+
+  // MoE
+  c.moe.num_experts = t.integer("num_experts", 1);
+  c.moe.top_k = t.integer("num_experts_per_token", 1);
+  c.moe.num_shared_experts = t.integer("num_shared_experts", 0, 0);
+  c.moe.intermediate = t.integer("moe_intermediate_size", 1);
+  c.moe.latent_dim = t.integer("routed_expert_hidden_size", 1);
+  c.moe.latent_norm = t.boolean("latent_moe_use_norm", true);
+  c.moe.renormalize = t.boolean("moe_renormalize", true);
+  c.moe.routed_scaling_factor = static_cast<float>(t.number("routed_scaling_factor", 1.0));
+  t.expect_string("moe_router_activation_func", "sigmoid");
+  t.expect_string("topk_method", "noaux_tc");
+  if (int64_t g = t.integer("num_expert_group", 1, 1); g != 1) {
+    t.problem(fmt::format("text_config.num_expert_group: expected 1, found {} (group-limited routing is not implemented)", g));
+  }
+  if (int64_t g = t.integer("topk_group", 1, 1); g != 1) {
+    t.problem(fmt::format("text_config.topk_group: expected 1, found {}", g));
+  }
+  if (c.moe.top_k > c.moe.num_experts) {
+    t.problem(fmt::format("text_config.num_experts_per_token ({}) exceeds num_experts ({})", c.moe.top_k, c.moe.num_experts));
+  }
+  if (c.moe.latent_dim % 32 != 0 || c.moe.intermediate % 32 != 0) {
+    t.problem(fmt::format("text_config: routed_expert_hidden_size ({}) and moe_intermediate_size ({}) "
+                          "must be multiples of 32 (MXFP4 groups)", c.moe.latent_dim, c.moe.intermediate));
+  }
+  if (c.first_k_dense > c.num_layers) {
+    t.problem(fmt::format("text_config.first_k_dense_replace ({}) exceeds num_hidden_layers ({})", c.first_k_dense, c.num_layers));
+  }
+
+  // KDA and the layer schedule
+  auto lin_it = tc.find("linear_attn_config");
+  if (lin_it == tc.end() || !lin_it->is_object()) {
+    t.problem("text_config.linear_attn_config: missing (expected the KDA configuration object)");
+  } else {
+    FieldReader l(*lin_it, "text_config.linear_attn_config.", problems);
+    c.kda.num_heads = l.integer("num_heads", 1);
+    c.kda.head_dim = l.integer("head_dim", 1);
+    c.kda.conv_kernel = l.integer("short_conv_kernel_size", 1);
+    c.kda.gate_lower_bound = static_cast<float>(l.number("gate_lower_bound"));
+    if (!(c.kda.gate_lower_bound < 0)) l.problem("text_config.linear_attn_config.gate_lower_bound: expected a negative number (the sigmoid decay form)");
+    if (!l.boolean("use_full_rank_gate", false)) {
+      l.problem("text_config.linear_attn_config.use_full_rank_gate: expected true (K3's single g_proj output gate)");
+    }
+    auto full = l.int_list("full_attn_layers");
+    auto kda = l.int_list("kda_layers");
+    c.layer_kinds.assign(static_cast<size_t>(c.num_layers), LayerKind::kKDA);
+    std::vector<int> seen(static_cast<size_t>(c.num_layers), 0);
+    auto mark = [&](const std::vector<int64_t>& list, LayerKind kind, const char* key) {
+      for (int64_t one_based : list) {
+        if (one_based < 1 || one_based > c.num_layers) {
+          l.problem(fmt::format("text_config.linear_attn_config.{}: layer {} is outside 1..{}", key, one_based, c.num_layers));
+          continue;
+        }
+        c.layer_kinds[one_based - 1] = kind;
+        seen[one_based - 1]++;
+      }
+    };
+    mark(full, LayerKind::kMLA, "full_attn_layers");
+    mark(kda, LayerKind::kKDA, "kda_layers");
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      if (seen[i] != 1) {
+        l.problem(fmt::format("text_config.linear_attn_config: layer {} (1-based) must appear in exactly one of "
+                              "full_attn_layers and kda_layers, found {} times", i + 1, seen[i]));
+      }
+    }
+  }
+
+  if (auto q = tc.find("quantization_config"); q != tc.end() && !q->is_null()) {
+    check_quantization(*q, problems);
+    c.quantized_experts = true;
+  }
+
+  if (!problems.empty()) {
+    fail("{}: invalid K3 config:\n  {}", path, fmt::join(problems, "\n  "));
+  }
+  return c;
+}
+
+ModelConfig load_config(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(model_dir) / "config.json";
+  if (!fs::exists(p)) {
+    fail("{}: no config.json (expected a Kimi K3 checkpoint folder: config.json plus "
+         "model.safetensors or model.safetensors.index.json with its shards)", model_dir);
+  }
+  return parse_config(read_file(p.string()), p.string());
+}
+
+}  // namespace deltafin

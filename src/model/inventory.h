@@ -1,0 +1,51 @@
+// The tensors a K3 checkpoint must hold, derived from its config: names, shapes and dtypes as in
+// the release (K3-SPEC §2.2). The loader checks a checkpoint against this list before any
+// compute and reports every missing, extra, wrongly-shaped or wrongly-typed tensor in one
+// error; make-model writes exactly this list.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "tensor/dtype.h"
+
+namespace deltafin {
+
+class Checkpoint;
+
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype;
+  int layer = -1;   // -1 for globals
+  int expert = -1;  // routed expert id, -1 for trunk tensors
+};
+
+// Names (the release's `language_model.` prefix included).
+std::string layer_prefix(int64_t layer);
+std::string expert_prefix(int64_t layer, int64_t expert);
+
+struct InventoryOptions {
+  ExpertFormat expert_format = ExpertFormat::kMXFP4;
+  int64_t f_a_rank = 0;  // KDA f_a_proj rank; 0 = head_dim
+};
+
+// Everything the config implies, in release order (per layer: trunk tensors, then experts).
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const InventoryOptions& o);
+// The routed experts' tensor suffixes in their on-disk order for a format
+// (w1.weight_packed, w1.weight_scale, w2..., w3... for MXFP4; w1.weight, w2.weight, w3.weight).
+std::vector<std::string> expert_tensor_suffixes(ExpertFormat f);
+
+struct InventoryReport {
+  ExpertFormat expert_format = ExpertFormat::kMXFP4;
+  int64_t f_a_rank = 0;
+  size_t checked = 0;
+  size_t ignored = 0;  // vision_tower.* / mm_projector.*
+};
+
+// Checks `ck` against the config; throws one Error listing every problem (grouped, with counts).
+InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck);
+
+}  // namespace deltafin

@@ -1,0 +1,198 @@
+// Kimi Delta Attention (K3-SPEC §3.4): projections batched over all rows, then per sequence the
+// causal short convolution (with its carried history) and, per head, the gated delta-rule
+// recurrence run row by row. The stepwise recurrence is the oracle form: a sequence gives
+// bit-identical KDA state whether its rows come in one pass or many, and the deferred-commit
+// replay reproduces it exactly. (kda_chunk.cpp holds the chunked form used for long prefill.)
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "model/layers.h"
+#include "model/ops.h"
+
+namespace deltafin {
+
+namespace {
+
+// One recurrence step for one head. S is [dk][dv] (key rows), updated in place.
+// Returns o = S_newᵀ q in `o` when q != nullptr.
+inline void delta_step(float* S, int64_t dk, int64_t dv, const float* q, const float* k,
+                       const float* v, const float* alpha, float beta, float* e, float* o) {
+  const auto& K = kernels::active();
+  // e = v - (diag(alpha) S)ᵀ k, decaying S on the way.
+  std::memcpy(e, v, static_cast<size_t>(dv) * sizeof(float));
+  for (int64_t i = 0; i < dk; ++i) {
+    float* row = S + i * dv;
+    const float a = alpha[i];
+    for (int64_t j = 0; j < dv; ++j) row[j] *= a;
+    K.axpy(-k[i], row, e, dv);
+  }
+  // S += beta k eᵀ ; o = Sᵀ q
+  if (o != nullptr) std::memset(o, 0, static_cast<size_t>(dv) * sizeof(float));
+  for (int64_t i = 0; i < dk; ++i) {
+    float* row = S + i * dv;
+    K.axpy(beta * k[i], e, row, dv);
+    if (o != nullptr) K.axpy(q[i], row, o, dv);
+  }
+}
+
+}  // namespace
+
+void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const float* u, float* y) {
+  const ModelConfig& c = ctx.c;
+  const int64_t R = ctx.rows, H = c.hidden;
+  const int64_t nh = c.kda.num_heads, dk = c.kda.head_dim, Pk = c.kda.proj_dim();
+  const int64_t Kc = c.kda.conv_kernel, hist = Kc - 1, W3 = 3 * Pk;
+  const int64_t rank = w.f_a.rows;
+  ThreadPool& pool = ctx.pool;
+
+  // Projections: pre-conv q | k | v per row (the layout of the conv history), gate, decay, beta.
+  std::vector<float> qkv(static_cast<size_t>(R * W3));
+  kernels::matmul(w.q, u, R, H, qkv.data(), W3, pool);
+  kernels::matmul(w.k, u, R, H, qkv.data() + Pk, W3, pool);
+  kernels::matmul(w.v, u, R, H, qkv.data() + 2 * Pk, W3, pool);
+  std::vector<float> gate(static_cast<size_t>(R * Pk));
+  kernels::matmul(w.g, u, R, H, gate.data(), Pk, pool);
+  std::vector<float> fa(static_cast<size_t>(R * rank));
+  kernels::matmul(w.f_a, u, R, H, fa.data(), rank, pool);
+  std::vector<float> z(static_cast<size_t>(R * Pk));
+  kernels::matmul(w.f_b, fa.data(), R, rank, z.data(), Pk, pool);
+  std::vector<float> bl(static_cast<size_t>(R * nh));
+  kernels::matmul(w.b, u, R, H, bl.data(), nh, pool);
+
+  // Short causal depthwise conv + SiLU, per sequence, over [history ; new rows].
+  std::vector<float> act(static_cast<size_t>(R * W3));
+  for (const SeqRows& s : ctx.seqs) {
+    KdaLayerState& st = s.state->kda()[static_cast<size_t>(s.state->kda_slot(layer))];
+    const float* hrows = st.conv.data();  // [hist][W3]
+    auto input = [&](int64_t t, int64_t ch) -> float {  // t relative to the sequence's first row
+      if (t >= 0) return qkv[static_cast<size_t>((s.begin + t) * W3 + ch)];
+      return hrows[static_cast<size_t>((hist + t) * W3 + ch)];
+    };
+    pool.parallel_for(W3, 256, [&](int64_t c0, int64_t c1, int) {
+      for (int64_t ch = c0; ch < c1; ++ch) {
+        const float* taps = (ch < Pk ? w.q_conv.data() + ch * Kc
+                             : ch < 2 * Pk ? w.k_conv.data() + (ch - Pk) * Kc
+                                           : w.v_conv.data() + (ch - 2 * Pk) * Kc);
+        for (int64_t t = 0; t < s.count; ++t) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < Kc; ++j) acc += taps[j] * input(t - hist + j, ch);
+          act[static_cast<size_t>((s.begin + t) * W3 + ch)] = ops::silu(acc);
+        }
+      }
+    });
+    if (s.pending != nullptr) {
+      auto& rec = s.pending->layers[static_cast<size_t>(s.state->kda_slot(layer))];
+      rec.conv_in.assign(qkv.begin() + s.begin * W3, qkv.begin() + (s.begin + s.count) * W3);
+    } else if (hist > 0) {
+      // New history = the last `hist` inputs of [history ; new rows].
+      std::vector<float> nh_rows(static_cast<size_t>(hist * W3));
+      for (int64_t r = 0; r < hist; ++r) {
+        const int64_t t = s.count - hist + r;
+        for (int64_t ch = 0; ch < W3; ++ch) nh_rows[static_cast<size_t>(r * W3 + ch)] = input(t, ch);
+      }
+      st.conv.swap(nh_rows);
+    }
+  }
+
+  // Per row and head: L2-normalised q (scaled by dk^-1/2) and k, decay alpha, beta.
+  std::vector<float> alpha(static_cast<size_t>(R * Pk)), beta(static_cast<size_t>(R * nh));
+  const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const float lb = c.kda.gate_lower_bound;
+  pool.parallel_for(R * nh, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t r = idx / nh, h = idx % nh;
+      float* q = act.data() + r * W3 + h * dk;
+      float* k = q + Pk;
+      double sq = 0, sk = 0;
+      for (int64_t d = 0; d < dk; ++d) {
+        sq += static_cast<double>(q[d]) * q[d];
+        sk += static_cast<double>(k[d]) * k[d];
+      }
+      const float iq = static_cast<float>(1.0 / std::sqrt(sq + 1e-6)) * qscale;
+      const float ik = static_cast<float>(1.0 / std::sqrt(sk + 1e-6));
+      for (int64_t d = 0; d < dk; ++d) {
+        q[d] *= iq;
+        k[d] *= ik;
+      }
+      const float ae = w.a_exp[static_cast<size_t>(h)];
+      for (int64_t d = 0; d < dk; ++d) {
+        const int64_t ch = h * dk + d;
+        const float zz = z[static_cast<size_t>(r * Pk + ch)] + w.dt_bias[static_cast<size_t>(ch)];
+        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(ae * zz));
+      }
+      beta[static_cast<size_t>(r * nh + h)] = ops::sigmoid(bl[static_cast<size_t>(r * nh + h)]);
+    }
+  });
+
+  // The recurrence, one task per (sequence, head).
+  std::vector<float> o(static_cast<size_t>(R * Pk));
+  const int64_t n_tasks = static_cast<int64_t>(ctx.seqs.size()) * nh;
+  pool.run(static_cast<int>(n_tasks), [&](int task, int) {
+    const SeqRows& s = ctx.seqs[static_cast<size_t>(task / nh)];
+    const int64_t h = task % nh;
+    const int slot = s.state->kda_slot(layer);
+    KdaLayerState& st = s.state->kda()[static_cast<size_t>(slot)];
+    float* S = st.S.data() + h * dk * dk;
+    std::vector<float> scratch, e(static_cast<size_t>(dk));
+    KdaLayerRecord* rec = nullptr;
+    if (s.pending != nullptr) {  // leave the committed state untouched
+      scratch.assign(S, S + dk * dk);
+      S = scratch.data();
+      rec = &s.pending->layers[static_cast<size_t>(slot)];
+    }
+    for (int64_t t = 0; t < s.count; ++t) {
+      const int64_t r = s.begin + t;
+      const float* q = act.data() + r * W3 + h * dk;
+      const float* k = q + Pk;
+      const float* v = q + 2 * Pk;
+      const float* a = alpha.data() + r * Pk + h * dk;
+      const float b = beta[static_cast<size_t>(r * nh + h)];
+      delta_step(S, dk, dk, q, k, v, a, b, e.data(), o.data() + r * Pk + h * dk);
+      if (rec != nullptr) {
+        const size_t off = static_cast<size_t>((t * nh + h) * dk);
+        std::copy(k, k + dk, rec->k.begin() + off);
+        std::copy(v, v + dk, rec->v.begin() + off);
+        std::copy(a, a + dk, rec->alpha.begin() + off);
+        rec->beta[static_cast<size_t>(t * nh + h)] = b;
+      }
+    }
+  });
+
+  // Gated output norm per head, then the output projection.
+  const float eps = c.rms_eps;
+  pool.parallel_for(R * nh, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t idx = b; idx < e; ++idx) {
+      float* oh = o.data() + idx * dk;  // rows are [nh][dk], so (r, h) is idx
+      const float* gh = gate.data() + idx * dk;
+      ops::rmsnorm(oh, w.o_norm.data(), eps, dk, oh);
+      for (int64_t d = 0; d < dk; ++d) oh[d] *= ops::sigmoid(gh[d]);
+    }
+  });
+  kernels::matmul(w.o, o.data(), R, Pk, y, H, pool);
+}
+
+void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,
+                KdaLayerState& st) {
+  const int64_t nh = c.kda.num_heads, dk = c.kda.head_dim, Pk = c.kda.proj_dim();
+  const int64_t hist = c.kda.conv_kernel - 1, W3 = 3 * Pk;
+  std::vector<float> e(static_cast<size_t>(dk));
+  for (int64_t h = 0; h < nh; ++h) {
+    float* S = st.S.data() + h * dk * dk;
+    for (int64_t t = 0; t < accepted; ++t) {
+      const size_t off = static_cast<size_t>((t * nh + h) * dk);
+      delta_step(S, dk, dk, nullptr, rec.k.data() + off, rec.v.data() + off, rec.alpha.data() + off,
+                 rec.beta[static_cast<size_t>(t * nh + h)], e.data(), nullptr);
+    }
+  }
+  (void)rows;
+  if (hist > 0 && accepted > 0) {
+    std::vector<float> all(st.conv);
+    all.insert(all.end(), rec.conv_in.begin(), rec.conv_in.begin() + accepted * W3);
+    st.conv.assign(all.end() - hist * W3, all.end());
+  }
+}
+
+}  // namespace deltafin

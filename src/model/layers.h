@@ -1,0 +1,53 @@
+// The K3 layer computations over a batch of rows (internal to the model). Each function reads
+// the normed input rows and writes the layer's output rows; recurrent parts run per sequence.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "experts/provider.h"
+#include "model/config.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace deltafin {
+
+class ThreadPool;
+struct PassStats;
+
+struct SeqRows {
+  int64_t begin = 0;  // first row of this sequence in the batch
+  int64_t count = 0;
+  State* state = nullptr;
+  PendingCommit* pending = nullptr;  // deferred KDA commit
+  int64_t base = 0;                  // position before the pass
+};
+
+struct LayerContext {
+  const ModelConfig& c;
+  ThreadPool& pool;
+  std::span<const SeqRows> seqs;
+  int64_t rows;
+};
+
+// y[R][hidden] = KDA(u)
+void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const float* u, float* y);
+// Replays the first `accepted` recorded rows of one KDA layer into its state (deferred commit).
+void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,
+                KdaLayerState& st);
+// y[R][hidden] = gated NoPE MLA(u), appending each sequence's rows to its latent cache.
+void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const float* u, float* y);
+// y (=|+=) W_down · SiTU(W_gate x, W_up x)
+void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y, bool accumulate);
+// y = latent MoE(x) + shared experts(x)
+void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
+                 int layer, const float* x, float* y, PassStats& stats);
+
+// Router selection for one row (exposed for tests): top-k by score + bias (ties: lower id),
+// weights = the unbiased sigmoid scores renormalised over the selection, times the scaling
+// factor. `ids` come out in ascending id order with their weights.
+void route_row(const float* logits, const float* bias, int64_t num_experts, int64_t top_k,
+               bool renormalize, float scaling, int* ids, float* weights);
+
+}  // namespace deltafin

@@ -1,0 +1,104 @@
+// Gated NoPE multi-head latent attention (K3-SPEC §3.6) in the absorbed form: the cache holds
+// one latent row per position (the normed kv_lora latent c and the shared k_pe slice, never
+// rotated); each head's query is mapped into latent space (q̃ = Wk_hᵀ q_nope), scored against
+// [c | k_pe] with scale 1/sqrt(nope + rope), the softmax-weighted latent is mapped out by Wv_h,
+// gated by sigmoid(g_proj u) and projected. Prefill and decode share this path.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "model/layers.h"
+#include "model/ops.h"
+
+namespace deltafin {
+
+void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const float* u, float* y) {
+  const ModelConfig& c = ctx.c;
+  const auto& m = c.mla;
+  const int64_t R = ctx.rows, H = c.hidden;
+  const int64_t nH = m.num_heads, dq = m.q_lora_rank, dc = m.kv_lora_rank;
+  const int64_t dn = m.qk_nope_dim, dr = m.qk_rope_dim, dv = m.v_head_dim;
+  const int64_t qw = nH * (dn + dr), cw = dc + dr, kvb_stride = dn + dv;
+  ThreadPool& pool = ctx.pool;
+  constexpr float kLatentEps = 1e-6f;  // q_a_layernorm / kv_a_layernorm use the class default
+
+  std::vector<float> cq(static_cast<size_t>(R * dq));
+  kernels::matmul(w.q_a, u, R, H, cq.data(), dq, pool);
+  for (int64_t r = 0; r < R; ++r) {
+    ops::rmsnorm(cq.data() + r * dq, w.q_a_norm.data(), kLatentEps, dq, cq.data() + r * dq);
+  }
+  std::vector<float> q(static_cast<size_t>(R * qw));
+  kernels::matmul(w.q_b, cq.data(), R, dq, q.data(), qw, pool);
+  std::vector<float> ckv(static_cast<size_t>(R * cw));
+  kernels::matmul(w.kv_a, u, R, H, ckv.data(), cw, pool);
+  for (int64_t r = 0; r < R; ++r) {
+    ops::rmsnorm(ckv.data() + r * cw, w.kv_a_norm.data(), kLatentEps, dc, ckv.data() + r * cw);
+  }
+  std::vector<float> gate;
+  if (m.output_gate) {
+    gate.resize(static_cast<size_t>(R * nH * dv));
+    kernels::matmul(w.g, u, R, H, gate.data(), nH * dv, pool);
+  }
+
+  // Append the new latent rows to each sequence's cache.
+  for (const SeqRows& s : ctx.seqs) {
+    MlaLayerCache& cache = s.state->mla()[static_cast<size_t>(s.state->mla_slot(layer))];
+    if (cache.length() != s.base) {
+      fail("internal: MLA cache of layer {} holds {} positions, the sequence is at {}", layer,
+           cache.length(), s.base);
+    }
+    cache.rows.insert(cache.rows.end(), ckv.begin() + s.begin * cw, ckv.begin() + (s.begin + s.count) * cw);
+  }
+
+  // Attention, one task per (sequence, head).
+  std::vector<float> o(static_cast<size_t>(R * nH * dv));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  const auto& K = kernels::active();
+  const int fmt = static_cast<int>(w.kv_b.format);
+  const int64_t n_tasks = static_cast<int64_t>(ctx.seqs.size()) * nH;
+  pool.run(static_cast<int>(n_tasks), [&](int task, int) {
+    const SeqRows& s = ctx.seqs[static_cast<size_t>(task / nH)];
+    const int64_t h = task % nH;
+    const MlaLayerCache& cache = s.state->mla()[static_cast<size_t>(s.state->mla_slot(layer))];
+    const Matrix wk = w.kv_b.row_slice(h * kvb_stride, h * kvb_stride + dn);
+    const Matrix wv = w.kv_b.row_slice(h * kvb_stride + dn, (h + 1) * kvb_stride);
+    // q̃ rows: [Wk_hᵀ q_nope | q_pe] per new row.
+    std::vector<float> qt(static_cast<size_t>(s.count * cw), 0.0f);
+    auto mt = K.matmul_t[fmt] != nullptr ? K.matmul_t[fmt] : kernels::scalar_table().matmul_t[fmt];
+    mt(wk, 0, dc, q.data() + s.begin * qw + h * (dn + dr), s.count, qw, qt.data(), cw);
+    for (int64_t t = 0; t < s.count; ++t) {
+      std::memcpy(qt.data() + t * cw + dc, q.data() + (s.begin + t) * qw + h * (dn + dr) + dn,
+                  static_cast<size_t>(dr) * sizeof(float));
+    }
+    std::vector<float> scores(static_cast<size_t>(s.base + s.count));
+    std::vector<float> obar(static_cast<size_t>(s.count * dc), 0.0f);
+    for (int64_t t = 0; t < s.count; ++t) {
+      const int64_t n = s.base + t + 1;  // causal: positions 0 .. base + t
+      const float* qrow = qt.data() + t * cw;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = K.dot(qrow, cache.rows.data() + j * cw, cw) * scale;
+        mx = std::max(mx, scores[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += scores[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      float* ob = obar.data() + t * dc;
+      for (int64_t j = 0; j < n; ++j) K.axpy(scores[j] * inv, cache.rows.data() + j * cw, ob, dc);
+    }
+    K.matmul[fmt](wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv, nH * dv, false);
+  });
+
+  if (m.output_gate) {
+    for (size_t i = 0; i < o.size(); ++i) o[i] *= ops::sigmoid(gate[i]);
+  }
+  kernels::matmul(w.o, o.data(), R, nH * dv, y, H, pool);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,123 @@
+// Dense SiTU MLP (layer 0 and the shared experts) and the latent MoE with its router
+// (K3-SPEC §3.7–3.8). Routing is per row; then every selected expert is fetched once and applied
+// to all the rows that chose it, whichever sequences they belong to, as experts become ready.
+// Each row's expert outputs are summed in ascending expert-id order, so the result does not
+// depend on arrival order, batching or thread count.
+#include <algorithm>
+#include <numeric>
+
+#include "core/thread_pool.h"
+#include "core/timer.h"
+#include "kernels/kernels.h"
+#include "model/layers.h"
+#include "model/model.h"
+#include "model/ops.h"
+
+namespace deltafin {
+
+void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y, bool accumulate) {
+  const int64_t R = ctx.rows, H = ctx.c.hidden, I = w.gate.rows;
+  std::vector<float> g(static_cast<size_t>(R * I)), u(static_cast<size_t>(R * I));
+  kernels::matmul(w.gate, x, R, H, g.data(), I, ctx.pool);
+  kernels::matmul(w.up, x, R, H, u.data(), I, ctx.pool);
+  ops::situ_rows(g.data(), u.data(), R * I, ctx.c.situ_beta, ctx.c.situ_linear_beta, g.data());
+  kernels::matmul(w.down, g.data(), R, I, y, H, ctx.pool, accumulate);
+}
+
+void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k, bool renormalize,
+               float scaling, int* ids, float* weights) {
+  thread_local std::vector<int> order;
+  thread_local std::vector<float> score, choice;
+  order.resize(static_cast<size_t>(E));
+  score.resize(static_cast<size_t>(E));
+  choice.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    score[e] = ops::sigmoid(logits[e]);
+    choice[e] = score[e] + bias[e];
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int a, int b) {
+    return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+  });
+  std::sort(order.begin(), order.begin() + top_k);
+  double sum = 0.0;
+  for (int64_t i = 0; i < top_k; ++i) sum += score[order[i]];
+  for (int64_t i = 0; i < top_k; ++i) {
+    ids[i] = order[i];
+    const float s = score[order[i]];
+    weights[i] = renormalize ? static_cast<float>(s / (sum + 1e-20)) * scaling : s * scaling;
+  }
+}
+
+void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
+                 int layer, const float* x, float* y, PassStats& stats) {
+  const ModelConfig& c = ctx.c;
+  const int64_t R = ctx.rows, H = c.hidden, E = c.moe.num_experts, k = c.moe.top_k;
+  const int64_t Hl = c.moe.latent_dim, I = c.moe.intermediate;
+  ThreadPool& pool = ctx.pool;
+
+  // Router (fp32) and selection.
+  std::vector<float> logits(static_cast<size_t>(R * E));
+  kernels::matmul(w.router, x, R, H, logits.data(), E, pool);
+  std::vector<int> ids(static_cast<size_t>(R * k));
+  std::vector<float> wts(static_cast<size_t>(R * k));
+  for (int64_t r = 0; r < R; ++r) {
+    route_row(logits.data() + r * E, w.score_bias.data(), E, k, c.moe.renormalize,
+              c.moe.routed_scaling_factor, ids.data() + r * k, wts.data() + r * k);
+  }
+
+  // Latent input and the expert -> (row, slot) lists.
+  std::vector<float> xi(static_cast<size_t>(R * Hl));
+  kernels::matmul(w.down, x, R, H, xi.data(), Hl, pool);
+  std::vector<std::vector<int64_t>> users(static_cast<size_t>(E));  // row * k + slot
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t s = 0; s < k; ++s) users[static_cast<size_t>(ids[r * k + s])].push_back(r * k + s);
+  }
+  std::vector<int> wanted;
+  for (int64_t e = 0; e < E; ++e) {
+    if (!users[static_cast<size_t>(e)].empty()) wanted.push_back(static_cast<int>(e));
+  }
+  stats.expert_uses += R * k;
+  stats.expert_fetches += static_cast<int64_t>(wanted.size());
+
+  // Apply each expert to its rows as it arrives; outputs land in their (row, slot).
+  std::vector<float> slot_out(static_cast<size_t>(R * k * Hl));
+  std::vector<float> xe, ge, ue, ye;
+  auto batch = experts.request(layer, wanted);
+  size_t index = 0;
+  ExpertHandle handle;
+  while (batch->next(index, handle)) {
+    const auto& list = users[static_cast<size_t>(wanted[index])];
+    const int64_t n = static_cast<int64_t>(list.size());
+    xe.resize(static_cast<size_t>(n * Hl));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = list[static_cast<size_t>(i)] / k;
+      std::copy_n(xi.data() + r * Hl, Hl, xe.data() + i * Hl);
+    }
+    ge.resize(static_cast<size_t>(n * I));
+    ue.resize(static_cast<size_t>(n * I));
+    ye.resize(static_cast<size_t>(n * Hl));
+    kernels::matmul(handle->w1, xe.data(), n, Hl, ge.data(), I, pool);
+    kernels::matmul(handle->w3, xe.data(), n, Hl, ue.data(), I, pool);
+    ops::situ_rows(ge.data(), ue.data(), n * I, c.situ_beta, c.situ_linear_beta, ge.data());
+    kernels::matmul(handle->w2, ge.data(), n, I, ye.data(), Hl, pool);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(ye.data() + i * Hl, Hl, slot_out.data() + list[static_cast<size_t>(i)] * Hl);
+    }
+    handle.reset();
+  }
+
+  // Weighted sum per row in ascending expert order (slots are sorted by id), latent norm, up.
+  std::vector<float> ybar(static_cast<size_t>(R * Hl), 0.0f);
+  for (int64_t r = 0; r < R; ++r) {
+    float* out = ybar.data() + r * Hl;
+    for (int64_t s = 0; s < k; ++s) {
+      kernels::active().axpy(wts[static_cast<size_t>(r * k + s)], slot_out.data() + (r * k + s) * Hl, out, Hl);
+    }
+    if (c.moe.latent_norm) ops::rmsnorm(out, w.latent_norm.data(), c.rms_eps, Hl, out);
+  }
+  kernels::matmul(w.up, ybar.data(), R, Hl, y, H, pool);
+  if (c.moe.num_shared_experts > 0) mlp_forward(ctx, w.shared, x, y, /*accumulate=*/true);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,35 @@
+// Small element-wise operations of the K3 layers, in fp32 (statistics of norms in double).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace deltafin::ops {
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
+
+// SiTU(g, u) = [beta * tanh(g / beta) * sigmoid(g)] * [lbeta * tanh(u / lbeta)]  (K3-SPEC §3.7)
+inline float situ(float g, float u, float beta, float lbeta) {
+  return beta * std::tanh(g / beta) * sigmoid(g) * (lbeta * std::tanh(u / lbeta));
+}
+
+// 1 / sqrt(mean(x^2) + eps)
+inline float inv_rms(const float* x, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+}
+
+// out = w ⊙ x / sqrt(mean(x^2) + eps); out may alias x.
+inline void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out) {
+  const float r = inv_rms(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * r);
+}
+
+// out[i] = situ(g[i], u[i]); out may alias g.
+inline void situ_rows(const float* g, const float* u, int64_t n, float beta, float lbeta, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = situ(g[i], u[i], beta, lbeta);
+}
+
+}  // namespace deltafin::ops

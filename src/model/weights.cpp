@@ -1,0 +1,182 @@
+#include "model/weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/inventory.h"
+
+namespace deltafin {
+
+namespace {
+
+Matrix as_matrix(const TensorInfo& t, const uint8_t* bytes) {
+  if (t.shape.size() != 2) fail("tensor {}: expected a matrix, found shape {}", t.name, t.shape_string());
+  Matrix m;
+  m.rows = t.shape[0];
+  m.cols = t.shape[1];
+  m.data = bytes;
+  switch (t.dtype) {
+    case DType::kBF16:
+      m.format = WeightFormat::kBF16;
+      if (reinterpret_cast<uintptr_t>(bytes) % 2 != 0) {
+        fail("tensor {}: BF16 data at an odd file offset {} (the safetensors header is not padded)", t.name, t.offset);
+      }
+      break;
+    case DType::kF32:
+      m.format = WeightFormat::kF32;
+      if (reinterpret_cast<uintptr_t>(bytes) % 4 != 0) {
+        fail("tensor {}: F32 data at unaligned file offset {}", t.name, t.offset);
+      }
+      break;
+    default:
+      fail("tensor {}: dtype {} cannot be used as a weight matrix (expected BF16)", t.name, dtype_name(t.dtype));
+  }
+  return m;
+}
+
+std::vector<float> as_floats(const TensorInfo& t, const uint8_t* bytes) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  if (t.dtype == DType::kF32) {
+    std::memcpy(v.data(), bytes, v.size() * 4);
+  } else if (t.dtype == DType::kBF16) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, bytes + 2 * i, 2);
+      v[i] = bf16_to_f32(h);
+    }
+  } else {
+    fail("tensor {}: dtype {} cannot be read as a float vector (expected F32 or BF16)", t.name, dtype_name(t.dtype));
+  }
+  return v;
+}
+
+struct Binder {
+  const TensorLookup& lookup;
+  Matrix matrix(const std::string& name) const {
+    auto [t, b] = lookup(name);
+    return as_matrix(*t, b);
+  }
+  std::vector<float> floats(const std::string& name) const {
+    auto [t, b] = lookup(name);
+    return as_floats(*t, b);
+  }
+  // norm ⊙ proj (both bf16 in the release: their product is exact in fp32)
+  std::vector<float> score(const std::string& norm, const std::string& proj) const {
+    auto n = floats(norm);
+    auto p = floats(proj);
+    if (n.size() != p.size()) fail("tensors {} and {} differ in size", norm, proj);
+    for (size_t i = 0; i < n.size(); ++i) n[i] *= p[i];
+    return n;
+  }
+};
+
+}  // namespace
+
+LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup) {
+  Binder b{lookup};
+  LayerWeights w;
+  w.layer = layer;
+  const std::string P = layer_prefix(layer);
+  w.input_norm = b.floats(P + "input_layernorm.weight");
+  w.post_norm = b.floats(P + "post_attention_layernorm.weight");
+  w.attn_res_score = b.score(P + "self_attention_res_norm.weight", P + "self_attention_res_proj.weight");
+  w.mlp_res_score = b.score(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight");
+  const std::string A = P + "self_attn.";
+  if (c.is_mla(layer)) {
+    auto& m = w.mla;
+    m.q_a = b.matrix(A + "q_a_proj.weight");
+    m.q_a_norm = b.floats(A + "q_a_layernorm.weight");
+    m.q_b = b.matrix(A + "q_b_proj.weight");
+    m.kv_a = b.matrix(A + "kv_a_proj_with_mqa.weight");
+    m.kv_a_norm = b.floats(A + "kv_a_layernorm.weight");
+    m.kv_b = b.matrix(A + "kv_b_proj.weight");
+    if (c.mla.output_gate) m.g = b.matrix(A + "g_proj.weight");
+    m.o = b.matrix(A + "o_proj.weight");
+  } else {
+    auto& k = w.kda;
+    k.q = b.matrix(A + "q_proj.weight");
+    k.k = b.matrix(A + "k_proj.weight");
+    k.v = b.matrix(A + "v_proj.weight");
+    k.q_conv = b.floats(A + "q_conv1d.weight");
+    k.k_conv = b.floats(A + "k_conv1d.weight");
+    k.v_conv = b.floats(A + "v_conv1d.weight");
+    k.f_a = b.matrix(A + "f_a_proj.weight");
+    k.f_b = b.matrix(A + "f_b_proj.weight");
+    k.dt_bias = b.floats(A + "dt_bias");
+    // A_log: one value per head; entries past num_heads are padding and never read.
+    auto a_log = b.floats(A + "A_log");
+    if (static_cast<int64_t>(a_log.size()) < c.kda.num_heads) {
+      fail("tensor {}A_log: {} entries, expected at least num_heads = {}", A, a_log.size(), c.kda.num_heads);
+    }
+    k.a_exp.resize(static_cast<size_t>(c.kda.num_heads));
+    for (int64_t h = 0; h < c.kda.num_heads; ++h) k.a_exp[h] = std::exp(a_log[h]);
+    k.b = b.matrix(A + "b_proj.weight");
+    k.g = b.matrix(A + "g_proj.weight");
+    k.o_norm = b.floats(A + "o_norm.weight");
+    k.o = b.matrix(A + "o_proj.weight");
+  }
+  if (c.is_dense(layer)) {
+    w.dense.gate = b.matrix(P + "mlp.gate_proj.weight");
+    w.dense.up = b.matrix(P + "mlp.up_proj.weight");
+    w.dense.down = b.matrix(P + "mlp.down_proj.weight");
+  } else {
+    auto& m = w.moe;
+    const std::string M = P + "block_sparse_moe.";
+    m.router = b.matrix(M + "gate.weight");
+    m.score_bias = b.floats(M + "gate.e_score_correction_bias");
+    m.down = b.matrix(M + "routed_expert_down_proj.weight");
+    if (c.moe.latent_norm) m.latent_norm = b.floats(M + "routed_expert_norm.weight");
+    m.up = b.matrix(M + "routed_expert_up_proj.weight");
+    if (c.moe.num_shared_experts > 0) {
+      m.shared.gate = b.matrix(M + "shared_experts.gate_proj.weight");
+      m.shared.up = b.matrix(M + "shared_experts.up_proj.weight");
+      m.shared.down = b.matrix(M + "shared_experts.down_proj.weight");
+    }
+  }
+  return w;
+}
+
+GlobalWeights bind_globals(const ModelConfig& c, const TensorLookup& lookup) {
+  Binder b{lookup};
+  GlobalWeights g;
+  g.embed = b.matrix("language_model.model.embed_tokens.weight");
+  g.lm_head = c.tie_embeddings ? g.embed : b.matrix("language_model.lm_head.weight");
+  g.final_norm = b.floats("language_model.model.norm.weight");
+  g.out_res_score = b.score("language_model.model.output_attn_res_norm.weight",
+                            "language_model.model.output_attn_res_proj.weight");
+  return g;
+}
+
+std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck) {
+  std::vector<std::string> names;
+  const std::string P = layer_prefix(layer);
+  const std::string E = P + "block_sparse_moe.experts.";
+  for (const auto& [name, t] : ck.tensors()) {
+    if (name.rfind(P, 0) == 0 && name.rfind(E, 0) != 0) names.push_back(name);
+  }
+  (void)c;
+  return names;
+}
+
+uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck) {
+  uint64_t n = 0;
+  for (const auto& name : layer_trunk_tensors(c, layer, ck)) n += ck.get(name).nbytes;
+  return n;
+}
+
+TensorLookup checkpoint_lookup(const Checkpoint& ck) {
+  return [&ck](const std::string& name) -> std::pair<const TensorInfo*, const uint8_t*> {
+    const TensorInfo& t = ck.get(name);
+    return {&t, t.data};
+  };
+}
+
+ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck) {
+  auto lookup = checkpoint_lookup(ck);
+  globals_ = bind_globals(c, lookup);
+  for (int i = 0; i < c.num_layers; ++i) layers_.push_back(bind_layer(c, i, lookup));
+}
+
+}  // namespace deltafin

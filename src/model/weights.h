@@ -1,0 +1,104 @@
+// The trunk weights of one layer (everything but the routed experts) and the globals, bound to
+// bytes: big matrices are zero-copy views (kernels decode BF16 in place); small vectors (norms,
+// conv taps, biases) are converted to fp32 copies once, with derived constants precomputed
+// (exp(A_log) per head, the AttnRes score vector norm ⊙ proj, which is exact in fp32).
+//
+// The model reaches a layer's weights through a TrunkProvider (acquire before the layer's
+// compute, release after), so that trunk layers that do not fit in memory can be streamed
+// without touching model code.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "tensor/dtype.h"
+#include "tensor/matrix.h"
+
+namespace deltafin {
+
+class Checkpoint;
+struct TensorInfo;
+
+struct KdaWeights {
+  Matrix q, k, v, f_a, f_b, b, g, o;
+  std::vector<float> q_conv, k_conv, v_conv;  // [proj_dim][conv_kernel], tap 0 = oldest
+  std::vector<float> dt_bias;                 // [proj_dim]
+  std::vector<float> a_exp;                   // exp(A_log[h]) for the num_heads real entries
+  std::vector<float> o_norm;                  // [head_dim]
+};
+
+struct MlaWeights {
+  Matrix q_a, q_b, kv_a, kv_b, g, o;  // g invalid when the config has no output gate
+  std::vector<float> q_a_norm, kv_a_norm;
+};
+
+struct MlpWeights {
+  Matrix gate, up, down;
+};
+
+struct MoeTrunkWeights {
+  Matrix router;                    // [num_experts, hidden]
+  std::vector<float> score_bias;    // e_score_correction_bias, selection only
+  Matrix down, up;                  // routed_expert_down_proj / up_proj
+  std::vector<float> latent_norm;   // routed_expert_norm (empty when latent_moe_use_norm = false)
+  MlpWeights shared;                // invalid when there are no shared experts
+};
+
+struct LayerWeights {
+  int layer = 0;
+  std::vector<float> input_norm, post_norm;
+  std::vector<float> attn_res_score, mlp_res_score;  // res_norm ⊙ res_proj
+  KdaWeights kda;
+  MlaWeights mla;
+  MlpWeights dense;
+  MoeTrunkWeights moe;
+};
+
+struct GlobalWeights {
+  Matrix embed;    // [vocab, hidden]
+  Matrix lm_head;  // [vocab, hidden] (the embedding when tied)
+  std::vector<float> final_norm, out_res_score;
+};
+
+// Finds a tensor's metadata and bytes by name (throws if absent).
+using TensorLookup = std::function<std::pair<const TensorInfo*, const uint8_t*>(const std::string&)>;
+
+LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup);
+GlobalWeights bind_globals(const ModelConfig& c, const TensorLookup& lookup);
+// Bytes of the layer's trunk tensors (what a pass over the layer reads).
+uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck);
+// The names of one layer's trunk tensors.
+std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck);
+
+class TrunkProvider {
+ public:
+  virtual ~TrunkProvider() = default;
+  virtual const GlobalWeights& globals() const = 0;
+  // Layer `layer`'s weights, valid until release(layer). May block on a read.
+  virtual const LayerWeights& acquire(int layer) = 0;
+  virtual void release(int layer) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Every layer bound once to the mapped checkpoint.
+class ResidentTrunk : public TrunkProvider {
+ public:
+  ResidentTrunk(const ModelConfig& c, const Checkpoint& ck);
+  const GlobalWeights& globals() const override { return globals_; }
+  const LayerWeights& acquire(int layer) override { return layers_[static_cast<size_t>(layer)]; }
+  void release(int) override {}
+  std::string describe() const override { return "resident (memory-mapped)"; }
+
+ private:
+  GlobalWeights globals_;
+  std::vector<LayerWeights> layers_;
+};
+
+// Lookup over a mapped checkpoint.
+TensorLookup checkpoint_lookup(const Checkpoint& ck);
+
+}  // namespace deltafin
