@@ -5,6 +5,8 @@ namespace deltafin::cli {
 void register_all(CLI::App& app) {
   register_logits(app);
   register_inspect(app);
+  register_make_model(app);
+  register_bench(app);
 }
 
 }  // namespace deltafin::cli

@@ -12,5 +12,7 @@ void register_all(CLI::App& app);
 
 void register_inspect(CLI::App& app);
 void register_logits(CLI::App& app);
+void register_make_model(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace deltafin::cli

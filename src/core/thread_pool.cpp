@@ -24,7 +24,7 @@ namespace deltafin {
 
 namespace {
 thread_local bool t_in_pool = false;
-constexpr int kSpinIterations = 20000;
+constexpr int kSpinIterations = 50000;  // ~2 ms of PAUSE on current x86
 }  // namespace
 
 int physical_cores() {
@@ -55,7 +55,10 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   stop_.store(true);
   epoch_.fetch_add(1);
-  epoch_.notify_all();
+  {
+    std::lock_guard<std::mutex> l(sleep_mutex_);
+    sleep_cv_.notify_all();
+  }
   for (auto& t : workers_) t.join();
 }
 
@@ -69,7 +72,13 @@ void ThreadPool::worker_loop(int index) {
       if (++spins < kSpinIterations) {
         DF_PAUSE();
       } else {
-        epoch_.wait(seen, std::memory_order_acquire);
+        // Sleep until the next job. sleepers_ is raised before re-checking the epoch, and the
+        // submitter bumps the epoch before reading sleepers_, so a wake-up is never missed.
+        std::unique_lock<std::mutex> l(sleep_mutex_);
+        sleepers_.fetch_add(1);
+        sleep_cv_.wait(l, [&] { return epoch_.load() != seen; });
+        sleepers_.fetch_sub(1);
+        spins = 0;
       }
       e = epoch_.load(std::memory_order_acquire);
     }
@@ -93,8 +102,11 @@ void ThreadPool::run(int n_tasks, const std::function<void(int, int)>& fn) {
   n_tasks_ = n_tasks;
   next_task_.store(0, std::memory_order_relaxed);
   active_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  epoch_.fetch_add(1, std::memory_order_release);
-  epoch_.notify_all();
+  epoch_.fetch_add(1);
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> l(sleep_mutex_);
+    sleep_cv_.notify_all();
+  }
   t_in_pool = true;
   for (int t = next_task_.fetch_add(1); t < n_tasks; t = next_task_.fetch_add(1)) fn(t, 0);
   t_in_pool = false;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -38,6 +39,9 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one job at a time
   std::atomic<uint64_t> epoch_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex sleep_mutex_;
+  std::condition_variable sleep_cv_;
   std::atomic<int> next_task_{0};
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};

@@ -10,10 +10,17 @@ namespace deltafin {
 const float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-float e8m0_to_float(uint8_t e) {
-  if (e == 255) return NAN;
-  return std::ldexp(1.0f, static_cast<int>(e) - 127);
-}
+namespace {
+struct E8M0Table {
+  float v[256];
+  E8M0Table() {
+    for (int e = 0; e < 256; ++e) v[e] = e == 255 ? NAN : std::ldexp(1.0f, e - 127);
+  }
+};
+const E8M0Table kE8M0;
+}  // namespace
+
+float e8m0_to_float(uint8_t e) { return kE8M0.v[e]; }
 
 const char* weight_format_name(WeightFormat f) {
   switch (f) {
