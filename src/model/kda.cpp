@@ -2,7 +2,9 @@
 // causal short convolution (with its carried history) and, per head, the gated delta-rule
 // recurrence run row by row. The stepwise recurrence is the oracle form: a sequence gives
 // bit-identical KDA state whether its rows come in one pass or many, and the deferred-commit
-// replay reproduces it exactly. (kda_chunk.cpp holds the chunked form used for long prefill.)
+// replay reproduces it exactly. Passes with many rows of one sequence (prompt prefill) use the
+// chunked form instead (kda_chunk.cpp), which agrees to fp32 rounding and touches each head's
+// state once per 16 rows instead of twice per row.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,11 +16,9 @@
 
 namespace deltafin {
 
-namespace {
-
 // One recurrence step for one head. S is [dk][dv] (key rows), updated in place.
-// Returns o = S_newᵀ q in `o` when q != nullptr.
-inline void delta_step(float* S, int64_t dk, int64_t dv, const float* q, const float* k,
+// Writes o = S_newᵀ q when o != nullptr.
+void kda_step_head(float* S, int64_t dk, int64_t dv, const float* q, const float* k,
                        const float* v, const float* alpha, float beta, float* e, float* o) {
   const auto& K = kernels::active();
   // e = v - (diag(alpha) S)ᵀ k, decaying S on the way.
@@ -38,7 +38,9 @@ inline void delta_step(float* S, int64_t dk, int64_t dv, const float* q, const f
   }
 }
 
-}  // namespace
+namespace {
+constexpr int64_t kChunkRows = 16;
+}
 
 void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const float* u, float* y) {
   const ModelConfig& c = ctx.c;
@@ -121,7 +123,8 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       for (int64_t d = 0; d < dk; ++d) {
         const int64_t ch = h * dk + d;
         const float zz = z[static_cast<size_t>(r * Pk + ch)] + w.dt_bias[static_cast<size_t>(ch)];
-        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(ae * zz));
+        const float a = w.a_exp_channel.empty() ? ae : w.a_exp_channel[static_cast<size_t>(d)];
+        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(a * zz));
       }
       beta[static_cast<size_t>(r * nh + h)] = ops::sigmoid(bl[static_cast<size_t>(r * nh + h)]);
     }
@@ -143,6 +146,12 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       S = scratch.data();
       rec = &s.pending->layers[static_cast<size_t>(slot)];
     }
+    if (rec == nullptr && s.count >= kChunkRows) {  // long prefill: the chunked form
+      const float* q0 = act.data() + s.begin * W3 + h * dk;
+      kda_chunk_head(S, dk, dk, s.count, q0, q0 + Pk, q0 + 2 * Pk, alpha.data() + s.begin * Pk + h * dk,
+                     beta.data() + s.begin * nh + h, W3, Pk, nh, o.data() + s.begin * Pk + h * dk, Pk);
+      return;
+    }
     for (int64_t t = 0; t < s.count; ++t) {
       const int64_t r = s.begin + t;
       const float* q = act.data() + r * W3 + h * dk;
@@ -150,7 +159,7 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       const float* v = q + 2 * Pk;
       const float* a = alpha.data() + r * Pk + h * dk;
       const float b = beta[static_cast<size_t>(r * nh + h)];
-      delta_step(S, dk, dk, q, k, v, a, b, e.data(), o.data() + r * Pk + h * dk);
+      kda_step_head(S, dk, dk, q, k, v, a, b, e.data(), o.data() + r * Pk + h * dk);
       if (rec != nullptr) {
         const size_t off = static_cast<size_t>((t * nh + h) * dk);
         std::copy(k, k + dk, rec->k.begin() + off);
@@ -183,7 +192,7 @@ void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, i
     float* S = st.S.data() + h * dk * dk;
     for (int64_t t = 0; t < accepted; ++t) {
       const size_t off = static_cast<size_t>((t * nh + h) * dk);
-      delta_step(S, dk, dk, nullptr, rec.k.data() + off, rec.v.data() + off, rec.alpha.data() + off,
+      kda_step_head(S, dk, dk, nullptr, rec.k.data() + off, rec.v.data() + off, rec.alpha.data() + off,
                  rec.beta[static_cast<size_t>(t * nh + h)], e.data(), nullptr);
     }
   }

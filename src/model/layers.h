@@ -33,6 +33,15 @@ struct LayerContext {
 
 // y[R][hidden] = KDA(u)
 void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const float* u, float* y);
+// The chunked delta rule for one head over T rows (kda_chunk.cpp). Rows of q, k, v and alpha
+// (the per-channel decay) are `row_stride` / `alpha_stride` floats apart, beta values
+// `beta_stride` apart; S is [dk][dv], updated.
+void kda_chunk_head(float* S, int64_t dk, int64_t dv, int64_t T, const float* q, const float* k,
+                    const float* v, const float* alpha, const float* beta, int64_t row_stride,
+                    int64_t alpha_stride, int64_t beta_stride, float* o, int64_t o_stride);
+// One stepwise delta-rule row for one head (the oracle form; kda.cpp).
+void kda_step_head(float* S, int64_t dk, int64_t dv, const float* q, const float* k, const float* v,
+                   const float* alpha, float beta, float* e, float* o);
 // Replays the first `accepted` recorded rows of one KDA layer into its state (deferred commit).
 void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,
                 KdaLayerState& st);

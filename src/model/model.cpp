@@ -52,6 +52,20 @@ void rmsnorm_rows(const float* x, const std::vector<float>& w, float eps, int64_
 
 }  // namespace
 
+std::vector<AttnResStep> attn_res_plan(const ModelConfig& c) {
+  std::vector<AttnResStep> plan;
+  int anchors = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    AttnResStep s;
+    s.anchors_before = anchors;
+    s.bank = i % c.attn_res_block == 0;
+    if (s.bank) ++anchors;
+    s.anchors_after = anchors;
+    plan.push_back(s);
+  }
+  return plan;
+}
+
 Model::~Model() = default;
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& options) {
@@ -59,7 +73,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   m->config_ = load_config(dir);
   m->checkpoint_ = Checkpoint::open(dir);
   m->inventory_ = check_inventory(m->config_, *m->checkpoint_);
-  m->trunk_ = std::make_unique<ResidentTrunk>(m->config_, *m->checkpoint_);
+  m->trunk_ = std::make_unique<ResidentTrunk>(m->config_, *m->checkpoint_, options.bind);
+  m->plan_ = attn_res_plan(m->config_);
   if (options.make_experts) {
     m->experts_ = options.make_experts(m->config_, *m->checkpoint_, m->inventory_.expert_format);
   } else {
@@ -161,7 +176,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     } else {
       attn_res_mix(candidates(), lw.attn_res_score, c.rms_eps, R, H, pool, a.data());
     }
-    if (i % c.attn_res_block == 0) {  // bank the raw incoming partial, then reset it
+    if (plan_[static_cast<size_t>(i)].bank) {  // bank the raw incoming partial, then reset it
       anchors.push_back(std::move(p));
       p.assign(static_cast<size_t>(R * H), 0.0f);
       p_empty = true;

@@ -47,7 +47,18 @@ struct PassStats {
   double seconds = 0;
 };
 
+// Attention Residuals bookkeeping per layer (K3-SPEC §3.3): how many banked anchors the
+// attention-side mix sees, whether the layer banks its incoming partial sum, and how many anchors
+// the MLP-side mix (and the output mix, after the last layer) sees.
+struct AttnResStep {
+  int anchors_before = 0;
+  bool bank = false;
+  int anchors_after = 0;
+};
+std::vector<AttnResStep> attn_res_plan(const ModelConfig& c);
+
 struct LoadOptions {
+  BindOptions bind;
   // Replaces the default memory-mapped expert provider (the SSD-streaming store, tests).
   std::function<std::unique_ptr<ExpertProvider>(const ModelConfig&, const Checkpoint&, ExpertFormat)>
       make_experts;
@@ -88,6 +99,7 @@ class Model {
   std::unique_ptr<TrunkProvider> trunk_;
   std::unique_ptr<ExpertProvider> experts_;
   uint64_t expert_bytes_ = 0;
+  std::vector<AttnResStep> plan_;
   PassStats pass_stats_;
 };
 

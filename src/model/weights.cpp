@@ -74,7 +74,8 @@ struct Binder {
 
 }  // namespace
 
-LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup) {
+LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup,
+                        const BindOptions& options) {
   Binder b{lookup};
   LayerWeights w;
   w.layer = layer;
@@ -112,6 +113,12 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
     }
     k.a_exp.resize(static_cast<size_t>(c.kda.num_heads));
     for (int64_t h = 0; h < c.kda.num_heads; ++h) k.a_exp[h] = std::exp(a_log[h]);
+    if (options.a_log_per_channel) {
+      k.a_exp_channel.resize(static_cast<size_t>(c.kda.head_dim));
+      for (int64_t d = 0; d < c.kda.head_dim; ++d) {
+        k.a_exp_channel[d] = d < static_cast<int64_t>(a_log.size()) ? std::exp(a_log[d]) : 1.0f;
+      }
+    }
     k.b = b.matrix(A + "b_proj.weight");
     k.g = b.matrix(A + "g_proj.weight");
     k.o_norm = b.floats(A + "o_norm.weight");
@@ -173,10 +180,10 @@ TensorLookup checkpoint_lookup(const Checkpoint& ck) {
   };
 }
 
-ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck) {
+ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck, const BindOptions& options) {
   auto lookup = checkpoint_lookup(ck);
   globals_ = bind_globals(c, lookup);
-  for (int i = 0; i < c.num_layers; ++i) layers_.push_back(bind_layer(c, i, lookup));
+  for (int i = 0; i < c.num_layers; ++i) layers_.push_back(bind_layer(c, i, lookup, options));
 }
 
 }  // namespace deltafin

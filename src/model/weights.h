@@ -28,6 +28,9 @@ struct KdaWeights {
   std::vector<float> q_conv, k_conv, v_conv;  // [proj_dim][conv_kernel], tap 0 = oldest
   std::vector<float> dt_bias;                 // [proj_dim]
   std::vector<float> a_exp;                   // exp(A_log[h]) for the num_heads real entries
+  // Only with BindOptions::a_log_per_channel: exp(A_log[d]) per key channel, broadcast over
+  // heads — the reference system's known misreading, kept to prove the golden test catches it.
+  std::vector<float> a_exp_channel;
   std::vector<float> o_norm;                  // [head_dim]
 };
 
@@ -67,7 +70,12 @@ struct GlobalWeights {
 // Finds a tensor's metadata and bytes by name (throws if absent).
 using TensorLookup = std::function<std::pair<const TensorInfo*, const uint8_t*>(const std::string&)>;
 
-LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup);
+struct BindOptions {
+  bool a_log_per_channel = false;  // negative control for tests; never right for K3
+};
+
+LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup,
+                        const BindOptions& options = {});
 GlobalWeights bind_globals(const ModelConfig& c, const TensorLookup& lookup);
 // Bytes of the layer's trunk tensors (what a pass over the layer reads).
 uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck);
@@ -87,7 +95,7 @@ class TrunkProvider {
 // Every layer bound once to the mapped checkpoint.
 class ResidentTrunk : public TrunkProvider {
  public:
-  ResidentTrunk(const ModelConfig& c, const Checkpoint& ck);
+  ResidentTrunk(const ModelConfig& c, const Checkpoint& ck, const BindOptions& options = {});
   const GlobalWeights& globals() const override { return globals_; }
   const LayerWeights& acquire(int layer) override { return layers_[static_cast<size_t>(layer)]; }
   void release(int) override {}

@@ -1,0 +1,381 @@
+// Unit tests of the K3 layers and the forward pass's guarantees (K3-SPEC §7's list): router
+// selection vs weighting, AttnRes anchor counts, per-head A_log, chunked vs stepwise KDA,
+// absorbed vs expanded MLA and the latent-norm epsilon, batching several sequences, and state
+// snapshot / restore / deferred commit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/layers.h"
+#include "model/model.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+
+namespace deltafin {
+namespace {
+
+std::string golden_model(const char* name) { return test::data_dir() + "/" + name + "/model"; }
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+TEST(Router, BiasChangesSelectionNotWeights) {
+  // scores sigmoid(l); bias lifts expert 0 into the top 2 although its score is lowest.
+  const float logits[4] = {-2.0f, 1.0f, 0.5f, 0.0f};
+  const float bias[4] = {1.5f, 0.0f, 0.0f, 0.0f};
+  int ids[2];
+  float w[2];
+  route_row(logits, bias, 4, 2, true, 2.5f, ids, w);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 1);
+  auto sig = [](float x) { return 1.0f / (1.0f + std::exp(-x)); };
+  const double s0 = sig(-2.0f), s1 = sig(1.0f);
+  EXPECT_NEAR(w[0], s0 / (s0 + s1) * 2.5, 1e-6);  // unbiased score, renormalised, scaled
+  EXPECT_NEAR(w[1], s1 / (s0 + s1) * 2.5, 1e-6);
+  route_row(logits, bias, 4, 2, false, 1.0f, ids, w);
+  EXPECT_NEAR(w[0], s0, 1e-6);
+}
+
+TEST(Router, TiesPreferLowerExpertId) {
+  const float logits[5] = {0.3f, 0.7f, 0.7f, 0.7f, 0.1f};
+  const float bias[5] = {0, 0, 0, 0, 0};
+  int ids[2];
+  float w[2];
+  route_row(logits, bias, 5, 2, true, 1.0f, ids, w);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 2);
+  EXPECT_NEAR(w[0] + w[1], 1.0f, 1e-6);
+}
+
+TEST(AttnRes, AnchorCountsPerLayer) {
+  ModelConfig c = parse_config(synthetic_config_json(synthetic_preset("tiny")), "tiny");
+  auto plan = attn_res_plan(c);
+  std::vector<int> before, after;
+  for (const auto& s : plan) {
+    before.push_back(s.anchors_before);
+    after.push_back(s.anchors_after);
+  }
+  EXPECT_EQ(before, (std::vector<int>{0, 1, 1, 1, 2, 2, 2, 3, 3}));
+  EXPECT_EQ(after, (std::vector<int>{1, 1, 1, 2, 2, 2, 3, 3, 3}));
+  // Real K3: 93 layers, block 12 -> 8 anchors; the MLP side of layers 84..92 and the output mix
+  // see 9 candidates (8 anchors + the partial).
+  SyntheticSpec k3 = synthetic_preset("k3");
+  k3.layers = 93;
+  ModelConfig ck = parse_config(synthetic_config_json(k3), "k3");
+  auto p3 = attn_res_plan(ck);
+  EXPECT_EQ(p3.back().anchors_after + 1, 9);
+  EXPECT_EQ(p3[84].anchors_before, 7);
+  EXPECT_TRUE(p3[84].bank);
+  EXPECT_EQ(p3[0].anchors_before, 0);
+}
+
+TEST(Golden, PerChannelALogReadingFailsTheGoldenCase) {
+  // The reference system reads A_log per channel; that runs without error but is another model.
+  LoadOptions bad;
+  bad.bind.a_log_per_channel = true;
+  auto good = Model::load(golden_model("k3-tiny-mxfp4"));
+  auto wrong = Model::load(golden_model("k3-tiny-mxfp4"), bad);
+  std::vector<int32_t> toks = {5, 17, 200, 3, 99, 42, 7, 300, 64, 128};
+  State s1 = good->new_state(), s2 = wrong->new_state();
+  auto a = good->forward(s1, toks, true);
+  auto b = wrong->forward(s2, toks, true);
+  EXPECT_GT(max_abs_diff(a, b), 2e-3);
+}
+
+// --- KDA: chunked form vs the stepwise recurrence -------------------------------------------
+
+class KdaChunk : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(KdaChunk, MatchesStepwiseOutputsAndState) {
+  const auto [dk, T] = GetParam();
+  const int64_t dv = dk;
+  std::mt19937 rng(7 + dk * 131 + T);
+  std::normal_distribution<float> n01(0, 1);
+  std::uniform_real_distribution<float> z(-4, 4);
+  std::vector<float> q(T * dk), k(T * dk), v(T * dv), alpha(T * dk), beta(T);
+  auto l2 = [&](float* x, float scale) {
+    double s = 0;
+    for (int d = 0; d < dk; ++d) s += x[d] * x[d];
+    for (int d = 0; d < dk; ++d) x[d] = static_cast<float>(x[d] / std::sqrt(s + 1e-6) * scale);
+  };
+  for (int t = 0; t < T; ++t) {
+    for (int d = 0; d < dk; ++d) {
+      q[t * dk + d] = n01(rng);
+      k[t * dk + d] = n01(rng);
+      v[t * dv + d] = n01(rng);
+      alpha[t * dk + d] = std::exp(-5.0f / (1.0f + std::exp(-z(rng))));  // exp(-5 sigmoid(.))
+    }
+    l2(&q[t * dk], 1.0f / std::sqrt(static_cast<float>(dk)));
+    l2(&k[t * dk], 1.0f);
+    beta[t] = 1.0f / (1.0f + std::exp(-n01(rng)));
+  }
+  std::vector<float> S0(dk * dv);
+  for (auto& x : S0) x = 0.1f * n01(rng);
+  std::vector<float> S_step = S0, S_chunk = S0, o_step(T * dv), o_chunk(T * dv), e(dv);
+  for (int t = 0; t < T; ++t) {
+    kda_step_head(S_step.data(), dk, dv, &q[t * dk], &k[t * dk], &v[t * dv], &alpha[t * dk], beta[t],
+                  e.data(), &o_step[t * dv]);
+  }
+  kda_chunk_head(S_chunk.data(), dk, dv, T, q.data(), k.data(), v.data(), alpha.data(), beta.data(),
+                 dk, dk, 1, o_chunk.data(), dv);
+  EXPECT_LT(max_abs_diff(o_step, o_chunk), 2e-5);
+  EXPECT_LT(max_abs_diff(S_step, S_chunk), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, KdaChunk,
+                         ::testing::Combine(::testing::Values(32, 128), ::testing::Values(1, 2, 5, 16, 37)));
+
+// --- MLA: absorbed engine path vs an expanded float64 reference ---------------------------
+
+struct MlaFixture {
+  ModelConfig c;
+  MlaWeights w;
+  std::vector<std::vector<float>> store;
+  std::mt19937 rng{11};
+
+  Matrix mat(int64_t rows, int64_t cols, float std) {
+    std::normal_distribution<float> n(0, std);
+    store.emplace_back(rows * cols);
+    for (auto& x : store.back()) x = n(rng);
+    return {WeightFormat::kF32, rows, cols, store.back().data(), nullptr};
+  }
+  std::vector<float> vec(int64_t n, float base, float std) {
+    std::normal_distribution<float> d(0, std);
+    std::vector<float> v(n);
+    for (auto& x : v) x = base + d(rng);
+    return v;
+  }
+  // `latent_scale` small makes the latents' mean square comparable to the norm epsilon.
+  explicit MlaFixture(float latent_scale) {
+    c = parse_config(synthetic_config_json(synthetic_preset("tiny")), "tiny");
+    const auto& m = c.mla;
+    const int64_t H = c.hidden;
+    w.q_a = mat(m.q_lora_rank, H, latent_scale);
+    w.q_a_norm = vec(m.q_lora_rank, 1.0f, 0.1f);
+    w.q_b = mat(m.num_heads * m.q_head_dim(), m.q_lora_rank, 0.2f);
+    w.kv_a = mat(m.cache_width(), H, latent_scale);
+    w.kv_a_norm = vec(m.kv_lora_rank, 1.0f, 0.1f);
+    w.kv_b = mat(m.num_heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank, 0.2f);
+    w.g = mat(m.num_heads * m.v_head_dim, H, 0.1f);
+    w.o = mat(H, m.num_heads * m.v_head_dim, 0.1f);
+  }
+
+  // Expanded-form reference in double for rows u[T][H] of one sequence starting empty.
+  std::vector<double> reference(const std::vector<float>& u, int64_t T, double eps) const {
+    const auto& m = c.mla;
+    const int64_t H = c.hidden, nH = m.num_heads, dn = m.qk_nope_dim, dr = m.qk_rope_dim, dv = m.v_head_dim;
+    const int64_t dq = m.q_lora_rank, dc = m.kv_lora_rank;
+    auto W = [](const Matrix& a, int64_t r, int64_t col) { return static_cast<const float*>(a.data)[r * a.cols + col]; };
+    auto rms = [&](std::vector<double>& x, const std::vector<float>& g) {
+      double s = 0;
+      for (double v : x) s += v * v;
+      double inv = 1.0 / std::sqrt(s / x.size() + eps);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = g[i] * (x[i] * inv);
+    };
+    std::vector<std::vector<double>> Q(T), C(T), KPE(T), G(T);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> cq(dq, 0.0), ckv(dc, 0.0);
+      for (int64_t i = 0; i < dq; ++i)
+        for (int64_t j = 0; j < H; ++j) cq[i] += W(w.q_a, i, j) * u[t * H + j];
+      rms(cq, w.q_a_norm);
+      Q[t].assign(nH * (dn + dr), 0.0);
+      for (int64_t i = 0; i < nH * (dn + dr); ++i)
+        for (int64_t j = 0; j < dq; ++j) Q[t][i] += W(w.q_b, i, j) * cq[j];
+      for (int64_t i = 0; i < dc; ++i)
+        for (int64_t j = 0; j < H; ++j) ckv[i] += W(w.kv_a, i, j) * u[t * H + j];
+      rms(ckv, w.kv_a_norm);
+      C[t] = ckv;
+      KPE[t].assign(dr, 0.0);
+      for (int64_t i = 0; i < dr; ++i)
+        for (int64_t j = 0; j < H; ++j) KPE[t][i] += W(w.kv_a, dc + i, j) * u[t * H + j];
+      G[t].assign(nH * dv, 0.0);
+      for (int64_t i = 0; i < nH * dv; ++i) {
+        double s = 0;
+        for (int64_t j = 0; j < H; ++j) s += W(w.g, i, j) * u[t * H + j];
+        G[t][i] = 1.0 / (1.0 + std::exp(-s));
+      }
+    }
+    std::vector<double> y(T * H, 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> o(nH * dv, 0.0);
+      for (int64_t h = 0; h < nH; ++h) {
+        std::vector<double> sc(t + 1);
+        double mx = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < dn; ++d) {  // k_nope = W_kvb[h, d] · c_j
+            double kn = 0;
+            for (int64_t l = 0; l < dc; ++l) kn += W(w.kv_b, h * (dn + dv) + d, l) * C[j][l];
+            s += Q[t][h * (dn + dr) + d] * kn;
+          }
+          for (int64_t d = 0; d < dr; ++d) s += Q[t][h * (dn + dr) + dn + d] * KPE[j][d];
+          sc[j] = s / std::sqrt(static_cast<double>(dn + dr));
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (auto& s : sc) sum += (s = std::exp(s - mx));
+        for (int64_t j = 0; j <= t; ++j) {
+          for (int64_t d = 0; d < dv; ++d) {
+            double vv = 0;
+            for (int64_t l = 0; l < dc; ++l) vv += W(w.kv_b, h * (dn + dv) + dn + d, l) * C[j][l];
+            o[h * dv + d] += sc[j] / sum * vv;
+          }
+        }
+      }
+      for (int64_t i = 0; i < nH * dv; ++i) o[i] *= G[t][i];
+      for (int64_t i = 0; i < H; ++i)
+        for (int64_t j = 0; j < nH * dv; ++j) y[t * H + i] += W(w.o, i, j) * o[j];
+    }
+    return y;
+  }
+
+  // The engine: prefill `split` rows, then one row per pass.
+  std::vector<float> engine(const std::vector<float>& u, int64_t T, int64_t split) {
+    ThreadPool pool(2);
+    State st(c);
+    std::vector<float> y(T * c.hidden);
+    const int layer = 3;  // MLA in the tiny schedule
+    int64_t done = 0;
+    while (done < T) {
+      int64_t n = done == 0 && split > 0 ? split : 1;
+      SeqRows s{0, n, &st, nullptr, done};
+      LayerContext ctx{c, pool, std::span<const SeqRows>(&s, 1), n};
+      mla_forward(ctx, w, layer, u.data() + done * c.hidden, y.data() + done * c.hidden);
+      done += n;
+      st.set_position(done);
+    }
+    return y;
+  }
+};
+
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(a[i] - b[i]));
+    den = std::max(den, std::fabs(b[i]));
+  }
+  return num / den;
+}
+
+TEST(Mla, AbsorbedMatchesExpandedInPrefillAndDecode) {
+  MlaFixture f(0.05f);
+  const int64_t T = 7;
+  std::normal_distribution<float> n01(0, 1);
+  std::vector<float> u(T * f.c.hidden);
+  for (auto& x : u) x = n01(f.rng);
+  auto ref = f.reference(u, T, 1e-6);
+  EXPECT_LT(rel_err(f.engine(u, T, T), ref), 1e-4);
+  EXPECT_LT(rel_err(f.engine(u, T, 3), ref), 1e-4);
+  EXPECT_LT(rel_err(f.engine(u, T, 0), ref), 1e-4);
+}
+
+TEST(Mla, LatentNormsUseEpsilon1e6) {
+  // Latents with a mean square near 1e-6: a 1e-5 epsilon changes the result visibly.
+  MlaFixture f(6e-5f);
+  const int64_t T = 4;
+  std::normal_distribution<float> n01(0, 1);
+  std::vector<float> u(T * f.c.hidden);
+  for (auto& x : u) x = n01(f.rng);
+  auto got = f.engine(u, T, T);
+  EXPECT_LT(rel_err(got, f.reference(u, T, 1e-6)), 1e-3);
+  EXPECT_GT(rel_err(got, f.reference(u, T, 1e-5)), 5e-2);
+}
+
+// --- Rows of several sequences, state snapshots and deferred commits ------------------------
+
+TEST(Forward, BatchingSeveralSequencesMatchesSeparatePasses) {
+  auto model = Model::load(golden_model("k3-tiny-mxfp4"));
+  std::vector<std::vector<int32_t>> prefix = {{}, {9, 8, 7}, {100}};
+  std::vector<std::vector<int32_t>> now = {{5, 17, 200, 3, 99}, {42}, {7, 300, 64, 128, 1, 250, 77, 8}};
+  std::vector<State> sep, bat;
+  std::vector<std::vector<float>> expect;
+  for (size_t i = 0; i < now.size(); ++i) {
+    sep.push_back(model->new_state());
+    bat.push_back(model->new_state());
+    if (!prefix[i].empty()) {
+      model->forward(sep[i], prefix[i]);
+      model->forward(bat[i], prefix[i]);
+    }
+    expect.push_back(model->forward(sep[i], now[i], true));
+  }
+  std::vector<SequenceInput> in(now.size());
+  for (size_t i = 0; i < now.size(); ++i) {
+    in[i].state = &bat[i];
+    in[i].tokens = now[i];
+    in[i].all_logits = true;
+  }
+  auto got = model->forward(in);
+  std::vector<float> flat;
+  for (auto& e : expect) flat.insert(flat.end(), e.begin(), e.end());
+  EXPECT_LT(max_abs_diff(flat, got), 1e-4);
+  for (size_t i = 0; i < now.size(); ++i) EXPECT_EQ(bat[i].position(), sep[i].position());
+}
+
+TEST(Forward, SnapshotRestoreRepeatsExactly) {
+  auto model = Model::load(golden_model("k3-tiny-bf16"));
+  State st = model->new_state();
+  model->forward(st, std::vector<int32_t>{1, 2, 3, 4, 5});
+  State snap = st.snapshot();
+  auto a = model->forward(st, std::vector<int32_t>{6, 7, 8}, true);
+  EXPECT_EQ(st.position(), 8);
+  st.restore(snap);
+  EXPECT_EQ(st.position(), 5);
+  auto b = model->forward(st, std::vector<int32_t>{6, 7, 8}, true);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Forward, DeferredPassCommitsOnlyTheAcceptedPrefix) {
+  auto model = Model::load(golden_model("k3-tiny-mxfp4"));
+  const std::vector<int32_t> prefix = {3, 1, 4, 1}, block = {5, 9, 2, 6, 5, 3, 5, 8}, after = {9, 7};
+  for (int64_t accepted : {0, 3, 8}) {
+    State plain = model->new_state(), spec = model->new_state();
+    model->forward(plain, prefix);
+    model->forward(spec, prefix);
+    // Deferred pass over the whole block: its logits equal a normal pass's.
+    PendingCommit pending;
+    SequenceInput in;
+    in.state = &spec;
+    in.tokens = block;
+    in.all_logits = true;
+    in.pending = &pending;
+    auto lv = model->forward(std::span<SequenceInput>(&in, 1));
+    State probe = plain.snapshot();
+    auto lp = model->forward(probe, block, true);
+    EXPECT_LT(max_abs_diff(lv, lp), 1e-5);
+    model->commit(spec, pending, accepted);
+    EXPECT_EQ(spec.position(), static_cast<int64_t>(prefix.size()) + accepted);
+    if (accepted > 0) model->forward(plain, std::span<const int32_t>(block.data(), accepted));
+    // Continuing after the commit is exactly continuing after running only the accepted rows.
+    auto x = model->forward(plain, after, true);
+    auto y = model->forward(spec, after, true);
+    EXPECT_EQ(x, y) << "accepted " << accepted;
+  }
+}
+
+TEST(Forward, RejectsBadTokensAndReusedStates) {
+  auto model = Model::load(golden_model("k3-tiny-bf16"));
+  State st = model->new_state();
+  try {
+    model->forward(st, std::vector<int32_t>{1, 512});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 512 is outside the vocabulary"), std::string::npos);
+  }
+  std::vector<int32_t> t = {1};
+  SequenceInput in[2];
+  in[0].state = in[1].state = &st;
+  in[0].tokens = in[1].tokens = t;
+  EXPECT_THROW(model->forward(std::span<SequenceInput>(in, 2)), Error);
+}
+
+}  // namespace
+}  // namespace deltafin
