@@ -2,6 +2,9 @@
 
 namespace deltafin::cli {
 
-void register_all(CLI::App& app) { (void)app; }
+void register_all(CLI::App& app) {
+  register_tokenize(app);
+  register_render(app);
+}
 
 }  // namespace deltafin::cli

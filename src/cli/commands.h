@@ -10,4 +10,8 @@ namespace deltafin::cli {
 // Adds every subcommand (commands.cpp lists them in help order).
 void register_all(CLI::App& app);
 
+// `deltafin tokenize` (cmd_tokenize.cpp) and `deltafin render` (cmd_render.cpp).
+void register_tokenize(CLI::App& app);
+void register_render(CLI::App& app);
+
 }  // namespace deltafin::cli
