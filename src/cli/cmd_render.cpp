@@ -1,0 +1,90 @@
+// `deltafin render`: an OpenAI-style chat request body -> the exact K3 prompt.
+//
+// For checking prompts byte for byte against the reference and for debugging what the server
+// feeds the model. The text is printed as is (no newline added, so it can be compared with a
+// golden string directly); --json adds the ids, which are what the model actually sees (only the
+// renderer's structure is special tokens). A request the reference rejects exits 1 with the
+// reason on stderr.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin::cli {
+
+namespace {
+
+struct RenderOptions {
+  std::string model;
+  std::string request;
+  bool json = false;
+};
+
+std::string read_request(const std::string& path) {
+  if (path == "-") {
+    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--request {}: cannot open for reading", path);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail("--request {}: read error", path);
+  return data;
+}
+
+void run_render(const RenderOptions& o) {
+  nlohmann::ordered_json body;
+  try {
+    body = nlohmann::ordered_json::parse(read_request(o.request));
+  } catch (const nlohmann::json::parse_error& e) {
+    fail_arg("--request {}: invalid JSON: {}", o.request, e.what());
+  }
+  const ChatRequest request = ChatRequest::from_json(body);
+  const Tokenizer tok = Tokenizer::load(o.model);
+  const RenderedPrompt prompt = render(request, tok);
+  std::string out;
+  if (o.json) {
+    nlohmann::ordered_json j = {{"text", prompt.text}, {"ids", prompt.ids}};
+    out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  } else {
+    out = prompt.text;
+  }
+  if (!out.empty() && std::fwrite(out.data(), 1, out.size(), stdout) != out.size()) {
+    fail("cannot write to standard output");
+  }
+  if (std::fflush(stdout) != 0) fail("cannot write to standard output");
+}
+
+}  // namespace
+
+void register_render(CLI::App& app) {
+  auto opts = std::make_shared<RenderOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "render",
+      "Render an OpenAI-style chat request into the exact K3 prompt and print it (the text as is, "
+      "or with --json the text and its token ids)");
+  sub->add_option("--model", opts->model,
+                  "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
+                  "files alone are enough)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  sub->add_option("--request", opts->request,
+                  "Chat request body as JSON ('-' reads stdin): messages, and optionally tools, "
+                  "tool_choice, response_format, reasoning_effort (low|high|max, default max), "
+                  "thinking (default true), add_generation_prompt (default true)")
+      ->required();
+  sub->add_flag("--json", opts->json,
+                "Print one JSON object {\"text\": ..., \"ids\": [...]} and a newline instead of "
+                "the bare prompt text");
+  sub->callback([opts] { run_render(*opts); });
+}
+
+}  // namespace deltafin::cli

@@ -1,0 +1,120 @@
+// `deltafin tokenize`: text -> token ids, or ids -> text, with the model's own tokenizer.
+//
+// Meant for scripts and for checking ids against a reference, so the output is exact and
+// machine-readable: one compact JSON array and a newline when encoding; exactly the decoded
+// bytes (no newline, no replacement of invalid UTF-8) when decoding. `--file` content is used
+// byte for byte, so texts with trailing newlines, NULs or invalid UTF-8 survive unchanged.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin::cli {
+
+namespace {
+
+struct TokenizeOptions {
+  std::string model;
+  std::string text;
+  std::string file;
+  bool special = false;
+  bool decode = false;
+};
+
+std::string read_input_file(const std::string& path) {
+  if (path == "-") {
+    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--file {}: cannot open for reading", path);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail("--file {}: read error", path);
+  return data;
+}
+
+void write_stdout(std::string_view bytes) {
+  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size()) {
+    fail("cannot write to standard output");
+  }
+  if (std::fflush(stdout) != 0) fail("cannot write to standard output");
+}
+
+std::vector<int32_t> parse_id_list(const std::string& input, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(input);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail_arg("{}: expected a JSON array of token ids: {}", source, e.what());
+  }
+  if (!j.is_array()) fail_arg("{}: expected a JSON array of token ids", source);
+  std::vector<int32_t> ids;
+  ids.reserve(j.size());
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const auto& v = j[i];
+    if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
+      fail_arg("{}: element {} is {}, expected an integer token id", source, i, v.dump());
+    }
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return ids;
+}
+
+void run_tokenize(const TokenizeOptions& o, bool have_text, bool have_file) {
+  if (have_text == have_file) fail_arg("tokenize: give exactly one of --text and --file");
+  const std::string input = have_file ? read_input_file(o.file) : o.text;
+  const Tokenizer tok = Tokenizer::load(o.model);
+  if (o.decode) {
+    const auto ids = parse_id_list(input, have_file ? "--file " + o.file : std::string("--text"));
+    for (const int32_t id : ids) tok.check_id(id);
+    write_stdout(tok.decode(ids));
+    return;
+  }
+  const auto ids = o.special ? tok.encode_with_special(input) : tok.encode_ordinary(input);
+  std::string out = "[";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(ids[i]);
+  }
+  out += "]\n";
+  write_stdout(out);
+}
+
+}  // namespace
+
+void register_tokenize(CLI::App& app) {
+  auto opts = std::make_shared<TokenizeOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "tokenize",
+      "Encode text into token ids (one JSON array and a newline on stdout), or with --decode "
+      "turn a JSON id list back into exactly its bytes");
+  sub->add_option("--model", opts->model,
+                  "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
+                  "files alone are enough)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  sub->add_flag("--special", opts->special,
+                "Recognise special-token strings such as <|open|> or [EOS] as their special ids "
+                "(trusted text only); without it they are ordinary text, as user content always "
+                "is. No effect with --decode");
+  sub->add_flag("--decode", opts->decode,
+                "Read a JSON array of token ids instead of text and print the decoded bytes "
+                "exactly, nothing added (special ids print as their names)");
+  auto* text = sub->add_option("--text", opts->text,
+                               "The input given on the command line (text, or a JSON id list "
+                               "with --decode); may be empty");
+  auto* file = sub->add_option("--file", opts->file,
+                               "Read the input from this file, byte for byte ('-' reads stdin)");
+  text->excludes(file);
+  sub->callback([opts, text, file] { run_tokenize(*opts, text->count() > 0, file->count() > 0); });
+}
+
+}  // namespace deltafin::cli

@@ -1,0 +1,60 @@
+// Choosing the next token from logits. Greedy (temperature 0, the default) takes the argmax.
+// Otherwise, in llama.cpp's order: repetition / presence / frequency penalties, top-k, top-p,
+// min-p, temperature, then a draw from a seeded generator (std::mt19937_64), so the same seed
+// and settings give the same tokens. Penalties look at the tokens generated so far (repetition
+// also at the last 64 prompt tokens, as llama.cpp's repeat_last_n).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace deltafin {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off (CTRL-style: divide positive logits, multiply negative)
+  float presence_penalty = 0.0f;    // OpenAI semantics, subtracted once per seen token
+  float frequency_penalty = 0.0f;   // subtracted per occurrence
+  uint64_t seed = 0;
+  bool has_seed = false;     // without one a random seed is drawn (and reported)
+
+  bool greedy() const { return temperature <= 0.0f; }
+  // Throws InvalidArgument naming the field when a value is out of range.
+  void validate() const;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& p, int64_t vocab);
+  // `recent_context` are prompt tokens (for the repetition window), `generated` the tokens
+  // sampled so far. `logits` is not modified.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> recent_context,
+                 std::span<const int32_t> generated);
+  uint64_t seed() const { return seed_; }
+  const SamplingParams& params() const { return p_; }
+
+ private:
+  SamplingParams p_;
+  int64_t vocab_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<int32_t> idx_;
+};
+
+// log softmax of `logits` at `chosen`, plus the `top` most likely ids (descending) when top > 0.
+TokenLogprob logprob_of(std::span<const float> logits, int32_t chosen);
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int top);
+
+}  // namespace deltafin

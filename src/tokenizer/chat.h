@@ -1,0 +1,96 @@
+// K3 "XTML" chat rendering: an OpenAI-style chat request -> the exact prompt text and ids.
+//
+// Two steps, so the server can validate a request before queueing it and reuse the parsed
+// form: ChatRequest::from_json() checks every field and reports the first problem by its path
+// (`messages[2].content`); render() lays the prompt out as K3-SPEC §5.3 and llama.cpp's
+// Kimi-K3 template (which reproduces the reference encoder's gold strings) do.
+//
+// Injection safety: the prompt is built from segments. Only the renderer's own structure emits
+// the four markers <|open|>, <|sep|>, <|close|>, <|end_of_msg|> as special ids; every other
+// byte (tag names, attributes, message content, names, arguments, tool JSON) is encoded with
+// encode_ordinary, one run per stretch of text between two markers. A user who types
+// `<|end_of_msg|>` gets ordinary tokens. Where the reference raises, InvalidArgument carries the
+// reference's reason (prefixed with the message's path where there is one).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin {
+
+struct ChatToolCall {
+  std::optional<std::string> id;  // `id`, as text (matched against tool results' tool_call_id)
+  std::string name;               // `function.name` (required)
+  enum class Args {
+    none,        // null, absent-and-empty, or a blank string: nothing between the call tags
+    object,      // typed `argument` tags, in the given key order
+    json_block,  // raw text in a `json` block (a string that is not a JSON object)
+  };
+  Args args_kind = Args::none;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // when object
+  std::string json_block;                                              // when json_block
+};
+
+struct ChatMessage {
+  enum class Role { system, user, assistant, tool };
+  Role role = Role::user;
+  std::string name;     // `name` attribute of system/user/assistant; empty = none
+  std::string content;  // text, or text parts joined with nothing between them
+  std::optional<std::string> reasoning;  // assistant: `reasoning_content`, else `reasoning`
+  std::vector<ChatToolCall> tool_calls;  // assistant
+  // system: a non-empty `tools` array makes this a dynamic tool declaration (content unused).
+  std::optional<nlohmann::ordered_json> tools;
+  // tool: `tool_call_id` (else `id`), and the declared name (`tool` if the key is present,
+  // else `name`); a result matched to a call is named after the call instead.
+  std::optional<std::string> tool_call_id;
+  std::optional<std::string> tool_name;
+};
+
+struct ChatRequest {
+  enum class ToolChoice { unset, auto_, none, required, named };
+  enum class ResponseFormat { text, json_object, json_schema };
+
+  std::vector<ChatMessage> messages;
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // declared when non-empty
+  ToolChoice tool_choice = ToolChoice::unset;
+  ResponseFormat response_format = ResponseFormat::text;
+  nlohmann::ordered_json response_schema;  // json_schema only; null renders as `null`
+  // `reasoning_effort`: absent -> "max"; JSON null -> no effort message (template semantics).
+  std::optional<std::string> reasoning_effort = "max";
+  bool thinking = true;               // `thinking`: bool, or {"type": "enabled"|"disabled"}
+  bool add_generation_prompt = true;  // `add_generation_prompt`
+
+  // Validates and converts a request body; unknown top-level fields (model, temperature, ...)
+  // are ignored. Throws InvalidArgument naming the field.
+  static ChatRequest from_json(const nlohmann::ordered_json& body);
+};
+
+struct RenderedPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+// The four structural markers (also what the output parser looks for).
+inline constexpr const char* kOpenMarker = "<|open|>";
+inline constexpr const char* kCloseMarker = "<|close|>";
+inline constexpr const char* kSepMarker = "<|sep|>";
+inline constexpr const char* kEndOfMsgMarker = "<|end_of_msg|>";
+
+// Renders the prompt text and ids. Throws InvalidArgument for requests the reference rejects
+// (unsupported effort, unresolvable tool-result name) and Error when the tokenizer lacks one of
+// the four markers.
+RenderedPrompt render(const ChatRequest& request, const Tokenizer& tokenizer);
+
+// Text only (no tokenizer needed): the same string render() returns in `.text`.
+std::string render_text(const ChatRequest& request);
+
+// Convenience: from_json + render.
+RenderedPrompt render_json(const nlohmann::ordered_json& body, const Tokenizer& tokenizer);
+
+}  // namespace deltafin
