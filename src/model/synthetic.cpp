@@ -20,6 +20,7 @@
 #include "core/timer.h"
 #include "model/inventory.h"
 #include "tensor/dtype.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deltafin {
 
@@ -441,6 +442,7 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
   index["weight_map"] = weight_map;
   write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(1) + "\n");
   write_file_atomic((tmp / "config.json").string(), config_text);
+  if (spec.tokenizer) write_synthetic_tokenizer(tmp.string(), static_cast<int32_t>(spec.vocab));
   if (fs::exists(out)) fs::remove(out);
   fs::rename(tmp, out);
 
