@@ -21,6 +21,9 @@ namespace deltafin::bpe {
 // Pieces up to this many bytes use the quadratic scan.
 inline constexpr std::size_t kQuadraticLimit = 128;
 
+// "No such pair" in the quadratic scan (larger than every rank).
+inline constexpr int32_t kNoRank = std::numeric_limits<int32_t>::max();
+
 // Reusable buffers (one per encode call) so typical pieces allocate nothing.
 struct Scratch {
   std::vector<std::pair<uint32_t, int32_t>> parts;  // (start offset, rank of pair starting here)
@@ -32,21 +35,20 @@ struct Scratch {
 template <typename RankFn>
 void merge_quadratic(std::string_view piece, const RankFn& rank, std::vector<int32_t>& out,
                      Scratch& s) {
-  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
-  const auto as_rank = [](int32_t r) { return r < 0 ? kNone : r; };
+  const auto as_rank = [](int32_t r) { return r < 0 ? kNoRank : r; };
   auto& parts = s.parts;
   parts.clear();
   const auto n = static_cast<uint32_t>(piece.size());
   for (uint32_t i = 0; i + 1 < n; ++i) parts.emplace_back(i, as_rank(rank(piece.substr(i, 2))));
-  parts.emplace_back(n - 1, kNone);
-  parts.emplace_back(n, kNone);
+  parts.emplace_back(n - 1, kNoRank);
+  parts.emplace_back(n, kNoRank);
   // Rank of the part that would span parts[i] .. parts[i+3) once parts[i+1] is merged away.
   const auto rank_after = [&](std::size_t i) {
-    if (i + 3 >= parts.size()) return kNone;
+    if (i + 3 >= parts.size()) return kNoRank;
     return as_rank(rank(piece.substr(parts[i].first, parts[i + 3].first - parts[i].first)));
   };
   for (;;) {
-    int32_t best = kNone;
+    int32_t best = kNoRank;
     std::size_t at = 0;
     for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
       if (parts[i].second < best) {
@@ -54,7 +56,7 @@ void merge_quadratic(std::string_view piece, const RankFn& rank, std::vector<int
         at = i;
       }
     }
-    if (best == kNone) break;
+    if (best == kNoRank) break;
     if (at > 0) parts[at - 1].second = rank_after(at - 1);
     parts[at].second = rank_after(at);
     parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
