@@ -14,6 +14,8 @@ void register_inspect(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_make_model(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_run(CLI::App& app);
+void register_chat(CLI::App& app);
 // `deltafin tokenize` (cmd_tokenize.cpp) and `deltafin render` (cmd_render.cpp).
 void register_tokenize(CLI::App& app);
 void register_render(CLI::App& app);

@@ -2,11 +2,14 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "model/synthetic.h"
 
 namespace deltafin::cli {
 
@@ -25,7 +28,42 @@ void apply_engine_options(const EngineOptions& o) {
 
 std::unique_ptr<Model> load_model(const EngineOptions& o) {
   apply_engine_options(o);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(o.model, ec)) fail_arg("model folder {} does not exist", o.model);
+  if (!fs::is_directory(o.model, ec)) fail_arg("--model {} is not a folder (expected a checkpoint folder)", o.model);
   return Model::load(o.model);
+}
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("DELTAFIN_CACHE"); d != nullptr && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) return std::string(x) + "/deltafin";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h) return std::string(h) + "/.cache/deltafin";
+  fail("cannot find a cache folder: set DELTAFIN_CACHE or HOME");
+}
+
+bool has_tokenizer(const std::string& dir) {
+  namespace fs = std::filesystem;
+  return fs::exists(fs::path(dir) / "tiktoken.model") && fs::exists(fs::path(dir) / "tokenizer_config.json");
+}
+
+std::string resolve_model_dir(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m) return m;
+  namespace fs = std::filesystem;
+  const fs::path demo = fs::path(cache_dir()) / "demo-tiny";
+  if (!fs::exists(demo / "config.json")) {
+    fs::create_directories(demo.parent_path());
+    fs::remove_all(demo);  // a half-made folder from an interrupted first run
+    SyntheticSpec spec = synthetic_preset("tiny");
+    make_model(demo.string(), spec);
+  }
+  fmt::print(stderr,
+             "note: no --model given, using the built-in demo at {}: a random-weight model with the "
+             "real K3 architecture (its output is gibberish). For real weights, download "
+             "moonshotai/Kimi-K3 and pass --model DIR or set DELTAFIN_MODEL.\n",
+             demo.string());
+  return demo.string();
 }
 
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what) {

@@ -24,7 +24,16 @@ struct EngineOptions {
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);
 // Applies --threads / --kernels; call at the start of a command.
 void apply_engine_options(const EngineOptions& o);
+// Checks the folder exists and loads it (errors say what is missing).
 std::unique_ptr<Model> load_model(const EngineOptions& o);
+
+// The model folder for run/chat: --model, else $DELTAFIN_MODEL, else the demo checkpoint in the
+// user cache folder (created on first use, and announced on stderr).
+std::string resolve_model_dir(const std::string& flag);
+// Where the demo lives: $DELTAFIN_CACHE, else $XDG_CACHE_HOME/deltafin, else ~/.cache/deltafin.
+std::string cache_dir();
+// True when `dir` holds tiktoken.model and tokenizer_config.json.
+bool has_tokenizer(const std::string& dir);
 
 // "3,1,4" or "[3, 1, 4]" -> ids. Throws InvalidArgument naming `what`.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);

@@ -1,0 +1,149 @@
+// `deltafin chat`: an interactive multi-turn session on one kept model state (each turn costs
+// only its new tokens). Line editing and history come from libedit when stdin is a terminal;
+// otherwise lines are read from stdin as they are (scripts, tests). Ctrl-C stops the current
+// answer; Ctrl-D or /quit ends the session.
+#include <editline/readline.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/gen_options.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "generate/chat_session.h"
+#include "generate/driver.h"
+
+namespace deltafin::cli {
+
+namespace {
+struct ChatArgs {
+  EngineOptions engine;
+  GenOptions gen;
+  std::string system, think = "on", effort = "max";
+};
+
+const char* kHelp =
+    "commands: /reset  /stats  /system TEXT  /save FILE  /load FILE  /effort low|high|max  /think on|off  "
+    "/help  /quit";
+
+bool read_line(bool tty, std::string& line) {
+  if (tty) {
+    char* l = ::readline("> ");
+    if (l == nullptr) return false;
+    line = l;
+    if (!line.empty()) ::add_history(l);
+    std::free(l);
+    return true;
+  }
+  return static_cast<bool>(std::getline(std::cin, line));
+}
+
+void run_chat(ChatArgs& a) {
+  if (a.think != "on" && a.think != "off") fail_arg("--think {}: expected on or off", a.think);
+  a.engine.model = resolve_model_dir(a.engine.model);
+  if (!has_tokenizer(a.engine.model)) {
+    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); chat needs one", a.engine.model);
+  }
+  Tokenizer tok = Tokenizer::load(a.engine.model);
+  auto model = load_model(a.engine);
+  ChatSession session(*model, tok);
+  session.set_system(a.system);
+  session.set_effort(a.effort);
+  session.set_thinking(a.think == "on");
+  const bool tty = ::isatty(STDIN_FILENO) != 0;
+  if (tty) fmt::print(stderr, "deltafin chat on {} — {}\n", a.engine.model, kHelp);
+  std::optional<RunStats> last;
+  int64_t turns = 0, total_prefill = 0, total_reused = 0, total_generated = 0;
+  std::string line;
+  while (read_line(tty, line)) {
+    if (line.empty()) continue;
+    try {
+      if (line[0] == '/') {
+        std::string cmd = line.substr(0, line.find(' '));
+        std::string arg = line.size() > cmd.size() ? line.substr(cmd.size() + 1) : "";
+        if (cmd == "/quit" || cmd == "/exit") break;
+        if (cmd == "/help") {
+          fmt::print(stderr, "{}\n", kHelp);
+        } else if (cmd == "/reset") {
+          session.reset();
+          fmt::print(stderr, "conversation cleared\n");
+        } else if (cmd == "/system") {
+          session.set_system(arg);
+          fmt::print(stderr, "system prompt {}\n", arg.empty() ? "cleared" : "set");
+        } else if (cmd == "/effort") {
+          session.set_effort(arg);
+          fmt::print(stderr, "reasoning effort {}\n", arg);
+        } else if (cmd == "/think") {
+          if (arg != "on" && arg != "off") fail_arg("/think {}: expected on or off", arg);
+          session.set_thinking(arg == "on");
+          fmt::print(stderr, "thinking {}\n", arg);
+        } else if (cmd == "/save") {
+          if (arg.empty()) fail_arg("/save needs a file name");
+          write_file_atomic(arg, session.to_json().dump(2) + "\n");
+          fmt::print(stderr, "saved to {}\n", arg);
+        } else if (cmd == "/load") {
+          if (arg.empty()) fail_arg("/load needs a file name");
+          nlohmann::ordered_json j;
+          try {
+            j = nlohmann::ordered_json::parse(read_file(arg));
+          } catch (const nlohmann::json::parse_error& e) {
+            fail_arg("{}: not valid JSON: {}", arg, e.what());
+          }
+          session.load_json(j);
+          fmt::print(stderr, "loaded {} (the next turn prefills the whole conversation)\n", arg);
+        } else if (cmd == "/stats") {
+          if (last) fmt::print(stderr, "{}\n", last->summary());
+          fmt::print(stderr, "[session] {} turns, {} tokens prefilled, {} reused, {} generated, {} in the conversation\n",
+                     turns, total_prefill, total_reused, total_generated, session.history_tokens());
+        } else {
+          fmt::print(stderr, "unknown command {} ({})\n", cmd, kHelp);
+        }
+        continue;
+      }
+      ChatTurn turn = session.begin_user_turn(line);
+      GenerationParams params = make_params(a.gen, *model, &tok, /*chat=*/true);
+      params.start_channel = turn.start;
+      Generation gen(turn.input, params, &tok, model->config().vocab, session.state().position());
+      StatsRecorder rec(*model);
+      Printer printer(a.gen, true, false);
+      interrupted().store(false);
+      install_sigint();
+      drive(*model, session.state(), gen, &interrupted(), [&](Generation& g) { printer.on_step(g); });
+      std::signal(SIGINT, SIG_DFL);
+      printer.finish();
+      session.end_turn(gen);
+      RunStats s = rec.finish(gen);
+      s.reused_tokens = turn.reused;
+      ++turns;
+      total_prefill += s.prompt_tokens;
+      total_reused += s.reused_tokens;
+      total_generated += s.completion_tokens;
+      if (a.gen.stats) {
+        fmt::print(stderr, "{}{}\n", turn.full_prefill ? "[stats] full prefill of the conversation\n" : "", s.summary());
+      }
+      last = s;
+    } catch (const InvalidArgument& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+    }
+  }
+}
+}  // namespace
+
+void register_chat(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  auto* cmd = app.add_subcommand("chat", "Interactive multi-turn chat that keeps the model state between turns");
+  add_engine_options(cmd, a->engine, /*model_optional=*/true);
+  cmd->add_option("--system", a->system, "System message");
+  cmd->add_option("--think", a->think, "Thinking channel: on or off")->capture_default_str();
+  cmd->add_option("--effort", a->effort, "Reasoning effort: low, high or max")->capture_default_str()
+      ->check(CLI::IsMember({"low", "high", "max"}));
+  add_gen_options(cmd, a->gen);
+  cmd->callback([a] { run_chat(*a); });
+}
+
+}  // namespace deltafin::cli

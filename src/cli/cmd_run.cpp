@@ -1,0 +1,110 @@
+// `deltafin run`: one completion. Raw by default (the prompt's ordinary tokens, or token ids
+// given directly); with --chat the prompt is rendered as one K3 user turn and the output parsed
+// into thinking / response / tool calls. Text streams to stdout, diagnostics to stderr; --json
+// prints one object instead, for scripts.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/gen_options.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "generate/driver.h"
+#include "tokenizer/chat.h"
+
+namespace deltafin::cli {
+
+namespace {
+struct RunArgs {
+  EngineOptions engine;
+  GenOptions gen;
+  std::string prompt, prompt_ids, prompt_file, system, think = "on", effort = "max";
+  bool chat = false, json = false;
+};
+
+void run_run(RunArgs& a) {
+  int given = !a.prompt.empty() + !a.prompt_ids.empty() + !a.prompt_file.empty();
+  if (given != 1) fail_arg("give exactly one of --prompt, --prompt-ids and --prompt-file");
+  if (a.think != "on" && a.think != "off") fail_arg("--think {}: expected on or off", a.think);
+  if (a.chat && !a.prompt_ids.empty()) fail_arg("--chat renders text; it cannot take --prompt-ids");
+  if (!a.chat && !a.system.empty()) fail_arg("--system needs --chat");
+  a.engine.model = resolve_model_dir(a.engine.model);
+  std::optional<Tokenizer> tok;
+  if (has_tokenizer(a.engine.model)) {
+    tok = Tokenizer::load(a.engine.model);
+  } else if (a.prompt_ids.empty()) {
+    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json): give the prompt as --prompt-ids",
+             a.engine.model);
+  }
+  auto model = load_model(a.engine);
+  if (tok && tok->vocab_size() > model->config().vocab) {
+    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(), model->config().vocab);
+  }
+
+  std::vector<int32_t> prompt;
+  if (!a.prompt_ids.empty()) {
+    prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
+  } else {
+    std::string text = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+    if (a.chat) {
+      ChatRequest req;
+      if (!a.system.empty()) req.messages.push_back({ChatMessage::Role::system, "", a.system});
+      req.messages.push_back({ChatMessage::Role::user, "", text});
+      req.thinking = a.think == "on";
+      req.reasoning_effort = a.effort;
+      prompt = render(req, *tok).ids;
+    } else {
+      prompt = tok->encode_ordinary(text);
+      if (prompt.empty()) fail_arg("the prompt is empty");
+    }
+  }
+  GenerationParams params = make_params(a.gen, *model, tok ? &*tok : nullptr, a.chat);
+  params.start_channel = a.think == "on" ? Channel::think : Channel::response;
+  if (!a.json) params.top_logprobs = -1;
+  Generation gen(prompt, params, tok ? &*tok : nullptr, model->config().vocab);
+  State state = model->new_state();
+  StatsRecorder rec(*model);
+  Printer printer(a.gen, tok.has_value(), a.json);
+  install_sigint();
+  drive(*model, state, gen, &interrupted(), [&](Generation& g) { printer.on_step(g); });
+  printer.finish();
+  RunStats stats = rec.finish(gen);
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = a.engine.model;
+    j["prompt_ids"] = prompt;
+    j["completion_ids"] = gen.completion_ids();
+    j["text"] = gen.content();
+    if (a.chat) {
+      j["reasoning"] = gen.reasoning();
+      nlohmann::json calls = nlohmann::json::array();
+      for (const auto& c : gen.tool_calls()) calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
+      j["tool_calls"] = calls;
+    }
+    stats.to_json(j);
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
+  if (a.gen.stats) fmt::print(stderr, "{}\n", stats.summary());
+}
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  auto* cmd = app.add_subcommand("run", "Generate a completion (raw text, token ids, or one chat turn with --chat)");
+  add_engine_options(cmd, a->engine, /*model_optional=*/true);
+  cmd->add_option("--prompt", a->prompt, "Prompt text");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids, e.g. 3,1,4 (models without a tokenizer, tests)");
+  cmd->add_option("--prompt-file", a->prompt_file, "Read the prompt text from a file");
+  cmd->add_flag("--chat", a->chat, "Render the prompt as one K3 user turn and parse the answer");
+  cmd->add_option("--system", a->system, "System message (with --chat)");
+  cmd->add_option("--think", a->think, "Thinking channel with --chat: on or off")->capture_default_str();
+  cmd->add_option("--effort", a->effort, "Reasoning effort with --chat: low, high or max")->capture_default_str()
+      ->check(CLI::IsMember({"low", "high", "max"}));
+  add_gen_options(cmd, a->gen);
+  cmd->add_flag("--json", a->json, "Print one JSON object (ids, text, stats) instead of streaming text");
+  cmd->callback([a] { run_run(*a); });
+}
+
+}  // namespace deltafin::cli

@@ -1,0 +1,133 @@
+#include "cli/gen_options.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/timer.h"
+
+namespace deltafin::cli {
+
+void add_gen_options(CLI::App* cmd, GenOptions& o) {
+  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (default)")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Keep the K most likely tokens (0 = off)")->capture_default_str();
+  cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
+  cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the best probability (0 = off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty over generated and the last 64 prompt tokens (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty (-2..2)")->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty (-2..2)")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Random seed (same seed + settings = same output)");
+  cmd->add_option("--stop", o.stop, "Stop when the response text contains STR (repeatable)");
+  cmd->add_flag("--hide-thinking", o.hide_thinking, "Do not show the thinking channel");
+  cmd->add_flag("--no-color", o.no_color, "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
+  cmd->add_flag("--stats", o.stats, "Print statistics at the end (stderr)");
+  cmd->add_flag("--stats-live", o.stats_live, "Also print a statistics line per token (stderr)");
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
+}
+
+GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat) {
+  GenerationParams p;
+  p.max_new_tokens = o.max_new;
+  p.sampling.temperature = o.temperature;
+  p.sampling.top_k = o.top_k;
+  p.sampling.top_p = o.top_p;
+  p.sampling.min_p = o.min_p;
+  p.sampling.repetition_penalty = o.repeat_penalty;
+  p.sampling.presence_penalty = o.presence_penalty;
+  p.sampling.frequency_penalty = o.frequency_penalty;
+  if (o.seed) {
+    p.sampling.seed = *o.seed;
+    p.sampling.has_seed = true;
+  }
+  p.sampling.validate();
+  p.stop_strings = o.stop;
+  p.stop_ids.push_back(static_cast<int32_t>(m.config().eos_token_id));
+  if (tok != nullptr) {
+    if (auto eom = tok->special_id("<|end_of_msg|>"); eom && *eom != m.config().eos_token_id) p.stop_ids.push_back(*eom);
+  }
+  p.prefill_chunk = o.prefill_chunk;
+  p.context_limit = m.config().max_positions;
+  p.chat = chat;
+  return p;
+}
+
+namespace {
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) {
+  if (g_interrupted.exchange(true)) std::signal(SIGINT, SIG_DFL);
+}
+}  // namespace
+
+void install_sigint() { std::signal(SIGINT, on_sigint); }
+std::atomic<bool>& interrupted() { return g_interrupted; }
+
+Printer::Printer(const GenOptions& o, bool have_tokenizer, bool quiet) : o_(o), tok_(have_tokenizer), quiet_(quiet) {
+  color_ = !o.no_color && ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
+}
+
+void Printer::on_step(Generation& g) {
+  auto events = g.take_events();
+  // Prompt progress on long prompts (stderr, terminals only).
+  if (g.prompt_size() > o_.prefill_chunk && ::isatty(STDERR_FILENO) && g.prompt_done() != last_prefill_shown_) {
+    last_prefill_shown_ = g.prompt_done();
+    fmt::print(stderr, "\rprefill {} / {} tokens{}", g.prompt_done(), g.prompt_size(), g.in_prefill() ? "" : "\n");
+  }
+  if (!quiet_) {
+    auto out = [&](const std::string& s) {
+      if (s.empty()) return;
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      printed_ = true;
+      at_line_start_ = s.back() == '\n';
+    };
+    auto set_dim = [&](bool on) {
+      if (color_ && on != dim_) {
+        out(on ? "\x1b[2m" : "\x1b[0m");
+        dim_ = on;
+      }
+    };
+    if (!tok_) {
+      const auto& toks = g.tokens();
+      for (; ids_shown_ < toks.size(); ++ids_shown_) out(fmt::format("{}{}", ids_shown_ ? " " : "", toks[ids_shown_].id));
+    }
+    for (auto& e : events) {
+      switch (e.kind) {
+        case ParserEvent::Kind::reasoning:
+          if (o_.hide_thinking) break;
+          set_dim(true);
+          out(e.text);
+          break;
+        case ParserEvent::Kind::content:
+          set_dim(false);
+          out(e.text);
+          break;
+        case ParserEvent::Kind::tool_call_end:
+          set_dim(false);
+          out(fmt::format("{}[tool call {}({})]\n", at_line_start_ ? "" : "\n", e.name, e.text));
+          break;
+        default:
+          break;
+      }
+    }
+    if (g.finished()) set_dim(false);
+    std::fflush(stdout);
+  }
+  if (o_.stats_live && !g.tokens().empty() && !g.in_prefill()) {
+    const auto& t = g.timing();
+    const double el = t.last_token - t.first_token;
+    const size_t n = g.tokens().size();
+    fmt::print(stderr, "[live] token {} id {} at {:.3f} s, {:.2f} tokens/s\n", n, g.tokens().back().id, t.last_token - t.start,
+               n > 1 && el > 0 ? (n - 1) / el : 0.0);
+  }
+}
+
+void Printer::finish() {
+  if (printed_ && !at_line_start_) std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace deltafin::cli

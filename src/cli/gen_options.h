@@ -1,0 +1,60 @@
+// What `run` and `chat` share: sampling and stop flags, the SIGINT flag, and the printer that
+// streams a generation's events to the terminal (thinking dimmed or hidden, tool calls shown).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "generate/generation.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin::cli {
+
+struct GenOptions {
+  int64_t max_new = 256;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repeat_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool hide_thinking = false;
+  bool no_color = false;
+  bool stats = false;
+  bool stats_live = false;
+  int64_t prefill_chunk = 256;
+};
+
+void add_gen_options(CLI::App* cmd, GenOptions& o);
+// The generation parameters for a model (stop ids: eos_token_id and <|end_of_msg|>).
+GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat);
+
+// Ctrl-C: the first SIGINT sets the flag (generation stops cleanly at the next pass); a second
+// one while still running restores the default action.
+void install_sigint();
+std::atomic<bool>& interrupted();
+
+// Streams events: content to stdout as it arrives, reasoning dimmed (or hidden), tool calls as
+// a one-line summary; without a tokenizer, token ids separated by spaces.
+class Printer {
+ public:
+  Printer(const GenOptions& o, bool have_tokenizer, bool quiet);
+  void on_step(Generation& g);
+  void finish();  // ends the line if anything was printed
+
+ private:
+  const GenOptions& o_;
+  bool tok_, quiet_, color_, dim_ = false, printed_ = false, at_line_start_ = true;
+  size_t ids_shown_ = 0;
+  int64_t last_prefill_shown_ = -1;
+};
+
+}  // namespace deltafin::cli

@@ -1,0 +1,141 @@
+#include "generate/chat_session.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace deltafin {
+
+ChatSession::ChatSession(Model& model, const Tokenizer& tokenizer)
+    : model_(model), tok_(tokenizer), state_(model.new_state()) {}
+
+ChatRequest ChatSession::request(bool generation_prompt) const {
+  ChatRequest r;
+  if (!system_.empty()) r.messages.push_back({ChatMessage::Role::system, "", system_});
+  r.messages.insert(r.messages.end(), messages_.begin(), messages_.end());
+  r.thinking = thinking_;
+  r.reasoning_effort = effort_;
+  r.add_generation_prompt = generation_prompt;
+  return r;
+}
+
+ChatTurn ChatSession::begin_user_turn(const std::string& text) {
+  ChatTurn t;
+  t.start = thinking_ ? Channel::think : Channel::response;
+  std::vector<int32_t> before;
+  if (history_valid_) before = render(request(false), tok_).ids;
+  messages_.push_back({ChatMessage::Role::user, "", text});
+  std::vector<int32_t> full = render(request(true), tok_).ids;
+  if (history_valid_ && before.size() <= full.size() && std::equal(before.begin(), before.end(), full.begin())) {
+    // Append the new turn to what the model actually saw.
+    std::vector<int32_t> tail(full.begin() + static_cast<ptrdiff_t>(before.size()), full.end());
+    t.input = to_feed_;
+    t.input.insert(t.input.end(), tail.begin(), tail.end());
+    t.reused = state_.position();
+    history_.insert(history_.end(), tail.begin(), tail.end());
+  } else {
+    state_.reset();
+    history_ = full;
+    t.input = full;
+    t.full_prefill = true;
+  }
+  to_feed_.clear();
+  history_valid_ = false;  // until the generation's result is recorded
+  return t;
+}
+
+std::vector<int32_t> ChatSession::closing_ids(const Generation& g) const {
+  // Close what the generation left open, exactly as the renderer writes a recorded answer.
+  std::string text = tok_.decode(g.completion_ids());
+  auto has = [&](const char* s) { return text.find(s) != std::string::npos; };
+  std::string close;
+  if (has("<|end_of_msg|>")) return {};
+  if (has("<|open|>tools")) return {};  // cannot be closed faithfully: caller falls back
+  if (thinking_ && !has("<|close|>think<|sep|>")) close += "<|close|>think<|sep|>";
+  if (!has("<|open|>response<|sep|>") && thinking_) close += "<|open|>response<|sep|>";
+  if (!has("<|close|>response<|sep|>")) close += "<|close|>response<|sep|>";
+  if (!has("<|close|>message<|sep|>")) close += "<|close|>message<|sep|>";
+  close += "<|end_of_msg|>";
+  return tok_.encode_with_special(close);
+}
+
+void ChatSession::end_turn(const Generation& g) {
+  ChatMessage m;
+  m.role = ChatMessage::Role::assistant;
+  m.content = g.content();
+  if (thinking_) m.reasoning = g.reasoning();
+  messages_.push_back(m);
+  const auto ids = g.completion_ids();
+  const std::string text = tok_.decode(ids);
+  const bool ended = text.find("<|end_of_msg|>") != std::string::npos;
+  if (g.stop_reason() == StopReason::kCancelled || g.stop_reason() == StopReason::kStopString ||
+      (!ended && text.find("<|open|>tools") != std::string::npos) || !g.tool_calls().empty()) {
+    // The kept state no longer matches a rendering of the recorded message.
+    history_valid_ = false;
+    return;
+  }
+  history_.insert(history_.end(), ids.begin(), ids.end());
+  to_feed_.clear();
+  if (auto last = g.unconsumed_token()) to_feed_.push_back(*last);
+  auto close = closing_ids(g);
+  history_.insert(history_.end(), close.begin(), close.end());
+  to_feed_.insert(to_feed_.end(), close.begin(), close.end());
+  history_valid_ = true;
+}
+
+void ChatSession::reset() {
+  messages_.clear();
+  history_.clear();
+  history_valid_ = false;
+  to_feed_.clear();
+  state_.reset();
+}
+
+void ChatSession::set_system(const std::string& text) {
+  system_ = text;
+  history_valid_ = false;
+}
+
+void ChatSession::set_effort(const std::string& effort) {
+  if (effort != "low" && effort != "high" && effort != "max") fail_arg("effort {}: expected low, high or max", effort);
+  effort_ = effort;
+  history_valid_ = false;
+}
+
+void ChatSession::set_thinking(bool on) {
+  thinking_ = on;
+  history_valid_ = false;
+}
+
+nlohmann::ordered_json ChatSession::to_json() const {
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  if (!system_.empty()) msgs.push_back({{"role", "system"}, {"content", system_}});
+  for (const auto& m : messages_) {
+    nlohmann::ordered_json j;
+    j["role"] = m.role == ChatMessage::Role::user ? "user" : m.role == ChatMessage::Role::assistant ? "assistant" : "system";
+    j["content"] = m.content;
+    if (m.reasoning) j["reasoning_content"] = *m.reasoning;
+    msgs.push_back(j);
+  }
+  return {{"messages", msgs}, {"thinking", thinking_}, {"reasoning_effort", effort_}};
+}
+
+void ChatSession::load_json(const nlohmann::ordered_json& j) {
+  ChatRequest r = ChatRequest::from_json(j);
+  reset();
+  system_.clear();
+  for (auto& m : r.messages) {
+    if (m.role == ChatMessage::Role::system && messages_.empty() && system_.empty()) {
+      system_ = m.content;
+      continue;
+    }
+    if (m.role == ChatMessage::Role::tool || (m.role == ChatMessage::Role::assistant && !m.tool_calls.empty())) {
+      fail_arg("the chat command keeps plain conversations; tool calls and results cannot be loaded");
+    }
+    messages_.push_back(std::move(m));
+  }
+  thinking_ = r.thinking;
+  if (r.reasoning_effort) effort_ = *r.reasoning_effort;
+}
+
+}  // namespace deltafin

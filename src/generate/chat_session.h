@@ -1,0 +1,71 @@
+// A multi-turn conversation over one kept model State. Each turn costs only its new tokens: the
+// session remembers the exact ids the model consumed (its own generated ids included, not a
+// re-tokenisation of their text) and appends the rendered new turn to them. The new turn's ids
+// are the difference between rendering the conversation with and without it, which is exact
+// because the K3 renderer only appends per message (no tools, tool_choice or response_format
+// blocks are used here). A generation that stopped before closing its turn is closed with the
+// same structure the renderer writes for the recorded message. Anything that changes earlier
+// text (system prompt, effort, thinking switch, loading a conversation) falls back to a full
+// prefill, and the turn says so.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "generate/generation.h"
+#include "model/model.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin {
+
+struct ChatTurn {
+  std::vector<int32_t> input;  // what to feed before generating
+  int64_t reused = 0;          // conversation tokens already in the state
+  bool full_prefill = false;
+  Channel start = Channel::think;
+};
+
+class ChatSession {
+ public:
+  ChatSession(Model& model, const Tokenizer& tokenizer);
+
+  ChatTurn begin_user_turn(const std::string& text);
+  // Records the assistant's answer from a finished generation of the turn begun last.
+  void end_turn(const Generation& g);
+
+  void reset();
+  void set_system(const std::string& text);
+  void set_effort(const std::string& effort);  // low, high or max
+  void set_thinking(bool on);
+  bool thinking() const { return thinking_; }
+  const std::string& effort() const { return effort_; }
+
+  // The conversation as OpenAI-style JSON: {"messages": [...], "thinking": b, "reasoning_effort": e}.
+  nlohmann::ordered_json to_json() const;
+  void load_json(const nlohmann::ordered_json& j);
+
+  State& state() { return state_; }
+  int64_t history_tokens() const { return static_cast<int64_t>(history_.size()); }
+
+ private:
+  ChatRequest request(bool generation_prompt) const;
+  std::vector<int32_t> closing_ids(const Generation& g) const;
+
+  Model& model_;
+  const Tokenizer& tok_;
+  State state_;
+  std::vector<ChatMessage> messages_;
+  std::string system_, effort_ = "max";
+  bool thinking_ = true;
+  std::vector<int32_t> history_;   // ids of the conversation as the model saw / wrote them
+  bool history_valid_ = false;     // state_ consumed history_ (minus a pending last token)
+  // The tail of history_ the state has not consumed yet: the last sampled token and any
+  // closing structure; fed at the start of the next turn.
+  std::vector<int32_t> to_feed_;
+};
+
+}  // namespace deltafin

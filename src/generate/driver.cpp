@@ -1,0 +1,127 @@
+#include "generate/driver.h"
+
+#include <fmt/format.h>
+
+#include "core/sysinfo.h"
+
+namespace deltafin {
+
+void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
+           const std::function<void(Generation&)>& on_step) {
+  while (!gen.finished()) {
+    if (cancel != nullptr && cancel->load()) {
+      gen.cancel();
+      if (on_step) on_step(gen);
+      break;
+    }
+    auto input = gen.next_input();
+    std::vector<float> logits;
+    try {
+      logits = model.forward(state, input);
+    } catch (...) {
+      gen.abort();
+      throw;
+    }
+    gen.on_logits(logits);
+    if (on_step) on_step(gen);
+  }
+}
+
+namespace {
+ExpertStats diff(const ExpertStats& a, const ExpertStats& b) {
+  ExpertStats d;
+  d.requests = a.requests - b.requests;
+  d.hits = a.hits - b.hits;
+  d.misses = a.misses - b.misses;
+  d.bytes_read = a.bytes_read - b.bytes_read;
+  d.bytes_served = a.bytes_served - b.bytes_served;
+  d.prefetch_issued = a.prefetch_issued - b.prefetch_issued;
+  d.prefetch_used = a.prefetch_used - b.prefetch_used;
+  d.prefetch_wasted_bytes = a.prefetch_wasted_bytes - b.prefetch_wasted_bytes;
+  d.io_wait_s = a.io_wait_s - b.io_wait_s;
+  d.read_s = a.read_s - b.read_s;
+  return d;
+}
+}  // namespace
+
+StatsRecorder::StatsRecorder(Model& model)
+    : model_(model), experts0_(model.experts().stats()), passes0_(model.pass_stats()) {}
+
+RunStats StatsRecorder::finish(const Generation& g) const {
+  RunStats s;
+  const auto& t = g.timing();
+  s.prompt_tokens = g.prompt_done();
+  s.completion_tokens = static_cast<int64_t>(g.tokens().size());
+  s.prefill_s = t.prefill_done > 0 ? t.prefill_done - t.start : 0;
+  s.ttft_s = t.first_token > 0 ? t.first_token - t.start : 0;
+  s.decode_s = s.completion_tokens > 1 ? t.last_token - t.first_token : 0;
+  // The decode rate excludes prefill and the first token (it comes from the prompt's pass).
+  if (s.completion_tokens > 1 && s.decode_s > 0) {
+    s.decode_tokens_per_s = static_cast<double>(s.completion_tokens - 1) / s.decode_s;
+    s.s_per_token = 1.0 / s.decode_tokens_per_s;
+  }
+  if (s.prefill_s > 0) s.prefill_tokens_per_s = static_cast<double>(s.prompt_tokens) / s.prefill_s;
+  s.experts = diff(model_.experts().stats(), experts0_);
+  s.passes = model_.pass_stats().passes - passes0_.passes;
+  s.peak_rss_bytes = peak_rss_bytes();
+  s.stop_reason = stop_reason_name(g.stop_reason());
+  s.seed = g.seed();
+  return s;
+}
+
+double RunStats::gb_per_token() const {
+  const int64_t n = std::max<int64_t>(1, completion_tokens);
+  return static_cast<double>(experts.bytes_read) / 1e9 / static_cast<double>(n);
+}
+
+void RunStats::to_json(nlohmann::json& j) const {
+  j["prompt_tokens"] = prompt_tokens;
+  j["reused_prompt_tokens"] = reused_tokens;
+  j["completion_tokens"] = completion_tokens;
+  j["prefill_s"] = prefill_s;
+  j["prefill_tokens_per_s"] = prefill_tokens_per_s;
+  j["ttft_s"] = ttft_s;
+  j["decode_s"] = decode_s;
+  j["decode_tokens_per_s"] = decode_tokens_per_s;
+  j["s_per_token"] = s_per_token;
+  j["stop_reason"] = stop_reason;
+  j["seed"] = seed;
+  j["draft_proposed"] = draft_proposed;
+  j["draft_accepted"] = draft_accepted;
+  j["draft_acceptance_rate"] = draft_proposed > 0 ? static_cast<double>(draft_accepted) / draft_proposed : 0.0;
+  j["passes"] = passes;
+  j["expert_requests"] = experts.requests;
+  j["expert_hits"] = experts.hits;
+  j["expert_misses"] = experts.misses;
+  j["expert_hit_rate"] = experts.requests > 0 ? static_cast<double>(experts.hits) / experts.requests : 0.0;
+  j["bytes_read"] = experts.bytes_read;
+  j["gb_per_token"] = gb_per_token();
+  j["io_wait_s"] = experts.io_wait_s;
+  j["read_s"] = experts.read_s;
+  j["read_gb_per_s"] = experts.read_s > 0 ? experts.bytes_read / 1e9 / experts.read_s : 0.0;
+  j["prefetch_issued"] = experts.prefetch_issued;
+  j["prefetch_used"] = experts.prefetch_used;
+  j["prefetch_wasted_bytes"] = experts.prefetch_wasted_bytes;
+  j["peak_rss_bytes"] = peak_rss_bytes;
+}
+
+std::string RunStats::summary() const {
+  std::string s;
+  s += fmt::format("[stats] prefill {} tokens in {:.3f} s ({:.1f} tokens/s){}; time to first token {:.3f} s\n",
+                   prompt_tokens, prefill_s, prefill_tokens_per_s,
+                   reused_tokens > 0 ? fmt::format(", {} reused from the kept state", reused_tokens) : "", ttft_s);
+  s += fmt::format("[stats] decode {} tokens in {:.3f} s: {:.2f} tokens/s, {:.4f} s/token (excludes prefill and the "
+                   "first token); stop: {}\n",
+                   std::max<int64_t>(0, completion_tokens - 1), decode_s, decode_tokens_per_s, s_per_token, stop_reason);
+  s += fmt::format("[stats] drafts {} proposed / {} accepted ({:.0f}%)\n", draft_proposed, draft_accepted,
+                   draft_proposed > 0 ? 100.0 * draft_accepted / draft_proposed : 0.0);
+  s += fmt::format("[stats] experts {} requests: {} hits, {} misses ({:.1f}% hit), {:.3f} GB read ({:.3f} GB/token), "
+                   "I/O wait {:.3f} s\n",
+                   experts.requests, experts.hits, experts.misses,
+                   experts.requests > 0 ? 100.0 * experts.hits / experts.requests : 0.0, experts.bytes_read / 1e9,
+                   gb_per_token(), experts.io_wait_s);
+  s += fmt::format("[stats] peak RSS {:.1f} MiB", peak_rss_bytes / 1048576.0);
+  return s;
+}
+
+}  // namespace deltafin

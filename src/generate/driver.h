@@ -1,0 +1,54 @@
+// Running generations against a model: the single-sequence loop the CLI uses, and the stats a
+// finished generation reports (what `run --stats` / `--json` print).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "experts/provider.h"
+#include "generate/generation.h"
+#include "model/model.h"
+
+namespace deltafin {
+
+// Feeds the generation pass by pass until it finishes or `cancel` becomes true, calling
+// `on_step` after every pass (events are waiting in the generation). A failing pass aborts the
+// generation and rethrows.
+void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
+           const std::function<void(Generation&)>& on_step);
+
+struct RunStats {
+  int64_t prompt_tokens = 0;     // tokens prefilled in this run
+  int64_t reused_tokens = 0;     // prompt tokens served from kept state (chat turns)
+  int64_t completion_tokens = 0;
+  double prefill_s = 0, ttft_s = 0, decode_s = 0;
+  double decode_tokens_per_s = 0, s_per_token = 0, prefill_tokens_per_s = 0;
+  int64_t draft_proposed = 0, draft_accepted = 0;
+  ExpertStats experts;           // deltas over the run
+  int64_t passes = 0;
+  uint64_t peak_rss_bytes = 0;
+  std::string stop_reason;
+  uint64_t seed = 0;
+
+  double gb_per_token() const;
+  // Adds the fields above to `j` (the run --json schema).
+  void to_json(nlohmann::json& j) const;
+  std::string summary() const;  // the human `--stats` block
+};
+
+// Snapshot counters before a run; finish() fills a RunStats from the generation and the deltas.
+class StatsRecorder {
+ public:
+  explicit StatsRecorder(Model& model);
+  RunStats finish(const Generation& gen) const;
+
+ private:
+  Model& model_;
+  ExpertStats experts0_;
+  PassStats passes0_;
+};
+
+}  // namespace deltafin

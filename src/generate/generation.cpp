@@ -1,0 +1,218 @@
+#include "generate/generation.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace deltafin {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kNone: return "none";
+    case StopReason::kLength: return "length";
+    case StopReason::kContext: return "context";
+    case StopReason::kStopToken: return "stop_token";
+    case StopReason::kEndOfTurn: return "end_of_turn";
+    case StopReason::kStopString: return "stop_string";
+    case StopReason::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& params,
+                       const Tokenizer* tokenizer, int64_t vocab, int64_t start_position)
+    : prompt_(std::move(prompt)), params_(params), tok_(tokenizer), sampler_(params.sampling, vocab),
+      position_(start_position) {
+  if (prompt_.empty()) fail_arg("generation needs at least one prompt token");
+  if (params_.max_new_tokens < 0) fail_arg("max new tokens must be >= 0");
+  if (params_.prefill_chunk < 1) params_.prefill_chunk = 1;
+  for (const auto& s : params_.stop_strings) {
+    if (s.empty()) fail_arg("stop strings must not be empty");
+    max_stop_ = std::max(max_stop_, s.size());
+  }
+  if (tok_ != nullptr) {
+    if (params_.chat) {
+      parser_.emplace(*tok_, params_.start_channel);
+    } else {
+      decoder_.emplace(*tok_);
+    }
+  } else if (params_.chat) {
+    fail_arg("chat mode needs a tokenizer");
+  }
+  timing_.start = now_seconds();
+  timing_.prompt_tokens = static_cast<int64_t>(prompt_.size());
+  if (params_.context_limit > 0 && position_ + static_cast<int64_t>(prompt_.size()) > params_.context_limit) {
+    fail_arg("the prompt needs {} positions but the context is {}", position_ + prompt_.size(), params_.context_limit);
+  }
+  const int64_t n = std::min<int64_t>(params_.prefill_chunk, static_cast<int64_t>(prompt_.size()));
+  input_.assign(prompt_.begin(), prompt_.begin() + n);
+  if (params_.max_new_tokens == 0) {
+    // Nothing to generate: the prompt is still consumed so the state reflects it.
+  }
+}
+
+std::span<const int32_t> Generation::next_input() const {
+  if (finished()) return {};
+  return input_;
+}
+
+std::optional<int32_t> Generation::unconsumed_token() const {
+  if (tokens_.empty() || last_consumed_) return std::nullopt;
+  return tokens_.back().id;
+}
+
+std::vector<int32_t> Generation::completion_ids() const {
+  std::vector<int32_t> ids;
+  for (const auto& t : tokens_) ids.push_back(t.id);
+  return ids;
+}
+
+std::vector<ParserEvent> Generation::take_events() {
+  std::vector<ParserEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+void Generation::emit(ParserEvent e) {
+  if (e.malformed) malformed_ = true;
+  switch (e.kind) {
+    case ParserEvent::Kind::content:
+      handle_content(std::move(e.text));
+      return;
+    case ParserEvent::Kind::reasoning:
+      if (e.text.empty()) return;
+      reasoning_ += e.text;
+      break;
+    case ParserEvent::Kind::tool_call_end:
+      tool_calls_.push_back({e.name, e.text, e.malformed});
+      break;
+    default:
+      break;
+  }
+  events_.push_back(std::move(e));
+}
+
+void Generation::handle_content(std::string delta) {
+  if (delta.empty() || stop_ == StopReason::kStopString) return;
+  held_ += delta;
+  if (max_stop_ > 0) {
+    // Earliest stop-string match in held text (held never contains a complete match).
+    size_t best = std::string::npos;
+    for (const auto& s : params_.stop_strings) best = std::min(best, held_.find(s));
+    if (best != std::string::npos) {
+      std::string out = held_.substr(0, best);
+      held_.clear();
+      content_ += out;
+      if (!out.empty()) events_.push_back({ParserEvent::Kind::content, std::move(out)});
+      finish(StopReason::kStopString);
+      return;
+    }
+    // Hold back the longest suffix that is a prefix of some stop string.
+    size_t hold = 0;
+    for (const auto& s : params_.stop_strings) {
+      for (size_t k = std::min(s.size() - 1, held_.size()); k > hold; --k) {
+        if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+      }
+    }
+    std::string out = held_.substr(0, held_.size() - hold);
+    held_.erase(0, held_.size() - hold);
+    content_ += out;
+    if (!out.empty()) events_.push_back({ParserEvent::Kind::content, std::move(out)});
+    return;
+  }
+  content_ += held_;
+  events_.push_back({ParserEvent::Kind::content, std::move(held_)});
+  held_.clear();
+}
+
+void Generation::finish(StopReason r) {
+  if (stop_ != StopReason::kNone) return;
+  // Flush what the decoders still hold, then any held-back content (it was not a stop string).
+  if (r != StopReason::kStopString) {
+    if (parser_) {
+      for (auto& e : parser_->finish()) emit(std::move(e));
+    } else if (decoder_) {
+      handle_content(decoder_->flush());
+    }
+    if (stop_ == StopReason::kNone && !held_.empty()) {
+      content_ += held_;
+      events_.push_back({ParserEvent::Kind::content, std::move(held_)});
+      held_.clear();
+    }
+  }
+  if (stop_ == StopReason::kNone) stop_ = r;
+  input_.clear();
+}
+
+void Generation::cancel() { finish(StopReason::kCancelled); }
+
+void Generation::abort(StopReason reason) {
+  if (stop_ == StopReason::kNone) stop_ = reason;
+  input_.clear();
+}
+
+void Generation::on_logits(std::span<const float> logits) {
+  if (finished()) return;
+  const int64_t n_in = static_cast<int64_t>(input_.size());
+  consumed_ += n_in;
+  position_ += n_in;
+  if (in_prefill()) {
+    fed_ += n_in;
+    if (in_prefill()) {  // more prompt to go; these logits are not needed
+      const int64_t n = std::min<int64_t>(params_.prefill_chunk, static_cast<int64_t>(prompt_.size()) - fed_);
+      input_.assign(prompt_.begin() + fed_, prompt_.begin() + fed_ + n);
+      return;
+    }
+    timing_.prefill_done = now_seconds();
+  }
+  last_consumed_ = true;
+  if (static_cast<int64_t>(tokens_.size()) >= params_.max_new_tokens) {
+    finish(StopReason::kLength);
+    return;
+  }
+  const int32_t id = sampler_.sample(logits, prompt_, generated_ids_);
+  GeneratedToken t;
+  t.id = id;
+  if (params_.top_logprobs >= 0) {
+    t.chosen = logprob_of(logits, id);
+    t.top = top_logprobs(logits, params_.top_logprobs);
+  }
+  tokens_.push_back(std::move(t));
+  generated_ids_.push_back(id);
+  last_consumed_ = false;
+  const double now = now_seconds();
+  if (tokens_.size() == 1) timing_.first_token = now;
+  timing_.last_token = now;
+
+  const bool is_stop_id = std::find(params_.stop_ids.begin(), params_.stop_ids.end(), id) != params_.stop_ids.end();
+  if (parser_) {
+    for (auto& e : parser_->push(id)) emit(std::move(e));
+    if (stop_ != StopReason::kNone) return;  // a stop string matched
+    if (parser_->ended()) {
+      finish(StopReason::kEndOfTurn);
+      return;
+    }
+  } else if (decoder_ && !is_stop_id) {
+    handle_content(decoder_->push(id));
+    if (stop_ != StopReason::kNone) return;
+  }
+  if (is_stop_id) {
+    finish(parser_ ? StopReason::kEndOfTurn : StopReason::kStopToken);
+    return;
+  }
+  if (static_cast<int64_t>(tokens_.size()) >= params_.max_new_tokens) {
+    finish(StopReason::kLength);
+    return;
+  }
+  if (params_.context_limit > 0 && position_ + 1 > params_.context_limit) {
+    finish(StopReason::kContext);
+    return;
+  }
+  input_.assign(1, id);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,119 @@
+// One sequence's generation as a state machine the caller drives pass by pass: next_input()
+// gives the tokens to feed (a prompt chunk, then the last sampled token), on_logits() takes the
+// logits of that pass's last row. The CLI runs one Generation at a time; the server batches
+// the inputs of several into one forward pass. Stop rules: a stop token (the config's
+// eos_token_id and <|end_of_msg|>), the token limit, the context limit, stop strings and
+// cancellation.
+//
+// Output is produced as events. In chat mode the K3 output parser splits the thinking channel
+// from the response and recognises tool calls; in raw mode all text is content. Stop strings
+// apply to the content channel: text that could be the start of a stop string is held back
+// until it is known not to be, and the match itself is never emitted.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "generate/sampler.h"
+#include "tokenizer/output_parser.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin {
+
+enum class StopReason { kNone, kLength, kContext, kStopToken, kEndOfTurn, kStopString, kCancelled };
+const char* stop_reason_name(StopReason r);
+
+struct GenerationParams {
+  int64_t max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_ids;
+  int top_logprobs = -1;        // -1: no logprobs; 0: the chosen token's; k: and the k best
+  int64_t prefill_chunk = 256;  // prompt rows per pass
+  int64_t context_limit = 0;    // positions the sequence may reach (0 = no limit)
+  bool chat = false;            // parse the output as a K3 assistant turn
+  Channel start_channel = Channel::think;
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;
+};
+
+struct GenerationTiming {
+  double start = 0;         // construction
+  double prefill_done = 0;  // the prompt's last pass finished
+  double first_token = 0;   // the first token sampled
+  double last_token = 0;
+  int64_t prompt_tokens = 0;
+};
+
+class Generation {
+ public:
+  // `prompt` are the tokens to feed before generating (may be empty when `pending_token` is
+  // given: a token sampled earlier that the state has not consumed yet). `start_position` is
+  // the state's position when generation starts (for the context limit).
+  Generation(std::vector<int32_t> prompt, const GenerationParams& params, const Tokenizer* tokenizer,
+             int64_t vocab, int64_t start_position = 0);
+
+  std::span<const int32_t> next_input() const;
+  // The logits of the last row of the pass that consumed next_input().
+  void on_logits(std::span<const float> logits);
+  void cancel();
+  // Ends a generation whose pass failed (the request's error goes to its client).
+  void abort(StopReason reason = StopReason::kCancelled);
+
+  bool finished() const { return stop_ != StopReason::kNone; }
+  StopReason stop_reason() const { return stop_; }
+  bool in_prefill() const { return fed_ < static_cast<int64_t>(prompt_.size()); }
+  int64_t prompt_done() const { return fed_; }
+  int64_t prompt_size() const { return static_cast<int64_t>(prompt_.size()); }
+
+  // Events produced since the last call.
+  std::vector<ParserEvent> take_events();
+  const std::vector<GeneratedToken>& tokens() const { return tokens_; }
+  std::vector<int32_t> completion_ids() const;
+  // Accumulated output (content is what the user sees; after a stop string, up to it).
+  const std::string& content() const { return content_; }
+  const std::string& reasoning() const { return reasoning_; }
+  const std::vector<ParsedToolCall>& tool_calls() const { return tool_calls_; }
+  bool malformed_output() const { return malformed_; }
+  // Tokens the state has consumed during this generation.
+  int64_t consumed() const { return consumed_; }
+  // The last sampled token when the state has not consumed it (it ended the generation).
+  std::optional<int32_t> unconsumed_token() const;
+  const GenerationTiming& timing() const { return timing_; }
+  uint64_t seed() const { return sampler_.seed(); }
+
+ private:
+  void emit(ParserEvent e);
+  void handle_content(std::string delta);
+  void finish(StopReason r);
+
+  std::vector<int32_t> prompt_;
+  GenerationParams params_;
+  const Tokenizer* tok_;
+  Sampler sampler_;
+  std::optional<OutputParser> parser_;
+  std::optional<IncrementalDecoder> decoder_;
+  int64_t fed_ = 0;       // prompt tokens fed
+  int64_t consumed_ = 0;  // all tokens fed
+  int64_t position_;
+  std::vector<int32_t> input_;
+  std::vector<GeneratedToken> tokens_;
+  std::vector<int32_t> generated_ids_;
+  std::vector<ParserEvent> events_;
+  std::string content_, held_, reasoning_;
+  std::vector<ParsedToolCall> tool_calls_;
+  size_t max_stop_ = 0;
+  bool malformed_ = false;
+  bool last_consumed_ = true;
+  StopReason stop_ = StopReason::kNone;
+  GenerationTiming timing_;
+};
+
+}  // namespace deltafin
