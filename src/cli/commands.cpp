@@ -5,6 +5,7 @@ namespace deltafin::cli {
 void register_all(CLI::App& app) {
   register_run(app);
   register_chat(app);
+  register_serve(app);
   register_logits(app);
   register_inspect(app);
   register_make_model(app);

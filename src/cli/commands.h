@@ -16,6 +16,7 @@ void register_make_model(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
+void register_serve(CLI::App& app);  // cmd_serve.cpp
 // `deltafin tokenize` (cmd_tokenize.cpp) and `deltafin render` (cmd_render.cpp).
 void register_tokenize(CLI::App& app);
 void register_render(CLI::App& app);

@@ -1,0 +1,200 @@
+// `deltafin serve`: the OpenAI-compatible HTTP server. This file only wires the parts together:
+// flags, the tokenizer, the listening socket (bound first, so a busy port fails at once and
+// /health can say "loading" while the model loads), the model, the engine's Scheduler, and a
+// signal thread that turns SIGINT/SIGTERM into an orderly shutdown (running and queued requests
+// get a 503, then the listener closes). The engine flags are the ones `run` takes.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+
+#include <atomic>
+#include <csignal>
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/model.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+
+namespace deltafin::cli {
+
+namespace {
+
+struct ServeArgs {
+  EngineOptions engine;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key, api_key_file;
+  std::string model_id = "kimi-k3";
+  std::vector<std::string> aliases;
+  int parallel = 1;
+  int queue = 16;
+  double timeout = 600;
+  int64_t max_tokens = 0;
+  std::string max_request_bytes = "16M";
+  int64_t ctx = 0;
+  int cache = 4;
+  int64_t prefill_chunk = 256;
+};
+
+bool is_loopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "::1" || host == "localhost" || host.rfind("127.", 0) == 0;
+}
+
+std::string read_key_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail_arg("--api-key-file {}: cannot read the file", path);
+  std::string key;
+  std::getline(in, key);
+  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
+  size_t b = 0;
+  while (b < key.size() && (key[b] == ' ' || key[b] == '\t')) ++b;
+  key = key.substr(b);
+  if (key.empty()) fail_arg("--api-key-file {}: the first line is empty (expected the key)", path);
+  return key;
+}
+
+void run_serve(ServeArgs& a) {
+  if (!a.api_key.empty() && !a.api_key_file.empty()) fail_arg("give --api-key or --api-key-file, not both");
+  if (!a.api_key_file.empty()) a.api_key = read_key_file(a.api_key_file);
+  if (!(a.timeout > 0)) fail_arg("--timeout {}: must be positive (seconds)", a.timeout);
+  // A bare number is bytes here (parse_size reads it as GiB).
+  const bool digits = !a.max_request_bytes.empty() && a.max_request_bytes.size() < 19 &&
+                      a.max_request_bytes.find_first_not_of("0123456789") == std::string::npos;
+  const uint64_t max_body = digits ? std::stoull(a.max_request_bytes) : parse_size(a.max_request_bytes, "--max-request-bytes");
+  if (max_body == 0) fail_arg("--max-request-bytes must be positive");
+  a.engine.model = resolve_model_dir(a.engine.model);
+  if (!has_tokenizer(a.engine.model)) {
+    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); the server needs one", a.engine.model);
+  }
+  const Tokenizer tok = Tokenizer::load(a.engine.model);
+
+  // Signals go to one thread that sigwait()s; block them before any other thread exists.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::atomic<bool> ready{false};
+  std::mutex m;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread([&, sigs] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (!ready.load()) {
+      fmt::print(stderr, "deltafin serve: interrupted while loading the model\n");
+      std::_Exit(128 + sig);
+    }
+    fmt::print(stderr, "deltafin serve: shutting down (signal {})\n", sig);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      stop = true;
+    }
+    cv.notify_all();
+  }).detach();
+
+  server::Metrics metrics;
+  server::HttpOptions ho;
+  ho.host = a.host;
+  ho.port = a.port;
+  ho.api_key = a.api_key;
+  ho.max_request_bytes = max_body;
+  ho.timeout_s = a.timeout;
+  ho.threads = a.parallel + a.queue + 8;  // active + waiting + spare connections (health, metrics, models)
+  ho.aliases = a.aliases;
+  ho.model_id = a.model_id;
+  server::HttpServer http(ho, tok, metrics);
+  const int port = http.bind();
+  if (!is_loopback(a.host) && a.api_key.empty()) {
+    log_warn("listening on {} without an API key: anyone who can reach this address can use the model "
+             "(give --api-key or --api-key-file)", a.host);
+  }
+  const bool v6 = a.host.find(':') != std::string::npos;
+  fmt::print(stderr, "deltafin serve: listening on http://{}{}{}:{} (loading the model)\n", v6 ? "[" : "", a.host,
+             v6 ? "]" : "", port);
+  http.start();
+
+  auto model = load_model(a.engine);
+  const auto& cfg = model->config();
+  if (tok.vocab_size() > cfg.vocab) {
+    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), cfg.vocab);
+  }
+  int64_t context = cfg.max_positions;
+  if (a.ctx > 0) {
+    if (a.ctx > cfg.max_positions) fail_arg("--ctx {} exceeds the model's context of {} positions", a.ctx, cfg.max_positions);
+    context = a.ctx;
+  }
+  server::ServeLimits limits;
+  limits.model_id = a.model_id;
+  limits.aliases = a.aliases;
+  limits.context = context;
+  limits.max_tokens = a.max_tokens > 0 ? std::min(a.max_tokens, context) : context;
+  limits.vocab = cfg.vocab;
+  limits.stop_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
+  if (auto eom = tok.special_id("<|end_of_msg|>"); eom && *eom != cfg.eos_token_id) limits.stop_ids.push_back(*eom);
+  limits.prefill_chunk = a.prefill_chunk;
+
+  server::SchedulerOptions so;
+  so.parallel = a.parallel;
+  so.queue = a.queue;
+  so.cache = static_cast<size_t>(a.cache);
+  server::Scheduler scheduler(*model, tok, so, metrics);
+  metrics.set_static(context, a.parallel, a.queue, a.cache);
+  metrics.set_ready(true);
+  http.set_ready(&scheduler, limits);
+  ready.store(true);
+  fmt::print(stderr,
+             "deltafin serve: ready: {} as `{}`{}; context {} tokens (model max {}), max tokens {}, parallel {}, "
+             "queue {}, timeout {} s, conversation cache {}{}\n",
+             a.engine.model, a.model_id, a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
+             context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout, a.cache,
+             a.api_key.empty() ? "" : ", API key required");
+
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return stop; });
+  }
+  http.set_stopping();
+  scheduler.stop();
+  http.stop();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)");
+  add_engine_options(cmd, a->engine, /*model_optional=*/true);
+  cmd->add_option("--host", a->host, "Address to listen on (loopback by default)")->capture_default_str();
+  cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY on every endpoint but /health");
+  cmd->add_option("--api-key-file", a->api_key_file, "Read the API key from the first line of a file");
+  cmd->add_option("--model-id", a->model_id, "The model name clients use")->capture_default_str();
+  cmd->add_option("--alias", a->aliases, "Another accepted model name (repeatable; '*' accepts any)");
+  cmd->add_option("--parallel", a->parallel, "Sequences decoded together in one forward pass")->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--queue", a->queue, "Requests that may wait for a slot (beyond: 429)")->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--timeout", a->timeout, "Seconds a request may take, queueing included")->capture_default_str();
+  cmd->add_option("--max-tokens", a->max_tokens, "Ceiling for max_tokens (default: the context)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-request-bytes", a->max_request_bytes, "Largest request body (e.g. 16M; beyond: 413)")
+      ->capture_default_str();
+  cmd->add_option("--ctx", a->ctx, "Context in tokens (default: the model's max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cache", a->cache, "Conversation states kept for reuse (0 = off)")->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per sequence per forward pass")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace deltafin::cli

@@ -1,0 +1,385 @@
+// HTTP routes, authentication, error shapes and SSE streaming (see http_server.h).
+//
+// httplib must be compiled with the macros of its pkg-config file (CPPHTTPLIB_OPENSSL_SUPPORT,
+// ZLIB, BROTLI), which the build applies to every file that includes it; this is the only file
+// that does.
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <chrono>
+#include <ctime>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "server/api_error.h"
+#include "server/connection_probe.h"
+#include "server/response.h"
+#include "server/scheduler.h"
+
+namespace deltafin::server {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+constexpr auto kPoll = 50ms;            // how often a waiting handler probes its client
+constexpr double kKeepAliveS = 10.0;    // SSE comment after this long without output
+constexpr size_t kMaxPath = 2048;
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+void digest(const std::string& s, unsigned char out[32]) {
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), out);
+}
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+const char* error_message(int status) {
+  switch (status) {
+    case 400: return "the request could not be read (malformed HTTP)";
+    case 404: return "unknown path";
+    case 413: return "the request body is larger than the server accepts (--max-request-bytes)";
+    case 414: return "the request URI is too long";
+    case 416: return "range not satisfiable";
+    default: return "request failed";
+  }
+}
+
+}  // namespace
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status(), e.to_json());
+  if (e.retry_after() > 0) res.set_header("Retry-After", std::to_string(e.retry_after()));
+  if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer");
+}
+
+HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics& metrics)
+    : opt_(options), tok_(tok), metrics_(metrics), svr_(std::make_unique<httplib::Server>()) {
+  created_ = static_cast<int64_t>(std::time(nullptr));
+  if (!opt_.api_key.empty()) digest(opt_.api_key, key_digest_);
+  const int threads = std::max(4, opt_.threads);
+  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr_->set_payload_max_length(opt_.max_request_bytes);
+  svr_->set_read_timeout(30, 0);
+  svr_->set_write_timeout(30, 0);
+  svr_->set_keep_alive_timeout(5);
+  svr_->set_tcp_nodelay(true);
+  svr_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    // Keeps absurd paths away from httplib's regex router.
+    if (req.path.size() <= kMaxPath) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, ApiError(404, "unknown path", "invalid_request_error", std::nullopt, "not_found"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  auto handler = [this](const httplib::Request& req, httplib::Response& res) { dispatch(req, res); };
+  svr_->Get("/.*", handler);
+  svr_->Post("/.*", handler);
+  svr_->Put("/.*", handler);
+  svr_->Patch("/.*", handler);
+  svr_->Delete("/.*", handler);
+  svr_->Options("/.*", handler);
+  // Errors httplib produces itself (unreadable request, body over the cap) get OpenAI's shape.
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string code = res.status == 413 ? "request_too_large" : res.status == 404 ? "not_found" : "bad_request";
+    send_error(res, ApiError(res.status, error_message(res.status), "invalid_request_error", std::nullopt, code));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError(500, "internal error: " + what, "server_error"));
+  });
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  int port = opt_.port;
+  if (port == 0) {
+    port = svr_->bind_to_any_port(opt_.host);
+    if (port < 0) fail("cannot listen on {} (any port)", opt_.host);
+  } else if (!svr_->bind_to_port(opt_.host, port)) {
+    fail("cannot listen on {}:{} (in use, or not an address of this machine)", opt_.host, port);
+  }
+  opt_.port = port;
+  return port;
+}
+
+void HttpServer::start() {
+  thread_ = std::thread([this] { svr_->listen_after_bind(); });
+}
+
+void HttpServer::set_ready(Scheduler* scheduler, const ServeLimits& limits) {
+  limits_ = limits;
+  scheduler_.store(scheduler, std::memory_order_release);
+}
+
+void HttpServer::set_stopping() { stopping_.store(true); }
+
+void HttpServer::stop() {
+  if (svr_) svr_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool HttpServer::authorized(const httplib::Request& req) const {
+  if (opt_.api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  std::string token;
+  if (h.size() > 7 && (h.compare(0, 7, "Bearer ") == 0 || h.compare(0, 7, "bearer ") == 0)) token = h.substr(7);
+  while (!token.empty() && token.back() == ' ') token.pop_back();
+  // Comparing digests keeps the time independent of where (and whether) the keys differ.
+  unsigned char d[32];
+  digest(token, d);
+  return CRYPTO_memcmp(d, key_digest_, sizeof d) == 0 && !token.empty();
+}
+
+json HttpServer::model_object(const std::string& id) const {
+  json m;
+  m["id"] = id;
+  m["object"] = "model";
+  m["created"] = created_;
+  m["owned_by"] = "deltafin";
+  if (scheduler_.load(std::memory_order_acquire) != nullptr) m["context_length"] = limits_.context;
+  return m;
+}
+
+void HttpServer::dispatch(const httplib::Request& req, httplib::Response& res) {
+  std::string label = "other";
+  try {
+    route(req, res, label);
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  } catch (const std::exception& e) {
+    send_error(res, ApiError(500, fmt::format("internal error: {}", e.what()), "server_error"));
+  }
+  if (res.status == -1) res.status = 200;
+  metrics_.count_request(label, res.status);
+}
+
+void HttpServer::route(const httplib::Request& req, httplib::Response& res, std::string& label) {
+  std::string path = req.path;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  // The OpenAI paths are also served without the /v1 prefix (some clients drop it).
+  if (path == "/models" || starts_with(path, "/models/") || path == "/chat/completions" || path == "/completions") {
+    path = "/v1" + path;
+  }
+  if (path == "/v1/health") path = "/health";
+  std::string route, method;
+  if (path == "/health" || path == "/metrics" || path == "/v1/models") {
+    route = path;
+    method = "GET";
+  } else if (starts_with(path, "/v1/models/")) {
+    route = "/v1/models/{id}";
+    method = "GET";
+  } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    route = path;
+    method = "POST";
+  } else {
+    throw ApiError(404, fmt::format("unknown path {}", path.substr(0, 200)), "invalid_request_error", std::nullopt, "not_found");
+  }
+  label = route;
+  const bool method_ok = req.method == method || (method == "GET" && req.method == "HEAD");
+  if (!method_ok) {
+    res.set_header("Allow", method);
+    throw ApiError(405, fmt::format("{} does not take {} (use {})", route, req.method, method), "invalid_request_error",
+                   std::nullopt, "method_not_allowed");
+  }
+  Scheduler* sched = scheduler_.load(std::memory_order_acquire);
+  if (route == "/health") {
+    if (stopping_.load()) return send_json(res, 503, {{"status", "shutting_down"}});
+    if (sched == nullptr) {
+      res.set_header("Retry-After", "5");
+      return send_json(res, 503, {{"status", "loading"}});
+    }
+    return send_json(res, 200, {{"status", "ok"}});
+  }
+  if (!authorized(req)) {
+    const bool given = req.has_header("Authorization");
+    throw ApiError(401,
+                   given ? "Incorrect API key provided" : "Missing API key: send the header Authorization: Bearer KEY",
+                   "invalid_request_error", std::nullopt, "invalid_api_key");
+  }
+  if (route == "/metrics") {
+    res.status = 200;
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
+    return;
+  }
+  if (route == "/v1/models") {
+    json data = json::array({model_object(opt_.model_id)});
+    for (const auto& a : opt_.aliases) {
+      if (a != "*" && a != opt_.model_id) data.push_back(model_object(a));
+    }
+    return send_json(res, 200, {{"object", "list"}, {"data", data}});
+  }
+  if (route == "/v1/models/{id}") {
+    const std::string id = path.substr(std::string("/v1/models/").size());
+    ServeLimits names;
+    names.model_id = opt_.model_id;
+    names.aliases = opt_.aliases;
+    if (!model_matches(names, id)) {
+      throw ApiError(404, fmt::format("The model `{}` does not exist; this server serves `{}`", id, opt_.model_id),
+                     "invalid_request_error", "model", "model_not_found");
+    }
+    return send_json(res, 200, model_object(id));
+  }
+  generate(route == "/v1/chat/completions" ? Endpoint::chat : Endpoint::completions, req, res);
+}
+
+namespace {
+
+// What a streamed response's content provider and releaser share.
+struct Exchange {
+  std::shared_ptr<Job> job;
+  Scheduler* sched = nullptr;
+  std::unique_ptr<ResponseBuilder> builder;
+  std::unique_ptr<ConnectionProbe> probe;
+  std::vector<StepUpdate> early;  // updates taken before the response started
+  JobPhase phase = JobPhase::queued;
+  bool delivered = false;
+  double start = 0;
+  std::string what;  // for the log line
+};
+
+void log_done(const Exchange& x, int status, const char* how) {
+  const Usage u = x.job->usage();
+  log_info("[serve] {} {} {}: prompt {} tokens ({} cached), completion {} tokens, {:.2f} s", x.what, status, how,
+           u.prompt_tokens, u.cached_tokens, u.completion_tokens, now_seconds() - x.start);
+}
+
+}  // namespace
+
+void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+  Scheduler* sched = scheduler_.load(std::memory_order_acquire);
+  if (stopping_.load()) throw ApiError(503, "the server is shutting down", "server_error", std::nullopt, "shutting_down");
+  if (sched == nullptr) {
+    throw ApiError(503, "the model is still loading; retry shortly", "server_error", std::nullopt, "model_loading")
+        .with_retry_after(5);
+  }
+  auto x = std::make_shared<Exchange>();
+  x->start = now_seconds();
+  x->what = req.method + " " + req.path;
+  const json body = parse_body(req.body, limits_.max_json_depth);
+  ServeRequest r = ep == Endpoint::chat ? parse_chat_request(body, limits_, tok_) : parse_completion_request(body, limits_, tok_);
+  const bool stream = r.stream;
+  if (r.max_tokens_capped) res.set_header("X-Deltafin-Max-Tokens", std::to_string(r.params.max_new_tokens));
+  x->builder = std::make_unique<ResponseBuilder>(tok_, ep, random_id(ep == Endpoint::chat ? "chatcmpl-" : "cmpl-"),
+                                                 static_cast<int64_t>(std::time(nullptr)), opt_.model_id, r.logprobs,
+                                                 r.include_usage);
+  x->job = std::make_shared<Job>(std::move(r), x->start + opt_.timeout_s);
+  x->sched = sched;
+  x->probe = std::make_unique<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port);
+  sched->submit(x->job);
+
+  // Wait for the start (streaming) or the end (non-streaming), watching the client.
+  for (;;) {
+    auto snap = x->job->take(kPoll, x->phase);
+    x->phase = snap.phase;
+    for (auto& u : snap.updates) x->early.push_back(std::move(u));
+    if (snap.phase == JobPhase::failed) {
+      log_done(*x, snap.error->status(), "failed");
+      throw *snap.error;
+    }
+    if (snap.phase == JobPhase::done || (stream && snap.phase == JobPhase::running)) break;
+    if (x->probe->closed()) {
+      sched->cancel(x->job);
+      log_done(*x, 499, "client closed the connection");
+      res.status = 499;  // nobody reads it; counted as "client closed request"
+      return;
+    }
+  }
+
+  if (!stream) {
+    for (const auto& u : x->early) x->builder->add(u);
+    x->early.clear();
+    auto text = std::make_shared<std::string>(dump(x->builder->response(x->job->stop(), x->job->usage())));
+    res.status = 200;
+    res.set_content_provider(
+        text->size(), "application/json",
+        [text](size_t offset, size_t length, httplib::DataSink& sink) {
+          return sink.write(text->data() + offset, length);
+        },
+        [x](bool success) {
+          if (success) x->sched->publish(*x->job, *x->builder);
+          log_done(*x, 200, success ? "ok" : "not delivered");
+        });
+    return;
+  }
+
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",  // exactly this type: httplib never compresses it
+      [x](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto give_up = [&] {
+          x->sched->cancel(x->job);
+          return false;
+        };
+        for (const auto& c : x->builder->begin()) {
+          if (!write(sse(c))) return give_up();
+        }
+        for (const auto& u : x->early) {
+          for (const auto& c : x->builder->add(u)) {
+            if (!write(sse(c))) return give_up();
+          }
+        }
+        x->early.clear();
+        double last_write = now_seconds();
+        for (;;) {
+          if (x->phase == JobPhase::done) {
+            for (const auto& c : x->builder->end(x->job->stop(), x->job->usage())) {
+              if (!write(sse(c))) return give_up();
+            }
+            if (!write(kSseDone)) return give_up();
+            x->delivered = true;
+            sink.done();
+            return true;
+          }
+          auto snap = x->job->take(kPoll, x->phase);
+          x->phase = snap.phase;
+          for (const auto& u : snap.updates) {
+            for (const auto& c : x->builder->add(u)) {
+              if (!write(sse(c))) return give_up();
+              last_write = now_seconds();
+            }
+          }
+          if (snap.phase == JobPhase::failed) {
+            // Headers are sent: the error travels as an SSE event, then the stream ends.
+            if (!write(sse(snap.error->to_json())) || !write(kSseDone)) return give_up();
+            sink.done();
+            return true;
+          }
+          if (snap.phase == JobPhase::done) continue;
+          if (x->probe->closed()) return give_up();
+          if (now_seconds() - last_write > kKeepAliveS) {
+            if (!write(": keep-alive\n\n")) return give_up();
+            last_write = now_seconds();
+          }
+        }
+      },
+      [x](bool success) {
+        if (success && x->delivered) {
+          x->sched->publish(*x->job, *x->builder);
+          log_done(*x, 200, "streamed");
+        } else {
+          x->sched->cancel(x->job);
+          log_done(*x, 200, x->phase == JobPhase::failed ? "failed mid-stream" : "stream not delivered");
+        }
+      });
+}
+
+}  // namespace deltafin::server

@@ -1,0 +1,89 @@
+// The OpenAI-compatible HTTP front end over cpp-httplib.
+//
+// Every route goes through one dispatch function, so that authentication, the 404/405 rules,
+// error shapes and the request counters are applied in one place. The server listens while the
+// model loads (`/health` says "loading", generation endpoints answer 503 with Retry-After) and
+// becomes ready when set_ready() hands it the Scheduler.
+//
+// Threads: httplib runs each connection on a pool thread. A generation request is validated on
+// that thread, submitted, and then the thread waits on its Job: a non-streamed request until the
+// job is done, a streamed one writes SSE chunks as updates arrive. While waiting it probes its
+// connection every 50 ms, so a client that goes away (queued, mid-prefill or mid-stream) has its
+// job cancelled and its slot freed at the next engine step. The pool is sized for the active
+// slots, the queue and some spare connections, so a full queue is answered with a 429 rather
+// than by a connection nobody reads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/metrics.h"
+#include "server/request.h"
+#include "tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace deltafin::server {
+
+class Scheduler;
+class ApiError;
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;            // empty: no authentication
+  size_t max_request_bytes = 16u << 20;
+  double timeout_s = 600;         // per request, from arrival to the last token
+  int threads = 32;               // connection threads
+  std::vector<std::string> aliases;
+  std::string model_id = "kimi-k3";
+};
+
+class HttpServer {
+ public:
+  HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics& metrics);
+  ~HttpServer();
+
+  // Binds the listening socket (port 0: any free port); returns the port. Throws Error.
+  int bind();
+  // Serves on a background thread.
+  void start();
+  // The model is loaded: generation endpoints go live with these limits.
+  void set_ready(Scheduler* scheduler, const ServeLimits& limits);
+  // Generation endpoints refuse new work (503) from now on; /health says so.
+  void set_stopping();
+  // Stops listening and waits for the connection threads.
+  void stop();
+
+ private:
+  void dispatch(const httplib::Request& req, httplib::Response& res);
+  void route(const httplib::Request& req, httplib::Response& res, std::string& label);
+  void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
+  bool authorized(const httplib::Request& req) const;
+  nlohmann::ordered_json model_object(const std::string& id) const;
+
+  HttpOptions opt_;
+  const Tokenizer& tok_;
+  Metrics& metrics_;
+  std::unique_ptr<httplib::Server> svr_;
+  std::thread thread_;
+  std::atomic<Scheduler*> scheduler_{nullptr};
+  std::atomic<bool> stopping_{false};
+  ServeLimits limits_;  // written once before scheduler_ is published
+  int64_t created_ = 0;
+  unsigned char key_digest_[32] = {0};
+};
+
+// Writes an ApiError to a response (status, JSON body, Retry-After).
+void send_error(httplib::Response& res, const ApiError& e);
+
+}  // namespace deltafin::server

@@ -1,0 +1,152 @@
+// Prometheus text rendering of the server counters (see metrics.h). Names follow the
+// Prometheus conventions: `_total` for counters, base units (seconds, bytes).
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/timer.h"
+
+namespace deltafin::server {
+
+namespace {
+constexpr double kRateWindow = 10.0;  // seconds the tokens/s gauge averages over
+}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lock(m_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences, double seconds) {
+  std::lock_guard<std::mutex> lock(m_);
+  ++passes_;
+  rows_ += static_cast<uint64_t>(rows);
+  prompt_rows_ += static_cast<uint64_t>(prompt_rows);
+  generated_ += static_cast<uint64_t>(generated);
+  batched_sequences_ += static_cast<uint64_t>(sequences);
+  pass_seconds_ += seconds;
+  const double now = now_seconds();
+  recent_.emplace_back(now, generated);
+  while (!recent_.empty() && recent_.front().first < now - kRateWindow) recent_.pop_front();
+}
+
+void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens) {
+  std::lock_guard<std::mutex> lock(m_);
+  ++finished_;
+  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
+  cached_tokens_ += static_cast<uint64_t>(cached_tokens);
+  completion_tokens_ += static_cast<uint64_t>(completion_tokens);
+}
+
+void Metrics::count_kept(bool kept) {
+  std::lock_guard<std::mutex> lock(m_);
+  ++(kept ? kept_ : not_kept_);
+}
+
+void Metrics::set_gauges(int64_t queued, int64_t active) {
+  std::lock_guard<std::mutex> lock(m_);
+  queued_ = queued;
+  active_ = active;
+}
+
+void Metrics::set_experts(const ExpertStats& s) {
+  std::lock_guard<std::mutex> lock(m_);
+  experts_ = s;
+}
+
+void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity) {
+  std::lock_guard<std::mutex> lock(m_);
+  context_ = context;
+  parallel_ = parallel;
+  queue_capacity_ = queue_capacity;
+  cache_capacity_ = cache_capacity;
+}
+
+void Metrics::set_ready(bool ready) {
+  std::lock_guard<std::mutex> lock(m_);
+  ready_ = ready;
+}
+
+void Metrics::set_cache_entries(int64_t n) {
+  std::lock_guard<std::mutex> lock(m_);
+  cache_entries_ = n;
+}
+
+std::string Metrics::render() const {
+  std::lock_guard<std::mutex> lock(m_);
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  auto value = [&](const char* name, auto v) { out += fmt::format("{} {}\n", name, v); };
+
+  metric("deltafin_requests_total", "counter", "HTTP requests by endpoint and status code.");
+  for (const auto& [k, n] : requests_) {
+    out += fmt::format("deltafin_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, n);
+  }
+  metric("deltafin_prompt_tokens_total", "counter", "Prompt tokens of finished generations (cached included).");
+  value("deltafin_prompt_tokens_total", prompt_tokens_);
+  metric("deltafin_cached_prompt_tokens_total", "counter", "Prompt tokens served from kept conversation states.");
+  value("deltafin_cached_prompt_tokens_total", cached_tokens_);
+  metric("deltafin_completion_tokens_total", "counter", "Generated tokens of finished generations.");
+  value("deltafin_completion_tokens_total", completion_tokens_);
+  metric("deltafin_generations_total", "counter", "Generations that ran to an end (any reason).");
+  value("deltafin_generations_total", finished_);
+  metric("deltafin_generated_tokens_total", "counter", "Tokens sampled by the engine (all requests, also unfinished).");
+  value("deltafin_generated_tokens_total", generated_);
+  metric("deltafin_prefill_tokens_total", "counter", "Prompt rows run through forward passes.");
+  value("deltafin_prefill_tokens_total", prompt_rows_);
+  double recent = 0, span = 0;
+  if (!recent_.empty()) {
+    for (const auto& r : recent_) recent += static_cast<double>(r.second);
+    span = std::max(1.0, now_seconds() - recent_.front().first);
+    span = std::min(span, kRateWindow);
+  }
+  metric("deltafin_tokens_per_second", "gauge", "Generated tokens per second, all sequences, over the last 10 s.");
+  value("deltafin_tokens_per_second", span > 0 ? recent / span : 0.0);
+  metric("deltafin_forward_passes_total", "counter", "Forward passes (one carries a row block of every active sequence).");
+  value("deltafin_forward_passes_total", passes_);
+  metric("deltafin_forward_rows_total", "counter", "Rows (tokens) run through forward passes.");
+  value("deltafin_forward_rows_total", rows_);
+  metric("deltafin_forward_sequences_total", "counter", "Sequences per pass, summed (divide by passes for the batch size).");
+  value("deltafin_forward_sequences_total", batched_sequences_);
+  metric("deltafin_forward_seconds_total", "counter", "Time spent in forward passes.");
+  value("deltafin_forward_seconds_total", pass_seconds_);
+  metric("deltafin_queue_depth", "gauge", "Requests waiting for a slot.");
+  value("deltafin_queue_depth", queued_);
+  metric("deltafin_queue_capacity", "gauge", "Most requests that may wait (--queue).");
+  value("deltafin_queue_capacity", queue_capacity_);
+  metric("deltafin_active_sequences", "gauge", "Sequences being prefilled or decoded.");
+  value("deltafin_active_sequences", active_);
+  metric("deltafin_parallel_slots", "gauge", "Most sequences decoded together (--parallel).");
+  value("deltafin_parallel_slots", parallel_);
+  metric("deltafin_context_tokens", "gauge", "Positions a sequence may reach.");
+  value("deltafin_context_tokens", context_);
+  metric("deltafin_model_ready", "gauge", "1 once the model is loaded.");
+  value("deltafin_model_ready", ready_ ? 1 : 0);
+  metric("deltafin_conversation_cache_entries", "gauge", "Kept conversation states.");
+  value("deltafin_conversation_cache_entries", cache_entries_);
+  metric("deltafin_conversation_cache_capacity", "gauge", "Most kept conversation states (--cache).");
+  value("deltafin_conversation_cache_capacity", cache_capacity_);
+  metric("deltafin_conversations_kept_total", "counter", "Finished chat answers whose state was kept for reuse.");
+  value("deltafin_conversations_kept_total", kept_);
+  metric("deltafin_conversations_not_kept_total", "counter", "Delivered chat answers whose state could not be kept.");
+  value("deltafin_conversations_not_kept_total", not_kept_);
+  metric("deltafin_expert_requests_total", "counter", "Routed experts asked for by passes.");
+  value("deltafin_expert_requests_total", experts_.requests);
+  metric("deltafin_expert_hits_total", "counter", "Routed experts served from RAM.");
+  value("deltafin_expert_hits_total", experts_.hits);
+  metric("deltafin_expert_misses_total", "counter", "Routed experts read from storage.");
+  value("deltafin_expert_misses_total", experts_.misses);
+  metric("deltafin_expert_bytes_read_total", "counter", "Expert bytes read from storage.");
+  value("deltafin_expert_bytes_read_total", experts_.bytes_read);
+  metric("deltafin_expert_bytes_served_total", "counter", "Expert bytes handed to compute.");
+  value("deltafin_expert_bytes_served_total", experts_.bytes_served);
+  metric("deltafin_expert_io_wait_seconds_total", "counter", "Time compute waited for expert reads.");
+  value("deltafin_expert_io_wait_seconds_total", experts_.io_wait_s);
+  return out;
+}
+
+}  // namespace deltafin::server

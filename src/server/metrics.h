@@ -1,0 +1,50 @@
+// Server counters for `GET /metrics`, in the Prometheus text format (version 0.0.4).
+//
+// HTTP threads count requests by endpoint and status; the engine thread counts tokens and
+// passes and, after every pass, copies the expert provider's statistics here, so that /metrics
+// never calls into the model while a pass runs. Gauges (queue depth, active sequences) are set by
+// the scheduler as they change. Everything is behind one mutex: updates are a few per pass.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "experts/provider.h"
+
+namespace deltafin::server {
+
+class Metrics {
+ public:
+  void count_request(const std::string& endpoint, int status);
+  // One engine step: prompt rows and generated tokens it processed.
+  void count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences, double seconds);
+  void count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
+  void count_kept(bool kept);
+  void set_gauges(int64_t queued, int64_t active);
+  void set_experts(const ExpertStats& s);
+  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity);
+  void set_ready(bool ready);
+  void set_cache_entries(int64_t n);
+
+  std::string render() const;  // the /metrics body
+
+ private:
+  mutable std::mutex m_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  uint64_t passes_ = 0, rows_ = 0, prompt_rows_ = 0, generated_ = 0, batched_sequences_ = 0;
+  double pass_seconds_ = 0;
+  uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, finished_ = 0;
+  uint64_t kept_ = 0, not_kept_ = 0;
+  int64_t queued_ = 0, active_ = 0, cache_entries_ = 0;
+  int64_t context_ = 0, parallel_ = 0, queue_capacity_ = 0, cache_capacity_ = 0;
+  bool ready_ = false;
+  ExpertStats experts_;
+  // (time, generated tokens) per pass over the last few seconds, for the tokens/s gauge.
+  std::deque<std::pair<double, int64_t>> recent_;
+};
+
+}  // namespace deltafin::server

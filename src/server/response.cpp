@@ -1,0 +1,270 @@
+// Response building (see response.h). Chunks and final objects follow the field order of
+// OpenAI's own responses, since some clients and tests compare text.
+#include "server/response.h"
+
+#include <random>
+
+namespace deltafin::server {
+
+using json = nlohmann::ordered_json;
+
+std::string finish_reason(StopReason stop, bool tool_calls) {
+  switch (stop) {
+    case StopReason::kLength:
+    case StopReason::kContext: return "length";
+    default: return tool_calls ? "tool_calls" : "stop";
+  }
+}
+
+json usage_json(const Usage& u) {
+  json j;
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
+  return j;
+}
+
+std::string random_id(const std::string& prefix, size_t chars) {
+  static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_int_distribution<size_t> pick(0, sizeof(alphabet) - 2);
+  std::string s = prefix;
+  for (size_t i = 0; i < chars; ++i) s += alphabet[pick(rng)];
+  return s;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+ResponseBuilder::ResponseBuilder(const Tokenizer& tok, Endpoint endpoint, std::string id, int64_t created,
+                                 std::string model, bool logprobs, bool include_usage)
+    : tok_(tok), endpoint_(endpoint), id_(std::move(id)), model_(std::move(model)), created_(created),
+      logprobs_(logprobs), include_usage_(include_usage) {}
+
+json ResponseBuilder::chunk(json choice) const {
+  json j;
+  j["id"] = id_;
+  j["object"] = endpoint_ == Endpoint::chat ? "chat.completion.chunk" : "text_completion";
+  j["created"] = created_;
+  j["model"] = model_;
+  j["system_fingerprint"] = "deltafin-" DELTAFIN_VERSION;
+  j["choices"] = json::array({std::move(choice)});
+  if (include_usage_) j["usage"] = nullptr;
+  return j;
+}
+
+json ResponseBuilder::token_logprob(const GeneratedToken& t) const {
+  auto entry = [&](int32_t id, float lp) {
+    const std::string_view b = tok_.token_bytes(id);
+    json e;
+    e["token"] = std::string(b);
+    e["logprob"] = lp;
+    json bytes = json::array();
+    for (const char c : b) bytes.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+    e["bytes"] = bytes;
+    return e;
+  };
+  json e = entry(t.id, t.chosen.logprob);
+  json top = json::array();
+  for (const auto& alt : t.top) top.push_back(entry(alt.id, alt.logprob));
+  e["top_logprobs"] = top;
+  return e;
+}
+
+json ResponseBuilder::chat_logprobs(size_t from) const {
+  json content = json::array();
+  for (size_t i = from; i < tokens_.size(); ++i) content.push_back(token_logprob(tokens_[i]));
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json ResponseBuilder::completion_logprobs(size_t from, size_t to) const {
+  json tokens = json::array(), lps = json::array(), top = json::array(), offsets = json::array();
+  for (size_t i = from; i < to; ++i) {
+    const auto& t = tokens_[i];
+    tokens.push_back(std::string(tok_.token_bytes(t.id)));
+    lps.push_back(t.chosen.logprob);
+    json alts = json::object();
+    for (const auto& a : t.top) alts[std::string(tok_.token_bytes(a.id))] = a.logprob;
+    top.push_back(alts);
+    offsets.push_back(text_offsets_[i]);
+  }
+  json j;
+  j["tokens"] = tokens;
+  j["token_logprobs"] = lps;
+  j["top_logprobs"] = top;
+  j["text_offset"] = offsets;
+  return j;
+}
+
+std::vector<json> ResponseBuilder::begin() {
+  if (endpoint_ != Endpoint::chat) return {};
+  json choice;
+  choice["index"] = 0;
+  choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+  if (logprobs_) choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
+  return {chunk(choice)};
+}
+
+std::vector<json> ResponseBuilder::add(const StepUpdate& u) {
+  std::vector<json> out;
+  const size_t first_token = tokens_.size();
+  for (const auto& t : u.tokens) {
+    tokens_.push_back(t);
+    text_offsets_.push_back(text_bytes_);
+    text_bytes_ += tok_.token_bytes(t.id).size();
+  }
+  if (endpoint_ == Endpoint::completions) {
+    std::string text;
+    for (const auto& e : u.events) {
+      if (e.kind == ParserEvent::Kind::content) text += e.text;
+    }
+    content_ += text;
+    if (text.empty() && !(logprobs_ && tokens_.size() > first_token)) return out;
+    json choice;
+    choice["text"] = text;
+    choice["index"] = 0;
+    choice["logprobs"] = logprobs_ ? completion_logprobs(first_token, tokens_.size()) : json(nullptr);
+    choice["finish_reason"] = nullptr;
+    out.push_back(chunk(choice));
+    return out;
+  }
+  // Chat: one chunk per event (content and reasoning deltas are merged while consecutive).
+  auto delta_chunk = [&](json delta) {
+    json choice;
+    choice["index"] = 0;
+    choice["delta"] = std::move(delta);
+    if (logprobs_) choice["logprobs"] = nullptr;
+    choice["finish_reason"] = nullptr;
+    out.push_back(chunk(choice));
+  };
+  std::string pending_text;
+  const char* pending_key = nullptr;
+  auto flush = [&] {
+    if (pending_key != nullptr && !pending_text.empty()) delta_chunk({{pending_key, pending_text}});
+    pending_text.clear();
+    pending_key = nullptr;
+  };
+  for (const auto& e : u.events) {
+    switch (e.kind) {
+      case ParserEvent::Kind::content:
+      case ParserEvent::Kind::reasoning: {
+        const char* key = e.kind == ParserEvent::Kind::content ? "content" : "reasoning_content";
+        (e.kind == ParserEvent::Kind::content ? content_ : reasoning_) += e.text;
+        if (pending_key != key) flush();
+        pending_key = key;
+        pending_text += e.text;
+        break;
+      }
+      case ParserEvent::Kind::tool_call_begin: {
+        flush();
+        Call c{random_id("call_"), e.name, ""};
+        calls_.push_back(c);
+        json call;
+        call["index"] = static_cast<int>(calls_.size() - 1);
+        call["id"] = c.id;
+        call["type"] = "function";
+        call["function"] = {{"name", c.name}, {"arguments", ""}};
+        delta_chunk({{"tool_calls", json::array({call})}});
+        break;
+      }
+      case ParserEvent::Kind::tool_call_delta: {
+        flush();
+        if (calls_.empty() || e.text.empty()) break;
+        calls_.back().arguments += e.text;
+        json call;
+        call["index"] = static_cast<int>(calls_.size() - 1);
+        call["function"] = {{"arguments", e.text}};
+        delta_chunk({{"tool_calls", json::array({call})}});
+        break;
+      }
+      case ParserEvent::Kind::tool_call_end:
+        // The arguments are complete; the deltas already carried them. Keep the parser's final
+        // text (identical unless a malformed call was cut short).
+        if (!calls_.empty()) calls_.back().arguments = e.text;
+        break;
+      case ParserEvent::Kind::end_of_turn:
+        break;
+    }
+  }
+  flush();
+  if (logprobs_ && tokens_.size() > first_token) {
+    // Logprobs travel with their own chunk: K3's parser holds text back across tokens, so a
+    // token and the text it completes need not arrive in the same step.
+    json choice;
+    choice["index"] = 0;
+    choice["delta"] = json::object();
+    choice["logprobs"] = chat_logprobs(first_token);
+    choice["finish_reason"] = nullptr;
+    out.push_back(chunk(choice));
+  }
+  return out;
+}
+
+std::vector<json> ResponseBuilder::end(StopReason stop, const Usage& usage) {
+  std::vector<json> out;
+  json choice;
+  choice["index"] = 0;
+  if (endpoint_ == Endpoint::chat) {
+    choice["delta"] = json::object();
+    if (logprobs_) choice["logprobs"] = nullptr;
+  } else {
+    choice["text"] = "";
+    choice["logprobs"] = nullptr;
+  }
+  choice["finish_reason"] = finish_reason(stop, !calls_.empty());
+  out.push_back(chunk(choice));
+  if (include_usage_) {
+    json u = chunk(json::object());
+    u["choices"] = json::array();
+    u["usage"] = usage_json(usage);
+    out.push_back(u);
+  }
+  return out;
+}
+
+json ResponseBuilder::message() const {
+  json m;
+  m["role"] = "assistant";
+  m["content"] = content_.empty() && !calls_.empty() ? json(nullptr) : json(content_);
+  if (!reasoning_.empty()) m["reasoning_content"] = reasoning_;
+  m["refusal"] = nullptr;
+  if (!calls_.empty()) {
+    json calls = json::array();
+    for (const auto& c : calls_) {
+      json call;
+      call["id"] = c.id;
+      call["type"] = "function";
+      call["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+      calls.push_back(call);
+    }
+    m["tool_calls"] = calls;
+  }
+  return m;
+}
+
+json ResponseBuilder::response(StopReason stop, const Usage& usage) const {
+  json j;
+  j["id"] = id_;
+  j["object"] = endpoint_ == Endpoint::chat ? "chat.completion" : "text_completion";
+  j["created"] = created_;
+  j["model"] = model_;
+  j["system_fingerprint"] = "deltafin-" DELTAFIN_VERSION;
+  json choice;
+  choice["index"] = 0;
+  if (endpoint_ == Endpoint::chat) {
+    choice["message"] = message();
+    choice["logprobs"] = logprobs_ ? chat_logprobs(0) : json(nullptr);
+  } else {
+    choice["text"] = content_;
+    choice["logprobs"] = logprobs_ ? completion_logprobs(0, tokens_.size()) : json(nullptr);
+  }
+  choice["finish_reason"] = finish_reason(stop, !calls_.empty());
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+}  // namespace deltafin::server

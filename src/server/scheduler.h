@@ -1,0 +1,140 @@
+// The engine side of the server: one thread owns the Model and runs every generation.
+//
+// HTTP threads submit validated Jobs into a bounded FIFO queue (full: 429). The engine loop
+// admits queued jobs while fewer than `parallel` sequences are active, then runs steps: each
+// step gathers the next input of every active Generation — prompt chunks of sequences still in
+// prefill and the single last token of those decoding, mixed — into ONE Model::forward call, so
+// the trunk is read once per step and an expert chosen by several sequences is fetched and
+// applied once for all of them. Each sequence then gets its own logits, and the events and
+// tokens they produce are posted to its Job, where the HTTP thread picks them up (a condition
+// variable per job: streaming clients see tokens as they are sampled).
+//
+// Isolation: a job that was cancelled (its client went away) or ran past its deadline is ended
+// at the start of the next step, so its slot is free for the step after. An exception in one
+// sequence's work fails that job only; a failing forward pass (an IoError from the expert store,
+// say) fails the jobs of that pass — their states are no longer trustworthy — and the loop goes
+// on with the others and the queue.
+//
+// Conversation reuse: at admission a chat job takes the kept state whose conversation its prompt
+// extends (ConversationCache); publish() keeps a finished job's state, and is called by the HTTP
+// thread only after the response was fully written, so a kept state never runs ahead of what
+// the client received.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "model/model.h"
+#include "server/api_error.h"
+#include "server/conversation_cache.h"
+#include "server/metrics.h"
+#include "server/request.h"
+#include "server/response.h"
+
+namespace deltafin::server {
+
+enum class JobPhase { queued, running, done, failed };
+
+class Job {
+ public:
+  Job(ServeRequest request, double deadline) : req(std::move(request)), deadline(deadline) {}
+
+  const ServeRequest req;
+  const double deadline;  // now_seconds() clock
+
+  // Asks the engine to end the job at its next step (client gone, handler gave up).
+  void cancel() { cancel_requested.store(true); }
+  bool cancelled() const { return cancel_requested.load(); }
+
+  struct Snapshot {
+    JobPhase phase = JobPhase::queued;
+    std::vector<StepUpdate> updates;
+    std::optional<ApiError> error;
+  };
+  // Waits up to `wait` for updates or a phase other than `seen`, and takes the updates.
+  Snapshot take(std::chrono::milliseconds wait, JobPhase seen);
+
+  // Valid once the phase is done.
+  StopReason stop() const;
+  Usage usage() const;
+
+ private:
+  friend class Scheduler;
+  std::atomic<bool> cancel_requested{false};
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  JobPhase phase_ = JobPhase::queued;
+  std::vector<StepUpdate> updates_;
+  std::optional<ApiError> error_;
+  StopReason stop_ = StopReason::kNone;
+  Usage usage_;
+  // For publish(): the final state and the ids it consumed.
+  std::optional<State> state_;
+  std::vector<int32_t> history_;
+};
+
+struct SchedulerOptions {
+  int parallel = 1;
+  int queue = 16;
+  size_t cache = 4;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions& options, Metrics& metrics);
+  ~Scheduler();  // stop()s
+
+  // Queues a job; throws ApiError 429 when the queue is full, 503 when shutting down.
+  void submit(const std::shared_ptr<Job>& job);
+  // Cancels a job: a queued one leaves the queue now, a running one ends at the next step.
+  void cancel(const std::shared_ptr<Job>& job);
+  // Keeps the state of a fully delivered chat job for a later turn; returns whether it was kept.
+  bool publish(Job& job, const ResponseBuilder& response);
+  // Fails queued and active jobs (503) and ends the engine thread.
+  void stop();
+
+  const ConversationCache& cache() const { return cache_; }
+
+ private:
+  struct Slot {
+    std::shared_ptr<Job> job;
+    std::unique_ptr<Generation> gen;
+    State state;
+    std::vector<int32_t> seen;   // ids the state held at admission (a kept conversation)
+    std::vector<int32_t> input;  // the generation's prompt
+    size_t sent = 0;             // tokens posted to the job
+    int64_t cached = 0;
+  };
+
+  void run();
+  bool admit(const std::shared_ptr<Job>& job, Slot& slot);
+  void step();
+  void post(Slot& s);
+  void finish(Slot& s);
+  void fail(const std::shared_ptr<Job>& job, const ApiError& e);
+  void update_gauges();
+
+  Model& model_;
+  const Tokenizer& tok_;
+  SchedulerOptions opt_;
+  Metrics& metrics_;
+  ConversationCache cache_;
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::atomic<int64_t> active_count_{0};
+  std::vector<Slot> active_;  // engine thread only
+  std::thread thread_;
+};
+
+}  // namespace deltafin::server
