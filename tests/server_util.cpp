@@ -1,0 +1,231 @@
+// Server test harness (see server_util.h).
+#include "server_util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <regex>
+
+#include "model/synthetic.h"
+#include "test_util.h"
+
+extern char** environ;
+
+namespace deltafin::test {
+
+const std::string& server_model_dir() {
+  static const std::string dir = [] {
+    const std::string d = temp_dir("serve-model") + "/model";
+    SyntheticSpec spec = synthetic_preset("tiny");
+    make_model(d, spec);
+    return d;
+  }();
+  return dir;
+}
+
+ServerProcess::ServerProcess(std::vector<std::string> args, const std::string& model) {
+  signal(SIGPIPE, SIG_IGN);
+  int err_pipe[2];
+  if (pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
+  posix_spawn_file_actions_addclose(&fa, err_pipe[1]);
+  std::vector<std::string> full = {binary(), "serve", "--model", model.empty() ? server_model_dir() : model,
+                                   "--port", "0"};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, full[0].c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(err_pipe[1]);
+  if (rc != 0) {
+    close(err_pipe[0]);
+    throw std::runtime_error("cannot spawn " + full[0]);
+  }
+  err_fd_ = err_pipe[0];
+  reader_ = std::thread([this] {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(err_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      std::lock_guard<std::mutex> lock(m_);
+      err_.append(buf, static_cast<size_t>(n));
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      std::smatch mt;
+      if (err_.find("ready:") != std::string::npos && std::regex_search(err_, mt, listening)) {
+        port_ = std::stoi(mt[1]);
+        return;
+      }
+    }
+    if (!running()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+ServerProcess::~ServerProcess() {
+  stop();
+  if (reader_.joinable()) reader_.join();
+  if (err_fd_ >= 0) close(err_fd_);
+}
+
+bool ServerProcess::running() const {
+  if (pid_ <= 0) return false;
+  return kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
+}
+
+std::string ServerProcess::err() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return err_;
+}
+
+int ServerProcess::stop(double grace_s) {
+  if (pid_ <= 0) return exit_code_;
+  kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) break;
+    if (r < 0) {
+      status = 0;
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  pid_ = -1;
+  return exit_code_;
+}
+
+std::unique_ptr<httplib::Client> ServerProcess::client(int read_timeout_s) const {
+  auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+  c->set_read_timeout(read_timeout_s, 0);
+  c->set_write_timeout(30, 0);
+  c->set_connection_timeout(10, 0);
+  return c;
+}
+
+namespace {
+HttpResult result_of(const httplib::Result& r) {
+  HttpResult out;
+  if (!r) return out;
+  out.status = r->status;
+  out.body = r->body;
+  out.headers = r->headers;
+  out.j = json::parse(r->body, nullptr, false);
+  if (out.j.is_discarded()) out.j = nullptr;
+  return out;
+}
+}  // namespace
+
+HttpResult post_json(httplib::Client& c, const std::string& path, const json& body, const httplib::Headers& headers) {
+  return result_of(c.Post(path.c_str(), headers, body.dump(), "application/json"));
+}
+
+HttpResult get(httplib::Client& c, const std::string& path, const httplib::Headers& headers) {
+  return result_of(c.Get(path.c_str(), headers));
+}
+
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "unterminated SSE frame: " << body.substr(pos);
+      break;
+    }
+    const std::string frame = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (!frame.empty() && frame[0] == ':') continue;
+    if (frame.rfind("data: ", 0) != 0 || frame.find('\n') != std::string::npos) {
+      ADD_FAILURE() << "bad SSE frame: " << frame;
+      continue;
+    }
+    out.push_back(frame.substr(6));
+  }
+  EXPECT_FALSE(out.empty());
+  if (!out.empty()) {
+    EXPECT_EQ(out.back(), "[DONE]");
+  }
+  return out;
+}
+
+bool is_error_shape(const json& j) {
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) return false;
+  const json& e = j["error"];
+  return e.contains("message") && e["message"].is_string() && !e["message"].get<std::string>().empty() &&
+         e.contains("type") && e["type"].is_string() && e.contains("param") && e.contains("code");
+}
+
+RawClient::RawClient(int port) {
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd_);
+    fd_ = -1;
+  }
+}
+
+RawClient::~RawClient() { close_now(); }
+
+bool RawClient::send_request(const std::string& method, const std::string& path, const std::string& body) {
+  if (fd_ < 0) return false;
+  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < req.size()) {
+    const ssize_t n = ::send(fd_, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string RawClient::read_until(const std::string& needle, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (fd_ >= 0 && got_.find(needle) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got_.append(buf, static_cast<size_t>(n));
+  }
+  return got_;
+}
+
+void RawClient::close_now() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+}  // namespace deltafin::test

@@ -1,0 +1,83 @@
+// Running the real `deltafin serve` in tests: a synthetic model with a tokenizer (made once per
+// test process), the server started on a free loopback port (`--port 0`, the port read from its
+// start-up line), stderr collected, and SIGTERM at the end. Plus small HTTP helpers: an httplib
+// client, SSE parsing, and a raw socket for clients that vanish mid-request.
+#pragma once
+
+#include <httplib.h>
+
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace deltafin::test {
+
+// The tiny synthetic model with its byte-level tokenizer (made on first use).
+const std::string& server_model_dir();
+
+class ServerProcess {
+ public:
+  // Starts `deltafin serve --model DIR --port 0 ARGS...` and waits until it is ready (or exits).
+  explicit ServerProcess(std::vector<std::string> args, const std::string& model = "");
+  ~ServerProcess();
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  bool ready() const { return port_ > 0; }
+  int port() const { return port_; }
+  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::unique_ptr<httplib::Client> client(int read_timeout_s = 120) const;
+  std::string err() const;  // stderr so far
+  // SIGTERM, then wait (SIGKILL after `grace_s`); returns the exit code.
+  int stop(double grace_s = 20);
+  bool running() const;
+
+ private:
+  int pid_ = -1;
+  int port_ = -1;
+  int err_fd_ = -1;
+  int exit_code_ = -1;
+  mutable std::mutex m_;
+  std::string err_;
+  std::thread reader_;
+};
+
+using json = nlohmann::ordered_json;
+
+// POST a JSON body; returns status and parsed body (null when not JSON).
+struct HttpResult {
+  int status = -1;
+  std::string body;
+  json j;
+  httplib::Headers headers;
+};
+HttpResult post_json(httplib::Client& c, const std::string& path, const json& body,
+                     const httplib::Headers& headers = {});
+HttpResult get(httplib::Client& c, const std::string& path, const httplib::Headers& headers = {});
+
+// Splits an SSE body into its `data:` payloads; fails the test on a frame that is not
+// "data: ...\n\n" (comments starting with ':' are skipped). The last must be "[DONE]".
+std::vector<std::string> sse_events(const std::string& body);
+
+// True when `j` is an OpenAI error object: {"error": {"message", "type", "param", "code"}}.
+bool is_error_shape(const json& j);
+
+// A raw TCP connection to the server (for a client that disappears).
+class RawClient {
+ public:
+  explicit RawClient(int port);
+  ~RawClient();
+  bool send_request(const std::string& method, const std::string& path, const std::string& body);
+  // Reads until `needle` appears or `timeout_s` passes; returns what was read.
+  std::string read_until(const std::string& needle, double timeout_s);
+  void close_now();  // RST-free close
+
+ private:
+  int fd_ = -1;
+  std::string got_;
+};
+
+}  // namespace deltafin::test
