@@ -8,7 +8,7 @@ DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev liburing-dev \
   libedit-dev libgtest-dev libgmock-dev libbenchmark-dev
 
-.PHONY: all deps configure build test demo clean
+.PHONY: all deps configure build test test-deps demo clean
 
 all: build
 
@@ -26,8 +26,19 @@ configure:
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+test: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The npm package of the OpenAI client test (tests/openai_client, pinned by its lockfile):
+# installed when missing or older than the lockfile; without npm the test skips itself.
+OPENAI_CLIENT = tests/openai_client
+test-deps:
+	@if command -v npm >/dev/null 2>&1 && \
+	  { [ ! -f $(OPENAI_CLIENT)/node_modules/.package-lock.json ] || \
+	    [ $(OPENAI_CLIENT)/package-lock.json -nt $(OPENAI_CLIENT)/node_modules/.package-lock.json ]; }; then \
+	  echo "installing the openai npm package for the client test"; \
+	  cd $(OPENAI_CLIENT) && npm ci --no-audit --no-fund --loglevel=error; \
+	fi
 
 demo: deps build
 	$(BUILD)/src/cli/deltafin run --prompt "The capital of France is" --max-new 24 --stats
