@@ -13,11 +13,39 @@
 
 namespace deltafin::cli {
 
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= 0) return {};
+        } catch (...) {
+        }
+        return "expected a whole number >= 0, found " + v;
+      },
+      "N>=0");
+}
+
+CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= 1) return {};
+        } catch (...) {
+        }
+        return "expected a whole number >= 1, found " + v;
+      },
+      "N>=1");
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   auto* m = cmd->add_option("--model", o.model, "Model folder (config.json + safetensors shards)");
   if (!model_optional) m->required();
   cmd->add_option("--threads", o.threads, "Compute threads (default: one per physical core)")
-      ->check(CLI::Range(0, 1024));
+      ->check(non_negative());
   cmd->add_option("--kernels", o.kernels, "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)");
 }
 
@@ -30,7 +58,7 @@ std::unique_ptr<Model> load_model(const EngineOptions& o) {
   apply_engine_options(o);
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(o.model, ec)) fail_arg("model folder {} does not exist", o.model);
+  if (!fs::exists(o.model, ec)) fail_arg("model folder {} (--model) does not exist", o.model);
   if (!fs::is_directory(o.model, ec)) fail_arg("--model {} is not a folder (expected a checkpoint folder)", o.model);
   return Model::load(o.model);
 }
@@ -48,9 +76,15 @@ bool has_tokenizer(const std::string& dir) {
 }
 
 std::string resolve_model_dir(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m) return m;
   namespace fs = std::filesystem;
+  auto checked = [](const std::string& dir, const char* from) {
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) fail_arg("model folder {} ({}) does not exist", dir, from);
+    if (!fs::is_directory(dir, ec)) fail_arg("{} ({}) is not a folder (expected a checkpoint folder)", dir, from);
+    return dir;
+  };
+  if (!flag.empty()) return checked(flag, "--model");
+  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m) return checked(m, "DELTAFIN_MODEL");
   const fs::path demo = fs::path(cache_dir()) / "demo-tiny";
   if (!fs::exists(demo / "config.json")) {
     fs::create_directories(demo.parent_path());

@@ -20,6 +20,10 @@ struct EngineOptions {
   std::string kernels;  // force a kernel table
 };
 
+// Flag validators with one-line messages.
+CLI::Validator non_negative();
+CLI::Validator positive();
+
 // Adds --model (required unless `model_optional`), --threads and --kernels to a subcommand.
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);
 // Applies --threads / --kernels; call at the start of a command.

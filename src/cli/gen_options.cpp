@@ -7,12 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/common.h"
 #include "core/timer.h"
 
 namespace deltafin::cli {
 
 void add_gen_options(CLI::App* cmd, GenOptions& o) {
-  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")->capture_default_str()->check(non_negative());
   cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (default)")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Keep the K most likely tokens (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
@@ -27,7 +28,7 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_flag("--no-color", o.no_color, "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
   cmd->add_flag("--stats", o.stats, "Print statistics at the end (stderr)");
   cmd->add_flag("--stats-live", o.stats_live, "Also print a statistics line per token (stderr)");
-  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str()->check(positive());
 }
 
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat) {
