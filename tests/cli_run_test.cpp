@@ -102,7 +102,7 @@ std::string model_that_emits(int winner, int target) {
   std::string dir = test::temp_dir("eos") + "/model";
   fs::copy(tiny_with_tokenizer(), dir, fs::copy_options::recursive);
   auto ck = Checkpoint::open(dir);
-  const TensorInfo& head = ck->get("language_model.lm_head.weight");
+  const TensorInfo head = ck->get("language_model.lm_head.weight");  // a copy: ck is closed below
   const uint64_t row = head.nbytes / head.shape[0];
   std::string path = ck->shards()[head.shard].path();
   ck.reset();
