@@ -1,6 +1,8 @@
 #include "cli/common.h"
 
 #include <cctype>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -50,6 +52,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   cmd->add_option("--memory-budget", o.memory_budget,
                   "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default 75% of RAM or of the "
                   "cgroup limit. Trunk layers and experts that do not fit are streamed from disk");
+  cmd->add_flag("-v,--verbose", o.verbose, "Print the memory plan and the kernel set (always shown on a terminal)");
   cmd->add_flag("--mmap", o.mmap, "Map the shards and let the page cache page weights in (no budget, no expert store)");
   cmd->add_option("--cache-policy", o.cache_policy, "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of "
                   "earlier runs resident)")->capture_default_str()->check(CLI::IsMember({"lru", "lfu", "pinned"}));
@@ -83,8 +86,9 @@ std::unique_ptr<Model> load_model(const EngineOptions& o) {
   lo.readers = o.readers;
   lo.direct_io = !o.no_direct_io;
   lo.prefetch = !o.no_prefetch;
-  lo.print_plan = o.print_plan;
+  lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
   lo.heat_file = heat_file_for(o.model);
+  if (lo.print_plan) fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(), kernels::active().name);
   return Model::load(o.model, lo);
 }
 

@@ -28,7 +28,7 @@ struct EngineOptions {
   int64_t ctx = 0;            // positions per sequence to plan for (0 = min(model, 8192))
   int sequences = 1;          // states to plan for (the server sets this)
   int64_t max_rows = 256;     // rows per pass to plan for
-  bool print_plan = true;
+  bool verbose = false;       // print the memory plan and the kernels even when stderr is not a terminal
 };
 
 // Flag validators with one-line messages.
