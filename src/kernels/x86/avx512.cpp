@@ -1,0 +1,84 @@
+// AVX-512 kernels (x86-64), compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+// for this file only. The build machine has no AVX-512, so this file is deliberately thin: the
+// algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON tables run in the tests;
+// only the 16-lane traits below are specific (loads, masked tails via __mmask16, a fixed-order
+// 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8/MXFP4 decoders mirroring the AVX2 ones). With 32
+// zmm registers the tiles are 6x4 (plain) and 3x4 (+3x4 group sums, MXFP4). Run
+// `tests/deltafin_tests --gtest_filter='Kernels*'` on an AVX-512 machine to check it.
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's avx512fintrin.h builds _mm512_undefined_*() from a self-initialised variable, which
+// -Wuninitialized reports wherever such an intrinsic is inlined (GCC bug 105593). This file only.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include "kernels/kernels.h"
+#include "kernels/simd_impl.h"
+
+namespace deltafin::kernels {
+namespace {
+
+struct Avx512 {
+  using F = __m512;
+  static constexpr int L = 16;
+  static constexpr int kMR = 6, kNR = 4;
+  static constexpr int kMxMR = 3, kMxNR = 4;
+  static constexpr int kMB = 96;
+  static constexpr int64_t kKB = 256;
+  static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 64 columns
+  static constexpr int gemv_rows(int) { return 4; }
+  static constexpr int gemv_rows_mx(int) { return 4; }
+
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  // Lanes [0, n) from p, zeros elsewhere; masked-off lanes are not accessed.
+  static F load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+  static void store_partial(float* p, F v, int n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  // Fixed tree: lanes i + (i + 8), then the AVX2 tree on the 8 sums.
+  static float hsum(F v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    return _mm_cvtss_f32(t);
+  }
+  static F load_bf16(const uint16_t* p) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static F load_i8(const int8_t* p, F scale) {
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
+  }
+  // 16 packed bytes (32 columns) -> 2 vectors of doubled E2M1 values in column order.
+  static void mx_decode(const uint8_t* p, F out[2]) {
+    const __m128i lut = _mm_load_si128(reinterpret_cast<const __m128i*>(kE2M1x2));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, nib));                     // even columns
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), nib));  // odd columns
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(lo, hi)));  // 0..15
+    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(lo, hi)));  // 16..31
+  }
+};
+
+}  // namespace
+
+// Called by dispatch.cpp only after it has checked the CPU (this file's code must not run first).
+const KernelTable& avx512_kernels() {
+  static const KernelTable t = Impl<Avx512>::table("avx512");
+  return t;
+}
+
+}  // namespace deltafin::kernels
