@@ -40,6 +40,10 @@
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
 
+// The traits' one-line functions and the per-vector helpers must inline into the loops (GCC
+// otherwise keeps e.g. the MXFP4 decoder out of line and round-trips its vectors through memory).
+#define DF_ALWAYS_INLINE inline __attribute__((always_inline))
+
 namespace deltafin::kernels {
 namespace {
 
@@ -109,6 +113,7 @@ struct Scratch {
 thread_local Scratch t_panel;   // decoded weight panel
 thread_local Scratch t_scales;  // MXFP4 panel scales
 thread_local Scratch t_acc;     // accumulator vectors carried between K blocks
+thread_local Scratch t_xpack;   // x in the MXFP4 decoder's column order
 
 template <class V>
 struct Impl {
@@ -117,8 +122,15 @@ struct Impl {
   static constexpr int kNB = 16;  // output rows per panel (= the split alignment of dispatch.cpp)
   static constexpr int64_t kKB = V::kKB;  // columns per panel (multiple of L and 32)
   static constexpr int kMB = V::kMB;      // activation rows per block (multiple of kMR, kMxMR)
-  static_assert(kKB % L == 0 && kKB % 32 == 0 && 32 % L == 0);
-  static constexpr int kG = 32 / L;  // vectors per MXFP4 group
+  // MXFP4 is decoded a block at a time: kBG groups (kBC columns) into kNV vectors, whose lanes
+  // hold the block's columns in the order V::mx_column gives (a permutation that keeps the
+  // decoder free of lane-crossing shuffles); x is permuted the same way (pack_x_mx) unless the
+  // traits say the order is the natural one.
+  static constexpr int kBG = V::kMxGroups;
+  static constexpr int kBC = 32 * kBG;
+  static constexpr int kNV = kBC / L;
+  static constexpr bool kPermuted = V::kMxPermuted;
+  static_assert(kKB % L == 0 && kKB % kBC == 0 && 32 % L == 0 && kNV % 2 == 0);
 
   // ---- one row of a plain-format weight matrix --------------------------------------------
   template <WeightFormat Fmt>
@@ -136,7 +148,7 @@ struct Impl {
       sv = V::set1(s);
     }
     // Decoded (exact) weights of columns [k, k + L).
-    F load(int64_t k) const {
+    DF_ALWAYS_INLINE F load(int64_t k) const {
       if constexpr (Fmt == WeightFormat::kF32) {
         return V::load(reinterpret_cast<const float*>(p) + k);
       } else if constexpr (Fmt == WeightFormat::kBF16) {
@@ -146,7 +158,7 @@ struct Impl {
       }
     }
     // Decoded (exact) weight of column k, computed like load() does per lane.
-    float elem(int64_t k) const {
+    DF_ALWAYS_INLINE float elem(int64_t k) const {
       if constexpr (Fmt == WeightFormat::kF32) {
         float v;
         std::memcpy(&v, p + k * 4, 4);
@@ -180,16 +192,68 @@ struct Impl {
   static const uint8_t* mx_scales(const Matrix& w, int64_t n) {
     return w.scales + n * w.scale_row_bytes();
   }
-  // Exact decoded weights of row n, columns [k0, k0 + len) (multiples of 32) into out.
-  static void mx_decode_exact(const Matrix& w, int64_t n, int64_t k0, int64_t len, float* out) {
-    const uint8_t* q = mx_row(w, n) + k0 / 2;
-    const uint8_t* e = mx_scales(w, n) + k0 / 32;
-    for (int64_t g = 0; g < len / 32; ++g) {
-      F c[kG];
-      V::mx_decode(q + g * 16, c);
-      F s = V::bcast(&kHalfScale.v[e[g]]);
-      for (int t = 0; t < kG; ++t) V::store(out + g * 32 + t * L, V::mul(c[t], s));
+  // Block b of a row (packed bytes q, scale bytes e, `groups` groups in the row): the doubled
+  // codes c and the matching vector of half scales. Groups past the end of the row decode as
+  // code 0 with scale 0 (x is zero there too), so they add exact zeros.
+  DF_ALWAYS_INLINE static void mx_block(const uint8_t* q, const uint8_t* e, int64_t groups,
+                                        int64_t b, F (&c)[kNV], F& s) {
+    const int64_t g0 = b * kBG;
+    float sc[kBG];
+    if (g0 + kBG <= groups) {
+      V::mx_decode(q + g0 * 16, c);
+      for (int g = 0; g < kBG; ++g) sc[g] = kHalfScale.v[e[g0 + g]];
+    } else {
+      alignas(64) uint8_t tmp[16 * kBG] = {};
+      for (int g = 0; g < kBG; ++g) {
+        sc[g] = 0.0f;
+        if (g0 + g < groups) {
+          std::memcpy(tmp + 16 * g, q + (g0 + g) * 16, 16);
+          sc[g] = kHalfScale.v[e[g0 + g]];
+        }
+      }
+      V::mx_decode(tmp, c);
     }
+    s = V::mx_scales(sc);
+  }
+  static int64_t mx_padded(int64_t K) { return round_up(K, kBC); }
+  // x row (K columns) -> the decoder's column order, zero-padded to mx_padded(K).
+  static void pack_x_mx(const float* x, int64_t K, float* out) {
+    for (int64_t b0 = 0; b0 < K; b0 += kBC) {
+      for (int v = 0; v < kNV; ++v) {
+        for (int l = 0; l < L; ++l) {
+          const int64_t col = b0 + V::mx_column(v, l);
+          out[b0 + v * L + l] = col < K ? x[col] : 0.0f;
+        }
+      }
+    }
+  }
+  // Exact decoded weights of row n, columns [k0, k0 + len) (k0 a multiple of kBC), in column
+  // order, into out[0, round_up(len, kBC)).
+  static void mx_decode_exact(const Matrix& w, int64_t n, int64_t k0, int64_t len, float* out) {
+    const uint8_t* q = mx_row(w, n);
+    const uint8_t* e = mx_scales(w, n);
+    const int64_t groups = w.cols / 32;
+    for (int64_t b = k0 / kBC; b * kBC < k0 + len; ++b) {
+      F c[kNV], s;
+      mx_block(q, e, groups, b, c, s);
+      alignas(64) float t[kBC];
+      for (int v = 0; v < kNV; ++v) V::store(t + v * L, V::mul(c[v], s));
+      float* o = out + (b * kBC - k0);
+      for (int v = 0; v < kNV; ++v)
+        for (int l = 0; l < L; ++l) o[V::mx_column(v, l)] = t[v * L + l];
+    }
+  }
+  // The MXFP4 arithmetic of one block, shared by the small-M and the panel paths: two partial
+  // sums (even and odd vectors; the first product of each a plain multiply), added, then
+  // acc = fma(sum, scale, acc).
+  DF_ALWAYS_INLINE static F mx_block_dot(const float* x, const F (&c)[kNV], F s, F acc) {
+    F ga = V::mul(V::load(x), c[0]);
+    F gb = V::mul(V::load(x + L), c[1]);
+    for (int u = 2; u < kNV; u += 2) {
+      ga = V::fma(V::load(x + u * L), c[u], ga);
+      gb = V::fma(V::load(x + (u + 1) * L), c[u + 1], gb);
+    }
+    return V::fma(V::add(ga, gb), s, acc);
   }
 
   // ---- small M: stream each weight row once -----------------------------------------------------
@@ -229,10 +293,12 @@ struct Impl {
     }
   }
 
+  // x here is already in the decoder's column order (xp, row stride ldxp).
   template <int M, int R>
-  static void gemv_mx(const Matrix& w, int64_t n, const float* x, int64_t ldx, float* y,
+  static void gemv_mx(const Matrix& w, int64_t n, const float* xp, int64_t ldxp, float* y,
                       int64_t ldy, bool accumulate) {
     const int64_t groups = w.cols / 32;
+    const int64_t blocks = (groups + kBG - 1) / kBG;
     const uint8_t* q[R];
     const uint8_t* e[R];
     for (int r = 0; r < R; ++r) {
@@ -242,17 +308,11 @@ struct Impl {
     F acc[M][R];
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
       for (int r = 0; r < R; ++r) {
-        F c[kG];
-        V::mx_decode(q[r] + g * 16, c);
-        F s = V::bcast(&kHalfScale.v[e[r][g]]);
-        for (int m = 0; m < M; ++m) {
-          const float* xm = x + m * ldx + g * 32;
-          F gs = V::mul(V::load(xm), c[0]);
-          for (int t = 1; t < kG; ++t) gs = V::fma(V::load(xm + t * L), c[t], gs);
-          acc[m][r] = V::fma(gs, s, acc[m][r]);
-        }
+        F c[kNV], s;
+        mx_block(q[r], e[r], groups, b, c, s);
+        for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + b * kBC, c, s, acc[m][r]);
       }
     }
     for (int m = 0; m < M; ++m) {
@@ -270,6 +330,13 @@ struct Impl {
                    int64_t ldy, bool accumulate) {
     constexpr bool kMx = Fmt == WeightFormat::kMXFP4;
     constexpr int R = kMx ? V::gemv_rows_mx(M) : V::gemv_rows(M);
+    if constexpr (kMx && kPermuted) {
+      const int64_t kp = mx_padded(w.cols);
+      float* xp = t_xpack.floats(M * kp);
+      for (int m = 0; m < M; ++m) pack_x_mx(x + m * ldx, w.cols, xp + m * kp);
+      x = xp;
+      ldx = kp;
+    }
     int64_t n = n0;
     for (; n + R <= n1; n += R) {
       if constexpr (kMx) {
@@ -362,28 +429,42 @@ struct Impl {
   static void micro_mx(const Tile& t) {
     F acc[MR][NR];
     start_tile<MR, NR>(t, acc);
-    for (int64_t g = 0; g < t.kb / 32; ++g) {
-      const int64_t k = g * 32;
-      F gs[MR][NR];
+    for (int64_t b = 0; b * kBC < t.kb; ++b) {
+      const int64_t k = b * kBC;
+      F ga[MR][NR], gb[MR][NR];
       {
-        F wv[NR];
-        for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);
+        F wa[NR], wb[NR];
+        for (int r = 0; r < NR; ++r) {
+          wa[r] = V::load(t.p + r * t.ldp + k);
+          wb[r] = V::load(t.p + r * t.ldp + k + L);
+        }
         for (int i = 0; i < MR; ++i) {
-          F xv = V::load(t.x + i * t.ldx + k);
-          for (int r = 0; r < NR; ++r) gs[i][r] = V::mul(xv, wv[r]);
+          F xa = V::load(t.x + i * t.ldx + k);
+          F xb = V::load(t.x + i * t.ldx + k + L);
+          for (int r = 0; r < NR; ++r) {
+            ga[i][r] = V::mul(xa, wa[r]);
+            gb[i][r] = V::mul(xb, wb[r]);
+          }
         }
       }
-      for (int u = 1; u < kG; ++u) {
-        F wv[NR];
-        for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k + u * L);
+      for (int u = 2; u < kNV; u += 2) {
+        F wa[NR], wb[NR];
+        for (int r = 0; r < NR; ++r) {
+          wa[r] = V::load(t.p + r * t.ldp + k + u * L);
+          wb[r] = V::load(t.p + r * t.ldp + k + (u + 1) * L);
+        }
         for (int i = 0; i < MR; ++i) {
-          F xv = V::load(t.x + i * t.ldx + k + u * L);
-          for (int r = 0; r < NR; ++r) gs[i][r] = V::fma(xv, wv[r], gs[i][r]);
+          F xa = V::load(t.x + i * t.ldx + k + u * L);
+          F xb = V::load(t.x + i * t.ldx + k + (u + 1) * L);
+          for (int r = 0; r < NR; ++r) {
+            ga[i][r] = V::fma(xa, wa[r], ga[i][r]);
+            gb[i][r] = V::fma(xb, wb[r], gb[i][r]);
+          }
         }
       }
       for (int r = 0; r < NR; ++r) {
-        F s = V::bcast(t.s + r * t.lds + g);
-        for (int i = 0; i < MR; ++i) acc[i][r] = V::fma(gs[i][r], s, acc[i][r]);
+        F s = V::load(t.s + (r * t.lds + b) * L);
+        for (int i = 0; i < MR; ++i) acc[i][r] = V::fma(V::add(ga[i][r], gb[i][r]), s, acc[i][r]);
       }
     }
     finish_tile<MR, NR>(t, acc);
@@ -397,31 +478,41 @@ struct Impl {
     constexpr int NR = kMx ? V::kMxNR : V::kNR;
     static_assert(kMB % MR == 0 && kNB % NR == 0);
     const int64_t K = w.cols;
-    const int64_t ldp = imin(kKB, round_up(K, L));
+    // Panel row stride: a whole K block, or all of K (rounded to vectors / MXFP4 blocks).
+    const int64_t ldp = imin(kKB, kMx ? mx_padded(K) : round_up(K, L));
+    const int64_t lds = ldp / kBC;  // MXFP4: scale vectors per panel row
     float* panel = t_panel.floats(kNB * ldp);
-    float* scales = kMx ? t_scales.floats(kNB * (ldp / 32)) : nullptr;
+    float* scales = kMx ? t_scales.floats(kNB * lds * L) : nullptr;
     F* accbuf = K > kKB ? reinterpret_cast<F*>(t_acc.floats(int64_t{kMB} * kNB * L)) : nullptr;
+    const int64_t kp = kMx && kPermuted ? mx_padded(K) : 0;
+    float* xpack = kp > 0 ? t_xpack.floats(kMB * kp) : nullptr;
+    const int64_t groups = K / 32;
     Tile t{};
-    t.ldx = ldx;
+    t.ldx = kp > 0 ? kp : ldx;
     t.ldy = ldy;
     t.accumulate = accumulate;
     t.ldp = ldp;
-    t.lds = ldp / 32;
-    for (int64_t nb0 = n0; nb0 < n1; nb0 += kNB) {
-      const int nb = static_cast<int>(imin(kNB, n1 - nb0));
-      for (int64_t mb0 = 0; mb0 < M; mb0 += kMB) {
-        const int mb = static_cast<int>(imin(kMB, M - mb0));
+    t.lds = lds;
+    for (int64_t mb0 = 0; mb0 < M; mb0 += kMB) {
+      const int mb = static_cast<int>(imin(kMB, M - mb0));
+      const float* xb = x + mb0 * ldx;
+      if (xpack != nullptr) {
+        for (int m = 0; m < mb; ++m) pack_x_mx(x + (mb0 + m) * ldx, K, xpack + m * kp);
+        xb = xpack;
+      }
+      for (int64_t nb0 = n0; nb0 < n1; nb0 += kNB) {
+        const int nb = static_cast<int>(imin(kNB, n1 - nb0));
         for (int64_t kb0 = 0; kb0 < K; kb0 += kKB) {
           const int64_t kb = imin(kKB, K - kb0);
           for (int i = 0; i < nb; ++i) {
             if constexpr (kMx) {
-              const uint8_t* q = mx_row(w, nb0 + i) + kb0 / 2;
-              const uint8_t* e = mx_scales(w, nb0 + i) + kb0 / 32;
-              for (int64_t g = 0; g < kb / 32; ++g) {
-                F c[kG];
-                V::mx_decode(q + g * 16, c);
-                for (int u = 0; u < kG; ++u) V::store(panel + i * ldp + g * 32 + u * L, c[u]);
-                scales[i * t.lds + g] = kHalfScale.v[e[g]];
+              const uint8_t* q = mx_row(w, nb0 + i);
+              const uint8_t* e = mx_scales(w, nb0 + i);
+              for (int64_t b = 0; b * kBC < kb; ++b) {
+                F c[kNV], s;
+                mx_block(q, e, groups, kb0 / kBC + b, c, s);
+                for (int u = 0; u < kNV; ++u) V::store(panel + i * ldp + b * kBC + u * L, c[u]);
+                V::store(scales + (i * lds + b) * L, s);
               }
             } else {
               Row<Fmt> row;
@@ -436,9 +527,9 @@ struct Impl {
             const int mr = static_cast<int>(imin(MR, mb - m));
             for (int j = 0; j < nb; j += NR) {
               const int nr = static_cast<int>(imin(NR, nb - j));
-              t.x = x + (mb0 + m) * ldx + kb0;
+              t.x = xb + m * t.ldx + kb0;
               t.p = panel + j * ldp;
-              t.s = kMx ? scales + j * t.lds : nullptr;
+              t.s = kMx ? scales + j * lds * L : nullptr;
               t.acc = accbuf != nullptr ? accbuf + m * kNB + j : nullptr;
               t.y = y + (mb0 + m) * ldy + nb0 + j;
               with_tile<MR, NR>(mr, nr, [&](auto mm, auto nn) {
@@ -513,7 +604,7 @@ struct Impl {
     if (c0 >= c1 || M <= 0) return;
     const int64_t R = w.rows;
     float* panel = t_panel.floats(kTRB * kTW);
-    alignas(64) float row_buf[round_up(kTW, 32) + 32];
+    alignas(64) float row_buf[round_up(kTW, kBC) + kBC];
     for (int64_t cb0 = c0; cb0 < c1; cb0 += kTW) {
       const int cw = static_cast<int>(imin(kTW, c1 - cb0));
       for (int64_t rb0 = 0; rb0 < R; rb0 += kTRB) {
@@ -521,10 +612,9 @@ struct Impl {
         for (int64_t r = 0; r < rb; ++r) {
           float* dst = panel + r * kTW;
           if constexpr (Fmt == WeightFormat::kMXFP4) {
-            // Decode the 32-column groups that cover [cb0, cb0 + cw), then copy the window.
-            const int64_t g0 = cb0 / 32 * 32;
-            const int64_t g1 = round_up(cb0 + cw, 32);
-            mx_decode_exact(w, rb0 + r, g0, g1 - g0, row_buf);
+            // Decode the blocks that cover [cb0, cb0 + cw), then copy the window.
+            const int64_t g0 = cb0 / kBC * kBC;
+            mx_decode_exact(w, rb0 + r, g0, cb0 + cw - g0, row_buf);
             for (int c = 0; c < kTW; ++c) dst[c] = c < cw ? row_buf[cb0 - g0 + c] : 0.0f;
           } else {
             Row<Fmt> row;

@@ -2,7 +2,7 @@
 // kernels/simd_impl.h, shared with AVX2 and AVX-512; this file supplies the 4-lane traits: bf16 ->
 // f32 by a widening 16-bit shift (vshll), int8 by two widenings and a conversion, MXFP4 by a tbl
 // lookup of doubled E2M1 values with low/high nibbles zipped back into column order. 32 q
-// registers allow 6x4 plain tiles and 3x4 (+3x4 group sums) MXFP4 tiles. tools/test-neon.sh
+// registers allow 6x4 plain tiles and 3x4 (+ 2 x 2x4 partial sums) MXFP4 tiles. tools/test-neon.sh
 // cross-builds the kernel tests and runs them under qemu-aarch64.
 #include <arm_neon.h>
 
@@ -18,45 +18,50 @@ struct Neon {
   using F = float32x4_t;
   static constexpr int L = 4;
   static constexpr int kMR = 6, kNR = 4;
-  static constexpr int kMxMR = 3, kMxNR = 4;
+  static constexpr int kMxMR = 2, kMxNR = 4;
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 256;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 16 columns
   static constexpr int gemv_rows(int) { return 4; }
   static constexpr int gemv_rows_mx(int) { return 4; }
 
-  static F zero() { return vdupq_n_f32(0.0f); }
-  static F set1(float v) { return vdupq_n_f32(v); }
-  static F load(const float* p) { return vld1q_f32(p); }
-  static void store(float* p, F v) { vst1q_f32(p, v); }
-  static F load_partial(const float* p, int n) {
+  DF_ALWAYS_INLINE static F zero() { return vdupq_n_f32(0.0f); }
+  DF_ALWAYS_INLINE static F set1(float v) { return vdupq_n_f32(v); }
+  DF_ALWAYS_INLINE static F load(const float* p) { return vld1q_f32(p); }
+  DF_ALWAYS_INLINE static void store(float* p, F v) { vst1q_f32(p, v); }
+  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) {
     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     std::memcpy(t, p, static_cast<size_t>(n) * sizeof(float));
     return vld1q_f32(t);
   }
-  static void store_partial(float* p, F v, int n) {
+  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) {
     float t[4];
     vst1q_f32(t, v);
     std::memcpy(p, t, static_cast<size_t>(n) * sizeof(float));
   }
-  static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
-  static F mul(F a, F b) { return vmulq_f32(a, b); }
-  static F add(F a, F b) { return vaddq_f32(a, b); }
-  static F bcast(const float* p) { return vld1q_dup_f32(p); }
+  DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  DF_ALWAYS_INLINE static F mul(F a, F b) { return vmulq_f32(a, b); }
+  DF_ALWAYS_INLINE static F add(F a, F b) { return vaddq_f32(a, b); }
+  DF_ALWAYS_INLINE static F bcast(const float* p) { return vld1q_dup_f32(p); }
   // Fixed tree: (v0+v2) + (v1+v3).
-  static float hsum(F v) {
+  DF_ALWAYS_INLINE static float hsum(F v) {
     float32x2_t t = vadd_f32(vget_low_f32(v), vget_high_f32(v));
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
   }
-  static F load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
-  static F load_i8(const int8_t* p, F scale) {
+  DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+  DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
     uint32_t four;
     std::memcpy(&four, p, 4);
     int16x8_t h = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(four)));
     return vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), scale);
   }
+  // MXFP4 one group at a time, in natural column order (widening moves are cheap here).
+  static constexpr int kMxGroups = 1;
+  static constexpr bool kMxPermuted = false;
+  static constexpr int mx_column(int v, int l) { return 4 * v + l; }
+  DF_ALWAYS_INLINE static F mx_scales(const float* s) { return vdupq_n_f32(s[0]); }
   // 16 packed bytes (32 columns) -> 8 vectors of doubled E2M1 values in column order.
-  static void mx_decode(const uint8_t* p, F out[8]) {
+  DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
     const int8x16_t lut = vld1q_s8(kE2M1x2);
     uint8x16_t b = vld1q_u8(p);
     int8x16_t lo = vqtbl1q_s8(lut, vandq_u8(b, vdupq_n_u8(0x0F)));  // even columns
