@@ -9,8 +9,12 @@
 //   plain formats (f32, bf16, int8): lane j of one accumulator vector sums x[k] * W(n, k) over
 //     k = j, j + L, j + 2L, ... in ascending order with FMA (the last partial vector has zeros in
 //     its unused lanes), and the lanes are then added in the traits' fixed tree (V::hsum);
-//   MXFP4: per group of 32 columns, g = sum over the group's vectors of x * (2 * E2M1 code) (the
-//     first product a plain multiply, then FMAs), then acc = fma(g, 2^(e - 128), acc), then hsum.
+//   MXFP4: a block of V::kMxGroups groups (32 columns each) decodes into vectors of doubled E2M1
+//     codes (exact integers -12..12) whose lanes hold the block's columns in the order
+//     V::mx_column gives (chosen so the decoder needs no lane-crossing shuffle; x is permuted to
+//     match, and each lane belongs to one group). Per block, ga = sum of x * code over the even
+//     vectors, gb over the odd ones (first product a plain multiply, then FMAs), and
+//     acc = fma(ga + gb, s, acc), where each lane of s is its group's 2^(e - 128); then hsum.
 //     Scaling by a power of two commutes with rounding, so this is the exact decoded weight
 //     W = E2M1 * 2^(e - 127) up to overflow/underflow, which behave like the reference's.
 // The small-M path (M <= 4: each weight row streamed once, decoded in registers) and the large-M
@@ -43,6 +47,10 @@
 // The traits' one-line functions and the per-vector helpers must inline into the loops (GCC
 // otherwise keeps e.g. the MXFP4 decoder out of line and round-trips its vectors through memory).
 #define DF_ALWAYS_INLINE inline __attribute__((always_inline))
+// Loops over a tile's rows/columns/vectors (compile-time trip counts) must be unrolled so that
+// their accumulators live in registers, not in a stack array (GCC keeps such loops rolled when
+// the body is large).
+#define DF_UNROLL _Pragma("GCC unroll 16")
 
 namespace deltafin::kernels {
 namespace {
@@ -119,7 +127,7 @@ template <class V>
 struct Impl {
   using F = typename V::F;
   static constexpr int L = V::L;
-  static constexpr int kNB = 16;  // output rows per panel (= the split alignment of dispatch.cpp)
+  static constexpr int kNB = V::kNB;  // output rows per decoded panel
   static constexpr int64_t kKB = V::kKB;  // columns per panel (multiple of L and 32)
   static constexpr int kMB = V::kMB;      // activation rows per block (multiple of kMR, kMxMR)
   // MXFP4 is decoded a block at a time: kBG groups (kBC columns) into kNV vectors, whose lanes
@@ -130,6 +138,7 @@ struct Impl {
   static constexpr int kBC = 32 * kBG;
   static constexpr int kNV = kBC / L;
   static constexpr bool kPermuted = V::kMxPermuted;
+  static constexpr int kPrefetch = 512;  // bytes ahead in each streamed MXFP4 weight row
   static_assert(kKB % L == 0 && kKB % kBC == 0 && 32 % L == 0 && kNV % 2 == 0);
 
   // ---- one row of a plain-format weight matrix --------------------------------------------
@@ -198,12 +207,13 @@ struct Impl {
   DF_ALWAYS_INLINE static void mx_block(const uint8_t* q, const uint8_t* e, int64_t groups,
                                         int64_t b, F (&c)[kNV], F& s) {
     const int64_t g0 = b * kBG;
-    float sc[kBG];
     if (g0 + kBG <= groups) {
       V::mx_decode(q + g0 * 16, c);
-      for (int g = 0; g < kBG; ++g) sc[g] = kHalfScale.v[e[g0 + g]];
+      s = V::mx_scales(e + g0);
     } else {
+      float sc[kBG];
       alignas(64) uint8_t tmp[16 * kBG] = {};
+      DF_UNROLL
       for (int g = 0; g < kBG; ++g) {
         sc[g] = 0.0f;
         if (g0 + g < groups) {
@@ -212,14 +222,16 @@ struct Impl {
         }
       }
       V::mx_decode(tmp, c);
+      s = V::mx_scales_f(sc);
     }
-    s = V::mx_scales(sc);
   }
   static int64_t mx_padded(int64_t K) { return round_up(K, kBC); }
   // x row (K columns) -> the decoder's column order, zero-padded to mx_padded(K).
   static void pack_x_mx(const float* x, int64_t K, float* out) {
     for (int64_t b0 = 0; b0 < K; b0 += kBC) {
+      DF_UNROLL
       for (int v = 0; v < kNV; ++v) {
+        DF_UNROLL
         for (int l = 0; l < L; ++l) {
           const int64_t col = b0 + V::mx_column(v, l);
           out[b0 + v * L + l] = col < K ? x[col] : 0.0f;
@@ -237,9 +249,12 @@ struct Impl {
       F c[kNV], s;
       mx_block(q, e, groups, b, c, s);
       alignas(64) float t[kBC];
+      DF_UNROLL
       for (int v = 0; v < kNV; ++v) V::store(t + v * L, V::mul(c[v], s));
       float* o = out + (b * kBC - k0);
+      DF_UNROLL
       for (int v = 0; v < kNV; ++v)
+        DF_UNROLL
         for (int l = 0; l < L; ++l) o[V::mx_column(v, l)] = t[v * L + l];
     }
   }
@@ -249,6 +264,7 @@ struct Impl {
   DF_ALWAYS_INLINE static F mx_block_dot(const float* x, const F (&c)[kNV], F s, F acc) {
     F ga = V::mul(V::load(x), c[0]);
     F gb = V::mul(V::load(x + L), c[1]);
+    DF_UNROLL
     for (int u = 2; u < kNV; u += 2) {
       ga = V::fma(V::load(x + u * L), c[u], ga);
       gb = V::fma(V::load(x + (u + 1) * L), c[u + 1], gb);
@@ -262,29 +278,40 @@ struct Impl {
                          int64_t ldy, bool accumulate) {
     const int64_t K = w.cols;
     Row<Fmt> row[R];
+    DF_UNROLL
     for (int r = 0; r < R; ++r) row[r].init(w, n + r);
     F acc[M][R];
+    DF_UNROLL
     for (int m = 0; m < M; ++m)
+      DF_UNROLL
       for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
     int64_t k = 0;
     for (; k + L <= K; k += L) {
       F wv[R];
+      DF_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = row[r].load(k);
+      DF_UNROLL
       for (int m = 0; m < M; ++m) {
         F xv = V::load(x + m * ldx + k);
+        DF_UNROLL
         for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
       }
     }
     if (k < K) {
       int rem = static_cast<int>(K - k);
       F wv[R];
+      DF_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = row[r].load_tail(k, rem);
+      DF_UNROLL
       for (int m = 0; m < M; ++m) {
         F xv = V::load_partial(x + m * ldx + k, rem);
+        DF_UNROLL
         for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
       }
     }
+    DF_UNROLL
     for (int m = 0; m < M; ++m) {
+      DF_UNROLL
       for (int r = 0; r < R; ++r) {
         float s = V::hsum(acc[m][r]);
         float& out = y[m * ldy + n + r];
@@ -301,21 +328,40 @@ struct Impl {
     const int64_t blocks = (groups + kBG - 1) / kBG;
     const uint8_t* q[R];
     const uint8_t* e[R];
+    DF_UNROLL
     for (int r = 0; r < R; ++r) {
       q[r] = mx_row(w, n + r);
       e[r] = mx_scales(w, n + r);
     }
     F acc[M][R];
+    DF_UNROLL
     for (int m = 0; m < M; ++m)
+      DF_UNROLL
       for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
-    for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t full = groups / kBG;
+    for (int64_t b = 0; b < full; ++b) {
+      DF_UNROLL
       for (int r = 0; r < R; ++r) {
-        F c[kNV], s;
-        mx_block(q[r], e[r], groups, b, c, s);
+        F c[kNV];
+        V::prefetch(q[r] + b * 16 * kBG + kPrefetch);
+        V::mx_decode(q[r] + b * 16 * kBG, c);
+        const F s = V::mx_scales(e[r] + b * kBG);
+        DF_UNROLL
         for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + b * kBC, c, s, acc[m][r]);
       }
     }
+    if (full < blocks) {  // a last, partial block
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) {
+        F c[kNV], s;
+        mx_block(q[r], e[r], groups, full, c, s);
+        DF_UNROLL
+        for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + full * kBC, c, s, acc[m][r]);
+      }
+    }
+    DF_UNROLL
     for (int m = 0; m < M; ++m) {
+      DF_UNROLL
       for (int r = 0; r < R; ++r) {
         float s = V::hsum(acc[m][r]);
         float& out = y[m * ldy + n + r];
@@ -333,6 +379,7 @@ struct Impl {
     if constexpr (kMx && kPermuted) {
       const int64_t kp = mx_padded(w.cols);
       float* xp = t_xpack.floats(M * kp);
+      DF_UNROLL
       for (int m = 0; m < M; ++m) pack_x_mx(x + m * ldx, w.cols, xp + m * kp);
       x = xp;
       ldx = kp;
@@ -377,7 +424,9 @@ struct Impl {
   template <int MR, int NR>
   static void finish_tile(const Tile& t, F (&acc)[MR][NR]) {
     if (t.last) {
+      DF_UNROLL
       for (int i = 0; i < MR; ++i) {
+        DF_UNROLL
         for (int r = 0; r < NR; ++r) {
           float s = V::hsum(acc[i][r]);
           float& out = t.y[i * t.ldy + r];
@@ -385,14 +434,18 @@ struct Impl {
         }
       }
     } else {
+      DF_UNROLL
       for (int i = 0; i < MR; ++i)
+        DF_UNROLL
         for (int r = 0; r < NR; ++r) V::store(reinterpret_cast<float*>(t.acc + i * kNB + r), acc[i][r]);
     }
   }
 
   template <int MR, int NR>
   static void start_tile(const Tile& t, F (&acc)[MR][NR]) {
+    DF_UNROLL
     for (int i = 0; i < MR; ++i) {
+      DF_UNROLL
       for (int r = 0; r < NR; ++r) {
         acc[i][r] = t.first ? V::zero()
                             : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r));
@@ -407,18 +460,25 @@ struct Impl {
     int64_t k = 0;
     for (; k + L <= t.kb; k += L) {
       F wv[NR];
+      DF_UNROLL
       for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);
+      DF_UNROLL
       for (int i = 0; i < MR; ++i) {
         F xv = V::load(t.x + i * t.ldx + k);
+        V::in_register(xv);
+        DF_UNROLL
         for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
       }
     }
     if (k < t.kb) {
       int rem = static_cast<int>(t.kb - k);
       F wv[NR];
+      DF_UNROLL
       for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);  // zero-padded
+      DF_UNROLL
       for (int i = 0; i < MR; ++i) {
         F xv = V::load_partial(t.x + i * t.ldx + k, rem);
+        DF_UNROLL
         for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
       }
     }
@@ -434,36 +494,45 @@ struct Impl {
       F ga[MR][NR], gb[MR][NR];
       {
         F wa[NR], wb[NR];
+        DF_UNROLL
         for (int r = 0; r < NR; ++r) {
           wa[r] = V::load(t.p + r * t.ldp + k);
           wb[r] = V::load(t.p + r * t.ldp + k + L);
         }
+        DF_UNROLL
         for (int i = 0; i < MR; ++i) {
           F xa = V::load(t.x + i * t.ldx + k);
           F xb = V::load(t.x + i * t.ldx + k + L);
+          DF_UNROLL
           for (int r = 0; r < NR; ++r) {
             ga[i][r] = V::mul(xa, wa[r]);
             gb[i][r] = V::mul(xb, wb[r]);
           }
         }
       }
+      DF_UNROLL
       for (int u = 2; u < kNV; u += 2) {
         F wa[NR], wb[NR];
+        DF_UNROLL
         for (int r = 0; r < NR; ++r) {
           wa[r] = V::load(t.p + r * t.ldp + k + u * L);
           wb[r] = V::load(t.p + r * t.ldp + k + (u + 1) * L);
         }
+        DF_UNROLL
         for (int i = 0; i < MR; ++i) {
           F xa = V::load(t.x + i * t.ldx + k + u * L);
           F xb = V::load(t.x + i * t.ldx + k + (u + 1) * L);
+          DF_UNROLL
           for (int r = 0; r < NR; ++r) {
             ga[i][r] = V::fma(xa, wa[r], ga[i][r]);
             gb[i][r] = V::fma(xb, wb[r], gb[i][r]);
           }
         }
       }
+      DF_UNROLL
       for (int r = 0; r < NR; ++r) {
         F s = V::load(t.s + (r * t.lds + b) * L);
+        DF_UNROLL
         for (int i = 0; i < MR; ++i) acc[i][r] = V::fma(V::add(ga[i][r], gb[i][r]), s, acc[i][r]);
       }
     }
@@ -484,22 +553,31 @@ struct Impl {
     float* panel = t_panel.floats(kNB * ldp);
     float* scales = kMx ? t_scales.floats(kNB * lds * L) : nullptr;
     F* accbuf = K > kKB ? reinterpret_cast<F*>(t_acc.floats(int64_t{kMB} * kNB * L)) : nullptr;
-    const int64_t kp = kMx && kPermuted ? mx_padded(K) : 0;
-    float* xpack = kp > 0 ? t_xpack.floats(kMB * kp) : nullptr;
+    // x is packed per block of rows: contiguous rows (in the MXFP4 decoder's column order where
+    // that is permuted), zero-padded, with a row stride that is not a multiple of 4 KiB, so the
+    // MR rows of a tile do not all fall into the same L1 sets (K = 7168 floats is 7 x 4 KiB).
+    const int64_t kp = (kMx ? mx_padded(K) : round_up(K, L)) + 16;
+    float* xpack = t_xpack.floats(kMB * kp);
     const int64_t groups = K / 32;
     Tile t{};
-    t.ldx = kp > 0 ? kp : ldx;
+    t.ldx = kp;
     t.ldy = ldy;
     t.accumulate = accumulate;
     t.ldp = ldp;
     t.lds = lds;
     for (int64_t mb0 = 0; mb0 < M; mb0 += kMB) {
       const int mb = static_cast<int>(imin(kMB, M - mb0));
-      const float* xb = x + mb0 * ldx;
-      if (xpack != nullptr) {
-        for (int m = 0; m < mb; ++m) pack_x_mx(x + (mb0 + m) * ldx, K, xpack + m * kp);
-        xb = xpack;
+      for (int m = 0; m < mb; ++m) {
+        const float* src = x + (mb0 + m) * ldx;
+        float* dst = xpack + m * kp;
+        if constexpr (kMx && kPermuted) {
+          pack_x_mx(src, K, dst);
+        } else {
+          std::memcpy(dst, src, static_cast<size_t>(K) * sizeof(float));
+          for (int64_t k = K; k < kp - 16; ++k) dst[k] = 0.0f;
+        }
       }
+      const float* xb = xpack;
       for (int64_t nb0 = n0; nb0 < n1; nb0 += kNB) {
         const int nb = static_cast<int>(imin(kNB, n1 - nb0));
         for (int64_t kb0 = 0; kb0 < K; kb0 += kKB) {
@@ -511,6 +589,7 @@ struct Impl {
               for (int64_t b = 0; b * kBC < kb; ++b) {
                 F c[kNV], s;
                 mx_block(q, e, groups, kb0 / kBC + b, c, s);
+                DF_UNROLL
                 for (int u = 0; u < kNV; ++u) V::store(panel + i * ldp + b * kBC + u * L, c[u]);
                 V::store(scales + (i * lds + b) * L, s);
               }
@@ -570,7 +649,9 @@ struct Impl {
                      int64_t ldy, int cw) {
     F acc[MR][kTV];
     const bool full = cw == kTW;
+    DF_UNROLL
     for (int i = 0; i < MR; ++i) {
+      DF_UNROLL
       for (int v = 0; v < kTV; ++v) {
         int len = static_cast<int>(imin(L, cw - v * L));
         acc[i][v] = full || len == L ? V::load(y + i * ldy + v * L)
@@ -580,13 +661,18 @@ struct Impl {
     }
     for (int64_t r = 0; r < rb; ++r) {
       F wv[kTV];
+      DF_UNROLL
       for (int v = 0; v < kTV; ++v) wv[v] = V::load(p + r * kTW + v * L);
+      DF_UNROLL
       for (int i = 0; i < MR; ++i) {
         F xb = V::bcast(x + i * ldx + r);
+        DF_UNROLL
         for (int v = 0; v < kTV; ++v) acc[i][v] = V::fma(xb, wv[v], acc[i][v]);
       }
     }
+    DF_UNROLL
     for (int i = 0; i < MR; ++i) {
+      DF_UNROLL
       for (int v = 0; v < kTV; ++v) {
         int len = static_cast<int>(imin(L, cw - v * L));
         if (full || len == L) {

@@ -19,12 +19,15 @@ struct Neon {
   static constexpr int L = 4;
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
+  static constexpr int kNB = 64;              // panel rows (decoded weights, from L2)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 256;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 16 columns
   static constexpr int gemv_rows(int) { return 4; }
   static constexpr int gemv_rows_mx(int) { return 4; }
 
+  DF_ALWAYS_INLINE static void prefetch(const void* p) { __builtin_prefetch(p); }
+  DF_ALWAYS_INLINE static void in_register(F& v) { asm("" : "+w"(v)); }
   DF_ALWAYS_INLINE static F zero() { return vdupq_n_f32(0.0f); }
   DF_ALWAYS_INLINE static F set1(float v) { return vdupq_n_f32(v); }
   DF_ALWAYS_INLINE static F load(const float* p) { return vld1q_f32(p); }
@@ -59,7 +62,8 @@ struct Neon {
   static constexpr int kMxGroups = 1;
   static constexpr bool kMxPermuted = false;
   static constexpr int mx_column(int v, int l) { return 4 * v + l; }
-  DF_ALWAYS_INLINE static F mx_scales(const float* s) { return vdupq_n_f32(s[0]); }
+  DF_ALWAYS_INLINE static F mx_scales_f(const float* s) { return vdupq_n_f32(s[0]); }
+  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) { return vld1q_dup_f32(&kHalfScale.v[e[0]]); }
   // 16 packed bytes (32 columns) -> 8 vectors of doubled E2M1 values in column order.
   DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
     const int8x16_t lut = vld1q_s8(kE2M1x2);

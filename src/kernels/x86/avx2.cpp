@@ -18,12 +18,19 @@ struct Avx2 {
   static constexpr int L = 8;
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
   static constexpr int kMxMR = 3, kMxNR = 2;  // MXFP4 micro-kernel tile
+  static constexpr int kNB = 32;              // panel rows (decoded weights, from L2)
   static constexpr int kMB = 96;              // activation rows per block
-  static constexpr int64_t kKB = 256;         // panel columns
+  static constexpr int64_t kKB = 512;         // panel columns
   static constexpr int kTM = 4, kTV = 3;      // matmul_t tile: 4 rows x 24 columns
   static constexpr int gemv_rows(int m) { return m <= 2 ? 4 : 3; }
   static constexpr int gemv_rows_mx(int m) { return m <= 2 ? 4 : 2; }
 
+  DF_ALWAYS_INLINE static void prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  }
+  // Keeps v in a register: GCC otherwise folds the load into every FMA that uses it, which
+  // multiplies the loads per step in the micro-kernels.
+  DF_ALWAYS_INLINE static void in_register(F& v) { asm("" : "+x"(v)); }
   DF_ALWAYS_INLINE static F zero() { return _mm256_setzero_ps(); }
   DF_ALWAYS_INLINE static F set1(float v) { return _mm256_set1_ps(v); }
   DF_ALWAYS_INLINE static F load(const float* p) { return _mm256_loadu_ps(p); }
@@ -84,9 +91,14 @@ struct Avx2 {
       out[v + 1] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w[j], magic)), off);
     }
   }
-  // The half scales of the two groups, matching the lanes of mx_decode.
-  DF_ALWAYS_INLINE static F mx_scales(const float* s) {
+  // The half scales of the two groups (from the values, or from the E8M0 bytes), matching the
+  // lanes of mx_decode.
+  DF_ALWAYS_INLINE static F mx_scales_f(const float* s) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[0])), _mm_set1_ps(s[1]), 1);
+  }
+  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&kHalfScale.v[e[0]])),
+                                _mm_broadcast_ss(&kHalfScale.v[e[1]]), 1);
   }
 };
 

@@ -26,12 +26,17 @@ struct Avx512 {
   static constexpr int L = 16;
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
+  static constexpr int kNB = 64;              // panel rows (decoded weights, from L2)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 256;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 64 columns
   static constexpr int gemv_rows(int) { return 4; }
   static constexpr int gemv_rows_mx(int) { return 4; }
 
+  DF_ALWAYS_INLINE static void prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  }
+  DF_ALWAYS_INLINE static void in_register(F& v) { asm("" : "+v"(v)); }
   DF_ALWAYS_INLINE static F zero() { return _mm512_setzero_ps(); }
   DF_ALWAYS_INLINE static F set1(float v) { return _mm512_set1_ps(v); }
   DF_ALWAYS_INLINE static F load(const float* p) { return _mm512_loadu_ps(p); }
@@ -90,9 +95,14 @@ struct Avx512 {
     }
   }
   // The half scales of the four groups, matching the lanes of mx_decode.
-  DF_ALWAYS_INLINE static F mx_scales(const float* s) {
+  DF_ALWAYS_INLINE static F mx_scales_f(const float* s) {
     const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(s)));
+  }
+  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) {
+    const float s[4] = {kHalfScale.v[e[0]], kHalfScale.v[e[1]], kHalfScale.v[e[2]],
+                        kHalfScale.v[e[3]]};
+    return mx_scales_f(s);
   }
 };
 
