@@ -157,6 +157,26 @@ void MemoryBandwidth(benchmark::State& state) {
   state.counters["GB/s"] = bw / 1e9;
 }
 
+// The same with the active table's dot over two 128 MB arrays, split across the threads: what
+// SIMD loads can stream from DRAM here.
+void DotBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const int64_t n = int64_t{32} << 20;  // floats per array
+  static std::vector<float> a(static_cast<size_t>(n), 1.0f), b(static_cast<size_t>(n), 2.0f);
+  ThreadPool& pool = pool_of(threads);
+  std::vector<float> part(static_cast<size_t>(threads));
+  for (auto _ : state) {
+    pool.run(threads, [&](int t, int) {
+      const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+      part[t] = kernels::active().dot(a.data() + lo, b.data() + lo, hi - lo);
+    });
+    benchmark::DoNotOptimize(part.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 2.0 * static_cast<double>(n) * 4.0 / 1e9,
+      benchmark::Counter::kIsRate);
+}
+
 constexpr WeightFormat kB = WeightFormat::kBF16;
 constexpr WeightFormat kQ = WeightFormat::kMXFP4;
 
@@ -178,6 +198,7 @@ void MatmulTBf16_128x512_M64(benchmark::State& s) { run_matmul_t(s, 128, 512, 64
 #define DF_BENCH(fn) BENCHMARK(fn)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond)
 
 BENCHMARK(MemoryBandwidth)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(DotBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 DF_BENCH(GemvBf16_12288x7168);
 DF_BENCH(GemvBf16_7168x12288);
 DF_BENCH(GemvMxfp4_3072x3584);

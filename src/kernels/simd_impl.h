@@ -138,7 +138,6 @@ struct Impl {
   static constexpr int kBC = 32 * kBG;
   static constexpr int kNV = kBC / L;
   static constexpr bool kPermuted = V::kMxPermuted;
-  static constexpr int kPrefetch = 512;  // bytes ahead in each streamed MXFP4 weight row
   static_assert(kKB % L == 0 && kKB % kBC == 0 && 32 % L == 0 && kNV % 2 == 0);
 
   // ---- one row of a plain-format weight matrix --------------------------------------------
@@ -285,8 +284,14 @@ struct Impl {
     for (int m = 0; m < M; ++m)
       DF_UNROLL
       for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    // Short rows: prefetch the next R rows at the pace these are consumed (see gemv_mx). Long
+    // rows are long streams, which the hardware prefetchers handle better alone.
+    constexpr int kEsz = Fmt == WeightFormat::kF32 ? 4 : Fmt == WeightFormat::kBF16 ? 2 : 1;
+    const bool short_rows = w.row_bytes() <= 4096;
+    const uint8_t* pf = static_cast<const uint8_t*>(w.data) + (n + R) * w.row_bytes();
     int64_t k = 0;
     for (; k + L <= K; k += L) {
+      if (short_rows && (k * kEsz * R) % 64 < L * kEsz * R) V::prefetch(pf + k * kEsz * R);
       F wv[R];
       DF_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = row[r].load(k);
@@ -338,12 +343,20 @@ struct Impl {
     for (int m = 0; m < M; ++m)
       DF_UNROLL
       for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    // The R rows are one contiguous run of bytes, short (a few KB) and read as R interleaved
+    // streams, which the hardware prefetchers pick up late; so each step prefetches the same
+    // share of the next R rows (and their scales) as it consumes of these.
+    const uint8_t* pf_q = mx_row(w, n + R);
+    const uint8_t* pf_e = mx_scales(w, n + R);
+    constexpr int kStepBytes = R * 16 * kBG;
     const int64_t full = groups / kBG;
     for (int64_t b = 0; b < full; ++b) {
       DF_UNROLL
+      for (int o = 0; o < kStepBytes; o += 64) V::prefetch(pf_q + b * kStepBytes + o);
+      V::prefetch(pf_e + b * R * kBG);
+      DF_UNROLL
       for (int r = 0; r < R; ++r) {
         F c[kNV];
-        V::prefetch(q[r] + b * 16 * kBG + kPrefetch);
         V::mx_decode(q[r] + b * 16 * kBG, c);
         const F s = V::mx_scales(e[r] + b * kBG);
         DF_UNROLL
