@@ -516,6 +516,8 @@ struct Impl {
         for (int i = 0; i < MR; ++i) {
           F xa = V::load(t.x + i * t.ldx + k);
           F xb = V::load(t.x + i * t.ldx + k + L);
+          V::in_register(xa);
+          V::in_register(xb);
           DF_UNROLL
           for (int r = 0; r < NR; ++r) {
             ga[i][r] = V::mul(xa, wa[r]);
@@ -535,6 +537,8 @@ struct Impl {
         for (int i = 0; i < MR; ++i) {
           F xa = V::load(t.x + i * t.ldx + k + u * L);
           F xb = V::load(t.x + i * t.ldx + k + (u + 1) * L);
+          V::in_register(xa);
+          V::in_register(xb);
           DF_UNROLL
           for (int r = 0; r < NR; ++r) {
             ga[i][r] = V::fma(xa, wa[r], ga[i][r]);

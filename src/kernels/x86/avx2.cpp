@@ -3,8 +3,8 @@
 // 8-lane vector traits: bf16 -> f32 by zero-extension and a 16-bit shift, int8 by sign-extension
 // and conversion, MXFP4 by a pshufb lookup of doubled E2M1 values, two groups per 256-bit vector
 // in an order that needs no lane-crossing shuffle (x is permuted to match; see mx_decode). The
-// register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel, 3x2
-// (+ 2 x 3x2 partial sums, accumulators spilled to L1) for MXFP4.
+// register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel, 2x2
+// (+ 2 x 2x2 partial sums) for MXFP4.
 #include <immintrin.h>
 
 #include "kernels/kernels.h"
@@ -17,8 +17,8 @@ struct Avx2 {
   using F = __m256;
   static constexpr int L = 8;
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
-  static constexpr int kMxMR = 3, kMxNR = 2;  // MXFP4 micro-kernel tile
-  static constexpr int kNB = 32;              // panel rows (decoded weights, from L2)
+  static constexpr int kMxMR = 2, kMxNR = 2;  // MXFP4 micro-kernel tile
+  static constexpr int kNB = 32;              // panel rows (decoded weights, in L1/L2)
   static constexpr int kMB = 96;              // activation rows per block
   static constexpr int64_t kKB = 512;         // panel columns
   static constexpr int kTM = 4, kTV = 3;      // matmul_t tile: 4 rows x 24 columns

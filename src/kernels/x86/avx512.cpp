@@ -26,9 +26,9 @@ struct Avx512 {
   static constexpr int L = 16;
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
-  static constexpr int kNB = 64;              // panel rows (decoded weights, from L2)
+  static constexpr int kNB = 32;              // panel rows (decoded weights)
   static constexpr int kMB = 96;
-  static constexpr int64_t kKB = 256;
+  static constexpr int64_t kKB = 512;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 64 columns
   static constexpr int gemv_rows(int) { return 4; }
   static constexpr int gemv_rows_mx(int) { return 4; }
