@@ -23,7 +23,8 @@
 // nor M, nor the other rows of x: a token gets bit-identical outputs alone or in any batch.
 //
 // `matmul_t` (y += x * W, W's rows are the input) sums sequentially over W's rows with FMA into
-// y, vectorised over columns, from an exactly decoded panel; again independent of the split.
+// y, vectorised over columns (for M <= 4 straight from W's rows, otherwise from an exactly decoded
+// panel); again independent of the split, of M and of the path.
 //
 // Everything here has internal linkage (anonymous namespace, and every template depends on the
 // TU-local V), and no standard-library template that could emit an out-of-line copy is used:
@@ -701,10 +702,55 @@ struct Impl {
     }
   }
 
+  // Small M: stream W row by row (contiguous segments) and update y in place, which stays in L1
+  // for a chunk of kTC columns. The same FMAs, in the same order, as tile_t.
+  static constexpr int64_t kTC = 512;
+  template <WeightFormat Fmt, int M>
+  static void matmul_t_rows(const Matrix& w, int64_t c0, int64_t c1, const float* x, int64_t ldx,
+                            float* y, int64_t ldy) {
+    for (int64_t cb0 = c0; cb0 < c1; cb0 += kTC) {
+      const int64_t cw = imin(kTC, c1 - cb0);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        Row<Fmt> row;
+        row.init(w, r);
+        F xb[M];
+        DF_UNROLL
+        for (int m = 0; m < M; ++m) xb[m] = V::bcast(x + m * ldx + r);
+        int64_t c = 0;
+        for (; c + L <= cw; c += L) {
+          const F wv = row.load(cb0 + c);
+          DF_UNROLL
+          for (int m = 0; m < M; ++m) {
+            float* yp = y + m * ldy + cb0 + c;
+            V::store(yp, V::fma(xb[m], wv, V::load(yp)));
+          }
+        }
+        if (c < cw) {
+          const int rem = static_cast<int>(cw - c);
+          const F wv = row.load_tail(cb0 + c, rem);
+          DF_UNROLL
+          for (int m = 0; m < M; ++m) {
+            float* yp = y + m * ldy + cb0 + c;
+            V::store_partial(yp, V::fma(xb[m], wv, V::load_partial(yp, rem)), rem);
+          }
+        }
+      }
+    }
+  }
+
   template <WeightFormat Fmt>
   static void matmul_t(const Matrix& w, int64_t c0, int64_t c1, const float* x, int64_t M,
                        int64_t ldx, float* y, int64_t ldy) {
     if (c0 >= c1 || M <= 0) return;
+    if constexpr (Fmt != WeightFormat::kMXFP4) {
+      switch (M) {
+        case 1: return matmul_t_rows<Fmt, 1>(w, c0, c1, x, ldx, y, ldy);
+        case 2: return matmul_t_rows<Fmt, 2>(w, c0, c1, x, ldx, y, ldy);
+        case 3: return matmul_t_rows<Fmt, 3>(w, c0, c1, x, ldx, y, ldy);
+        case 4: return matmul_t_rows<Fmt, 4>(w, c0, c1, x, ldx, y, ldy);
+        default: break;
+      }
+    }
     const int64_t R = w.rows;
     float* panel = t_panel.floats(kTRB * kTW);
     alignas(64) float row_buf[round_up(kTW, kBC) + kBC];
