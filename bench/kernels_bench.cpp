@@ -216,4 +216,3 @@ DF_BENCH(MatmulTBf16_128x512_M64);
 }  // namespace
 }  // namespace deltafin
 
-BENCHMARK_MAIN();
