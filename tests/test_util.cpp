@@ -119,4 +119,81 @@ RunResult run_deltafin(const std::vector<std::string>& args, const std::string& 
   return r;
 }
 
+Child::Child(const std::vector<std::string>& args) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) || pipe(err_pipe)) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
+  for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) posix_spawn_file_actions_addclose(&fa, fd);
+  std::vector<std::string> full = {binary()};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int rc = posix_spawn(&pid_, full[0].c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  out_ = out_pipe[0];
+  err_ = err_pipe[0];
+  if (rc != 0) throw std::runtime_error("cannot spawn " + full[0]);
+}
+
+Child::~Child() {
+  if (!exited_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_ >= 0) close(out_);
+  if (err_ >= 0) close(err_);
+}
+
+void Child::pump(double timeout_s, const std::function<bool()>& done) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!done() && std::chrono::steady_clock::now() < deadline && (out_ >= 0 || err_ >= 0)) {
+    std::vector<pollfd> fds;
+    if (out_ >= 0) fds.push_back({out_, POLLIN, 0});
+    if (err_ >= 0) fds.push_back({err_, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 50) <= 0) continue;
+    for (auto& p : fds) {
+      if (p.revents == 0) continue;
+      char buf[65536];
+      ssize_t got = read(p.fd, buf, sizeof buf);
+      if (got <= 0) {
+        close(p.fd);
+        (p.fd == out_ ? out_ : err_) = -1;
+      } else {
+        (p.fd == out_ ? r_.out : r_.err).append(buf, static_cast<size_t>(got));
+      }
+    }
+  }
+}
+
+std::string Child::wait_stdout(const std::string& needle, double timeout_s) {
+  pump(timeout_s, [&] { return r_.out.find(needle) != std::string::npos; });
+  return r_.out;
+}
+
+std::string Child::wait_stderr(const std::string& needle, double timeout_s) {
+  pump(timeout_s, [&] { return r_.err.find(needle) != std::string::npos; });
+  return r_.err;
+}
+
+void Child::signal(int sig) { kill(pid_, sig); }
+
+RunResult Child::wait(double timeout_s) {
+  pump(timeout_s, [] { return false; });
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+  }
+  exited_ = true;
+  r_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r_;
+}
+
 }  // namespace deltafin::test

@@ -2,6 +2,7 @@
 // the real `deltafin` program with captured output.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,26 @@ struct RunResult {
 // Runs the deltafin binary with `args` (no shell), feeding `stdin_data`; captures stdout/stderr.
 RunResult run_deltafin(const std::vector<std::string>& args, const std::string& stdin_data = "",
                        double timeout_s = 300);
+
+// A deltafin process running in the background (for signals and servers).
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args);
+  ~Child();
+  // Reads stdout until it holds `needle` (or `timeout_s` passes); returns what was read so far.
+  std::string wait_stdout(const std::string& needle, double timeout_s = 60);
+  std::string wait_stderr(const std::string& needle, double timeout_s = 60);
+  void signal(int sig);
+  // Waits for exit (killing it after `timeout_s`) and returns everything it printed.
+  RunResult wait(double timeout_s = 60);
+  int pid() const { return pid_; }
+
+ private:
+  void pump(double timeout_s, const std::function<bool()>& done);
+  int pid_ = -1, out_ = -1, err_ = -1;
+  RunResult r_;
+  bool exited_ = false;
+};
 
 std::string slurp(const std::string& path);
 void spit(const std::string& path, const std::string& data);

@@ -69,6 +69,8 @@ std::vector<Variant> variants() {
   return v;
 }
 
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
 class Variants : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(Variants, MatchFloat64ReferenceInEveryMode) {

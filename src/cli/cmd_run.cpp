@@ -38,6 +38,7 @@ void run_run(RunArgs& a) {
     fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json): give the prompt as --prompt-ids",
              a.engine.model);
   }
+  sampling_from(a.gen);  // checked before the (slow) model load
   auto model = load_model(a.engine);
   if (tok && tok->vocab_size() > model->config().vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(), model->config().vocab);

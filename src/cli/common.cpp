@@ -1,6 +1,8 @@
 #include "cli/common.h"
 
 #include <cctype>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -13,12 +15,52 @@
 
 namespace deltafin::cli {
 
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= 0) return {};
+        } catch (...) {
+        }
+        return "expected a whole number >= 0, found " + v;
+      },
+      "N>=0");
+}
+
+CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= 1) return {};
+        } catch (...) {
+        }
+        return "expected a whole number >= 1, found " + v;
+      },
+      "N>=1");
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   auto* m = cmd->add_option("--model", o.model, "Model folder (config.json + safetensors shards)");
   if (!model_optional) m->required();
   cmd->add_option("--threads", o.threads, "Compute threads (default: one per physical core)")
-      ->check(CLI::Range(0, 1024));
+      ->check(non_negative());
   cmd->add_option("--kernels", o.kernels, "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)");
+  cmd->add_option("--memory-budget", o.memory_budget,
+                  "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default 75% of RAM or of the "
+                  "cgroup limit. Trunk layers and experts that do not fit are streamed from disk");
+  cmd->add_flag("-v,--verbose", o.verbose, "Print the memory plan and the kernel set (always shown on a terminal)");
+  cmd->add_flag("--mmap", o.mmap, "Map the shards and let the page cache page weights in (no budget, no expert store)");
+  cmd->add_option("--cache-policy", o.cache_policy, "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of "
+                  "earlier runs resident)")->capture_default_str()->check(CLI::IsMember({"lru", "lfu", "pinned"}));
+  cmd->add_option("--readers", o.readers, "Reader threads for expert and trunk reads")->capture_default_str()->check(positive());
+  cmd->add_flag("--no-prefetch", o.no_prefetch, "Do not predict and read the next layer's experts ahead");
+  cmd->add_flag("--no-direct-io", o.no_direct_io, "Read through the page cache instead of O_DIRECT");
+  cmd->add_option("--trunk", o.trunk, "Trunk weights: bf16 (exact, default) or int8 (lossy: per-row int8, f16 scales, "
+                  "for resident layers)")->capture_default_str()->check(CLI::IsMember({"bf16", "int8"}));
 }
 
 void apply_engine_options(const EngineOptions& o) {
@@ -30,9 +72,41 @@ std::unique_ptr<Model> load_model(const EngineOptions& o) {
   apply_engine_options(o);
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(o.model, ec)) fail_arg("model folder {} does not exist", o.model);
+  if (!fs::exists(o.model, ec)) fail_arg("model folder {} (--model) does not exist", o.model);
   if (!fs::is_directory(o.model, ec)) fail_arg("--model {} is not a folder (expected a checkpoint folder)", o.model);
-  return Model::load(o.model);
+  LoadOptions lo;
+  lo.mmap = o.mmap;
+  if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "--memory-budget");
+  lo.plan.context = o.ctx;
+  lo.plan.sequences = o.sequences;
+  lo.plan.max_rows = o.max_rows;
+  lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
+  if (o.mmap && o.trunk == "int8") fail_arg("--trunk int8 needs the planned store (drop --mmap)");
+  lo.cache_policy = parse_cache_policy(o.cache_policy);
+  lo.readers = o.readers;
+  lo.direct_io = !o.no_direct_io;
+  lo.prefetch = !o.no_prefetch;
+  lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
+  lo.heat_file = heat_file_for(o.model);
+  if (lo.print_plan) fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(), kernels::active().name);
+  return Model::load(o.model, lo);
+}
+
+std::string heat_file_for(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string abs = fs::weakly_canonical(fs::path(model_dir), ec).string();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : abs) h = (h ^ ch) * 1099511628211ull;
+  const char* env = std::getenv("DELTAFIN_CACHE");
+  const char* home = std::getenv("HOME");
+  if ((env == nullptr || *env == '\0') && (home == nullptr || *home == '\0') && std::getenv("XDG_CACHE_HOME") == nullptr) {
+    return "";
+  }
+  fs::path dir = fs::path(cache_dir()) / "heat";
+  fs::create_directories(dir, ec);
+  if (ec) return "";
+  return (dir / fmt::format("{:016x}.bin", h)).string();
 }
 
 std::string cache_dir() {
@@ -48,9 +122,15 @@ bool has_tokenizer(const std::string& dir) {
 }
 
 std::string resolve_model_dir(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m) return m;
   namespace fs = std::filesystem;
+  auto checked = [](const std::string& dir, const char* from) {
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) fail_arg("model folder {} ({}) does not exist", dir, from);
+    if (!fs::is_directory(dir, ec)) fail_arg("{} ({}) is not a folder (expected a checkpoint folder)", dir, from);
+    return dir;
+  };
+  if (!flag.empty()) return checked(flag, "--model");
+  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m) return checked(m, "DELTAFIN_MODEL");
   const fs::path demo = fs::path(cache_dir()) / "demo-tiny";
   if (!fs::exists(demo / "config.json")) {
     fs::create_directories(demo.parent_path());

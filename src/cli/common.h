@@ -18,7 +18,22 @@ struct EngineOptions {
   std::string model;
   int threads = 0;
   std::string kernels;  // force a kernel table
+  std::string memory_budget;  // SIZE, "" = default share of RAM
+  bool mmap = false;
+  std::string cache_policy = "lru";
+  int readers = 4;
+  bool no_prefetch = false;
+  bool no_direct_io = false;
+  std::string trunk = "bf16";
+  int64_t ctx = 0;            // positions per sequence to plan for (0 = min(model, 8192))
+  int sequences = 1;          // states to plan for (the server sets this)
+  int64_t max_rows = 256;     // rows per pass to plan for
+  bool verbose = false;       // print the memory plan and the kernels even when stderr is not a terminal
 };
+
+// Flag validators with one-line messages.
+CLI::Validator non_negative();
+CLI::Validator positive();
 
 // Adds --model (required unless `model_optional`), --threads and --kernels to a subcommand.
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);
@@ -32,6 +47,8 @@ std::unique_ptr<Model> load_model(const EngineOptions& o);
 std::string resolve_model_dir(const std::string& flag);
 // Where the demo lives: $DELTAFIN_CACHE, else $XDG_CACHE_HOME/deltafin, else ~/.cache/deltafin.
 std::string cache_dir();
+// Where the expert heat statistics of a model folder persist (in the cache folder).
+std::string heat_file_for(const std::string& model_dir);
 // True when `dir` holds tiktoken.model and tokenizer_config.json.
 bool has_tokenizer(const std::string& dir);
 

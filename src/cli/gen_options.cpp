@@ -7,12 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/common.h"
 #include "core/timer.h"
 
 namespace deltafin::cli {
 
 void add_gen_options(CLI::App* cmd, GenOptions& o) {
-  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")->capture_default_str()->check(non_negative());
   cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (default)")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Keep the K most likely tokens (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
@@ -27,24 +28,30 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_flag("--no-color", o.no_color, "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
   cmd->add_flag("--stats", o.stats, "Print statistics at the end (stderr)");
   cmd->add_flag("--stats-live", o.stats_live, "Also print a statistics line per token (stderr)");
-  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str()->check(positive());
+}
+
+SamplingParams sampling_from(const GenOptions& o) {
+  SamplingParams s;
+  s.temperature = o.temperature;
+  s.top_k = o.top_k;
+  s.top_p = o.top_p;
+  s.min_p = o.min_p;
+  s.repetition_penalty = o.repeat_penalty;
+  s.presence_penalty = o.presence_penalty;
+  s.frequency_penalty = o.frequency_penalty;
+  if (o.seed) {
+    s.seed = *o.seed;
+    s.has_seed = true;
+  }
+  s.validate();
+  return s;
 }
 
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat) {
   GenerationParams p;
   p.max_new_tokens = o.max_new;
-  p.sampling.temperature = o.temperature;
-  p.sampling.top_k = o.top_k;
-  p.sampling.top_p = o.top_p;
-  p.sampling.min_p = o.min_p;
-  p.sampling.repetition_penalty = o.repeat_penalty;
-  p.sampling.presence_penalty = o.presence_penalty;
-  p.sampling.frequency_penalty = o.frequency_penalty;
-  if (o.seed) {
-    p.sampling.seed = *o.seed;
-    p.sampling.has_seed = true;
-  }
-  p.sampling.validate();
+  p.sampling = sampling_from(o);
   p.stop_strings = o.stop;
   p.stop_ids.push_back(static_cast<int32_t>(m.config().eos_token_id));
   if (tok != nullptr) {

@@ -34,6 +34,8 @@ struct GenOptions {
 };
 
 void add_gen_options(CLI::App* cmd, GenOptions& o);
+// The sampling settings of the flags, validated (throws InvalidArgument naming the field).
+SamplingParams sampling_from(const GenOptions& o);
 // The generation parameters for a model (stop ids: eos_token_id and <|end_of_msg|>).
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat);
 

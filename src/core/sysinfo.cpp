@@ -32,6 +32,8 @@ std::string CpuFeatures::describe() const {
   add(f16c, "f16c");
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
+  add(avx512vl, "avx512vl");
+  add(avx512dq, "avx512dq");
   add(neon, "neon");
   return s.empty() ? "scalar" : s;
 }
@@ -45,6 +47,8 @@ const CpuFeatures& cpu_features() {
     c.fma = __builtin_cpu_supports("fma");
     c.avx512f = __builtin_cpu_supports("avx512f");
     c.avx512bw = __builtin_cpu_supports("avx512bw");
+    c.avx512vl = __builtin_cpu_supports("avx512vl");
+    c.avx512dq = __builtin_cpu_supports("avx512dq");
     unsigned a, b, cc, d;
     if (__get_cpuid(1, &a, &b, &cc, &d)) c.f16c = (cc & bit_F16C) != 0;
 #elif defined(__aarch64__)

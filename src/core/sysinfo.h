@@ -13,6 +13,8 @@ struct CpuFeatures {
   bool f16c = false;
   bool avx512f = false;
   bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
   bool neon = false;
   std::string describe() const;
 };

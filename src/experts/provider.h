@@ -75,6 +75,8 @@ class ExpertProvider {
   virtual ExpertHandle acquire(int layer, int expert) = 0;
   // A hint that a pass of `layer` will likely want these experts soon; never waited on.
   virtual void prefetch(int layer, std::span<const int> experts) { (void)layer; (void)experts; }
+  // Whether prefetch hints do anything (the model only predicts routing when they do).
+  virtual bool wants_prefetch() const { return false; }
   virtual ExpertStats stats() const = 0;
   virtual std::string describe() const = 0;
 };

@@ -52,6 +52,14 @@ const char* cache_policy_name(CachePolicy p) {
   return "?";
 }
 
+uint64_t ExpertStore::slot_bytes_for(const ExpertDirectory& dir, const ModelConfig& c) {
+  uint64_t n = 0;
+  for (int l = static_cast<int>(c.first_k_dense); l < c.num_layers; ++l) {
+    for (int e = 0; e < c.moe.num_experts; ++e) n = std::max(n, slot_need(dir.location(l, e)));
+  }
+  return align_up(n);
+}
+
 uint64_t ExpertStore::min_cache_bytes(const ModelConfig& c, uint64_t expert_bytes) {
   return static_cast<uint64_t>(c.moe.top_k) * align_up(expert_bytes + 2 * kAlign);
 }
@@ -140,10 +148,7 @@ class ExpertStore::Batch : public ExpertBatch {
 
 ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format, StoreOptions options)
     : ck_(ck), dir_(c, ck, format), opt_(std::move(options)) {
-  for (int l = dir_.first_moe_layer(); l < dir_.num_layers(); ++l) {
-    for (int e = 0; e < dir_.num_experts(); ++e) slot_bytes_ = std::max(slot_bytes_, slot_need(dir_.location(l, e)));
-  }
-  slot_bytes_ = align_up(slot_bytes_);
+  slot_bytes_ = slot_bytes_for(dir_, c);
   size_t n_slots = slot_bytes_ > 0 ? static_cast<size_t>(opt_.cache_bytes / slot_bytes_) : 0;
   if (opt_.cache_slots > 0) n_slots = opt_.cache_slots;
   const size_t need = static_cast<size_t>(c.moe.top_k);

@@ -67,6 +67,8 @@ class ExpertStore : public ExpertProvider {
   void prefetch(int layer, std::span<const int> experts) override;
   ExpertStats stats() const override;
   std::string describe() const override;
+  bool wants_prefetch() const override { return prefetch_enabled_; }
+  void set_prefetch(bool on) { prefetch_enabled_ = on; }
 
   std::vector<LayerRecall> recall() const;
   size_t slots() const { return slots_.size(); }
@@ -76,6 +78,8 @@ class ExpertStore : public ExpertProvider {
 
   // The smallest cache that works: the experts one decode pass of one layer needs.
   static uint64_t min_cache_bytes(const ModelConfig& c, uint64_t expert_bytes);
+  // RAM one cache slot takes for this checkpoint (the largest expert, widened to 4 KiB pages).
+  static uint64_t slot_bytes_for(const ExpertDirectory& dir, const ModelConfig& c);
 
  private:
   class Batch;
@@ -116,6 +120,7 @@ class ExpertStore : public ExpertProvider {
   std::vector<int> fds_;
   std::vector<std::string> paths_;
   bool direct_ok_ = true;
+  bool prefetch_enabled_ = true;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;        // slot state changes

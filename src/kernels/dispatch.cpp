@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 
@@ -38,11 +39,28 @@ const KernelTable* best() {
 }
 }  // namespace
 
-#if !defined(DELTAFIN_HAVE_X86)
+// The CPU checks live here, in code compiled for the baseline ISA: the ISA files are compiled
+// with their own flags and may use those instructions anywhere, even in a one-line function.
+#if defined(DELTAFIN_HAVE_X86)
+const KernelTable* avx2_table() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma && f.f16c ? &avx2_kernels() : nullptr;
+}
+const KernelTable* avx512_table() {
+  const CpuFeatures& f = cpu_features();
+  // avx512.cpp is compiled for F+BW+VL+DQ (+FMA, F16C); all must be there and OS-enabled
+  // (__builtin_cpu_supports checks XCR0).
+  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c
+             ? &avx512_kernels()
+             : nullptr;
+}
+#else
 const KernelTable* avx2_table() { return nullptr; }
 const KernelTable* avx512_table() { return nullptr; }
 #endif
-#if !defined(DELTAFIN_HAVE_NEON)
+#if defined(DELTAFIN_HAVE_NEON)
+const KernelTable* neon_table() { return cpu_features().neon ? &neon_kernels() : nullptr; }
+#else
 const KernelTable* neon_table() { return nullptr; }
 #endif
 

@@ -45,6 +45,13 @@ const KernelTable* avx2_table();
 const KernelTable* avx512_table();
 const KernelTable* neon_table();
 
+// The per-ISA tables themselves (x86/avx2.cpp, x86/avx512.cpp, arm/neon.cpp). They are compiled
+// with that ISA's flags, so not one instruction of theirs may run before the CPU check: use the
+// checked accessors above (dispatch.cpp), never these directly.
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+const KernelTable& neon_kernels();
+
 // The table in use (picked on first call).
 const KernelTable& active();
 // Forces a table by name ("scalar", "avx2", ...); throws Error if unavailable here.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -50,8 +51,11 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
 // y (=|+=) W_down · SiTU(W_gate x, W_up x)
 void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y, bool accumulate);
 // y = latent MoE(x) + shared experts(x)
+// `after_request` runs once this layer's expert reads are issued (the model predicts and
+// prefetches the next layer there).
 void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                 int layer, const float* x, float* y, PassStats& stats);
+                 int layer, const float* x, float* y, PassStats& stats,
+                 const std::function<void()>& after_request = {});
 
 // Router selection for one row (exposed for tests): top-k by score + bias (ties: lower id),
 // weights = the unbiased sigmoid scores renormalised over the selection, times the scaling

@@ -10,6 +10,7 @@
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"
+#include "model/streaming_trunk.h"
 
 namespace deltafin {
 
@@ -45,6 +46,9 @@ void attn_res_mix(const std::vector<const float*>& cands, const std::vector<floa
   });
 }
 
+// Passes with more rows than this skip routing prediction: their union covers most experts.
+constexpr int64_t kMaxPredictRows = 16;
+
 void rmsnorm_rows(const float* x, const std::vector<float>& w, float eps, int64_t R, int64_t H,
                   float* out) {
   for (int64_t r = 0; r < R; ++r) ops::rmsnorm(x + r * H, w.data(), eps, H, out + r * H);
@@ -73,17 +77,48 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   m->config_ = load_config(dir);
   m->checkpoint_ = Checkpoint::open(dir);
   m->inventory_ = check_inventory(m->config_, *m->checkpoint_);
-  m->trunk_ = std::make_unique<ResidentTrunk>(m->config_, *m->checkpoint_, options.bind);
   m->plan_ = attn_res_plan(m->config_);
-  if (options.make_experts) {
-    m->experts_ = options.make_experts(m->config_, *m->checkpoint_, m->inventory_.expert_format);
+  const ModelConfig& c = m->config_;
+  const ExpertFormat ef = m->inventory_.expert_format;
+  if (options.mmap) {
+    m->trunk_ = std::make_unique<ResidentTrunk>(c, *m->checkpoint_, options.bind);
   } else {
-    m->experts_ = std::make_unique<MmapExpertProvider>(m->config_, *m->checkpoint_, m->inventory_.expert_format);
+    PlanOptions po = options.plan;
+    po.prefetch = options.prefetch;
+    if (c.num_moe_layers() > 0) po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *m->checkpoint_, ef), c);
+    m->plan_mem_ = plan_memory(c, *m->checkpoint_, po);
+    if (options.print_plan) fmt::print(stderr, "{}\n", m->plan_mem_->describe());
+    m->trunk_ = std::make_unique<StreamingTrunk>(c, *m->checkpoint_, *m->plan_mem_, options.bind, options.readers,
+                                                 options.direct_io);
+  }
+  if (options.make_experts) {
+    m->experts_ = options.make_experts(c, *m->checkpoint_, ef);
+  } else if (options.mmap || c.num_moe_layers() == 0) {
+    m->experts_ = std::make_unique<MmapExpertProvider>(c, *m->checkpoint_, ef);
+  } else {
+    StoreOptions so;
+    so.cache_bytes = m->plan_mem_->expert_cache_bytes;
+    so.readers = options.readers;
+    so.direct_io = options.direct_io;
+    so.policy = options.cache_policy;
+    so.heat_file = options.heat_file;
+    auto store = std::make_unique<ExpertStore>(c, *m->checkpoint_, ef, so);
+    store->set_prefetch(options.prefetch);
+    m->experts_ = std::move(store);
   }
   if (m->config_.num_moe_layers() > 0) {
     m->expert_bytes_ = m->experts_->locate(static_cast<int>(m->config_.first_k_dense), 0).bytes;
   }
   return m;
+}
+
+std::string Model::describe() const {
+  return fmt::format("trunk: {}; experts: {}", trunk_->describe(), experts_->describe());
+}
+
+std::vector<LayerRecall> Model::prefetch_recall() const {
+  if (auto* s = dynamic_cast<const ExpertStore*>(experts_.get())) return s->recall();
+  return {};
 }
 
 uint64_t Model::trunk_bytes_per_pass() const {
@@ -121,6 +156,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     for (const auto& r : rows) {
       if (r.state == s.state) fail("forward: the same state appears twice in one pass");
     }
+    if (!s.state->consistent()) fail("forward: the state was left half-updated by a failed pass; reset it first");
     SeqRows r;
     r.begin = static_cast<int64_t>(tokens.size());
     r.count = static_cast<int64_t>(s.tokens.size());
@@ -150,14 +186,17 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   }
   const int64_t R = static_cast<int64_t>(tokens.size());
   LayerContext ctx{c, pool, rows, R};
+  // Until the pass completes, the states are half-updated.
+  for (auto& r : rows) r.state->set_consistent(false);
+  struct Release {  // gives a trunk unit back even when the layer throws
+    TrunkProvider& t;
+    int unit;
+    ~Release() { unit < 0 ? t.release_head() : t.release(unit); }
+  };
 
-  const GlobalWeights& g = trunk_->globals();
   // h0: embedding rows, decoded from BF16 exactly.
   std::vector<float> p(static_cast<size_t>(R * H));
-  for (int64_t r = 0; r < R; ++r) {
-    const Matrix row = g.embed.row_slice(tokens[static_cast<size_t>(r)], tokens[static_cast<size_t>(r)] + 1);
-    for (int64_t i = 0; i < H; ++i) p[static_cast<size_t>(r * H + i)] = matrix_element(row, 0, i);
-  }
+  trunk_->embed(tokens, p.data());
   bool p_empty = false;
   std::vector<std::vector<float>> anchors;
   std::vector<float> a(static_cast<size_t>(R * H)), u(static_cast<size_t>(R * H)), y(static_cast<size_t>(R * H));
@@ -168,8 +207,35 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     return v;
   };
 
+  // Routing prediction for the expert store: the next layer's router applied to this layer's
+  // MLP-side input, read ahead while this layer computes. It only schedules reads.
+  const bool predict = experts_->wants_prefetch() && R <= kMaxPredictRows;
+  auto predict_next = [&](int i) {
+    const int nxt = i + 1;
+    if (!predict || nxt >= c.num_layers || c.is_dense(nxt)) return;
+    const RouterWeights* rw = trunk_->router(nxt);
+    if (rw == nullptr) return;
+    std::vector<float> un(static_cast<size_t>(R * H)), lg(static_cast<size_t>(R * c.moe.num_experts));
+    rmsnorm_rows(a.data(), rw->post_norm, c.rms_eps, R, H, un.data());
+    kernels::matmul(rw->router, un.data(), R, H, lg.data(), c.moe.num_experts, pool);
+    std::vector<int> ids(static_cast<size_t>(c.moe.top_k));
+    std::vector<float> w(static_cast<size_t>(c.moe.top_k));
+    std::vector<char> chosen(static_cast<size_t>(c.moe.num_experts), 0);
+    for (int64_t r = 0; r < R; ++r) {
+      route_row(lg.data() + r * c.moe.num_experts, rw->score_bias.data(), c.moe.num_experts, c.moe.top_k,
+                c.moe.renormalize, c.moe.routed_scaling_factor, ids.data(), w.data());
+      for (int e : ids) chosen[static_cast<size_t>(e)] = 1;
+    }
+    std::vector<int> want;
+    for (int e = 0; e < c.moe.num_experts; ++e) {
+      if (chosen[static_cast<size_t>(e)]) want.push_back(e);
+    }
+    experts_->prefetch(nxt, want);
+  };
+
   for (int i = 0; i < c.num_layers; ++i) {
     const LayerWeights& lw = trunk_->acquire(i);
+    Release release{*trunk_, i};
     // Attention-side input: the mixture of anchors and the partial (just the partial at first).
     if (anchors.empty()) {
       a = p;
@@ -197,12 +263,12 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     attn_res_mix(candidates(), lw.mlp_res_score, c.rms_eps, R, H, pool, a.data());
     rmsnorm_rows(a.data(), lw.post_norm, c.rms_eps, R, H, u.data());
     if (c.is_dense(i)) {
+      predict_next(i);
       mlp_forward(ctx, lw.dense, u.data(), y.data(), false);
     } else {
-      moe_forward(ctx, lw.moe, *experts_, i, u.data(), y.data(), pass_stats_);
+      moe_forward(ctx, lw.moe, *experts_, i, u.data(), y.data(), pass_stats_, [&] { predict_next(i); });
     }
     for (size_t j = 0; j < p.size(); ++j) p[j] += y[j];
-    trunk_->release(i);
   }
 
   // Output mixture over every anchor and the final partial, final norm, LM head on the rows
@@ -215,6 +281,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
       out_rows.push_back(rows[s].begin + rows[s].count - 1);
     }
   }
+  const HeadWeights& g = trunk_->acquire_head();
+  Release release_head{*trunk_, -1};
   attn_res_mix(candidates(), g.out_res_score, c.rms_eps, R, H, pool, a.data());
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
   std::vector<float> normed(static_cast<size_t>(n_out * H));
@@ -225,7 +293,10 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   std::vector<float> logits(static_cast<size_t>(n_out * V));
   kernels::matmul(g.lm_head, normed.data(), n_out, H, logits.data(), V, pool);
 
-  for (auto& r : rows) r.state->set_position(r.base + r.count);
+  for (auto& r : rows) {
+    r.state->set_position(r.base + r.count);
+    r.state->set_consistent(true);
+  }
   pass_stats_.passes++;
   pass_stats_.rows += R;
   pass_stats_.seconds += sw.elapsed();

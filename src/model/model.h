@@ -13,11 +13,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "experts/provider.h"
+#include "experts/store.h"
+#include "model/plan.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/inventory.h"
@@ -59,6 +62,15 @@ std::vector<AttnResStep> attn_res_plan(const ModelConfig& c);
 
 struct LoadOptions {
   BindOptions bind;
+  // Plain mmap paging of the shards (no budget, no store): the page cache does all I/O.
+  bool mmap = false;
+  PlanOptions plan;             // memory budget and what it must hold
+  CachePolicy cache_policy = CachePolicy::kLRU;
+  int readers = 4;
+  bool direct_io = true;
+  bool prefetch = true;         // predict the next layer's experts and read them ahead
+  std::string heat_file;        // persisted expert use counts ("" = none)
+  bool print_plan = false;      // write the plan to stderr
   // Replaces the default memory-mapped expert provider (the SSD-streaming store, tests).
   std::function<std::unique_ptr<ExpertProvider>(const ModelConfig&, const Checkpoint&, ExpertFormat)>
       make_experts;
@@ -75,6 +87,12 @@ class Model {
   const InventoryReport& inventory() const { return inventory_; }
   ExpertProvider& experts() { return *experts_; }
   const PassStats& pass_stats() const { return pass_stats_; }
+  TrunkStats trunk_stats() const { return trunk_->stats(); }
+  // The memory plan (absent in mmap mode).
+  const std::optional<MemoryPlan>& plan() const { return plan_mem_; }
+  std::string describe() const;
+  // Per-layer prefetch recall (empty unless the expert store predicts).
+  std::vector<LayerRecall> prefetch_recall() const;
 
   State new_state() const { return State(config_); }
 
@@ -100,6 +118,8 @@ class Model {
   std::unique_ptr<ExpertProvider> experts_;
   uint64_t expert_bytes_ = 0;
   std::vector<AttnResStep> plan_;
+  std::optional<MemoryPlan> plan_mem_;
+  bool prefetch_ = false;
   PassStats pass_stats_;
 };
 

@@ -50,7 +50,8 @@ void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k,
 }
 
 void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                 int layer, const float* x, float* y, PassStats& stats) {
+                 int layer, const float* x, float* y, PassStats& stats,
+                 const std::function<void()>& after_request) {
   const ModelConfig& c = ctx.c;
   const int64_t R = ctx.rows, H = c.hidden, E = c.moe.num_experts, k = c.moe.top_k;
   const int64_t Hl = c.moe.latent_dim, I = c.moe.intermediate;
@@ -84,6 +85,7 @@ void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvid
   std::vector<float> slot_out(static_cast<size_t>(R * k * Hl));
   std::vector<float> xe, ge, ue, ye;
   auto batch = experts.request(layer, wanted);
+  if (after_request) after_request();
   size_t index = 0;
   ExpertHandle handle;
   while (batch->next(index, handle)) {

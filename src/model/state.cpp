@@ -26,6 +26,7 @@ State::State(const ModelConfig& c) {
 
 void State::reset() {
   position_ = 0;
+  consistent_ = true;
   for (auto& k : kda_) {
     std::fill(k.S.begin(), k.S.end(), 0.0f);
     std::fill(k.conv.begin(), k.conv.end(), 0.0f);

@@ -50,9 +50,13 @@ class State {
   int kda_slot(int layer) const { return layer_slot_[static_cast<size_t>(layer)].first; }
   int mla_slot(int layer) const { return layer_slot_[static_cast<size_t>(layer)].second; }
   bool compatible(const State& other) const;
+  // False after a pass that failed midway: the state is then half-updated and must be reset.
+  bool consistent() const { return consistent_; }
+  void set_consistent(bool v) { consistent_ = v; }
 
  private:
   int64_t position_ = 0;
+  bool consistent_ = true;
   std::vector<KdaLayerState> kda_;
   std::vector<MlaLayerCache> mla_;
   std::vector<std::pair<int, int>> layer_slot_;

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -145,25 +146,98 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
   return w;
 }
 
-GlobalWeights bind_globals(const ModelConfig& c, const TensorLookup& lookup) {
+HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup) {
   Binder b{lookup};
-  GlobalWeights g;
-  g.embed = b.matrix("language_model.model.embed_tokens.weight");
-  g.lm_head = c.tie_embeddings ? g.embed : b.matrix("language_model.lm_head.weight");
-  g.final_norm = b.floats("language_model.model.norm.weight");
-  g.out_res_score = b.score("language_model.model.output_attn_res_norm.weight",
+  HeadWeights h;
+  h.lm_head = b.matrix(c.tie_embeddings ? "language_model.model.embed_tokens.weight" : "language_model.lm_head.weight");
+  h.final_norm = b.floats("language_model.model.norm.weight");
+  h.out_res_score = b.score("language_model.model.output_attn_res_norm.weight",
                             "language_model.model.output_attn_res_proj.weight");
-  return g;
+  return h;
 }
 
+std::vector<std::string> head_tensors(const ModelConfig& c) {
+  return {c.tie_embeddings ? "language_model.model.embed_tokens.weight" : "language_model.lm_head.weight",
+          "language_model.model.norm.weight", "language_model.model.output_attn_res_norm.weight",
+          "language_model.model.output_attn_res_proj.weight"};
+}
+
+std::vector<std::string> router_tensors(int layer) {
+  const std::string P = layer_prefix(layer);
+  return {P + "block_sparse_moe.gate.weight", P + "post_attention_layernorm.weight",
+          P + "block_sparse_moe.gate.e_score_correction_bias"};
+}
+
+RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& lookup) {
+  (void)c;
+  Binder b{lookup};
+  auto names = router_tensors(layer);
+  RouterWeights r;
+  r.router = b.matrix(names[0]);
+  r.post_norm = b.floats(names[1]);
+  r.score_bias = b.floats(names[2]);
+  return r;
+}
+
+uint64_t int8_bytes(int64_t rows, int64_t cols) { return static_cast<uint64_t>(rows * cols + rows * 2); }
+
+Matrix quantize_int8(const Matrix& m, std::vector<uint8_t>& storage) {
+  storage.resize(int8_bytes(m.rows, m.cols));
+  int8_t* q = reinterpret_cast<int8_t*>(storage.data());
+  uint8_t* scales = storage.data() + m.rows * m.cols;
+  std::vector<float> row(static_cast<size_t>(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    float amax = 0;
+    for (int64_t k = 0; k < m.cols; ++k) {
+      row[k] = matrix_element(m, r, k);
+      amax = std::max(amax, std::fabs(row[k]));
+    }
+    // The scale is rounded to f16 first so quantisation uses the value the kernels will.
+    const uint16_t sh = f32_to_f16(amax > 0 ? amax / 127.0f : 1.0f);
+    const float s = f16_to_f32(sh);
+    std::memcpy(scales + 2 * r, &sh, 2);
+    for (int64_t k = 0; k < m.cols; ++k) {
+      float v = std::nearbyint(row[k] / s);
+      q[r * m.cols + k] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+  }
+  Matrix out;
+  out.format = WeightFormat::kInt8;
+  out.rows = m.rows;
+  out.cols = m.cols;
+  out.data = storage.data();
+  out.scales = scales;
+  return out;
+}
+
+namespace {
+void quantize_into(Matrix& m, std::vector<std::vector<uint8_t>>& storage) {
+  if (!m.valid() || m.format != WeightFormat::kBF16) return;
+  storage.emplace_back();
+  m = quantize_int8(m, storage.back());
+}
+}  // namespace
+
+void quantize_layer_int8(LayerWeights& w, std::vector<std::vector<uint8_t>>& st) {
+  for (Matrix* m : {&w.kda.q, &w.kda.k, &w.kda.v, &w.kda.f_a, &w.kda.f_b, &w.kda.b, &w.kda.g, &w.kda.o,
+                    &w.mla.q_a, &w.mla.q_b, &w.mla.kv_a, &w.mla.kv_b, &w.mla.g, &w.mla.o,
+                    &w.dense.gate, &w.dense.up, &w.dense.down, &w.moe.router, &w.moe.down, &w.moe.up,
+                    &w.moe.shared.gate, &w.moe.shared.up, &w.moe.shared.down}) {
+    quantize_into(*m, st);
+  }
+}
+
+void quantize_head_int8(HeadWeights& w, std::vector<std::vector<uint8_t>>& st) { quantize_into(w.lm_head, st); }
+
 std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck) {
+  (void)c;
   std::vector<std::string> names;
   const std::string P = layer_prefix(layer);
   const std::string E = P + "block_sparse_moe.experts.";
-  for (const auto& [name, t] : ck.tensors()) {
-    if (name.rfind(P, 0) == 0 && name.rfind(E, 0) != 0) names.push_back(name);
+  const auto& all = ck.tensors();
+  for (auto it = all.lower_bound(P); it != all.end() && it->first.rfind(P, 0) == 0; ++it) {
+    if (it->first.rfind(E, 0) != 0) names.push_back(it->first);
   }
-  (void)c;
   return names;
 }
 
@@ -180,9 +254,19 @@ TensorLookup checkpoint_lookup(const Checkpoint& ck) {
   };
 }
 
+void ResidentTrunk::embed(std::span<const int32_t> tokens, float* out) {
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    const Matrix row = embed_.row_slice(tokens[r], tokens[r] + 1);
+    for (int64_t i = 0; i < hidden_; ++i) out[static_cast<int64_t>(r) * hidden_ + i] = matrix_element(row, 0, i);
+  }
+}
+
 ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck, const BindOptions& options) {
   auto lookup = checkpoint_lookup(ck);
-  globals_ = bind_globals(c, lookup);
+  auto [t, b] = lookup("language_model.model.embed_tokens.weight");
+  embed_ = as_matrix(*t, b);
+  hidden_ = c.hidden;
+  head_ = bind_head(c, lookup);
   for (int i = 0; i < c.num_layers; ++i) layers_.push_back(bind_layer(c, i, lookup, options));
 }
 

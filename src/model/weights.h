@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,10 +62,17 @@ struct LayerWeights {
   MoeTrunkWeights moe;
 };
 
-struct GlobalWeights {
-  Matrix embed;    // [vocab, hidden]
+// The tail of the model: output AttnRes mix, final norm, LM head.
+struct HeadWeights {
   Matrix lm_head;  // [vocab, hidden] (the embedding when tied)
   std::vector<float> final_norm, out_res_score;
+};
+
+// What the expert prefetcher needs of an MoE layer to predict its routing ahead of time.
+struct RouterWeights {
+  Matrix router;
+  std::vector<float> post_norm;   // the layer's post_attention_layernorm
+  std::vector<float> score_bias;
 };
 
 // Finds a tensor's metadata and bytes by name (throws if absent).
@@ -76,33 +84,63 @@ struct BindOptions {
 
 LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup,
                         const BindOptions& options = {});
-GlobalWeights bind_globals(const ModelConfig& c, const TensorLookup& lookup);
+HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup);
+RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& lookup);
+// The tensor names of the head unit (lm_head, or the embedding when tied, and the output norms).
+std::vector<std::string> head_tensors(const ModelConfig& c);
+// The tensors a RouterWeights binds.
+std::vector<std::string> router_tensors(int layer);
+
+// Lossy, opt-in (--trunk int8): every BF16 matrix of the trunk (not the embedding, not the
+// routed experts) as per-row int8 with an f16 scale (absmax / 127, round to nearest even).
+Matrix quantize_int8(const Matrix& m, std::vector<uint8_t>& storage);
+void quantize_layer_int8(LayerWeights& w, std::vector<std::vector<uint8_t>>& storage);
+void quantize_head_int8(HeadWeights& w, std::vector<std::vector<uint8_t>>& storage);
+// Bytes a matrix of this shape takes in int8 (data + scales).
+uint64_t int8_bytes(int64_t rows, int64_t cols);
 // Bytes of the layer's trunk tensors (what a pass over the layer reads).
 uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck);
 // The names of one layer's trunk tensors.
 std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck);
 
+struct TrunkStats {
+  uint64_t bytes_streamed = 0;  // trunk bytes read per pass (layers that are not resident)
+  double wait_s = 0;            // compute time spent waiting for them
+  double read_s = 0;
+};
+
 class TrunkProvider {
  public:
   virtual ~TrunkProvider() = default;
-  virtual const GlobalWeights& globals() const = 0;
+  // Embedding rows of `tokens` as fp32, [n][hidden].
+  virtual void embed(std::span<const int32_t> tokens, float* out) = 0;
   // Layer `layer`'s weights, valid until release(layer). May block on a read.
   virtual const LayerWeights& acquire(int layer) = 0;
   virtual void release(int layer) = 0;
+  virtual const HeadWeights& acquire_head() = 0;
+  virtual void release_head() = 0;
+  // Router of an MoE layer for routing prediction (nullptr when not kept).
+  virtual const RouterWeights* router(int layer) const { (void)layer; return nullptr; }
+  virtual TrunkStats stats() const { return {}; }
   virtual std::string describe() const = 0;
 };
 
-// Every layer bound once to the mapped checkpoint.
+// Every layer bound once to the mapped checkpoint (the plain mmap mode: the page cache does
+// any I/O, as llama.cpp runs a model larger than RAM).
 class ResidentTrunk : public TrunkProvider {
  public:
   ResidentTrunk(const ModelConfig& c, const Checkpoint& ck, const BindOptions& options = {});
-  const GlobalWeights& globals() const override { return globals_; }
+  void embed(std::span<const int32_t> tokens, float* out) override;
   const LayerWeights& acquire(int layer) override { return layers_[static_cast<size_t>(layer)]; }
   void release(int) override {}
-  std::string describe() const override { return "resident (memory-mapped)"; }
+  const HeadWeights& acquire_head() override { return head_; }
+  void release_head() override {}
+  std::string describe() const override { return "memory-mapped (page cache)"; }
 
  private:
-  GlobalWeights globals_;
+  Matrix embed_;
+  int64_t hidden_ = 0;
+  HeadWeights head_;
   std::vector<LayerWeights> layers_;
 };
 

@@ -7,7 +7,7 @@
 // encodes each stretch of text between two markers with encode_ordinary.
 #include "tokenizer/chat.h"
 
-#include <cmath>
+#include <algorithm>
 
 #include "core/error.h"
 #include "tokenizer/json_text.h"

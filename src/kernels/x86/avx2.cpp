@@ -1,20 +1,113 @@
-// AVX2 + FMA kernels (x86-64). Compiled with -mavx2 -mfma -mf16c for this file only.
-// Until the tuned kernels land, this table reuses the scalar reference entries.
-#include "core/sysinfo.h"
+// AVX2 + FMA kernels (x86-64), compiled with -mavx2 -mfma -mf16c for this file only. The
+// algorithms live in kernels/simd_impl.h (shared with AVX-512 and NEON); this file supplies the
+// 8-lane vector traits: bf16 -> f32 by zero-extension and a 16-bit shift, int8 by sign-extension
+// and conversion, MXFP4 by a pshufb lookup of doubled E2M1 values, two groups per 256-bit vector
+// in an order that needs no lane-crossing shuffle (x is permuted to match; see mx_decode). The
+// register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel, 2x2
+// (+ 2 x 2x2 partial sums) for MXFP4.
+#include <immintrin.h>
+
 #include "kernels/kernels.h"
+#include "kernels/simd_impl.h"
 
 namespace deltafin::kernels {
+namespace {
 
-const KernelTable* avx2_table() {
-  if (!cpu_features().avx2 || !cpu_features().fma) return nullptr;
-  static const KernelTable t = [] {
-    KernelTable k = scalar_table();
-    k.name = "avx2";
-    return k;
-  }();
-  return &t;
+struct Avx2 {
+  using F = __m256;
+  static constexpr int L = 8;
+  static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
+  static constexpr int kMxMR = 2, kMxNR = 2;  // MXFP4 micro-kernel tile
+  static constexpr int kNB = 32;              // panel rows (decoded weights, in L1/L2)
+  static constexpr int kMB = 96;              // activation rows per block
+  static constexpr int64_t kKB = 512;         // panel columns
+  static constexpr int kTM = 4, kTV = 3;      // matmul_t tile: 4 rows x 24 columns
+  static constexpr int gemv_rows(int m) { return m <= 2 ? 4 : 3; }
+  static constexpr int gemv_rows_mx(int m) { return m <= 2 ? 4 : 2; }
+
+  DF_ALWAYS_INLINE static void prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  }
+  // Keeps v in a register: GCC otherwise folds the load into every FMA that uses it, which
+  // multiplies the loads per step in the micro-kernels.
+  DF_ALWAYS_INLINE static void in_register(F& v) { asm("" : "+x"(v)); }
+  DF_ALWAYS_INLINE static F zero() { return _mm256_setzero_ps(); }
+  DF_ALWAYS_INLINE static F set1(float v) { return _mm256_set1_ps(v); }
+  DF_ALWAYS_INLINE static F load(const float* p) { return _mm256_loadu_ps(p); }
+  DF_ALWAYS_INLINE static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  DF_ALWAYS_INLINE static __m256i tail_mask(int n) {
+    alignas(32) static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + 8 - n));
+  }
+  // Lanes [0, n) from p, zeros elsewhere; nothing past p + n is touched.
+  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) { return _mm256_maskload_ps(p, tail_mask(n)); }
+  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) { _mm256_maskstore_ps(p, tail_mask(n), v); }
+  DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  DF_ALWAYS_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  DF_ALWAYS_INLINE static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  DF_ALWAYS_INLINE static F bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  // Fixed tree: (v0+v4) (v1+v5) (v2+v6) (v3+v7) -> ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+  DF_ALWAYS_INLINE static float hsum(F v) {
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    return _mm_cvtss_f32(t);
+  }
+  DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
+    __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
+  }
+  // MXFP4, two groups (64 columns, 32 bytes) at a time, without lane-crossing shuffles: each
+  // 128-bit half decodes one group. pshufb looks up the doubled E2M1 value + 12 (0..24) for the
+  // low and high nibbles; two unpacks widen bytes to dwords next to the bytes 0x00, 0x4B, which
+  // makes the float 2^23 + value + 12 exactly; one subtraction leaves the value. Vector v, lane
+  // l holds column mx_column(v, l): lanes 0..3 group 0, lanes 4..7 group 1.
+  static constexpr int kMxGroups = 2;
+  static constexpr bool kMxPermuted = true;
+  static constexpr int mx_column(int v, int l) {
+    return 32 * (l / 4) + (v / 4) + 8 * (v % 4) + 2 * (l % 4);
+  }
+  DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
+    alignas(32) static constexpr int8_t kLut[32] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10,
+                                                    9,  8,  6,  4,  0,  12, 13, 14, 15, 16, 18,
+                                                    20, 24, 12, 11, 10, 9,  8,  6,  4,  0};
+    const __m256i lut = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLut));
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i magic = _mm256_set1_epi16(0x4B00);
+    const F off = _mm256_set1_ps(8388608.0f + 12.0f);
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, nib));                        // even
+    __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib));  // odd
+    const __m256i w[4] = {_mm256_unpacklo_epi8(lo, zero), _mm256_unpackhi_epi8(lo, zero),
+                          _mm256_unpacklo_epi8(hi, zero), _mm256_unpackhi_epi8(hi, zero)};
+    for (int j = 0; j < 4; ++j) {
+      const int v = (j / 2) * 4 + (j % 2) * 2;
+      out[v] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(w[j], magic)), off);
+      out[v + 1] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w[j], magic)), off);
+    }
+  }
+  // The half scales of the two groups (from the values, or from the E8M0 bytes), matching the
+  // lanes of mx_decode.
+  DF_ALWAYS_INLINE static F mx_scales_f(const float* s) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[0])), _mm_set1_ps(s[1]), 1);
+  }
+  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&kHalfScale.v[e[0]])),
+                                _mm_broadcast_ss(&kHalfScale.v[e[1]]), 1);
+  }
+};
+
+}  // namespace
+
+// Called by dispatch.cpp only after it has checked the CPU (this file's code must not run first).
+const KernelTable& avx2_kernels() {
+  static const KernelTable t = Impl<Avx2>::table("avx2");
+  return t;
 }
-
-const KernelTable* avx512_table() { return nullptr; }
 
 }  // namespace deltafin::kernels

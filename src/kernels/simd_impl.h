@@ -1,0 +1,837 @@
+// The SIMD matrix kernels, written once over a small vector-traits type `V` and included by each
+// ISA's translation unit (x86/avx2.cpp, x86/avx512.cpp, arm/neon.cpp), which supplies V (vector
+// type, lane count, loads, FMA, a fixed-order horizontal sum, bf16/int8/MXFP4 decoders, tile
+// sizes). One algorithm means the AVX-512 table, which this build machine cannot run, is the same
+// code that the AVX2 and NEON tables run in the tests, with only the traits differing.
+//
+// Summation order (what makes results reproducible). For every output element y[m, n] of
+// `matmul`, and for every table:
+//   plain formats (f32, bf16, int8): lane j of one accumulator vector sums x[k] * W(n, k) over
+//     k = j, j + L, j + 2L, ... in ascending order with FMA (the last partial vector has zeros in
+//     its unused lanes), and the lanes are then added in the traits' fixed tree (V::hsum);
+//   MXFP4: a block of V::kMxGroups groups (32 columns each) decodes into vectors of doubled E2M1
+//     codes (exact integers -12..12) whose lanes hold the block's columns in the order
+//     V::mx_column gives (chosen so the decoder needs no lane-crossing shuffle; x is permuted to
+//     match, and each lane belongs to one group). Per block, ga = sum of x * code over the even
+//     vectors, gb over the odd ones (first product a plain multiply, then FMAs), and
+//     acc = fma(ga + gb, s, acc), where each lane of s is its group's 2^(e - 128); then hsum.
+//     Scaling by a power of two commutes with rounding, so this is the exact decoded weight
+//     W = E2M1 * 2^(e - 127) up to overflow/underflow, which behave like the reference's.
+// The small-M path (M <= 4: each weight row streamed once, decoded in registers) and the large-M
+// path (a 16-row panel of W decoded into a per-thread f32 buffer, register-blocked micro-kernel)
+// perform exactly these operations, so y[m, n] depends on neither the thread count, nor n0/n1,
+// nor M, nor the other rows of x: a token gets bit-identical outputs alone or in any batch.
+//
+// `matmul_t` (y += x * W, W's rows are the input) sums sequentially over W's rows with FMA into
+// y, vectorised over columns (for M <= 4 straight from W's rows, otherwise from an exactly decoded
+// panel); again independent of the split, of M and of the path.
+//
+// Everything here has internal linkage (anonymous namespace, and every template depends on the
+// TU-local V), and no standard-library template that could emit an out-of-line copy is used:
+// otherwise the linker could pick an AVX-512-compiled copy of a shared inline function for code
+// that runs on any CPU.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "kernels/kernels.h"
+#include "tensor/dtype.h"
+#include "tensor/matrix.h"
+
+// The traits' one-line functions and the per-vector helpers must inline into the loops (GCC
+// otherwise keeps e.g. the MXFP4 decoder out of line and round-trips its vectors through memory).
+#define DF_ALWAYS_INLINE inline __attribute__((always_inline))
+// Loops over a tile's rows/columns/vectors (compile-time trip counts) must be unrolled so that
+// their accumulators live in registers, not in a stack array (GCC keeps such loops rolled when
+// the body is large).
+#define DF_UNROLL _Pragma("GCC unroll 16")
+
+namespace deltafin::kernels {
+namespace {
+
+constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+constexpr int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Compile-time loop: f(integral_constant<int, I>) for I in [1, N].
+template <int N, class Fn>
+inline void static_for(Fn&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I + 1>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+
+// Calls f(integral_constant<mr>, integral_constant<nr>) for runtime 1 <= mr <= MR, 1 <= nr <= NR.
+template <int MR, int NR, class Fn>
+inline void with_tile(int mr, int nr, Fn&& f) {
+  static_for<MR>([&](auto m) {
+    if (decltype(m)::value == mr) {
+      static_for<NR>([&](auto n) {
+        if (decltype(n)::value == nr) f(m, n);
+      });
+    }
+  });
+}
+
+// 2^(e - 128): half the E8M0 scale, because the decoders produce doubled E2M1 values (integers
+// -12..12). e = 0 and 1 are subnormal floats (2^-128, 2^-127), not zero; e = 255 is NaN.
+constexpr float half_scale_of(int e) {
+  uint32_t bits = e == 255 ? 0x7fc00000u : e >= 2 ? static_cast<uint32_t>(e - 1) << 23
+                                                  : (e == 1 ? 0x00400000u : 0x00200000u);
+  return std::bit_cast<float>(bits);
+}
+struct HalfScaleTable {
+  float v[256];
+  constexpr HalfScaleTable() : v{} {
+    for (int e = 0; e < 256; ++e) v[e] = half_scale_of(e);
+  }
+};
+constexpr HalfScaleTable kHalfScale{};
+
+// Doubled E2M1 values, code -> int8 (the pshufb / tbl lookup table).
+alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// A per-thread, 64-byte aligned, growing buffer.
+struct Scratch {
+  void* p = nullptr;
+  size_t cap = 0;
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(p); }
+  float* floats(int64_t count) {
+    size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    if (bytes > cap) {
+      std::free(p);
+      cap = static_cast<size_t>(round_up(static_cast<int64_t>(bytes), 4096));
+      p = std::aligned_alloc(64, cap);
+      if (p == nullptr) {
+        cap = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return static_cast<float*>(p);
+  }
+};
+thread_local Scratch t_panel;   // decoded weight panel
+thread_local Scratch t_scales;  // MXFP4 panel scales
+thread_local Scratch t_acc;     // accumulator vectors carried between K blocks
+thread_local Scratch t_xpack;   // x in the MXFP4 decoder's column order
+
+template <class V>
+struct Impl {
+  using F = typename V::F;
+  static constexpr int L = V::L;
+  static constexpr int kNB = V::kNB;  // output rows per decoded panel
+  static constexpr int64_t kKB = V::kKB;  // columns per panel (multiple of L and 32)
+  static constexpr int kMB = V::kMB;      // activation rows per block (multiple of kMR, kMxMR)
+  // MXFP4 is decoded a block at a time: kBG groups (kBC columns) into kNV vectors, whose lanes
+  // hold the block's columns in the order V::mx_column gives (a permutation that keeps the
+  // decoder free of lane-crossing shuffles); x is permuted the same way (pack_x_mx) unless the
+  // traits say the order is the natural one.
+  static constexpr int kBG = V::kMxGroups;
+  static constexpr int kBC = 32 * kBG;
+  static constexpr int kNV = kBC / L;
+  static constexpr bool kPermuted = V::kMxPermuted;
+  static_assert(kKB % L == 0 && kKB % kBC == 0 && 32 % L == 0 && kNV % 2 == 0);
+
+  // ---- one row of a plain-format weight matrix --------------------------------------------
+  template <WeightFormat Fmt>
+  struct Row {
+    const uint8_t* p = nullptr;
+    float s = 1.0f;  // int8 row scale
+    F sv;
+    void init(const Matrix& w, int64_t n) {
+      p = static_cast<const uint8_t*>(w.data) + n * w.row_bytes();
+      if constexpr (Fmt == WeightFormat::kInt8) {
+        uint16_t b;
+        std::memcpy(&b, w.scales + n * 2, 2);
+        s = f16_to_f32(b);
+      }
+      sv = V::set1(s);
+    }
+    // Decoded (exact) weights of columns [k, k + L).
+    DF_ALWAYS_INLINE F load(int64_t k) const {
+      if constexpr (Fmt == WeightFormat::kF32) {
+        return V::load(reinterpret_cast<const float*>(p) + k);
+      } else if constexpr (Fmt == WeightFormat::kBF16) {
+        return V::load_bf16(reinterpret_cast<const uint16_t*>(p) + k);
+      } else {
+        return V::load_i8(reinterpret_cast<const int8_t*>(p) + k, sv);
+      }
+    }
+    // Decoded (exact) weight of column k, computed like load() does per lane.
+    DF_ALWAYS_INLINE float elem(int64_t k) const {
+      if constexpr (Fmt == WeightFormat::kF32) {
+        float v;
+        std::memcpy(&v, p + k * 4, 4);
+        return v;
+      } else if constexpr (Fmt == WeightFormat::kBF16) {
+        uint16_t h;
+        std::memcpy(&h, p + k * 2, 2);
+        return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+      } else {
+        return static_cast<float>(static_cast<int8_t>(p[k])) * s;
+      }
+    }
+    // Columns [k, k + len), len < L, zero-padded to a vector.
+    F load_tail(int64_t k, int len) const {
+      alignas(64) float t[L] = {};
+      for (int i = 0; i < len; ++i) t[i] = elem(k + i);
+      return V::load(t);
+    }
+    // Decodes columns [k0, k0 + len) into out[0, round_up(len, L)), zero-padded.
+    void decode(int64_t k0, int64_t len, float* out) const {
+      int64_t k = 0;
+      for (; k + L <= len; k += L) V::store(out + k, load(k0 + k));
+      if (k < len) V::store(out + k, load_tail(k0 + k, static_cast<int>(len - k)));
+    }
+  };
+
+  // ---- MXFP4 rows ------------------------------------------------------------------------------
+  static const uint8_t* mx_row(const Matrix& w, int64_t n) {
+    return static_cast<const uint8_t*>(w.data) + n * w.row_bytes();
+  }
+  static const uint8_t* mx_scales(const Matrix& w, int64_t n) {
+    return w.scales + n * w.scale_row_bytes();
+  }
+  // Block b of a row (packed bytes q, scale bytes e, `groups` groups in the row): the doubled
+  // codes c and the matching vector of half scales. Groups past the end of the row decode as
+  // code 0 with scale 0 (x is zero there too), so they add exact zeros.
+  DF_ALWAYS_INLINE static void mx_block(const uint8_t* q, const uint8_t* e, int64_t groups,
+                                        int64_t b, F (&c)[kNV], F& s) {
+    const int64_t g0 = b * kBG;
+    if (g0 + kBG <= groups) {
+      V::mx_decode(q + g0 * 16, c);
+      s = V::mx_scales(e + g0);
+    } else {
+      float sc[kBG];
+      alignas(64) uint8_t tmp[16 * kBG] = {};
+      DF_UNROLL
+      for (int g = 0; g < kBG; ++g) {
+        sc[g] = 0.0f;
+        if (g0 + g < groups) {
+          std::memcpy(tmp + 16 * g, q + (g0 + g) * 16, 16);
+          sc[g] = kHalfScale.v[e[g0 + g]];
+        }
+      }
+      V::mx_decode(tmp, c);
+      s = V::mx_scales_f(sc);
+    }
+  }
+  static int64_t mx_padded(int64_t K) { return round_up(K, kBC); }
+  // x row (K columns) -> the decoder's column order, zero-padded to mx_padded(K).
+  static void pack_x_mx(const float* x, int64_t K, float* out) {
+    for (int64_t b0 = 0; b0 < K; b0 += kBC) {
+      DF_UNROLL
+      for (int v = 0; v < kNV; ++v) {
+        DF_UNROLL
+        for (int l = 0; l < L; ++l) {
+          const int64_t col = b0 + V::mx_column(v, l);
+          out[b0 + v * L + l] = col < K ? x[col] : 0.0f;
+        }
+      }
+    }
+  }
+  // Exact decoded weights of row n, columns [k0, k0 + len) (k0 a multiple of kBC), in column
+  // order, into out[0, round_up(len, kBC)).
+  static void mx_decode_exact(const Matrix& w, int64_t n, int64_t k0, int64_t len, float* out) {
+    const uint8_t* q = mx_row(w, n);
+    const uint8_t* e = mx_scales(w, n);
+    const int64_t groups = w.cols / 32;
+    for (int64_t b = k0 / kBC; b * kBC < k0 + len; ++b) {
+      F c[kNV], s;
+      mx_block(q, e, groups, b, c, s);
+      alignas(64) float t[kBC];
+      DF_UNROLL
+      for (int v = 0; v < kNV; ++v) V::store(t + v * L, V::mul(c[v], s));
+      float* o = out + (b * kBC - k0);
+      DF_UNROLL
+      for (int v = 0; v < kNV; ++v)
+        DF_UNROLL
+        for (int l = 0; l < L; ++l) o[V::mx_column(v, l)] = t[v * L + l];
+    }
+  }
+  // The MXFP4 arithmetic of one block, shared by the small-M and the panel paths: two partial
+  // sums (even and odd vectors; the first product of each a plain multiply), added, then
+  // acc = fma(sum, scale, acc).
+  DF_ALWAYS_INLINE static F mx_block_dot(const float* x, const F (&c)[kNV], F s, F acc) {
+    F ga = V::mul(V::load(x), c[0]);
+    F gb = V::mul(V::load(x + L), c[1]);
+    DF_UNROLL
+    for (int u = 2; u < kNV; u += 2) {
+      ga = V::fma(V::load(x + u * L), c[u], ga);
+      gb = V::fma(V::load(x + (u + 1) * L), c[u + 1], gb);
+    }
+    return V::fma(V::add(ga, gb), s, acc);
+  }
+
+  // ---- small M: stream each weight row once -----------------------------------------------------
+  template <WeightFormat Fmt, int M, int R>
+  static void gemv_plain(const Matrix& w, int64_t n, const float* x, int64_t ldx, float* y,
+                         int64_t ldy, bool accumulate) {
+    const int64_t K = w.cols;
+    Row<Fmt> row[R];
+    DF_UNROLL
+    for (int r = 0; r < R; ++r) row[r].init(w, n + r);
+    F acc[M][R];
+    DF_UNROLL
+    for (int m = 0; m < M; ++m)
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    // Short rows: prefetch the next R rows at the pace these are consumed (see gemv_mx). Long
+    // rows are long streams, which the hardware prefetchers handle better alone.
+    constexpr int kEsz = Fmt == WeightFormat::kF32 ? 4 : Fmt == WeightFormat::kBF16 ? 2 : 1;
+    const bool short_rows = w.row_bytes() <= 4096;
+    const uint8_t* pf = static_cast<const uint8_t*>(w.data) + (n + R) * w.row_bytes();
+    int64_t k = 0;
+    for (; k + L <= K; k += L) {
+      if (short_rows && (k * kEsz * R) % 64 < L * kEsz * R) V::prefetch(pf + k * kEsz * R);
+      F wv[R];
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) wv[r] = row[r].load(k);
+      DF_UNROLL
+      for (int m = 0; m < M; ++m) {
+        F xv = V::load(x + m * ldx + k);
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
+      }
+    }
+    if (k < K) {
+      int rem = static_cast<int>(K - k);
+      F wv[R];
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) wv[r] = row[r].load_tail(k, rem);
+      DF_UNROLL
+      for (int m = 0; m < M; ++m) {
+        F xv = V::load_partial(x + m * ldx + k, rem);
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
+      }
+    }
+    DF_UNROLL
+    for (int m = 0; m < M; ++m) {
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) {
+        float s = V::hsum(acc[m][r]);
+        float& out = y[m * ldy + n + r];
+        out = accumulate ? out + s : s;
+      }
+    }
+  }
+
+  // x here is already in the decoder's column order (xp, row stride ldxp).
+  template <int M, int R>
+  static void gemv_mx(const Matrix& w, int64_t n, const float* xp, int64_t ldxp, float* y,
+                      int64_t ldy, bool accumulate) {
+    const int64_t groups = w.cols / 32;
+    const int64_t blocks = (groups + kBG - 1) / kBG;
+    const uint8_t* q[R];
+    const uint8_t* e[R];
+    DF_UNROLL
+    for (int r = 0; r < R; ++r) {
+      q[r] = mx_row(w, n + r);
+      e[r] = mx_scales(w, n + r);
+    }
+    F acc[M][R];
+    DF_UNROLL
+    for (int m = 0; m < M; ++m)
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    // The R rows are one contiguous run of bytes, short (a few KB) and read as R interleaved
+    // streams, which the hardware prefetchers pick up late; so each step prefetches the same
+    // share of the next R rows (and their scales) as it consumes of these.
+    const uint8_t* pf_q = mx_row(w, n + R);
+    const uint8_t* pf_e = mx_scales(w, n + R);
+    constexpr int kStepBytes = R * 16 * kBG;
+    const int64_t full = groups / kBG;
+    for (int64_t b = 0; b < full; ++b) {
+      DF_UNROLL
+      for (int o = 0; o < kStepBytes; o += 64) V::prefetch(pf_q + b * kStepBytes + o);
+      V::prefetch(pf_e + b * R * kBG);
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) {
+        F c[kNV];
+        V::mx_decode(q[r] + b * 16 * kBG, c);
+        const F s = V::mx_scales(e[r] + b * kBG);
+        DF_UNROLL
+        for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + b * kBC, c, s, acc[m][r]);
+      }
+    }
+    if (full < blocks) {  // a last, partial block
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) {
+        F c[kNV], s;
+        mx_block(q[r], e[r], groups, full, c, s);
+        DF_UNROLL
+        for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + full * kBC, c, s, acc[m][r]);
+      }
+    }
+    DF_UNROLL
+    for (int m = 0; m < M; ++m) {
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) {
+        float s = V::hsum(acc[m][r]);
+        float& out = y[m * ldy + n + r];
+        out = accumulate ? out + s : s;
+      }
+    }
+  }
+
+  // Rows [n0, n1) for a fixed small M, R rows at a time (fewer at the end).
+  template <WeightFormat Fmt, int M>
+  static void gemv(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, float* y,
+                   int64_t ldy, bool accumulate) {
+    constexpr bool kMx = Fmt == WeightFormat::kMXFP4;
+    constexpr int R = kMx ? V::gemv_rows_mx(M) : V::gemv_rows(M);
+    if constexpr (kMx && kPermuted) {
+      const int64_t kp = mx_padded(w.cols);
+      float* xp = t_xpack.floats(M * kp);
+      DF_UNROLL
+      for (int m = 0; m < M; ++m) pack_x_mx(x + m * ldx, w.cols, xp + m * kp);
+      x = xp;
+      ldx = kp;
+    }
+    int64_t n = n0;
+    for (; n + R <= n1; n += R) {
+      if constexpr (kMx) {
+        gemv_mx<M, R>(w, n, x, ldx, y, ldy, accumulate);
+      } else {
+        gemv_plain<Fmt, M, R>(w, n, x, ldx, y, ldy, accumulate);
+      }
+    }
+    if (n < n1) {
+      with_tile<1, R>(1, static_cast<int>(n1 - n), [&](auto, auto rr) {
+        constexpr int RT = decltype(rr)::value;
+        if constexpr (kMx) {
+          gemv_mx<M, RT>(w, n, x, ldx, y, ldy, accumulate);
+        } else {
+          gemv_plain<Fmt, M, RT>(w, n, x, ldx, y, ldy, accumulate);
+        }
+      });
+    }
+  }
+
+  // ---- large M: decoded panel + register-blocked micro-kernel -----------------------------------
+  // One micro-tile: MR activation rows x NR panel rows over one K block of `kb` columns.
+  struct Tile {
+    const float* x;  // x + m * ldx + kb0
+    int64_t ldx;
+    const float* p;  // panel row j (decoded weights, or doubled MXFP4 codes)
+    int64_t ldp;     // panel row stride (floats)
+    const float* s;  // MXFP4: panel scales of row j (per group of this block)
+    int64_t lds;
+    int64_t kb;      // valid columns in this block
+    F* acc;          // carried accumulators of (m, j), row stride kNB vectors
+    bool first, last;
+    float* y;        // y + m * ldy + n
+    int64_t ldy;
+    bool accumulate;
+  };
+
+  template <int MR, int NR>
+  static void finish_tile(const Tile& t, F (&acc)[MR][NR]) {
+    if (t.last) {
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i) {
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          float s = V::hsum(acc[i][r]);
+          float& out = t.y[i * t.ldy + r];
+          out = t.accumulate ? out + s : s;
+        }
+      }
+    } else {
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i)
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) V::store(reinterpret_cast<float*>(t.acc + i * kNB + r), acc[i][r]);
+    }
+  }
+
+  template <int MR, int NR>
+  static void start_tile(const Tile& t, F (&acc)[MR][NR]) {
+    DF_UNROLL
+    for (int i = 0; i < MR; ++i) {
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        acc[i][r] = t.first ? V::zero()
+                            : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r));
+      }
+    }
+  }
+
+  template <int MR, int NR>
+  static void micro_plain(const Tile& t) {
+    F acc[MR][NR];
+    start_tile<MR, NR>(t, acc);
+    int64_t k = 0;
+    for (; k + L <= t.kb; k += L) {
+      F wv[NR];
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i) {
+        F xv = V::load(t.x + i * t.ldx + k);
+        V::in_register(xv);
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
+      }
+    }
+    if (k < t.kb) {
+      int rem = static_cast<int>(t.kb - k);
+      F wv[NR];
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);  // zero-padded
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i) {
+        F xv = V::load_partial(t.x + i * t.ldx + k, rem);
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
+      }
+    }
+    finish_tile<MR, NR>(t, acc);
+  }
+
+  template <int MR, int NR>
+  static void micro_mx(const Tile& t) {
+    F acc[MR][NR];
+    start_tile<MR, NR>(t, acc);
+    for (int64_t b = 0; b * kBC < t.kb; ++b) {
+      const int64_t k = b * kBC;
+      F ga[MR][NR], gb[MR][NR];
+      {
+        F wa[NR], wb[NR];
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          wa[r] = V::load(t.p + r * t.ldp + k);
+          wb[r] = V::load(t.p + r * t.ldp + k + L);
+        }
+        DF_UNROLL
+        for (int i = 0; i < MR; ++i) {
+          F xa = V::load(t.x + i * t.ldx + k);
+          F xb = V::load(t.x + i * t.ldx + k + L);
+          V::in_register(xa);
+          V::in_register(xb);
+          DF_UNROLL
+          for (int r = 0; r < NR; ++r) {
+            ga[i][r] = V::mul(xa, wa[r]);
+            gb[i][r] = V::mul(xb, wb[r]);
+          }
+        }
+      }
+      DF_UNROLL
+      for (int u = 2; u < kNV; u += 2) {
+        F wa[NR], wb[NR];
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          wa[r] = V::load(t.p + r * t.ldp + k + u * L);
+          wb[r] = V::load(t.p + r * t.ldp + k + (u + 1) * L);
+        }
+        DF_UNROLL
+        for (int i = 0; i < MR; ++i) {
+          F xa = V::load(t.x + i * t.ldx + k + u * L);
+          F xb = V::load(t.x + i * t.ldx + k + (u + 1) * L);
+          V::in_register(xa);
+          V::in_register(xb);
+          DF_UNROLL
+          for (int r = 0; r < NR; ++r) {
+            ga[i][r] = V::fma(xa, wa[r], ga[i][r]);
+            gb[i][r] = V::fma(xb, wb[r], gb[i][r]);
+          }
+        }
+      }
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        F s = V::load(t.s + (r * t.lds + b) * L);
+        DF_UNROLL
+        for (int i = 0; i < MR; ++i) acc[i][r] = V::fma(V::add(ga[i][r], gb[i][r]), s, acc[i][r]);
+      }
+    }
+    finish_tile<MR, NR>(t, acc);
+  }
+
+  template <WeightFormat Fmt>
+  static void gemm(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M,
+                   int64_t ldx, float* y, int64_t ldy, bool accumulate) {
+    constexpr bool kMx = Fmt == WeightFormat::kMXFP4;
+    constexpr int MR = kMx ? V::kMxMR : V::kMR;
+    constexpr int NR = kMx ? V::kMxNR : V::kNR;
+    static_assert(kMB % MR == 0 && kNB % NR == 0);
+    const int64_t K = w.cols;
+    // Panel row stride: a whole K block, or all of K (rounded to vectors / MXFP4 blocks).
+    const int64_t ldp = imin(kKB, kMx ? mx_padded(K) : round_up(K, L));
+    const int64_t lds = ldp / kBC;  // MXFP4: scale vectors per panel row
+    float* panel = t_panel.floats(kNB * ldp);
+    float* scales = kMx ? t_scales.floats(kNB * lds * L) : nullptr;
+    F* accbuf = K > kKB ? reinterpret_cast<F*>(t_acc.floats(int64_t{kMB} * kNB * L)) : nullptr;
+    // x is packed per block of rows: contiguous rows (in the MXFP4 decoder's column order where
+    // that is permuted), zero-padded, with a row stride that is not a multiple of 4 KiB, so the
+    // MR rows of a tile do not all fall into the same L1 sets (K = 7168 floats is 7 x 4 KiB).
+    const int64_t kp = (kMx ? mx_padded(K) : round_up(K, L)) + 16;
+    float* xpack = t_xpack.floats(kMB * kp);
+    const int64_t groups = K / 32;
+    Tile t{};
+    t.ldx = kp;
+    t.ldy = ldy;
+    t.accumulate = accumulate;
+    t.ldp = ldp;
+    t.lds = lds;
+    for (int64_t mb0 = 0; mb0 < M; mb0 += kMB) {
+      const int mb = static_cast<int>(imin(kMB, M - mb0));
+      for (int m = 0; m < mb; ++m) {
+        const float* src = x + (mb0 + m) * ldx;
+        float* dst = xpack + m * kp;
+        if constexpr (kMx && kPermuted) {
+          pack_x_mx(src, K, dst);
+        } else {
+          std::memcpy(dst, src, static_cast<size_t>(K) * sizeof(float));
+          for (int64_t k = K; k < kp - 16; ++k) dst[k] = 0.0f;
+        }
+      }
+      const float* xb = xpack;
+      for (int64_t nb0 = n0; nb0 < n1; nb0 += kNB) {
+        const int nb = static_cast<int>(imin(kNB, n1 - nb0));
+        for (int64_t kb0 = 0; kb0 < K; kb0 += kKB) {
+          const int64_t kb = imin(kKB, K - kb0);
+          for (int i = 0; i < nb; ++i) {
+            if constexpr (kMx) {
+              const uint8_t* q = mx_row(w, nb0 + i);
+              const uint8_t* e = mx_scales(w, nb0 + i);
+              for (int64_t b = 0; b * kBC < kb; ++b) {
+                F c[kNV], s;
+                mx_block(q, e, groups, kb0 / kBC + b, c, s);
+                DF_UNROLL
+                for (int u = 0; u < kNV; ++u) V::store(panel + i * ldp + b * kBC + u * L, c[u]);
+                V::store(scales + (i * lds + b) * L, s);
+              }
+            } else {
+              Row<Fmt> row;
+              row.init(w, nb0 + i);
+              row.decode(kb0, kb, panel + i * ldp);
+            }
+          }
+          t.kb = kb;
+          t.first = kb0 == 0;
+          t.last = kb0 + kb >= K;
+          for (int m = 0; m < mb; m += MR) {
+            const int mr = static_cast<int>(imin(MR, mb - m));
+            for (int j = 0; j < nb; j += NR) {
+              const int nr = static_cast<int>(imin(NR, nb - j));
+              t.x = xb + m * t.ldx + kb0;
+              t.p = panel + j * ldp;
+              t.s = kMx ? scales + j * lds * L : nullptr;
+              t.acc = accbuf != nullptr ? accbuf + m * kNB + j : nullptr;
+              t.y = y + (mb0 + m) * ldy + nb0 + j;
+              with_tile<MR, NR>(mr, nr, [&](auto mm, auto nn) {
+                if constexpr (kMx) {
+                  micro_mx<decltype(mm)::value, decltype(nn)::value>(t);
+                } else {
+                  micro_plain<decltype(mm)::value, decltype(nn)::value>(t);
+                }
+              });
+            }
+          }
+        }
+      }
+    }
+  }
+
+  template <WeightFormat Fmt>
+  static void matmul(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M,
+                     int64_t ldx, float* y, int64_t ldy, bool accumulate) {
+    if (n0 >= n1 || M <= 0) return;
+    switch (M) {
+      case 1: return gemv<Fmt, 1>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      case 2: return gemv<Fmt, 2>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      case 3: return gemv<Fmt, 3>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      case 4: return gemv<Fmt, 4>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      default: return gemm<Fmt>(w, n0, n1, x, M, ldx, y, ldy, accumulate);
+    }
+  }
+
+  // ---- matmul_t: y[m, c] += sum_r x[m, r] * W(r, c) ---------------------------------------------
+  static constexpr int kTV = V::kTV;  // vectors of columns per tile
+  static constexpr int kTM = V::kTM;  // activation rows per tile
+  static constexpr int kTW = kTV * L; // columns per tile
+  static constexpr int64_t kTRB = 256;  // W rows per panel
+
+  template <int MR>
+  static void tile_t(const float* x, int64_t ldx, const float* p, int64_t rb, float* y,
+                     int64_t ldy, int cw) {
+    F acc[MR][kTV];
+    const bool full = cw == kTW;
+    DF_UNROLL
+    for (int i = 0; i < MR; ++i) {
+      DF_UNROLL
+      for (int v = 0; v < kTV; ++v) {
+        int len = static_cast<int>(imin(L, cw - v * L));
+        acc[i][v] = full || len == L ? V::load(y + i * ldy + v * L)
+                    : len > 0        ? V::load_partial(y + i * ldy + v * L, len)
+                                     : V::zero();
+      }
+    }
+    for (int64_t r = 0; r < rb; ++r) {
+      F wv[kTV];
+      DF_UNROLL
+      for (int v = 0; v < kTV; ++v) wv[v] = V::load(p + r * kTW + v * L);
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i) {
+        F xb = V::bcast(x + i * ldx + r);
+        DF_UNROLL
+        for (int v = 0; v < kTV; ++v) acc[i][v] = V::fma(xb, wv[v], acc[i][v]);
+      }
+    }
+    DF_UNROLL
+    for (int i = 0; i < MR; ++i) {
+      DF_UNROLL
+      for (int v = 0; v < kTV; ++v) {
+        int len = static_cast<int>(imin(L, cw - v * L));
+        if (full || len == L) {
+          V::store(y + i * ldy + v * L, acc[i][v]);
+        } else if (len > 0) {
+          V::store_partial(y + i * ldy + v * L, acc[i][v], len);
+        }
+      }
+    }
+  }
+
+  // Small M: stream W row by row (contiguous segments) and update y in place, which stays in L1
+  // for a chunk of kTC columns. The same FMAs, in the same order, as tile_t.
+  static constexpr int64_t kTC = 512;
+  template <WeightFormat Fmt, int M>
+  static void matmul_t_rows(const Matrix& w, int64_t c0, int64_t c1, const float* x, int64_t ldx,
+                            float* y, int64_t ldy) {
+    for (int64_t cb0 = c0; cb0 < c1; cb0 += kTC) {
+      const int64_t cw = imin(kTC, c1 - cb0);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        Row<Fmt> row;
+        row.init(w, r);
+        F xb[M];
+        DF_UNROLL
+        for (int m = 0; m < M; ++m) xb[m] = V::bcast(x + m * ldx + r);
+        int64_t c = 0;
+        for (; c + L <= cw; c += L) {
+          const F wv = row.load(cb0 + c);
+          DF_UNROLL
+          for (int m = 0; m < M; ++m) {
+            float* yp = y + m * ldy + cb0 + c;
+            V::store(yp, V::fma(xb[m], wv, V::load(yp)));
+          }
+        }
+        if (c < cw) {
+          const int rem = static_cast<int>(cw - c);
+          const F wv = row.load_tail(cb0 + c, rem);
+          DF_UNROLL
+          for (int m = 0; m < M; ++m) {
+            float* yp = y + m * ldy + cb0 + c;
+            V::store_partial(yp, V::fma(xb[m], wv, V::load_partial(yp, rem)), rem);
+          }
+        }
+      }
+    }
+  }
+
+  template <WeightFormat Fmt>
+  static void matmul_t(const Matrix& w, int64_t c0, int64_t c1, const float* x, int64_t M,
+                       int64_t ldx, float* y, int64_t ldy) {
+    if (c0 >= c1 || M <= 0) return;
+    if constexpr (Fmt != WeightFormat::kMXFP4) {
+      switch (M) {
+        case 1: return matmul_t_rows<Fmt, 1>(w, c0, c1, x, ldx, y, ldy);
+        case 2: return matmul_t_rows<Fmt, 2>(w, c0, c1, x, ldx, y, ldy);
+        case 3: return matmul_t_rows<Fmt, 3>(w, c0, c1, x, ldx, y, ldy);
+        case 4: return matmul_t_rows<Fmt, 4>(w, c0, c1, x, ldx, y, ldy);
+        default: break;
+      }
+    }
+    const int64_t R = w.rows;
+    float* panel = t_panel.floats(kTRB * kTW);
+    alignas(64) float row_buf[round_up(kTW, kBC) + kBC];
+    for (int64_t cb0 = c0; cb0 < c1; cb0 += kTW) {
+      const int cw = static_cast<int>(imin(kTW, c1 - cb0));
+      for (int64_t rb0 = 0; rb0 < R; rb0 += kTRB) {
+        const int64_t rb = imin(kTRB, R - rb0);
+        for (int64_t r = 0; r < rb; ++r) {
+          float* dst = panel + r * kTW;
+          if constexpr (Fmt == WeightFormat::kMXFP4) {
+            // Decode the blocks that cover [cb0, cb0 + cw), then copy the window.
+            const int64_t g0 = cb0 / kBC * kBC;
+            mx_decode_exact(w, rb0 + r, g0, cb0 + cw - g0, row_buf);
+            for (int c = 0; c < kTW; ++c) dst[c] = c < cw ? row_buf[cb0 - g0 + c] : 0.0f;
+          } else {
+            Row<Fmt> row;
+            row.init(w, rb0 + r);
+            row.decode(cb0, cw, dst);
+            for (int c = static_cast<int>(round_up(cw, L)); c < kTW; ++c) dst[c] = 0.0f;
+          }
+        }
+        for (int64_t m = 0; m < M; m += kTM) {
+          const int mr = static_cast<int>(imin(kTM, M - m));
+          with_tile<kTM, 1>(mr, 1, [&](auto mm, auto) {
+            tile_t<decltype(mm)::value>(x + m * ldx + rb0, ldx, panel, rb, y + m * ldy + cb0, ldy,
+                                        cw);
+          });
+        }
+      }
+    }
+  }
+
+  // ---- vectors ---------------------------------------------------------------------------------
+  static float dot(const float* a, const float* b, int64_t n) {
+    F a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+    int64_t i = 0;
+    for (; i + 4 * L <= n; i += 4 * L) {
+      a0 = V::fma(V::load(a + i), V::load(b + i), a0);
+      a1 = V::fma(V::load(a + i + L), V::load(b + i + L), a1);
+      a2 = V::fma(V::load(a + i + 2 * L), V::load(b + i + 2 * L), a2);
+      a3 = V::fma(V::load(a + i + 3 * L), V::load(b + i + 3 * L), a3);
+    }
+    for (; i + L <= n; i += L) a0 = V::fma(V::load(a + i), V::load(b + i), a0);
+    if (i < n) {
+      int rem = static_cast<int>(n - i);
+      a0 = V::fma(V::load_partial(a + i, rem), V::load_partial(b + i, rem), a0);
+    }
+    return V::hsum(V::add(V::add(a0, a1), V::add(a2, a3)));
+  }
+
+  static void axpy(float a, const float* x, float* y, int64_t n) {
+    F av = V::set1(a);
+    int64_t i = 0;
+    for (; i + 2 * L <= n; i += 2 * L) {
+      V::store(y + i, V::fma(av, V::load(x + i), V::load(y + i)));
+      V::store(y + i + L, V::fma(av, V::load(x + i + L), V::load(y + i + L)));
+    }
+    for (; i + L <= n; i += L) V::store(y + i, V::fma(av, V::load(x + i), V::load(y + i)));
+    if (i < n) {
+      int rem = static_cast<int>(n - i);
+      V::store_partial(y + i, V::fma(av, V::load_partial(x + i, rem), V::load_partial(y + i, rem)),
+                       rem);
+    }
+  }
+
+  static KernelTable table(const char* name) {
+    KernelTable t{};
+    t.name = name;
+    t.matmul[static_cast<int>(WeightFormat::kF32)] = &matmul<WeightFormat::kF32>;
+    t.matmul[static_cast<int>(WeightFormat::kBF16)] = &matmul<WeightFormat::kBF16>;
+    t.matmul[static_cast<int>(WeightFormat::kMXFP4)] = &matmul<WeightFormat::kMXFP4>;
+    t.matmul[static_cast<int>(WeightFormat::kInt8)] = &matmul<WeightFormat::kInt8>;
+    t.matmul_t[static_cast<int>(WeightFormat::kF32)] = &matmul_t<WeightFormat::kF32>;
+    t.matmul_t[static_cast<int>(WeightFormat::kBF16)] = &matmul_t<WeightFormat::kBF16>;
+    t.matmul_t[static_cast<int>(WeightFormat::kMXFP4)] = &matmul_t<WeightFormat::kMXFP4>;
+    t.matmul_t[static_cast<int>(WeightFormat::kInt8)] = &matmul_t<WeightFormat::kInt8>;
+    t.dot = &dot;
+    t.axpy = &axpy;
+    return t;
+  }
+};
+
+}  // namespace
+}  // namespace deltafin::kernels

@@ -1,0 +1,117 @@
+// AVX-512 kernels (x86-64), compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+// for this file only. The build machine has no AVX-512, so this file is deliberately thin: the
+// algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON tables run in the tests;
+// only the 16-lane traits below are specific (loads, masked tails via __mmask16, a fixed-order
+// 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8/MXFP4 decoders mirroring the AVX2 ones, MXFP4 four
+// groups per vector). With 32 zmm registers the tiles are 6x4 (plain) and 2x4 (+ 2 x 2x4 partial
+// sums, MXFP4). Run
+// `tests/deltafin_tests --gtest_filter='Kernels*'` on an AVX-512 machine to check it.
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's avx512fintrin.h builds _mm512_undefined_*() from a self-initialised variable, which
+// -Wuninitialized reports wherever such an intrinsic is inlined (GCC bug 105593). This file only.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include "kernels/kernels.h"
+#include "kernels/simd_impl.h"
+
+namespace deltafin::kernels {
+namespace {
+
+struct Avx512 {
+  using F = __m512;
+  static constexpr int L = 16;
+  static constexpr int kMR = 6, kNR = 4;
+  static constexpr int kMxMR = 2, kMxNR = 4;
+  static constexpr int kNB = 32;              // panel rows (decoded weights)
+  static constexpr int kMB = 96;
+  static constexpr int64_t kKB = 512;
+  static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 64 columns
+  static constexpr int gemv_rows(int) { return 4; }
+  static constexpr int gemv_rows_mx(int) { return 4; }
+
+  DF_ALWAYS_INLINE static void prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  }
+  DF_ALWAYS_INLINE static void in_register(F& v) { asm("" : "+v"(v)); }
+  DF_ALWAYS_INLINE static F zero() { return _mm512_setzero_ps(); }
+  DF_ALWAYS_INLINE static F set1(float v) { return _mm512_set1_ps(v); }
+  DF_ALWAYS_INLINE static F load(const float* p) { return _mm512_loadu_ps(p); }
+  DF_ALWAYS_INLINE static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  DF_ALWAYS_INLINE static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  // Lanes [0, n) from p, zeros elsewhere; masked-off lanes are not accessed.
+  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+  DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  DF_ALWAYS_INLINE static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  DF_ALWAYS_INLINE static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  DF_ALWAYS_INLINE static F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  // Fixed tree: lanes i + (i + 8), then the AVX2 tree on the 8 sums.
+  DF_ALWAYS_INLINE static float hsum(F v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    return _mm_cvtss_f32(t);
+  }
+  DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
+  }
+  // MXFP4, four groups (128 columns, 64 bytes) at a time, exactly as the AVX2 decoder does two:
+  // each 128-bit lane decodes one group (pshufb of doubled E2M1 + 12, unpacks next to 0x00 0x4B
+  // bytes = 2^23 + value + 12, one subtraction). Vector v, lane l holds column mx_column(v, l):
+  // lanes 4g..4g+3 belong to group g.
+  static constexpr int kMxGroups = 4;
+  static constexpr bool kMxPermuted = true;
+  static constexpr int mx_column(int v, int l) {
+    return 32 * (l / 4) + (v / 4) + 8 * (v % 4) + 2 * (l % 4);
+  }
+  DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11,
+                                                             10, 9, 8, 6, 4, 0));
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i magic = _mm512_set1_epi16(0x4B00);
+    const F off = _mm512_set1_ps(8388608.0f + 12.0f);
+    __m512i b = _mm512_loadu_si512(p);
+    __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, nib));                        // even
+    __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));  // odd
+    const __m512i w[4] = {_mm512_unpacklo_epi8(lo, zero), _mm512_unpackhi_epi8(lo, zero),
+                          _mm512_unpacklo_epi8(hi, zero), _mm512_unpackhi_epi8(hi, zero)};
+    for (int j = 0; j < 4; ++j) {
+      const int v = (j / 2) * 4 + (j % 2) * 2;
+      out[v] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(w[j], magic)), off);
+      out[v + 1] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(w[j], magic)), off);
+    }
+  }
+  // The half scales of the four groups, matching the lanes of mx_decode.
+  DF_ALWAYS_INLINE static F mx_scales_f(const float* s) {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(s)));
+  }
+  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) {
+    const float s[4] = {kHalfScale.v[e[0]], kHalfScale.v[e[1]], kHalfScale.v[e[2]],
+                        kHalfScale.v[e[3]]};
+    return mx_scales_f(s);
+  }
+};
+
+}  // namespace
+
+// Called by dispatch.cpp only after it has checked the CPU (this file's code must not run first).
+const KernelTable& avx512_kernels() {
+  static const KernelTable t = Impl<Avx512>::table("avx512");
+  return t;
+}
+
+}  // namespace deltafin::kernels

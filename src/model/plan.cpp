@@ -1,0 +1,178 @@
+#include "model/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/sysinfo.h"
+#include "model/checkpoint.h"
+#include "model/inventory.h"
+#include "model/weights.h"
+
+namespace deltafin {
+
+namespace {
+constexpr uint64_t kAlign = 4096;
+uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / 1073741824.0); }
+
+// RAM a unit of tensors needs: file bytes (bf16) or int8 bytes for its BF16 matrices.
+uint64_t unit_ram(const Checkpoint& ck, const std::vector<std::string>& names, TrunkFormat f, bool& any_int8) {
+  uint64_t n = 0;
+  for (const auto& name : names) {
+    const TensorInfo& t = ck.get(name);
+    const bool matrix = t.shape.size() == 2 && t.dtype == DType::kBF16 && t.shape[0] > 1;
+    if (f == TrunkFormat::kInt8 && matrix && name != "language_model.model.embed_tokens.weight") {
+      n += int8_bytes(t.shape[0], t.shape[1]);
+      any_int8 = true;
+    } else {
+      n += t.nbytes;
+    }
+  }
+  return n;
+}
+}  // namespace
+
+uint64_t default_memory_budget() {
+  uint64_t avail = physical_memory_bytes();
+  uint64_t cg = cgroup_memory_limit_bytes();
+  if (cg > 0 && (avail == 0 || cg < avail)) avail = cg;
+  return avail / 4 * 3;
+}
+
+uint64_t state_bytes(const ModelConfig& c, int64_t context) {
+  const uint64_t kda = static_cast<uint64_t>(c.kda.num_heads * c.kda.head_dim * c.kda.head_dim +
+                                             (c.kda.conv_kernel - 1) * 3 * c.kda.proj_dim()) * 4;
+  const uint64_t mla = static_cast<uint64_t>(c.mla.cache_width() * context) * 4;
+  return kda * static_cast<uint64_t>(c.num_kda_layers()) + mla * static_cast<uint64_t>(c.num_mla_layers());
+}
+
+uint64_t MemoryPlan::streamed_bytes_per_pass() const {
+  uint64_t n = 0;
+  for (size_t i = 0; i < resident.size(); ++i) {
+    if (!resident[i]) n += unit_file_bytes[i];
+  }
+  return n;
+}
+
+std::string MemoryPlan::describe() const {
+  size_t n_res = 0;
+  for (bool r : resident) n_res += r;
+  std::string s = fmt::format("[plan] memory budget {}: fixed {} (state {} for {} sequence(s) x {} positions, buffers {}, "
+                              "overhead {}{})\n",
+                              gib(budget), gib(fixed_bytes()), gib(state_bytes), sequences, context, gib(buffer_bytes),
+                              gib(overhead_bytes), router_bytes ? ", routers for prefetch " + gib(router_bytes) : "");
+  s += fmt::format("[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
+                   trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(), gib(trunk_resident_bytes),
+                   gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes));
+  s += fmt::format("[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}",
+                   gib(expert_cache_bytes), expert_slot_bytes ? expert_cache_bytes / expert_slot_bytes : 0,
+                   fmt::format("{:.1f} MiB", expert_slot_bytes / 1048576.0),
+                   all_experts_bytes ? 100.0 * static_cast<double>(expert_cache_bytes) / static_cast<double>(all_experts_bytes) : 0.0,
+                   gib(all_experts_bytes), gib(min_working_set));
+  return s;
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOptions& o) {
+  MemoryPlan p;
+  p.budget = o.budget > 0 ? o.budget : default_memory_budget();
+  p.context = o.context > 0 ? std::min(o.context, c.max_positions) : std::min<int64_t>(c.max_positions, 8192);
+  p.sequences = std::max(1, o.sequences);
+  p.trunk = o.trunk;
+  p.prefetch = o.prefetch && c.num_moe_layers() > 1;
+  p.state_bytes = state_bytes(c, p.context) * static_cast<uint64_t>(p.sequences);
+  const int64_t rows = std::max<int64_t>(o.max_rows, p.sequences);
+  const int64_t anchors = (c.num_layers + c.attn_res_block - 1) / c.attn_res_block + 1;
+  const int64_t wide = std::max({c.dense_intermediate, c.moe.shared_intermediate(), c.moe.intermediate});
+  const int64_t per_row = c.hidden * (anchors + 8) + 8 * c.kda.proj_dim() + 3 * wide +
+                          2 * c.moe.top_k * c.moe.latent_dim + c.moe.num_experts;
+  p.buffer_bytes = static_cast<uint64_t>(rows * per_row) * 4 + static_cast<uint64_t>(p.sequences * c.vocab) * 4;
+  p.overhead_bytes = 32ull << 20;
+  // Units.
+  bool any_int8 = false;
+  const int L = static_cast<int>(c.num_layers);
+  for (int i = 0; i <= L; ++i) {
+    auto names = i < L ? layer_trunk_tensors(c, i, ck) : head_tensors(c);
+    uint64_t file = 0;
+    for (const auto& n : names) file += ck.get(n).nbytes;
+    p.unit_file_bytes.push_back(align_up(file + 2 * kAlign * names.size()));
+    p.unit_bytes.push_back(unit_ram(ck, names, o.trunk, any_int8));
+  }
+  if (p.prefetch) {
+    for (int i = static_cast<int>(c.first_k_dense); i < L; ++i) {
+      for (const auto& n : router_tensors(i)) p.router_bytes += ck.get(n).nbytes;
+    }
+  }
+  // Experts.
+  if (c.num_moe_layers() > 0) {
+    const std::string e0 = expert_prefix(c.first_k_dense, 0);
+    uint64_t eb = 0;
+    for (const auto& s : expert_tensor_suffixes(c.quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16)) {
+      if (const TensorInfo* t = ck.find(e0 + s)) eb += t->nbytes;
+    }
+    p.expert_slot_bytes = o.expert_slot_bytes > 0 ? o.expert_slot_bytes : align_up(eb + 2 * kAlign);
+    p.all_experts_bytes = p.expert_slot_bytes * static_cast<uint64_t>(c.moe.num_experts * c.num_moe_layers());
+  }
+  const uint64_t min_experts = p.expert_slot_bytes * static_cast<uint64_t>(c.num_moe_layers() > 0 ? c.moe.top_k : 0);
+  const uint64_t largest = *std::max_element(p.unit_file_bytes.begin(), p.unit_file_bytes.end());
+  p.min_working_set = p.fixed_bytes() + 2 * largest + min_experts;
+  if (p.budget < p.min_working_set) {
+    fail_arg("memory budget {} is below the minimum working set of {} for this model (fixed costs {}, two buffers "
+             "of its largest trunk layer {}, the {} experts of one pass {}); raise --memory-budget or lower the "
+             "context / parallel sequences",
+             gib(p.budget), gib(p.min_working_set), gib(p.fixed_bytes()), gib(2 * largest), c.moe.top_k, gib(min_experts));
+  }
+  // Trunk residency: everything if it fits beside the minimum expert cache; else the largest
+  // layer prefix-in-order that leaves room for the stream buffers.
+  uint64_t all_trunk = 0;
+  for (auto b : p.unit_bytes) all_trunk += b;
+  p.resident.assign(p.unit_bytes.size(), false);
+  const uint64_t avail = p.budget - p.fixed_bytes() - min_experts;
+  if (all_trunk <= avail) {
+    std::fill(p.resident.begin(), p.resident.end(), true);
+    p.trunk_resident_bytes = all_trunk;
+  } else {
+    // The two stream buffers are sized by the largest streamed unit, so keeping the largest
+    // units resident can free more room than it takes. Try every "the k largest are resident"
+    // start, fill the rest greedily by size, and keep the split with the most resident bytes.
+    const size_t n = p.unit_bytes.size();
+    std::vector<size_t> by_size(n);
+    for (size_t i = 0; i < n; ++i) by_size[i] = i;
+    std::sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return p.unit_file_bytes[a] > p.unit_file_bytes[b]; });
+    uint64_t best_used = 0, best_buffers = 0;
+    std::vector<bool> best(n, false);
+    for (size_t k = 0; k < n; ++k) {
+      std::vector<bool> res(n, false);
+      uint64_t used = 0;
+      for (size_t j = 0; j < k; ++j) {
+        res[by_size[j]] = true;
+        used += p.unit_bytes[by_size[j]];
+      }
+      const uint64_t buffers = 2 * p.unit_file_bytes[by_size[k]];  // largest streamed: unit k
+      if (used + buffers > avail) continue;
+      for (size_t j = k + 1; j < n; ++j) {
+        if (used + p.unit_bytes[by_size[j]] + buffers <= avail) {
+          res[by_size[j]] = true;
+          used += p.unit_bytes[by_size[j]];
+        }
+      }
+      if (used > best_used || best_buffers == 0) {
+        best_used = used;
+        best_buffers = buffers;
+        best = res;
+      }
+    }
+    p.resident = best;
+    p.trunk_resident_bytes = best_used;
+    p.stream_buffer_bytes = best_buffers;
+  }
+  const uint64_t rest = p.budget - p.fixed_bytes() - p.trunk_resident_bytes - p.stream_buffer_bytes;
+  p.expert_cache_bytes = std::min(rest, p.all_experts_bytes);
+  if (p.expert_slot_bytes > 0) p.expert_cache_bytes = p.expert_cache_bytes / p.expert_slot_bytes * p.expert_slot_bytes;
+  (void)any_int8;
+  return p;
+}
+
+}  // namespace deltafin

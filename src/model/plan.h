@@ -1,0 +1,69 @@
+// The memory planner: divides a RAM budget among fixed costs (sequence states, activation
+// buffers, tokenizer and process overhead, the routers kept for prefetch), trunk units kept
+// resident, the double buffers that stream the rest, and the expert cache. Resident trunk
+// comes before expert cache: a resident trunk byte saves one read per pass, a cached expert
+// byte far less (K3's routing is flat), so the planner keeps as much trunk as fits next to the
+// smallest workable expert cache and gives the remainder to experts. A budget below the
+// minimum working set is refused with the minimum stated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace deltafin {
+
+class Checkpoint;
+
+enum class TrunkFormat { kBF16, kInt8 };
+
+struct PlanOptions {
+  uint64_t budget = 0;          // 0 = default_memory_budget()
+  int sequences = 1;            // states kept at once (server: parallel + cached conversations)
+  int64_t context = 0;          // positions per sequence the MLA cache must hold (0 = min(model, 8192))
+  int64_t max_rows = 256;       // rows per forward pass (prefill chunk / batch)
+  bool prefetch = true;         // keep every MoE layer's router resident for prediction
+  TrunkFormat trunk = TrunkFormat::kBF16;
+  uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
+};
+
+struct MemoryPlan {
+  uint64_t budget = 0;
+  int64_t context = 0;
+  int sequences = 0;
+  uint64_t state_bytes = 0;     // all sequences
+  uint64_t buffer_bytes = 0;    // activations of one pass
+  uint64_t overhead_bytes = 0;  // tokenizer, allocator slack
+  uint64_t router_bytes = 0;    // prefetch roster
+  uint64_t fixed_bytes() const { return state_bytes + buffer_bytes + overhead_bytes + router_bytes; }
+  // Trunk units: 0..L-1 are the layers, L is the head (LM head + output norms).
+  std::vector<uint64_t> unit_bytes;      // as stored in RAM (int8 when TrunkFormat::kInt8)
+  std::vector<uint64_t> unit_file_bytes; // as read from the checkpoint
+  std::vector<bool> resident;
+  uint64_t trunk_resident_bytes = 0;
+  uint64_t stream_buffer_bytes = 0;  // two buffers of the largest streamed unit
+  uint64_t expert_cache_bytes = 0;
+  uint64_t expert_slot_bytes = 0;
+  uint64_t all_experts_bytes = 0;
+  uint64_t min_working_set = 0;
+  TrunkFormat trunk = TrunkFormat::kBF16;
+  bool prefetch = true;
+
+  uint64_t streamed_bytes_per_pass() const;
+  std::string describe() const;
+};
+
+// 75% of the physical memory or of the cgroup limit, whichever is smaller.
+uint64_t default_memory_budget();
+// Memory this process uses outside the budget (code, libraries, allocator, page tables): what
+// peak RSS may exceed the budget by.
+constexpr uint64_t kFixedOverheadBytes = 96ull << 20;
+
+MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOptions& o);
+
+// Bytes of one sequence's State holding `context` positions.
+uint64_t state_bytes(const ModelConfig& c, int64_t context);
+
+}  // namespace deltafin

@@ -1,0 +1,230 @@
+// End-to-end tests of `deltafin run` and `deltafin chat` through the real binary.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "model/checkpoint.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+
+namespace deltafin {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A tiny model with a tokenizer, made once per test process.
+const std::string& tiny_with_tokenizer() {
+  static const std::string dir = [] {
+    std::string d = test::temp_dir("tinytok") + "/model";
+    make_model(d, synthetic_preset("tiny"));
+    return d;
+  }();
+  return dir;
+}
+
+json run_json(const std::vector<std::string>& args) {
+  std::vector<std::string> full = {"run", "--json"};
+  full.insert(full.end(), args.begin(), args.end());
+  auto r = test::run_deltafin(full);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out);
+}
+
+TEST(CliRun, GreedyReproducesTheGoldenContinuation) {
+  auto c = json::parse(test::slurp(test::data_dir() + "/k3-tiny-mxfp4/case.json"));
+  std::string prompt, expect;
+  for (auto& t : c["greedy_prompt"]) {
+    if (!prompt.empty()) prompt += ',';
+    prompt += std::to_string(t.get<int>());
+  }
+  for (auto& t : c["greedy_continuation"]) {
+    if (!expect.empty()) expect += ' ';
+    expect += std::to_string(t.get<int>());
+  }
+  auto r = test::run_deltafin({"run", "--model", test::data_dir() + "/k3-tiny-mxfp4/model", "--prompt-ids", prompt,
+                               "--max-new", std::to_string(c["greedy_continuation"].size())});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, expect + "\n");
+}
+
+TEST(CliRun, SeededSamplingIsReproducible) {
+  std::vector<std::string> a = {"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "12",
+                                "--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--seed", "42"};
+  auto x = run_json(a), y = run_json(a);
+  EXPECT_EQ(x["completion_ids"], y["completion_ids"]);
+  EXPECT_EQ(x["seed"], 42);
+  a.back() = "43";
+  auto z = run_json(a);
+  EXPECT_NE(x["completion_ids"], z["completion_ids"]);
+  // Greedy is the default and needs no seed.
+  auto g1 = run_json({"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "8"});
+  auto g2 = run_json({"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "8"});
+  EXPECT_EQ(g1["completion_ids"], g2["completion_ids"]);
+}
+
+TEST(CliRun, MaxNewAndJsonStatsAreConsistent) {
+  auto j = run_json({"--model", tiny_with_tokenizer(), "--prompt", "Hello", "--max-new", "9"});
+  for (const char* k : {"prompt_ids", "completion_ids", "text", "prompt_tokens", "completion_tokens", "prefill_s",
+                        "ttft_s", "decode_s", "decode_tokens_per_s", "s_per_token", "stop_reason", "draft_proposed",
+                        "draft_accepted", "expert_hits", "expert_misses", "bytes_read", "peak_rss_bytes"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["completion_tokens"], 9);
+  EXPECT_EQ(j["completion_ids"].size(), 9u);
+  EXPECT_EQ(j["stop_reason"], "length");
+  EXPECT_EQ(j["prompt_tokens"], j["prompt_ids"].size());
+  const double rate = j["decode_tokens_per_s"], el = j["decode_s"];
+  EXPECT_NEAR(rate * el, 8.0, 0.01);  // decode excludes the first token
+  EXPECT_NEAR(j["s_per_token"].get<double>() * rate, 1.0, 1e-6);
+  EXPECT_GE(j["ttft_s"].get<double>(), j["prefill_s"].get<double>());
+  EXPECT_GT(j["peak_rss_bytes"].get<double>(), 0);
+  EXPECT_EQ(j["draft_proposed"], 0);
+}
+
+TEST(CliRun, StopStringEndsTheTextBeforeIt) {
+  // Pick a stop string from the greedy output, then rerun with it.
+  auto full = run_json({"--model", tiny_with_tokenizer(), "--prompt-ids", "72,101,108,108,111", "--max-new", "40"});
+  std::string text = full["text"];
+  ASSERT_GE(text.size(), 12u);
+  std::string stop = text.substr(6, 3);
+  auto cut = run_json({"--model", tiny_with_tokenizer(), "--prompt-ids", "72,101,108,108,111", "--max-new", "40",
+                       "--stop", stop});
+  EXPECT_EQ(cut["stop_reason"], "stop_string");
+  EXPECT_EQ(cut["text"], text.substr(0, text.find(stop)));
+}
+
+// Copies the tiny model and makes its LM head favour `target` wherever it favoured `winner`.
+std::string model_that_emits(int winner, int target) {
+  std::string dir = test::temp_dir("eos") + "/model";
+  fs::copy(tiny_with_tokenizer(), dir, fs::copy_options::recursive);
+  auto ck = Checkpoint::open(dir);
+  const TensorInfo head = ck->get("language_model.lm_head.weight");  // a copy: ck is closed below
+  const uint64_t row = head.nbytes / head.shape[0];
+  std::string path = ck->shards()[head.shard].path();
+  ck.reset();
+  std::string bytes = test::slurp(path);
+  std::string w = bytes.substr(head.offset + winner * row, row);
+  // 4 x the winner's row (bf16: add 2 to the exponent of every non-zero element).
+  for (size_t i = 0; i + 1 < w.size(); i += 2) {
+    uint16_t h;
+    std::memcpy(&h, w.data() + i, 2);
+    if ((h & 0x7fff) != 0) h = static_cast<uint16_t>(h + (2 << 7));
+    std::memcpy(w.data() + i, &h, 2);
+  }
+  bytes.replace(head.offset + target * row, row, w);
+  test::spit(path, bytes);
+  return dir;
+}
+
+TEST(CliRun, StopsAtEndOfTurnAndEos) {
+  auto first = run_json({"--model", tiny_with_tokenizer(), "--chat", "--prompt", "hi", "--max-new", "1"});
+  const int winner = first["completion_ids"][0];
+  const int eom = 256 + 2;  // <|end_of_msg|> in the synthetic tokenizer (K3's offset)
+  auto dir = model_that_emits(winner, eom);
+  auto chat = run_json({"--model", dir, "--chat", "--prompt", "hi", "--max-new", "20"});
+  EXPECT_EQ(chat["stop_reason"], "end_of_turn");
+  EXPECT_EQ(chat["completion_ids"].back(), eom);
+  EXPECT_LT(chat["completion_tokens"].get<int>(), 20);
+  // Raw completion stops at the config's eos_token_id (here <|end_of_msg|> too).
+  auto raw = run_json({"--model", dir, "--prompt", "hi", "--max-new", "40"});
+  if (raw["completion_ids"].back() == eom) {
+    EXPECT_EQ(raw["stop_reason"], "stop_token");
+  }
+}
+
+TEST(CliRun, SigintStopsCleanlyWithStats) {
+  test::Child c({"run", "--model", tiny_with_tokenizer(), "--prompt-ids", "1,2,3", "--max-new", "100000", "--stats"});
+  std::string out = c.wait_stdout("\xef", 30);  // some output has streamed
+  (void)out;
+  c.signal(SIGINT);
+  auto r = c.wait(60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("stop: cancelled"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[stats] decode"), std::string::npos) << r.err;
+}
+
+TEST(CliRun, BadArgumentsGiveOneLineErrors) {
+  const std::string m = tiny_with_tokenizer(), g = test::data_dir() + "/k3-tiny-mxfp4/model";
+  std::vector<std::vector<std::string>> cases = {
+      {"run", "--model", m, "--bogus"},
+      {"run", "--model", m},
+      {"run", "--model", m, "--prompt", "a", "--prompt-ids", "1"},
+      {"run", "--model", m, "--prompt-ids", "1,x"},
+      {"run", "--model", m, "--prompt-ids", "1,99999"},
+      {"run", "--model", m, "--prompt", "a", "--temperature", "-1"},
+      {"run", "--model", m, "--prompt", "a", "--top-p", "0"},
+      {"run", "--model", m, "--prompt", "a", "--max-new", "-3"},
+      {"run", "--model", m, "--chat", "--prompt", "a", "--effort", "medium"},
+      {"run", "--model", m, "--chat", "--prompt", "a", "--think", "maybe"},
+      {"run", "--model", m, "--prompt", "a", "--system", "s"},
+      {"run", "--model", "/nonexistent/folder", "--prompt", "a"},
+      {"run", "--model", g, "--prompt", "needs a tokenizer"},
+      {"run", "--model", m, "--prompt-file", "/nonexistent/file"},
+      {"chat", "--model", g},
+      {"logits", "--model", g, "--tokens", "1", "--out", "/tmp/x", "--mode", "split:9"},
+      {"nosuchcommand"},
+      {},
+  };
+  for (const auto& args : cases) {
+    auto r = test::run_deltafin(args);
+    std::string joined;
+    for (auto& a : args) {
+      joined += a;
+      joined += ' ';
+    }
+    EXPECT_NE(r.exit_code, 0) << joined;
+    EXPECT_EQ(r.err.rfind("deltafin: ", 0), 0u) << joined << " -> " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << joined << " -> " << r.err;
+  }
+}
+
+TEST(CliChat, ThreeTurnsReuseTheState) {
+  auto r = test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "6", "--stats"},
+                              "Hello there\nSecond turn\n/stats\nThird turn\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Turn 1 prefills everything; turns 2 and 3 reuse the kept state and prefill only new tokens.
+  auto first = r.err.find("[stats] full prefill of the conversation");
+  ASSERT_NE(first, std::string::npos) << r.err;
+  size_t reused = 0, pos = 0;
+  while ((pos = r.err.find("reused from the kept state", pos)) != std::string::npos) {
+    ++reused;
+    ++pos;
+  }
+  EXPECT_GE(reused, 2u) << r.err;
+  EXPECT_NE(r.err.find("[session] 2 turns"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("[stats] full prefill", first + 1), std::string::npos) << r.err;
+}
+
+TEST(CliChat, SaveLoadAndSettingsChangesFallBackToFullPrefill) {
+  std::string file = test::temp_dir("chatsave") + "/conv.json";
+  auto r = test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "4", "--stats"},
+                              "First\n/save " + file + "\n/effort low\nSecond\n/load " + file + "\nThird\n/quit\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto saved = json::parse(test::slurp(file));
+  ASSERT_EQ(saved["messages"].size(), 2u);
+  EXPECT_EQ(saved["messages"][0]["role"], "user");
+  EXPECT_EQ(saved["messages"][0]["content"], "First");
+  EXPECT_EQ(saved["messages"][1]["role"], "assistant");
+  size_t full = 0, pos = 0;
+  while ((pos = r.err.find("full prefill of the conversation", pos)) != std::string::npos) ++full, ++pos;
+  EXPECT_EQ(full, 3u) << r.err;  // first turn, after /effort, after /load
+}
+
+TEST(CliRun, DemoModelIsMadeOnFirstUse) {
+  std::string cache = test::temp_dir("democache");
+  setenv("DELTAFIN_CACHE", cache.c_str(), 1);
+  unsetenv("DELTAFIN_MODEL");
+  auto r = test::run_deltafin({"run", "--prompt", "The capital of France is", "--max-new", "5", "--stats"});
+  unsetenv("DELTAFIN_CACHE");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("random-weight model with the real K3 architecture"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[stats] decode 4 tokens"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(cache + "/demo-tiny/tiktoken.model"));
+}
+
+}  // namespace
+}  // namespace deltafin
