@@ -620,7 +620,13 @@ TEST_F(Server, QueueFullIs429AndDisconnectFreesTheSlot) {
   }
   EXPECT_EQ(next.status, 200) << next.body;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
-  auto metrics = get(*cli_, "/metrics").body;
+  // Gauges are set after each engine step: poll briefly.
+  std::string metrics;
+  for (int i = 0; i < 40; ++i) {
+    metrics = get(*cli_, "/metrics").body;
+    if (metrics.find("deltafin_active_sequences 0") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
   EXPECT_NE(metrics.find("deltafin_active_sequences 0"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("status=\"429\""), std::string::npos);
 }
@@ -779,7 +785,12 @@ TEST_F(Server, MetricsExposition) {
   start();
   post_json(*cli_, "/v1/completions", completion_body("hi", 3));
   get(*cli_, "/nope");
-  auto r = get(*cli_, "/metrics");
+  HttpResult r;
+  for (int i = 0; i < 40; ++i) {  // gauges are set after each engine step
+    r = get(*cli_, "/metrics");
+    if (r.body.find("deltafin_active_sequences 0") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
   ASSERT_EQ(r.status, 200);
   EXPECT_NE(r.headers.find("Content-Type")->second.find("text/plain"), std::string::npos);
   for (const char* name :

@@ -19,7 +19,9 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/config.h"
 #include "model/model.h"
+#include "model/plan.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 
@@ -71,6 +73,10 @@ void run_serve(ServeArgs& a) {
   const uint64_t max_body = digits ? std::stoull(a.max_request_bytes) : parse_size(a.max_request_bytes, "--max-request-bytes");
   if (max_body == 0) fail_arg("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
+  if (a.ctx > 0) {
+    const ModelConfig cfg = load_config(a.engine.model);
+    if (a.ctx > cfg.max_positions) fail_arg("--ctx {} exceeds the model's context of {} positions", a.ctx, cfg.max_positions);
+  }
   if (!has_tokenizer(a.engine.model)) {
     fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); the server needs one", a.engine.model);
   }
@@ -123,16 +129,19 @@ void run_serve(ServeArgs& a) {
              v6 ? "]" : "", port);
   http.start();
 
+  // The memory plan reserves a full-context state for every active sequence and every kept
+  // conversation, and rows for every sequence's prefill chunk in one pass.
+  if (a.ctx > 0) a.engine.ctx = a.ctx;
+  a.engine.sequences = a.parallel + a.cache;
+  a.engine.max_rows = static_cast<int64_t>(a.parallel) * a.prefill_chunk;
   auto model = load_model(a.engine);
   const auto& cfg = model->config();
   if (tok.vocab_size() > cfg.vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), cfg.vocab);
   }
   int64_t context = cfg.max_positions;
-  if (a.ctx > 0) {
-    if (a.ctx > cfg.max_positions) fail_arg("--ctx {} exceeds the model's context of {} positions", a.ctx, cfg.max_positions);
-    context = a.ctx;
-  }
+  if (a.ctx > 0) context = a.ctx;
+  if (model->plan()) context = std::min(context, model->plan()->context);  // what the memory plan holds
   server::ServeLimits limits;
   limits.model_id = a.model_id;
   limits.aliases = a.aliases;
@@ -158,6 +167,10 @@ void run_serve(ServeArgs& a) {
              a.engine.model, a.model_id, a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
              context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout, a.cache,
              a.api_key.empty() ? "" : ", API key required");
+  if (model->plan()) {
+    fmt::print(stderr, "deltafin serve: the memory plan holds {} states of up to {} ({} active + {} kept conversations)\n",
+               model->plan()->sequences, human_bytes(static_cast<double>(state_bytes(cfg, context))), a.parallel, a.cache);
+  }
 
   {
     std::unique_lock<std::mutex> lock(m);
@@ -188,7 +201,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-tokens", a->max_tokens, "Ceiling for max_tokens (default: the context)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-request-bytes", a->max_request_bytes, "Largest request body (e.g. 16M; beyond: 413)")
       ->capture_default_str();
-  cmd->add_option("--ctx", a->ctx, "Context in tokens (default: the model's max_position_embeddings)")
+  cmd->add_option("--ctx", a->ctx, "Context in tokens, up to the model's max_position_embeddings (default: what the "
+                  "memory planner takes, min(model, 8192))")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache", a->cache, "Conversation states kept for reuse (0 = off)")->capture_default_str()
       ->check(CLI::Range(0, 1024));
