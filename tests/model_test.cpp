@@ -96,7 +96,9 @@ TEST(Golden, PerChannelALogReadingFailsTheGoldenCase) {
 class KdaChunk : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(KdaChunk, MatchesStepwiseOutputsAndState) {
-  const auto [dk, T] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in the lambdas below.
+  const int dk = std::get<0>(GetParam());
+  const int T = std::get<1>(GetParam());
   const int64_t dv = dk;
   std::mt19937 rng(7 + dk * 131 + T);
   std::normal_distribution<float> n01(0, 1);

@@ -55,7 +55,7 @@ class ChatSession {
   ChatRequest request(bool generation_prompt) const;
   std::vector<int32_t> closing_ids(const Generation& g) const;
 
-  Model& model_;
+  [[maybe_unused]] Model& model_;  // not read yet: silences clang -Wunused-private-field
   const Tokenizer& tok_;
   State state_;
   std::vector<ChatMessage> messages_;

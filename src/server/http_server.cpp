@@ -30,6 +30,14 @@ using namespace std::chrono_literals;
 constexpr auto kPoll = 50ms;            // how often a waiting handler probes its client
 constexpr double kKeepAliveS = 10.0;    // SSE comment after this long without output
 constexpr size_t kMaxPath = 2048;
+// The engine ends a request at its deadline at the next step; if a step never ends (a wedged
+// read), the handler gives up this long after the deadline so the client still hears back.
+constexpr double kHandlerGraceS = 60.0;
+
+ApiError handler_timeout() {
+  return ApiError(504, "the request did not finish within the server's time limit (--timeout); the engine is busy",
+                  "timeout_error", std::nullopt, "timeout");
+}
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
@@ -293,6 +301,11 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
       throw *snap.error;
     }
     if (snap.phase == JobPhase::done || (stream && snap.phase == JobPhase::running)) break;
+    if (now_seconds() > x->job->deadline + kHandlerGraceS) {
+      sched->cancel(x->job);
+      log_done(*x, 504, "engine did not answer");
+      throw handler_timeout();
+    }
     if (x->probe->closed()) {
       sched->cancel(x->job);
       log_done(*x, 499, "client closed the connection");
@@ -365,6 +378,13 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
           }
           if (snap.phase == JobPhase::done) continue;
           if (x->probe->closed()) return give_up();
+          if (now_seconds() > x->job->deadline + kHandlerGraceS) {
+            x->sched->cancel(x->job);
+            if (!write(sse(handler_timeout().to_json())) || !write(kSseDone)) return false;
+            x->phase = JobPhase::failed;
+            sink.done();
+            return true;
+          }
           if (now_seconds() - last_write > kKeepAliveS) {
             if (!write(": keep-alive\n\n")) return give_up();
             last_write = now_seconds();
