@@ -1,6 +1,10 @@
-// `deltafin bench`: prefill and decode speed on synthetic token ids, with warm-up and
-// repetitions (median, min, max), next to what bounds it: the weight bytes a decoded token
-// streams and the machine's memory bandwidth (its own probe). Figures only; no assertions.
+// `deltafin bench`: prefill and decode speed on synthetic token ids, with a warm-up and
+// repetitions (median, min, max), next to what bounds the run: the weight bytes a decoded token
+// touches in RAM against the measured memory bandwidth, and the bytes it had to fetch from
+// storage against the measured disk bandwidth (an O_DIRECT sequential probe of the model's own
+// files). roofline_s_per_token = max(storage bytes / disk bandwidth, RAM bytes / memory
+// bandwidth) per decoded token — the time a perfectly overlapped run would take — and
+// roofline_ratio = roofline / achieved (1.0 = at the bound). Figures only; no assertions.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@ struct BenchArgs {
   int gen_tokens = 16;
   int reps = 3;
   bool json = false;
+  bool no_disk_probe = false;
 };
 
 struct Summary {
@@ -41,14 +46,38 @@ Summary summarize(std::vector<double> v) {
   return s;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);
-}
+int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 
-void run_bench(const BenchArgs& a) {
+// Counters over the decode phases of all measured repetitions.
+struct DecodeTotals {
+  int64_t tokens = 0, passes = 0, expert_fetches = 0;
+  double seconds = 0;
+  ExpertStats e0, e1;
+  TrunkStats t0, t1;
+  uint64_t storage0 = 0, storage1 = 0;
+  void add_begin(Model& m) {
+    auto e = m.experts().stats();
+    auto t = m.trunk_stats();
+    e0.requests += e.requests, e0.hits += e.hits, e0.bytes_read += e.bytes_read, e0.io_wait_s += e.io_wait_s;
+    e0.prefetch_issued += e.prefetch_issued, e0.prefetch_used += e.prefetch_used, e0.prefetch_wasted_bytes += e.prefetch_wasted_bytes;
+    t0.bytes_streamed += t.bytes_streamed, t0.wait_s += t.wait_s;
+    storage0 += process_storage_read_bytes();
+  }
+  void add_end(Model& m) {
+    auto e = m.experts().stats();
+    auto t = m.trunk_stats();
+    e1.requests += e.requests, e1.hits += e.hits, e1.bytes_read += e.bytes_read, e1.io_wait_s += e.io_wait_s;
+    e1.prefetch_issued += e.prefetch_issued, e1.prefetch_used += e.prefetch_used, e1.prefetch_wasted_bytes += e.prefetch_wasted_bytes;
+    t1.bytes_streamed += t.bytes_streamed, t1.wait_s += t.wait_s;
+    storage1 += process_storage_read_bytes();
+  }
+};
+
+void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
     fail_arg("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
+  a.engine.max_rows = std::max<int64_t>(a.engine.max_rows, a.prompt_tokens);
   auto model = load_model(a.engine);
   const ModelConfig& c = model->config();
   // Deterministic pseudo-random prompt over the ordinary (non-special) ids.
@@ -62,92 +91,152 @@ void run_bench(const BenchArgs& a) {
     t = static_cast<int32_t>(x % static_cast<uint64_t>(ordinary));
   }
   const int64_t V = c.vocab;
-  auto one_run = [&](int gen, double& prefill_s, double& decode_s, int64_t& fetches, int64_t& passes) {
+  DecodeTotals dec;
+  auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
     State st = model->new_state();
     Stopwatch sw;
-    auto logits = model->forward(st, prompt);
+    std::vector<float> logits;
+    for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(a.engine.max_rows)) {
+      const size_t n = std::min(prompt.size() - b, static_cast<size_t>(a.engine.max_rows));
+      logits = model->forward(st, std::span<const int32_t>(prompt.data() + b, n));
+    }
     prefill_s = sw.elapsed();
     int32_t next = argmax(logits.data(), V);
     const int64_t f0 = model->pass_stats().expert_fetches, p0 = model->pass_stats().passes;
+    if (measured) dec.add_begin(*model);
     sw.reset();
     for (int i = 0; i < gen; ++i) {
       auto l = model->forward(st, std::span<const int32_t>(&next, 1));
       next = argmax(l.data(), V);
     }
     decode_s = sw.elapsed();
-    fetches = model->pass_stats().expert_fetches - f0;
-    passes = model->pass_stats().passes - p0;
+    if (measured) {
+      dec.add_end(*model);
+      dec.tokens += gen;
+      dec.seconds += decode_s;
+      dec.expert_fetches += model->pass_stats().expert_fetches - f0;
+      dec.passes += model->pass_stats().passes - p0;
+    }
   };
-  {  // warm-up: page in the weights, spin up the threads
+  {  // warm-up: page in what is resident, fill the caches, spin up the threads
     double p, d;
-    int64_t f, n;
-    one_run(std::min(a.gen_tokens, 2), p, d, f, n);
+    one_run(std::min(a.gen_tokens, 2), p, d, false);
   }
   std::vector<double> prefill_tps, decode_tps;
-  int64_t fetches = 0, passes = 0;
   for (int r = 0; r < a.reps; ++r) {
     double p, d;
-    int64_t f, n;
-    one_run(a.gen_tokens, p, d, f, n);
+    one_run(a.gen_tokens, p, d, true);
     prefill_tps.push_back(a.prompt_tokens / p);
     decode_tps.push_back(a.gen_tokens / d);
-    fetches += f;
-    passes += n;
   }
-  const double experts_per_pass = passes > 0 ? static_cast<double>(fetches) / passes : 0;
-  const double bytes_per_token = static_cast<double>(model->trunk_bytes_per_pass()) +
-                                 experts_per_pass * static_cast<double>(model->expert_bytes());
+  const double n_tok = static_cast<double>(std::max<int64_t>(1, dec.tokens));
+  const double experts_per_pass = dec.passes > 0 ? static_cast<double>(dec.expert_fetches) / dec.passes : 0;
+  const double ram_bytes_per_token = static_cast<double>(model->trunk_bytes_per_pass()) +
+                                     experts_per_pass * static_cast<double>(model->expert_bytes());
+  const double expert_read = static_cast<double>(dec.e1.bytes_read - dec.e0.bytes_read) / n_tok;
+  const double trunk_read = static_cast<double>(dec.t1.bytes_streamed - dec.t0.bytes_streamed) / n_tok;
+  const double storage_read = static_cast<double>(dec.storage1 - dec.storage0) / n_tok;
+  // What this run had to fetch: the store's own reads, or in mmap mode the page-cache misses.
+  const double bytes_read = a.engine.mmap ? storage_read : std::max(expert_read + trunk_read, storage_read);
+  const uint64_t requests = dec.e1.requests - dec.e0.requests, hits = dec.e1.hits - dec.e0.hits;
   const int threads = global_pool().size();
   const double mem_bw = measure_memory_bandwidth(threads);
+  std::vector<std::string> files;
+  for (const auto& s : model->checkpoint().shards()) files.push_back(s.path());
+  const double disk_bw = a.no_disk_probe ? 0.0 : measure_disk_bandwidth(files, a.engine.readers);
   Summary ps = summarize(prefill_tps), ds = summarize(decode_tps);
-  const double eff_bw = bytes_per_token * ds.median;
+  const double achieved = dec.seconds / n_tok;
+  const double disk_time = disk_bw > 0 ? bytes_read / disk_bw : 0.0;
+  const double ram_time = mem_bw > 0 ? ram_bytes_per_token / mem_bw : 0.0;
+  const double roofline = std::max(disk_time, ram_time);
+  const double ratio = achieved > 0 ? roofline / achieved : 0.0;
+  const double io_wait = ((dec.e1.io_wait_s - dec.e0.io_wait_s) + (dec.t1.wait_s - dec.t0.wait_s)) / n_tok;
+  const uint64_t pf_issued = dec.e1.prefetch_issued - dec.e0.prefetch_issued;
+  const uint64_t pf_used = dec.e1.prefetch_used - dec.e0.prefetch_used;
+  const uint64_t pf_wasted = dec.e1.prefetch_wasted_bytes - dec.e0.prefetch_wasted_bytes;
+  auto recall = model->prefetch_recall();
+  uint64_t rh = 0, rr = 0;
+  for (const auto& l : recall) rh += l.predicted_hits, rr += l.requested;
 
+  nlohmann::json j;
+  j["model"] = a.engine.model;
+  j["threads"] = threads;
+  j["kernels"] = kernels::active().name;
+  j["cpu"] = cpu_model_name();
+  j["mode"] = a.engine.mmap ? "mmap" : "store";
+  if (model->plan()) {
+    j["memory_budget_bytes"] = model->plan()->budget;
+    j["expert_cache_bytes"] = model->plan()->expert_cache_bytes;
+    j["trunk_resident_bytes"] = model->plan()->trunk_resident_bytes;
+  }
+  j["prompt_tokens"] = a.prompt_tokens;
+  j["gen_tokens"] = a.gen_tokens;
+  j["reps"] = a.reps;
+  j["prefill_tokens_per_s"] = ps.median;
+  j["prefill_tokens_per_s_min"] = ps.min;
+  j["prefill_tokens_per_s_max"] = ps.max;
+  j["decode_tokens_per_s"] = ds.median;
+  j["decode_tokens_per_s_min"] = ds.min;
+  j["decode_tokens_per_s_max"] = ds.max;
+  j["s_per_token"] = achieved;
+  j["decode_weight_bytes_per_token"] = ram_bytes_per_token;
+  j["decode_experts_per_token"] = experts_per_pass;
+  j["effective_weight_bandwidth_bytes_per_s"] = achieved > 0 ? ram_bytes_per_token / achieved : 0.0;
+  j["memory_bandwidth_bytes_per_s"] = mem_bw;
+  j["disk_bandwidth_bytes_per_s"] = disk_bw;
+  j["bytes_read_per_token"] = bytes_read;
+  j["expert_bytes_read_per_token"] = expert_read;
+  j["trunk_bytes_streamed_per_token"] = trunk_read;
+  j["storage_read_bytes_per_token"] = storage_read;
+  j["expert_hit_rate"] = requests > 0 ? static_cast<double>(hits) / static_cast<double>(requests) : 0.0;
+  j["io_wait_s_per_token"] = io_wait;
+  j["compute_s_per_token"] = std::max(0.0, achieved - io_wait);
+  j["read_gb_per_s"] = achieved > 0 ? bytes_read / achieved / 1e9 : 0.0;
+  j["prefetch_issued"] = pf_issued;
+  j["prefetch_used"] = pf_used;
+  j["prefetch_wasted_bytes"] = pf_wasted;
+  j["prefetch_recall"] = rr > 0 ? static_cast<double>(rh) / static_cast<double>(rr) : 0.0;
+  j["roofline_disk_s_per_token"] = disk_time;
+  j["roofline_memory_s_per_token"] = ram_time;
+  j["roofline_s_per_token"] = roofline;
+  j["roofline_ratio"] = ratio;
+  j["peak_rss_bytes"] = peak_rss_bytes();
   if (a.json) {
-    nlohmann::json j;
-    j["model"] = a.engine.model;
-    j["threads"] = threads;
-    j["kernels"] = kernels::active().name;
-    j["cpu"] = cpu_model_name();
-    j["prompt_tokens"] = a.prompt_tokens;
-    j["gen_tokens"] = a.gen_tokens;
-    j["reps"] = a.reps;
-    j["prefill_tokens_per_s"] = ps.median;
-    j["prefill_tokens_per_s_min"] = ps.min;
-    j["prefill_tokens_per_s_max"] = ps.max;
-    j["decode_tokens_per_s"] = ds.median;
-    j["decode_tokens_per_s_min"] = ds.min;
-    j["decode_tokens_per_s_max"] = ds.max;
-    j["s_per_token"] = ds.median > 0 ? 1.0 / ds.median : 0.0;
-    j["decode_weight_bytes_per_token"] = bytes_per_token;
-    j["decode_experts_per_token"] = experts_per_pass;
-    j["effective_weight_bandwidth_bytes_per_s"] = eff_bw;
-    j["memory_bandwidth_bytes_per_s"] = mem_bw;
-    j["peak_rss_bytes"] = peak_rss_bytes();
     fmt::print("{}\n", j.dump());
     return;
   }
-  fmt::print("model      {} ({} layers, hidden {}, {} experts top-{}, vocab {})\n", a.engine.model,
-             c.num_layers, c.hidden, c.moe.num_experts, c.moe.top_k, c.vocab);
+  fmt::print("model      {} ({} layers, hidden {}, {} experts top-{}, vocab {}), {}\n", a.engine.model, c.num_layers,
+             c.hidden, c.moe.num_experts, c.moe.top_k, c.vocab, model->describe());
   fmt::print("machine    {}, {} threads, kernels {}\n", cpu_model_name(), threads, kernels::active().name);
-  fmt::print("prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n",
-             ps.median, ps.min, ps.max, a.reps, a.prompt_tokens);
-  fmt::print("decode     {:.2f} tokens/s median (min {:.2f}, max {:.2f}), {:.4f} s/token, {} tokens per rep\n",
-             ds.median, ds.min, ds.max, ds.median > 0 ? 1.0 / ds.median : 0.0, a.gen_tokens);
-  fmt::print("weights    {} per decoded token ({:.1f} experts), {:.2f} GB/s effective\n",
-             human_bytes(bytes_per_token), experts_per_pass, eff_bw / 1e9);
-  fmt::print("memory     {:.2f} GB/s measured read bandwidth ({:.0f}% used by decode)\n", mem_bw / 1e9,
-             mem_bw > 0 ? 100.0 * eff_bw / mem_bw : 0.0);
-  fmt::print("peak RSS   {}\n", human_bytes(static_cast<double>(peak_rss_bytes())));
+  fmt::print("prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n", ps.median, ps.min,
+             ps.max, a.reps, a.prompt_tokens);
+  fmt::print("decode     {:.3f} tokens/s median (min {:.3f}, max {:.3f}), {:.4f} s/token, {} tokens per rep\n", ds.median,
+             ds.min, ds.max, achieved, a.gen_tokens);
+  fmt::print("weights    {:.3f} GB touched per decoded token ({:.1f} experts), {:.2f} GB/s effective; memory {:.2f} GB/s\n",
+             ram_bytes_per_token / 1e9, experts_per_pass, achieved > 0 ? ram_bytes_per_token / achieved / 1e9 : 0.0,
+             mem_bw / 1e9);
+  fmt::print("storage    {:.3f} GB read per token (experts {:.3f}, trunk {:.3f}), hit rate {:.1f}%, disk {:.2f} GB/s "
+             "(O_DIRECT probe), I/O wait {:.3f} s/token\n",
+             bytes_read / 1e9, expert_read / 1e9, trunk_read / 1e9,
+             requests > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(requests) : 0.0, disk_bw / 1e9, io_wait);
+  if (pf_issued > 0) {
+    fmt::print("prefetch   recall {:.1f}%, {} issued, {} used, {:.3f} GB wasted\n", rr ? 100.0 * rh / rr : 0.0,
+               pf_issued, pf_used, pf_wasted / 1e9);
+  }
+  fmt::print("roofline   {:.4f} s/token = max(storage {:.4f}, memory {:.4f}); achieved {:.4f} -> ratio {:.2f}\n", roofline,
+             disk_time, ram_time, achieved, ratio);
+  fmt::print("peak RSS   {:.2f} GiB\n", peak_rss_bytes() / 1073741824.0);
 }
 }  // namespace
 
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on synthetic token ids");
+  auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on synthetic token ids, against the roofline");
   add_engine_options(cmd, a->engine);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length")->capture_default_str();
   cmd->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per repetition")->capture_default_str();
   cmd->add_option("--reps", a->reps, "Repetitions (after one warm-up)")->capture_default_str();
+  cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([a] { run_bench(*a); });
 }

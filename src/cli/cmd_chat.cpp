@@ -50,6 +50,7 @@ void run_chat(ChatArgs& a) {
     fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); chat needs one", a.engine.model);
   }
   Tokenizer tok = Tokenizer::load(a.engine.model);
+  a.engine.max_rows = a.gen.prefill_chunk;
   auto model = load_model(a.engine);
   ChatSession session(*model, tok);
   session.set_system(a.system);
@@ -107,6 +108,7 @@ void run_chat(ChatArgs& a) {
       }
       ChatTurn turn = session.begin_user_turn(line);
       GenerationParams params = make_params(a.gen, *model, &tok, /*chat=*/true);
+      if (model->plan()) params.context_limit = model->plan()->context;
       params.start_channel = turn.start;
       Generation gen(turn.input, params, &tok, model->config().vocab, session.state().position());
       StatsRecorder rec(*model);

@@ -39,6 +39,8 @@ void run_run(RunArgs& a) {
              a.engine.model);
   }
   sampling_from(a.gen);  // checked before the (slow) model load
+  // Plan memory for what this run needs: its prompt chunk and its context.
+  a.engine.max_rows = a.gen.prefill_chunk;
   auto model = load_model(a.engine);
   if (tok && tok->vocab_size() > model->config().vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(), model->config().vocab);
@@ -62,6 +64,7 @@ void run_run(RunArgs& a) {
     }
   }
   GenerationParams params = make_params(a.gen, *model, tok ? &*tok : nullptr, a.chat);
+  if (model->plan()) params.context_limit = model->plan()->context;
   params.start_channel = a.think == "on" ? Channel::think : Channel::response;
   if (!a.json) params.top_logprobs = -1;
   Generation gen(prompt, params, tok ? &*tok : nullptr, model->config().vocab);

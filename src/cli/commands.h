@@ -15,6 +15,7 @@ void register_logits(CLI::App& app);
 void register_make_model(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_run(CLI::App& app);
+void register_perplexity(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_serve(CLI::App& app);  // cmd_serve.cpp
 // `deltafin tokenize` (cmd_tokenize.cpp) and `deltafin render` (cmd_render.cpp).

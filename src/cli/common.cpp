@@ -53,6 +53,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
                   "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default 75% of RAM or of the "
                   "cgroup limit. Trunk layers and experts that do not fit are streamed from disk");
   cmd->add_flag("-v,--verbose", o.verbose, "Print the memory plan and the kernel set (always shown on a terminal)");
+  cmd->add_option("--ctx", o.ctx, "Context positions per sequence to plan memory for (default: the model's limit, at "
+                  "most 8192)")->check(non_negative());
   cmd->add_flag("--mmap", o.mmap, "Map the shards and let the page cache page weights in (no budget, no expert store)");
   cmd->add_option("--cache-policy", o.cache_policy, "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of "
                   "earlier runs resident)")->capture_default_str()->check(CLI::IsMember({"lru", "lfu", "pinned"}));

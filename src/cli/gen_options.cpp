@@ -23,7 +23,7 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty (-2..2)")->capture_default_str();
   cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty (-2..2)")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Random seed (same seed + settings = same output)");
-  cmd->add_option("--stop", o.stop, "Stop when the response text contains STR (repeatable)");
+  cmd->add_option("--stop", o.stop, "Stop when the response text contains STR (repeatable)")->allow_extra_args(false);
   cmd->add_flag("--hide-thinking", o.hide_thinking, "Do not show the thinking channel");
   cmd->add_flag("--no-color", o.no_color, "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
   cmd->add_flag("--stats", o.stats, "Print statistics at the end (stderr)");

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace deltafin {
 
@@ -26,10 +27,21 @@ uint64_t physical_memory_bytes();
 uint64_t cgroup_memory_limit_bytes();
 uint64_t peak_rss_bytes();
 uint64_t current_rss_bytes();
+// Bytes this process has caused to be fetched from storage (Linux /proc/self/io read_bytes:
+// page-cache misses and direct reads alike); 0 where unknown.
+uint64_t process_storage_read_bytes();
 
 // Streams `bytes` of memory a few times with `threads` threads and returns bytes/s (read).
 double measure_memory_bandwidth(int threads, uint64_t bytes = 256ull << 20);
 
 std::string cpu_model_name();
 
+}  // namespace deltafin
+
+namespace deltafin {
+// Sequential read bandwidth of `files` with O_DIRECT (page cache bypassed): `threads` readers
+// each reading `chunk`-byte blocks, up to `max_bytes` in all. Returns bytes/s (0 if nothing
+// could be read).
+double measure_disk_bandwidth(const std::vector<std::string>& files, int threads, uint64_t max_bytes = 2ull << 30,
+                              uint64_t chunk = 16ull << 20);
 }  // namespace deltafin

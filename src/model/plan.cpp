@@ -16,7 +16,11 @@ namespace {
 constexpr uint64_t kAlign = 4096;
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / 1073741824.0); }
+std::string gib(uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / 1073741824.0);
+  if (b >= (1ull << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / 1048576.0);
+  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0);
+}
 
 // RAM a unit of tensors needs: file bytes (bf16) or int8 bytes for its BF16 matrices.
 uint64_t unit_ram(const Checkpoint& ck, const std::vector<std::string>& names, TrunkFormat f, bool& any_int8) {
@@ -69,7 +73,7 @@ std::string MemoryPlan::describe() const {
                    gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes));
   s += fmt::format("[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}",
                    gib(expert_cache_bytes), expert_slot_bytes ? expert_cache_bytes / expert_slot_bytes : 0,
-                   fmt::format("{:.1f} MiB", expert_slot_bytes / 1048576.0),
+                   gib(expert_slot_bytes),
                    all_experts_bytes ? 100.0 * static_cast<double>(expert_cache_bytes) / static_cast<double>(all_experts_bytes) : 0.0,
                    gib(all_experts_bytes), gib(min_working_set));
   return s;
