@@ -2,7 +2,8 @@
 // flags, the tokenizer, the listening socket (bound first, so a busy port fails at once and
 // /health can say "loading" while the model loads), the model, the engine's Scheduler, and a
 // signal thread that turns SIGINT/SIGTERM into an orderly shutdown (running and queued requests
-// get a 503, then the listener closes). The engine flags are the ones `run` takes.
+// get a 503, then the listener closes). The engine flags are the ones `run` takes; --ctx
+// among them is the served context, and the memory plan is told how many states to hold.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
@@ -41,7 +42,6 @@ struct ServeArgs {
   double timeout = 600;
   int64_t max_tokens = 0;
   std::string max_request_bytes = "16M";
-  int64_t ctx = 0;
   int cache = 4;
   int64_t prefill_chunk = 256;
 };
@@ -73,9 +73,11 @@ void run_serve(ServeArgs& a) {
   const uint64_t max_body = digits ? std::stoull(a.max_request_bytes) : parse_size(a.max_request_bytes, "--max-request-bytes");
   if (max_body == 0) fail_arg("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
-  if (a.ctx > 0) {
+  if (a.engine.ctx > 0) {
     const ModelConfig cfg = load_config(a.engine.model);
-    if (a.ctx > cfg.max_positions) fail_arg("--ctx {} exceeds the model's context of {} positions", a.ctx, cfg.max_positions);
+    if (a.engine.ctx > cfg.max_positions) {
+      fail_arg("--ctx {} exceeds the model's context of {} positions", a.engine.ctx, cfg.max_positions);
+    }
   }
   if (!has_tokenizer(a.engine.model)) {
     fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); the server needs one", a.engine.model);
@@ -131,7 +133,6 @@ void run_serve(ServeArgs& a) {
 
   // The memory plan reserves a full-context state for every active sequence and every kept
   // conversation, and rows for every sequence's prefill chunk in one pass.
-  if (a.ctx > 0) a.engine.ctx = a.ctx;
   a.engine.sequences = a.parallel + a.cache;
   a.engine.max_rows = static_cast<int64_t>(a.parallel) * a.prefill_chunk;
   auto model = load_model(a.engine);
@@ -140,7 +141,7 @@ void run_serve(ServeArgs& a) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), cfg.vocab);
   }
   int64_t context = cfg.max_positions;
-  if (a.ctx > 0) context = a.ctx;
+  if (a.engine.ctx > 0) context = a.engine.ctx;
   if (model->plan()) context = std::min(context, model->plan()->context);  // what the memory plan holds
   server::ServeLimits limits;
   limits.model_id = a.model_id;
@@ -201,9 +202,6 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-tokens", a->max_tokens, "Ceiling for max_tokens (default: the context)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-request-bytes", a->max_request_bytes, "Largest request body (e.g. 16M; beyond: 413)")
       ->capture_default_str();
-  cmd->add_option("--ctx", a->ctx, "Context in tokens, up to the model's max_position_embeddings (default: what the "
-                  "memory planner takes, min(model, 8192))")
-      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--cache", a->cache, "Conversation states kept for reuse (0 = off)")->capture_default_str()
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per sequence per forward pass")->capture_default_str()
