@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <regex>
+#include <cstdlib>
 
 #include "model/synthetic.h"
 #include "test_util.h"
@@ -67,13 +67,13 @@ ServerProcess::ServerProcess(std::vector<std::string> args, const std::string& m
     }
   });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+  const std::string listening = "listening on http://127.0.0.1:";
   while (std::chrono::steady_clock::now() < deadline) {
     {
       std::lock_guard<std::mutex> lock(m_);
-      std::smatch mt;
-      if (err_.find("ready:") != std::string::npos && std::regex_search(err_, mt, listening)) {
-        port_ = std::stoi(mt[1]);
+      const size_t at = err_.find(listening);
+      if (err_.find("ready:") != std::string::npos && at != std::string::npos) {
+        port_ = std::atoi(err_.c_str() + at + listening.size());
         return;
       }
     }

@@ -23,7 +23,6 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -110,7 +109,7 @@ struct Server {
       std::exit(1);
     }
     posix_spawn_file_actions_destroy(&fa);
-    const std::regex re("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    const std::string listening = "listening on http://127.0.0.1:";
     const auto deadline = Clock::now() + std::chrono::seconds(300);
     while (Clock::now() < deadline) {
       std::FILE* f = std::fopen(log.c_str(), "r");
@@ -120,9 +119,9 @@ struct Server {
         while (size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
         std::fclose(f);
       }
-      std::smatch m;
-      if (text.find("ready:") != std::string::npos && std::regex_search(text, m, re)) {
-        port = std::stoi(m[1]);
+      const size_t at = text.find(listening);
+      if (text.find("ready:") != std::string::npos && at != std::string::npos) {
+        port = std::atoi(text.c_str() + at + listening.size());
         return;
       }
       if (waitpid(pid, nullptr, WNOHANG) == pid) {

@@ -1,8 +1,8 @@
 // HTTP routes, authentication, error shapes and SSE streaming (see http_server.h).
 //
 // httplib must be compiled with the macros of its pkg-config file (CPPHTTPLIB_OPENSSL_SUPPORT,
-// ZLIB, BROTLI), which the build applies to every file that includes it; this is the only file
-// that does.
+// ZLIB, BROTLI), which the build applies to every target that links libdeltafin; in the library
+// this is the only file that includes it.
 #include "server/http_server.h"
 
 #include <httplib.h>

@@ -103,7 +103,7 @@ std::vector<json> ResponseBuilder::begin() {
   json choice;
   choice["index"] = 0;
   choice["delta"] = {{"role", "assistant"}, {"content", ""}};
-  if (logprobs_) choice["logprobs"] = nullptr;
+  choice["logprobs"] = nullptr;  // OpenAI always sends the key
   choice["finish_reason"] = nullptr;
   return {chunk(choice)};
 }
@@ -136,7 +136,7 @@ std::vector<json> ResponseBuilder::add(const StepUpdate& u) {
     json choice;
     choice["index"] = 0;
     choice["delta"] = std::move(delta);
-    if (logprobs_) choice["logprobs"] = nullptr;
+    choice["logprobs"] = nullptr;  // OpenAI always sends the key
     choice["finish_reason"] = nullptr;
     out.push_back(chunk(choice));
   };
@@ -209,7 +209,7 @@ std::vector<json> ResponseBuilder::end(StopReason stop, const Usage& usage) {
   choice["index"] = 0;
   if (endpoint_ == Endpoint::chat) {
     choice["delta"] = json::object();
-    if (logprobs_) choice["logprobs"] = nullptr;
+    choice["logprobs"] = nullptr;  // OpenAI always sends the key
   } else {
     choice["text"] = "";
     choice["logprobs"] = nullptr;
