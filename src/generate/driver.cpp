@@ -28,22 +28,6 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
   }
 }
 
-namespace {
-ExpertStats diff(const ExpertStats& a, const ExpertStats& b) {
-  ExpertStats d;
-  d.requests = a.requests - b.requests;
-  d.hits = a.hits - b.hits;
-  d.misses = a.misses - b.misses;
-  d.bytes_read = a.bytes_read - b.bytes_read;
-  d.bytes_served = a.bytes_served - b.bytes_served;
-  d.prefetch_issued = a.prefetch_issued - b.prefetch_issued;
-  d.prefetch_used = a.prefetch_used - b.prefetch_used;
-  d.prefetch_wasted_bytes = a.prefetch_wasted_bytes - b.prefetch_wasted_bytes;
-  d.io_wait_s = a.io_wait_s - b.io_wait_s;
-  d.read_s = a.read_s - b.read_s;
-  return d;
-}
-}  // namespace
 
 StatsRecorder::StatsRecorder(Model& model)
     : model_(model),
@@ -66,7 +50,7 @@ RunStats StatsRecorder::finish(const Generation& g) const {
     s.s_per_token = 1.0 / s.decode_tokens_per_s;
   }
   if (s.prefill_s > 0) s.prefill_tokens_per_s = static_cast<double>(s.prompt_tokens) / s.prefill_s;
-  s.experts = diff(model_.experts().stats(), experts0_);
+  s.experts = model_.experts().stats() - experts0_;
   const TrunkStats t1 = model_.trunk_stats();
   s.trunk.bytes_streamed = t1.bytes_streamed - trunk0_.bytes_streamed;
   s.trunk.wait_s = t1.wait_s - trunk0_.wait_s;
