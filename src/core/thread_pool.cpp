@@ -128,11 +128,12 @@ void ThreadPool::run(int n_tasks, const std::function<void(int, int)>& fn) {
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t, int)>& fn, int64_t align) {
+                              const std::function<void(int64_t, int64_t, int)>& fn, int64_t align,
+                              int tasks_per_thread) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   align = std::max<int64_t>(align, 1);
-  int64_t chunks = std::min<int64_t>(size(), (n + grain - 1) / grain);
+  int64_t chunks = std::min<int64_t>(static_cast<int64_t>(size()) * std::max(1, tasks_per_thread), (n + grain - 1) / grain);
   if (chunks <= 1) {
     fn(0, n, 0);
     return;
