@@ -52,24 +52,24 @@ int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max
 struct DecodeTotals {
   int64_t tokens = 0, passes = 0, expert_fetches = 0;
   double seconds = 0;
-  ExpertStats e0, e1;
-  TrunkStats t0, t1;
-  uint64_t storage0 = 0, storage1 = 0;
-  void add_begin(Model& m) {
-    auto e = m.experts().stats();
-    auto t = m.trunk_stats();
-    e0.requests += e.requests, e0.hits += e.hits, e0.bytes_read += e.bytes_read, e0.io_wait_s += e.io_wait_s;
-    e0.prefetch_issued += e.prefetch_issued, e0.prefetch_used += e.prefetch_used, e0.prefetch_wasted_bytes += e.prefetch_wasted_bytes;
-    t0.bytes_streamed += t.bytes_streamed, t0.wait_s += t.wait_s;
-    storage0 += process_storage_read_bytes();
+  ExpertStats experts;
+  uint64_t trunk_streamed = 0, storage_read = 0;
+  double trunk_wait = 0;
+  // Snapshot at the start of a decode phase; add() takes the difference at its end.
+  ExpertStats e0;
+  TrunkStats t0;
+  uint64_t s0 = 0;
+  void begin(Model& m) {
+    e0 = m.experts().stats();
+    t0 = m.trunk_stats();
+    s0 = process_storage_read_bytes();
   }
-  void add_end(Model& m) {
-    auto e = m.experts().stats();
-    auto t = m.trunk_stats();
-    e1.requests += e.requests, e1.hits += e.hits, e1.bytes_read += e.bytes_read, e1.io_wait_s += e.io_wait_s;
-    e1.prefetch_issued += e.prefetch_issued, e1.prefetch_used += e.prefetch_used, e1.prefetch_wasted_bytes += e.prefetch_wasted_bytes;
-    t1.bytes_streamed += t.bytes_streamed, t1.wait_s += t.wait_s;
-    storage1 += process_storage_read_bytes();
+  void add(Model& m) {
+    experts += m.experts().stats() - e0;
+    const TrunkStats t = m.trunk_stats();
+    trunk_streamed += t.bytes_streamed - t0.bytes_streamed;
+    trunk_wait += t.wait_s - t0.wait_s;
+    storage_read += process_storage_read_bytes() - s0;
   }
 };
 
@@ -82,17 +82,21 @@ void run_bench(BenchArgs& a) {
   const ModelConfig& c = model->config();
   // Deterministic pseudo-random prompt over the ordinary (non-special) ids.
   const int64_t ordinary = std::max<int64_t>(1, c.vocab > 512 ? c.vocab - 256 : c.vocab);
+  // A different prompt per repetition, so no repetition replays another's expert reads.
   std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
   uint64_t x = 88172645463325252ull;
-  for (auto& t : prompt) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    t = static_cast<int32_t>(x % static_cast<uint64_t>(ordinary));
-  }
+  auto new_prompt = [&] {
+    for (auto& t : prompt) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      t = static_cast<int32_t>(x % static_cast<uint64_t>(ordinary));
+    }
+  };
   const int64_t V = c.vocab;
   DecodeTotals dec;
   auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
+    new_prompt();
     State st = model->new_state();
     Stopwatch sw;
     std::vector<float> logits;
@@ -103,7 +107,7 @@ void run_bench(BenchArgs& a) {
     prefill_s = sw.elapsed();
     int32_t next = argmax(logits.data(), V);
     const int64_t f0 = model->pass_stats().expert_fetches, p0 = model->pass_stats().passes;
-    if (measured) dec.add_begin(*model);
+    if (measured) dec.begin(*model);
     sw.reset();
     for (int i = 0; i < gen; ++i) {
       auto l = model->forward(st, std::span<const int32_t>(&next, 1));
@@ -111,7 +115,7 @@ void run_bench(BenchArgs& a) {
     }
     decode_s = sw.elapsed();
     if (measured) {
-      dec.add_end(*model);
+      dec.add(*model);
       dec.tokens += gen;
       dec.seconds += decode_s;
       dec.expert_fetches += model->pass_stats().expert_fetches - f0;
@@ -133,27 +137,32 @@ void run_bench(BenchArgs& a) {
   const double experts_per_pass = dec.passes > 0 ? static_cast<double>(dec.expert_fetches) / dec.passes : 0;
   const double ram_bytes_per_token = static_cast<double>(model->trunk_bytes_per_pass()) +
                                      experts_per_pass * static_cast<double>(model->expert_bytes());
-  const double expert_read = static_cast<double>(dec.e1.bytes_read - dec.e0.bytes_read) / n_tok;
-  const double trunk_read = static_cast<double>(dec.t1.bytes_streamed - dec.t0.bytes_streamed) / n_tok;
-  const double storage_read = static_cast<double>(dec.storage1 - dec.storage0) / n_tok;
+  const double expert_read = static_cast<double>(dec.experts.bytes_read) / n_tok;
+  const double trunk_read = static_cast<double>(dec.trunk_streamed) / n_tok;
+  const double storage_read = static_cast<double>(dec.storage_read) / n_tok;
   // What this run had to fetch: the store's own reads, or in mmap mode the page-cache misses.
   const double bytes_read = a.engine.mmap ? storage_read : std::max(expert_read + trunk_read, storage_read);
-  const uint64_t requests = dec.e1.requests - dec.e0.requests, hits = dec.e1.hits - dec.e0.hits;
+  const uint64_t requests = dec.experts.requests, hits = dec.experts.hits;
   const int threads = global_pool().size();
   const double mem_bw = measure_memory_bandwidth(threads);
   std::vector<std::string> files;
   for (const auto& s : model->checkpoint().shards()) files.push_back(s.path());
-  const double disk_bw = a.no_disk_probe ? 0.0 : measure_disk_bandwidth(files, a.engine.readers);
+  // Best of three short probes: the disk's sequential O_DIRECT bandwidth with the store's reader
+  // count (the best, so the roofline is not flattered by one slow probe).
+  double disk_bw = 0.0;
+  for (int i = 0; i < 3 && !a.no_disk_probe; ++i) {
+    disk_bw = std::max(disk_bw, measure_disk_bandwidth(files, a.engine.readers, 512ull << 20));
+  }
   Summary ps = summarize(prefill_tps), ds = summarize(decode_tps);
   const double achieved = dec.seconds / n_tok;
   const double disk_time = disk_bw > 0 ? bytes_read / disk_bw : 0.0;
   const double ram_time = mem_bw > 0 ? ram_bytes_per_token / mem_bw : 0.0;
   const double roofline = std::max(disk_time, ram_time);
   const double ratio = achieved > 0 ? roofline / achieved : 0.0;
-  const double io_wait = ((dec.e1.io_wait_s - dec.e0.io_wait_s) + (dec.t1.wait_s - dec.t0.wait_s)) / n_tok;
-  const uint64_t pf_issued = dec.e1.prefetch_issued - dec.e0.prefetch_issued;
-  const uint64_t pf_used = dec.e1.prefetch_used - dec.e0.prefetch_used;
-  const uint64_t pf_wasted = dec.e1.prefetch_wasted_bytes - dec.e0.prefetch_wasted_bytes;
+  const double io_wait = (dec.experts.io_wait_s + dec.trunk_wait) / n_tok;
+  const uint64_t pf_issued = dec.experts.prefetch_issued;
+  const uint64_t pf_used = dec.experts.prefetch_used;
+  const uint64_t pf_wasted = dec.experts.prefetch_wasted_bytes;
   auto recall = model->prefetch_recall();
   uint64_t rh = 0, rr = 0;
   for (const auto& l : recall) rh += l.predicted_hits, rr += l.requested;

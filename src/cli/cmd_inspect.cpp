@@ -78,18 +78,23 @@ void run_inspect(const InspectArgs& a) {
   fmt::print("MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} (unrotated), v {}, output gate {}\n",
              c.mla.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_dim, c.mla.qk_rope_dim,
              c.mla.v_head_dim, c.mla.output_gate ? "on" : "off");
-  fmt::print("MoE          {} routed experts, top {}, {} shared, expert {} -> {} (latent), scaling {}, "
-             "dense intermediate {}\n", c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts,
+  fmt::print("MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide latent with intermediate {}; "
+             "scaling {}; dense intermediate {}\n", c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts,
              c.moe.latent_dim, c.moe.intermediate, c.moe.routed_scaling_factor, c.dense_intermediate);
   fmt::print("AttnRes      block size {}, {} anchors banked\n", c.attn_res_block,
              (c.num_layers + c.attn_res_block - 1) / c.attn_res_block);
   fmt::print("experts      {} ({} per expert, {} params each)\n",
              c.quantized_experts ? "MXFP4 (compressed-tensors)" : "BF16", human_bytes(static_cast<double>(one_expert_bytes)),
              one_expert_params);
-  fmt::print("parameters   total {:.3f} B: trunk {:.3f} B, embedding {:.3f} B, lm_head {:.3f} B, routed experts {:.3f} B\n",
-             (trunk_params + embed_params + head_params + expert_params) / 1e9, trunk_params / 1e9,
-             embed_params / 1e9, head_params / 1e9, expert_params / 1e9);
-  fmt::print("active       {:.3f} B parameters per token\n", active_params / 1e9);
+  auto count = [](uint64_t n) {
+    if (n >= 1000000000ull) return fmt::format("{:.3f} B", n / 1e9);
+    if (n >= 1000000ull) return fmt::format("{:.3f} M", n / 1e6);
+    return fmt::format("{}", n);
+  };
+  fmt::print("parameters   total {}: trunk {}, embedding {}, lm_head {}, routed experts {}\n",
+             count(trunk_params + embed_params + head_params + expert_params), count(trunk_params), count(embed_params),
+             count(head_params), count(expert_params));
+  fmt::print("active       {} parameters per token\n", count(active_params));
   fmt::print("bytes        files {}, trunk {} (+ lm_head {}), routed experts {}\n",
              human_bytes(static_cast<double>(ck->total_bytes())), human_bytes(static_cast<double>(trunk_bytes)),
              human_bytes(static_cast<double>(head_bytes)), human_bytes(static_cast<double>(expert_bytes)));

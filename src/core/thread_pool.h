@@ -30,8 +30,10 @@ class ThreadPool {
 
   // Splits [0, n) into at most size() contiguous chunks of at least `grain` items (rounded to a
   // multiple of `align`) and runs fn(begin, end, thread) on each.
+  // With `tasks_per_thread` > 1 the range is cut finer, so a thread that starts late (or runs
+  // slower) does not hold up the others: tasks are claimed dynamically.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn,
-                    int64_t align = 1);
+                    int64_t align = 1, int tasks_per_thread = 1);
 
  private:
   void worker_loop(int index);

@@ -55,6 +55,10 @@ struct ExpertStats {
   double read_s = 0;               // time reader threads spent reading
 };
 
+// Counters accumulated between two snapshots.
+ExpertStats operator-(const ExpertStats& a, const ExpertStats& b);
+ExpertStats& operator+=(ExpertStats& a, const ExpertStats& b);
+
 // The experts of one pass of one layer, delivered as they become ready. Callers take every item.
 class ExpertBatch {
  public:

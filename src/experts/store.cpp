@@ -416,7 +416,13 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
   if (had_prediction) {
     LayerRecall& r = recall_[static_cast<size_t>(layer)];
     r.requested += keys.size();
-    for (int64_t k : keys) r.predicted_hits += (predicted_[static_cast<size_t>(k)] & 1) != 0;
+    uint64_t hit = 0;
+    for (int64_t k : keys) hit += (predicted_[static_cast<size_t>(k)] & 1) != 0;
+    r.predicted_hits += hit;
+    const double sample = keys.empty() ? 0.0 : static_cast<double>(hit) / static_cast<double>(keys.size());
+    r.ema = r.samples == 0 ? sample : 0.8 * r.ema + 0.2 * sample;
+    r.samples++;
+    r.gated = r.samples >= static_cast<uint64_t>(opt_.gate_warmup) && r.ema < opt_.gate_threshold;
     for (int e = 0; e < dir_.num_experts(); ++e) predicted_[static_cast<size_t>(key_of(layer, e))] &= ~1;
   }
   std::vector<char> wanted_flag(static_cast<size_t>(dir_.num_experts()), 0);
@@ -502,11 +508,12 @@ ExpertHandle ExpertStore::acquire(int layer, int expert) {
 void ExpertStore::prefetch(int layer, std::span<const int> experts) {
   std::lock_guard<std::mutex> l(mu_);
   if (layer < dir_.first_moe_layer() || layer >= dir_.num_layers()) return;
+  const bool read = !recall_[static_cast<size_t>(layer)].gated;
   for (int e : experts) {
     if (e < 0 || e >= dir_.num_experts()) continue;
     const int64_t k = key_of(layer, e);
-    predicted_[static_cast<size_t>(k)] |= 1;
-    if (where_.count(k)) continue;
+    predicted_[static_cast<size_t>(k)] |= 1;  // scored even when the gate keeps it from being read
+    if (!read || where_.count(k)) continue;
     int sl = take_slot_locked(k, true);
     if (sl < 0) continue;
     start_read_locked(sl, k, true);

@@ -49,11 +49,20 @@ struct StoreOptions {
   CachePolicy policy = CachePolicy::kLRU;
   std::string heat_file;     // persisted per-expert use counts ("" = none)
   double pin_fraction = 0.5; // share of slots the pinned policy may hold with hot experts
+  // Prefetch gate: after `gate_warmup` predictions of a layer, its hints are only read when the
+  // layer's recent recall is at least `gate_threshold` (otherwise they are scored, not read).
+  // On a saturated disk a wrong guess costs a whole expert read; a right one only moves a read
+  // that had to happen anyway.
+  double gate_threshold = 0.9;
+  int gate_warmup = 4;
 };
 
 struct LayerRecall {
-  uint64_t predicted_hits = 0;  // requested experts that had been prefetched
+  uint64_t predicted_hits = 0;  // requested experts that had been predicted
   uint64_t requested = 0;       // requested experts in layers that had a prediction
+  double ema = 0;               // recent recall (exponential moving average over passes)
+  uint64_t samples = 0;
+  bool gated = false;           // predictions too poor to be worth their reads right now
 };
 
 class ExpertStore : public ExpertProvider {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/sysinfo.h"
+#include "core/timer.h"
 
 namespace deltafin {
 
@@ -27,25 +28,13 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
   }
 }
 
-namespace {
-ExpertStats diff(const ExpertStats& a, const ExpertStats& b) {
-  ExpertStats d;
-  d.requests = a.requests - b.requests;
-  d.hits = a.hits - b.hits;
-  d.misses = a.misses - b.misses;
-  d.bytes_read = a.bytes_read - b.bytes_read;
-  d.bytes_served = a.bytes_served - b.bytes_served;
-  d.prefetch_issued = a.prefetch_issued - b.prefetch_issued;
-  d.prefetch_used = a.prefetch_used - b.prefetch_used;
-  d.prefetch_wasted_bytes = a.prefetch_wasted_bytes - b.prefetch_wasted_bytes;
-  d.io_wait_s = a.io_wait_s - b.io_wait_s;
-  d.read_s = a.read_s - b.read_s;
-  return d;
-}
-}  // namespace
 
 StatsRecorder::StatsRecorder(Model& model)
-    : model_(model), experts0_(model.experts().stats()), passes0_(model.pass_stats()) {}
+    : model_(model),
+      experts0_(model.experts().stats()),
+      passes0_(model.pass_stats()),
+      trunk0_(model.trunk_stats()),
+      recall0_(model.prefetch_recall()) {}
 
 RunStats StatsRecorder::finish(const Generation& g) const {
   RunStats s;
@@ -61,7 +50,19 @@ RunStats StatsRecorder::finish(const Generation& g) const {
     s.s_per_token = 1.0 / s.decode_tokens_per_s;
   }
   if (s.prefill_s > 0) s.prefill_tokens_per_s = static_cast<double>(s.prompt_tokens) / s.prefill_s;
-  s.experts = diff(model_.experts().stats(), experts0_);
+  s.experts = model_.experts().stats() - experts0_;
+  const TrunkStats t1 = model_.trunk_stats();
+  s.trunk.bytes_streamed = t1.bytes_streamed - trunk0_.bytes_streamed;
+  s.trunk.wait_s = t1.wait_s - trunk0_.wait_s;
+  s.trunk.read_s = t1.read_s - trunk0_.read_s;
+  const auto r1 = model_.prefetch_recall();
+  uint64_t hits = 0, req = 0;
+  for (size_t i = 0; i < r1.size(); ++i) {
+    hits += r1[i].predicted_hits - (i < recall0_.size() ? recall0_[i].predicted_hits : 0);
+    req += r1[i].requested - (i < recall0_.size() ? recall0_[i].requested : 0);
+  }
+  s.prefetch_recall = req > 0 ? static_cast<double>(hits) / static_cast<double>(req) : 0.0;
+  s.elapsed_s = (t.last_token > 0 ? t.last_token : now_seconds()) - t.start;
   s.passes = model_.pass_stats().passes - passes0_.passes;
   s.peak_rss_bytes = peak_rss_bytes();
   s.stop_reason = stop_reason_name(g.stop_reason());
@@ -71,7 +72,7 @@ RunStats StatsRecorder::finish(const Generation& g) const {
 
 double RunStats::gb_per_token() const {
   const int64_t n = std::max<int64_t>(1, completion_tokens);
-  return static_cast<double>(experts.bytes_read) / 1e9 / static_cast<double>(n);
+  return static_cast<double>(experts.bytes_read + trunk.bytes_streamed) / 1e9 / static_cast<double>(n);
 }
 
 void RunStats::to_json(nlohmann::json& j) const {
@@ -94,11 +95,16 @@ void RunStats::to_json(nlohmann::json& j) const {
   j["expert_hits"] = experts.hits;
   j["expert_misses"] = experts.misses;
   j["expert_hit_rate"] = experts.requests > 0 ? static_cast<double>(experts.hits) / experts.requests : 0.0;
-  j["bytes_read"] = experts.bytes_read;
+  j["bytes_read"] = experts.bytes_read + trunk.bytes_streamed;
+  j["expert_bytes_read"] = experts.bytes_read;
+  j["trunk_bytes_streamed"] = trunk.bytes_streamed;
   j["gb_per_token"] = gb_per_token();
-  j["io_wait_s"] = experts.io_wait_s;
-  j["read_s"] = experts.read_s;
-  j["read_gb_per_s"] = experts.read_s > 0 ? experts.bytes_read / 1e9 / experts.read_s : 0.0;
+  const double wait = experts.io_wait_s + trunk.wait_s;
+  j["io_wait_s"] = wait;
+  j["compute_s"] = std::max(0.0, elapsed_s - wait);
+  j["elapsed_s"] = elapsed_s;
+  j["read_gb_per_s"] = elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0;
+  j["prefetch_recall"] = prefetch_recall;
   j["prefetch_issued"] = experts.prefetch_issued;
   j["prefetch_used"] = experts.prefetch_used;
   j["prefetch_wasted_bytes"] = experts.prefetch_wasted_bytes;
@@ -115,11 +121,17 @@ std::string RunStats::summary() const {
                    std::max<int64_t>(0, completion_tokens - 1), decode_s, decode_tokens_per_s, s_per_token, stop_reason);
   s += fmt::format("[stats] drafts {} proposed / {} accepted ({:.0f}%)\n", draft_proposed, draft_accepted,
                    draft_proposed > 0 ? 100.0 * draft_accepted / draft_proposed : 0.0);
-  s += fmt::format("[stats] experts {} requests: {} hits, {} misses ({:.1f}% hit), {:.3f} GB read ({:.3f} GB/token), "
-                   "I/O wait {:.3f} s\n",
+  const double wait = experts.io_wait_s + trunk.wait_s;
+  s += fmt::format("[stats] experts {} requests: {} hits, {} misses ({:.1f}% hit); read {:.3f} GB (experts {:.3f}, trunk "
+                   "{:.3f}) = {:.3f} GB/token at {:.2f} GB/s\n",
                    experts.requests, experts.hits, experts.misses,
-                   experts.requests > 0 ? 100.0 * experts.hits / experts.requests : 0.0, experts.bytes_read / 1e9,
-                   gb_per_token(), experts.io_wait_s);
+                   experts.requests > 0 ? 100.0 * experts.hits / experts.requests : 0.0,
+                   (experts.bytes_read + trunk.bytes_streamed) / 1e9, experts.bytes_read / 1e9, trunk.bytes_streamed / 1e9,
+                   gb_per_token(), elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0);
+  s += fmt::format("[stats] time {:.3f} s: I/O wait {:.3f} s, compute {:.3f} s; prefetch {} issued, {} used, recall "
+                   "{:.1f}%, {:.3f} GB wasted\n",
+                   elapsed_s, wait, std::max(0.0, elapsed_s - wait), experts.prefetch_issued, experts.prefetch_used,
+                   100.0 * prefetch_recall, experts.prefetch_wasted_bytes / 1e9);
   s += fmt::format("[stats] peak RSS {:.1f} MiB", peak_rss_bytes / 1048576.0);
   return s;
 }

@@ -28,6 +28,9 @@ struct RunStats {
   double decode_tokens_per_s = 0, s_per_token = 0, prefill_tokens_per_s = 0;
   int64_t draft_proposed = 0, draft_accepted = 0;
   ExpertStats experts;           // deltas over the run
+  TrunkStats trunk;              // deltas over the run (streamed trunk bytes, waits)
+  double prefetch_recall = 0;    // predicted / requested experts over the run (0 without prediction)
+  double elapsed_s = 0;          // the whole generation
   int64_t passes = 0;
   uint64_t peak_rss_bytes = 0;
   std::string stop_reason;
@@ -49,6 +52,8 @@ class StatsRecorder {
   Model& model_;
   ExpertStats experts0_;
   PassStats passes0_;
+  TrunkStats trunk0_;
+  std::vector<LayerRecall> recall0_;
 };
 
 }  // namespace deltafin

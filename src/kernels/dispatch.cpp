@@ -79,6 +79,10 @@ void select(const char* name) {
   g_active.store(t, std::memory_order_release);
 }
 
+// Finer tasks than threads keep threads busy when one starts late; results do not depend on
+// the split (each output row is computed whole by one call).
+constexpr int kTasksPerThread = 4;
+
 void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
             ThreadPool& pool, bool accumulate) {
   const KernelTable& t = active();
@@ -88,7 +92,7 @@ void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, i
   int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / per_row);
   pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e, int) {
     fn(w, b, e, x, M, ldx, y, ldy, accumulate);
-  }, 16);
+  }, 16, kTasksPerThread);
 }
 
 void matmul_t(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,

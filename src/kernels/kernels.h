@@ -5,6 +5,12 @@
 // Matrix products use the HF layout: W[n, k] with n = output, k = input; activations are fp32.
 // MXFP4 and BF16 weights are decoded inside the kernel (a small panel at a time at most, never
 // a whole float copy of a matrix).
+//
+// Reproducibility: for a given table, every output element of matmul / matmul_t is computed by
+// the same float32 operations in the same order whatever the thread count, the n0/n1 (c0/c1)
+// split, the batch size M and the other rows of x (simd_impl.h states the order). So a row gets
+// bit-identical results alone or batched with others (drafted tokens, other requests). Tables
+// differ from each other (and from scalar) in the last bits.
 #pragma once
 
 #include <cstdint>
