@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
+#include "core/weight_buffer.h"
 #include "model/checkpoint.h"
 
 namespace deltafin {
@@ -248,9 +249,7 @@ int ExpertStore::take_slot_locked(int64_t key, bool for_prefetch) {
     where_.erase(v.key);
   }
   if (v.buf == nullptr) {
-    void* p = nullptr;
-    if (::posix_memalign(&p, kAlign, slot_bytes_) != 0) fail("cannot allocate a {}-byte expert slot", slot_bytes_);
-    v.buf = static_cast<uint8_t*>(p);
+    v.buf = alloc_weight_buffer(slot_bytes_, "an expert slot");
   }
   v.key = key;
   v.state = SlotState::kEmpty;

@@ -12,6 +12,7 @@
 #include "core/mapped_file.h"
 #include "core/timer.h"
 #include "model/checkpoint.h"
+#include "core/weight_buffer.h"
 #include "model/inventory.h"
 
 namespace deltafin {
@@ -22,11 +23,7 @@ constexpr uint64_t kChunk = 8ull << 20;
 uint64_t align_down(uint64_t x) { return x / kAlign * kAlign; }
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-uint8_t* alloc_aligned(uint64_t n) {
-  void* p = nullptr;
-  if (::posix_memalign(&p, kAlign, std::max<uint64_t>(n, kAlign)) != 0) fail("cannot allocate {} bytes for trunk weights", n);
-  return static_cast<uint8_t*>(p);
-}
+uint8_t* alloc_aligned(uint64_t n) { return alloc_weight_buffer(n, "trunk weights"); }
 }  // namespace
 
 StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan, const BindOptions& bind,

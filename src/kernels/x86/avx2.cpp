@@ -1,7 +1,7 @@
 // AVX2 + FMA kernels (x86-64), compiled with -mavx2 -mfma -mf16c for this file only. The
 // algorithms live in kernels/simd_impl.h (shared with AVX-512 and NEON); this file supplies the
 // 8-lane vector traits: bf16 -> f32 by zero-extension and a 16-bit shift, int8 by sign-extension
-// and conversion, MXFP4 by a pshufb lookup of doubled E2M1 values, two groups per 256-bit vector
+// and conversion, MXFP4 by pshufb lookups of the bf16 bytes of doubled E2M1 values, two groups per 256-bit vector
 // in an order that needs no lane-crossing shuffle (x is permuted to match; see mx_decode). The
 // register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel, 2x2
 // (+ 2 x 2x2 partial sums) for MXFP4.
@@ -62,33 +62,41 @@ struct Avx2 {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
   }
   // MXFP4, two groups (64 columns, 32 bytes) at a time, without lane-crossing shuffles: each
-  // 128-bit half decodes one group. pshufb looks up the doubled E2M1 value + 12 (0..24) for the
-  // low and high nibbles; two unpacks widen bytes to dwords next to the bytes 0x00, 0x4B, which
-  // makes the float 2^23 + value + 12 exactly; one subtraction leaves the value. Vector v, lane
-  // l holds column mx_column(v, l): lanes 0..3 group 0, lanes 4..7 group 1.
+  // 128-bit half decodes one group. Two pshufb per nibble half look up the high and the low byte
+  // of the bf16 pattern of the doubled E2M1 value (0, ±1 ... ±12 are exact in bf16); unpacking
+  // low/high bytes gives 16 bf16 words per vector, and bf16 -> f32 is a 16-bit shift (even
+  // words) or a mask (odd words). That is 8 shuffles per 64 columns (the magic-number form took
+  // 14 plus 8 subtractions, and the GEMV was bound by them). Vector v, lane l holds column
+  // mx_column(v, l): lanes 0..3 group 0, lanes 4..7 group 1; v / 4 is the nibble (even/odd
+  // column), (v / 2) % 2 the byte half, v % 2 the word parity.
   static constexpr int kMxGroups = 2;
   static constexpr bool kMxPermuted = true;
   static constexpr int mx_column(int v, int l) {
-    return 32 * (l / 4) + (v / 4) + 8 * (v % 4) + 2 * (l % 4);
+    return 32 * (l / 4) + 16 * ((v / 2) % 2) + 4 * (l % 4) + 2 * (v % 2) + v / 4;
   }
   DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
-    alignas(32) static constexpr int8_t kLut[32] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10,
-                                                    9,  8,  6,  4,  0,  12, 13, 14, 15, 16, 18,
-                                                    20, 24, 12, 11, 10, 9,  8,  6,  4,  0};
-    const __m256i lut = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLut));
+    // bf16 of 0, 1, 2, 3, 4, 6, 8, 12, then the negatives (code 8, "-0", decodes as +0).
+    alignas(32) static constexpr uint8_t kHi[32] = {
+        0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1,
+        0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1};
+    alignas(32) static constexpr uint8_t kLo[32] = {
+        0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40, 0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
+        0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40, 0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40};
+    const __m256i hi_lut = _mm256_load_si256(reinterpret_cast<const __m256i*>(kHi));
+    const __m256i lo_lut = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLo));
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    const __m256i zero = _mm256_setzero_si256();
-    const __m256i magic = _mm256_set1_epi16(0x4B00);
-    const F off = _mm256_set1_ps(8388608.0f + 12.0f);
+    const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, nib));                        // even
-    __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib));  // odd
-    const __m256i w[4] = {_mm256_unpacklo_epi8(lo, zero), _mm256_unpackhi_epi8(lo, zero),
-                          _mm256_unpacklo_epi8(hi, zero), _mm256_unpackhi_epi8(hi, zero)};
+    const __m256i even = _mm256_and_si256(b, nib);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
+    const __m256i el = _mm256_shuffle_epi8(lo_lut, even), eh = _mm256_shuffle_epi8(hi_lut, even);
+    const __m256i ol = _mm256_shuffle_epi8(lo_lut, odd), oh = _mm256_shuffle_epi8(hi_lut, odd);
+    const __m256i w[4] = {_mm256_unpacklo_epi8(el, eh), _mm256_unpackhi_epi8(el, eh),
+                          _mm256_unpacklo_epi8(ol, oh), _mm256_unpackhi_epi8(ol, oh)};
+    DF_UNROLL
     for (int j = 0; j < 4; ++j) {
-      const int v = (j / 2) * 4 + (j % 2) * 2;
-      out[v] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(w[j], magic)), off);
-      out[v + 1] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(w[j], magic)), off);
+      out[2 * j] = _mm256_castsi256_ps(_mm256_slli_epi32(w[j], 16));
+      out[2 * j + 1] = _mm256_castsi256_ps(_mm256_and_si256(w[j], top));
     }
   }
   // The half scales of the two groups (from the values, or from the E8M0 bytes), matching the
