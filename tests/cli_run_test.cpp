@@ -182,6 +182,23 @@ TEST(CliRun, BadArgumentsGiveOneLineErrors) {
   }
 }
 
+TEST(CliRun, MissingFolderOrTokenizerIsNamed) {
+  const std::string g = test::data_dir() + "/k3-tiny-mxfp4/model";
+  for (const std::string cmd : {"chat", "perplexity", "serve"}) {
+    std::vector<std::string> extra;
+    if (cmd == "perplexity") extra = {"--file", test::data_dir() + "/../../LICENSE"};
+    auto args = std::vector<std::string>{cmd, "--model", "/nonexistent/folder"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = test::run_deltafin(args);
+    EXPECT_NE(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.err.find("model folder /nonexistent/folder (--model) does not exist"), std::string::npos) << cmd << ": " << r.err;
+    args[2] = g;
+    r = test::run_deltafin(args);
+    EXPECT_NE(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.err.find("has no tokenizer (tiktoken.model + tokenizer_config.json)"), std::string::npos) << cmd << ": " << r.err;
+  }
+}
+
 TEST(CliChat, ThreeTurnsReuseTheState) {
   auto r = test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "6", "--stats"},
                               "Hello there\nSecond turn\n/stats\nThird turn\n");

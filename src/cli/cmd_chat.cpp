@@ -46,9 +46,7 @@ bool read_line(bool tty, std::string& line) {
 void run_chat(ChatArgs& a) {
   if (a.think != "on" && a.think != "off") fail_arg("--think {}: expected on or off", a.think);
   a.engine.model = resolve_model_dir(a.engine.model);
-  if (!has_tokenizer(a.engine.model)) {
-    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); chat needs one", a.engine.model);
-  }
+  require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
   a.engine.max_rows = a.gen.prefill_chunk;
   auto model = load_model(a.engine);

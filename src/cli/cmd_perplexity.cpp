@@ -56,7 +56,7 @@ std::vector<double> log_softmax(const float* x, int64_t n) {
 
 void run_perplexity(PplArgs& a) {
   if (a.window < 2) fail_arg("--window must be at least 2");
-  if (!has_tokenizer(a.engine.model)) fail_arg("{} has no tokenizer; perplexity needs one", a.engine.model);
+  require_tokenizer(a.engine.model, "perplexity");
   Tokenizer tok = Tokenizer::load(a.engine.model);
   std::vector<int32_t> ids = tok.encode_ordinary(read_file(a.file));
   if (static_cast<int64_t>(ids.size()) > a.max_tokens) ids.resize(static_cast<size_t>(a.max_tokens));

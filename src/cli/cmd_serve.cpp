@@ -73,14 +73,12 @@ void run_serve(ServeArgs& a) {
   const uint64_t max_body = digits ? std::stoull(a.max_request_bytes) : parse_size(a.max_request_bytes, "--max-request-bytes");
   if (max_body == 0) fail_arg("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
+  require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
     const ModelConfig cfg = load_config(a.engine.model);
     if (a.engine.ctx > cfg.max_positions) {
       fail_arg("--ctx {} exceeds the model's context of {} positions", a.engine.ctx, cfg.max_positions);
     }
-  }
-  if (!has_tokenizer(a.engine.model)) {
-    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); the server needs one", a.engine.model);
   }
   const Tokenizer tok = Tokenizer::load(a.engine.model);
 

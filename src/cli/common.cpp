@@ -72,10 +72,7 @@ void apply_engine_options(const EngineOptions& o) {
 
 std::unique_ptr<Model> load_model(const EngineOptions& o) {
   apply_engine_options(o);
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(o.model, ec)) fail_arg("model folder {} (--model) does not exist", o.model);
-  if (!fs::is_directory(o.model, ec)) fail_arg("--model {} is not a folder (expected a checkpoint folder)", o.model);
+  require_model_folder(o.model);
   LoadOptions lo;
   lo.mmap = o.mmap;
   if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "--memory-budget");
@@ -116,6 +113,18 @@ std::string cache_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) return std::string(x) + "/deltafin";
   if (const char* h = std::getenv("HOME"); h != nullptr && *h) return std::string(h) + "/.cache/deltafin";
   fail("cannot find a cache folder: set DELTAFIN_CACHE or HOME");
+}
+
+void require_model_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) fail_arg("model folder {} (--model) does not exist", dir);
+  if (!fs::is_directory(dir, ec)) fail_arg("--model {} is not a folder (expected a checkpoint folder)", dir);
+}
+
+void require_tokenizer(const std::string& dir, const char* who) {
+  require_model_folder(dir);
+  if (!has_tokenizer(dir)) fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); {} needs one", dir, who);
 }
 
 bool has_tokenizer(const std::string& dir) {

@@ -51,6 +51,11 @@ std::string cache_dir();
 std::string heat_file_for(const std::string& model_dir);
 // True when `dir` holds tiktoken.model and tokenizer_config.json.
 bool has_tokenizer(const std::string& dir);
+// Throws InvalidArgument unless `dir` is an existing folder (naming it) that holds a tokenizer
+// ("DIR has no tokenizer (...); WHO needs one").
+void require_tokenizer(const std::string& dir, const char* who);
+// Throws InvalidArgument unless `dir` exists and is a folder.
+void require_model_folder(const std::string& dir);
 
 // "3,1,4" or "[3, 1, 4]" -> ids. Throws InvalidArgument naming `what`.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);
