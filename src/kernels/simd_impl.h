@@ -499,61 +499,70 @@ struct Impl {
     finish_tile<MR, NR>(t, acc);
   }
 
+  // MXFP4 tile: per block, the even-vector half sums of all MR x NR outputs first (kept in L1),
+  // then the odd ones, then acc = fma(even + odd, s, acc) with acc also kept in L1. Only one set
+  // of half sums is live in registers, so the tile can be as tall as the plain one (the AVX2
+  // 2 x 2 tile with both half sums and acc in registers was load-bound: one load per FMA).
   template <int MR, int NR>
   static void micro_mx(const Tile& t) {
-    F acc[MR][NR];
-    start_tile<MR, NR>(t, acc);
+    alignas(64) float accm[MR][NR][L];
+    alignas(64) float even[MR][NR][L];
+    DF_UNROLL
+    for (int i = 0; i < MR; ++i)
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r)
+        V::store(accm[i][r], t.first ? V::zero() : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r)));
     for (int64_t b = 0; b * kBC < t.kb; ++b) {
       const int64_t k = b * kBC;
-      F ga[MR][NR], gb[MR][NR];
-      {
-        F wa[NR], wb[NR];
-        DF_UNROLL
-        for (int r = 0; r < NR; ++r) {
-          wa[r] = V::load(t.p + r * t.ldp + k);
-          wb[r] = V::load(t.p + r * t.ldp + k + L);
-        }
-        DF_UNROLL
-        for (int i = 0; i < MR; ++i) {
-          F xa = V::load(t.x + i * t.ldx + k);
-          F xb = V::load(t.x + i * t.ldx + k + L);
-          V::in_register(xa);
-          V::in_register(xb);
+      DF_UNROLL
+      for (int h = 0; h < 2; ++h) {  // h = 0: even vectors, 1: odd vectors
+        F g[MR][NR];
+        {
+          F w[NR];
           DF_UNROLL
-          for (int r = 0; r < NR; ++r) {
-            ga[i][r] = V::mul(xa, wa[r]);
-            gb[i][r] = V::mul(xb, wb[r]);
+          for (int r = 0; r < NR; ++r) w[r] = V::load(t.p + r * t.ldp + k + h * L);
+          DF_UNROLL
+          for (int i = 0; i < MR; ++i) {
+            F xv = V::load(t.x + i * t.ldx + k + h * L);
+            V::in_register(xv);
+            DF_UNROLL
+            for (int r = 0; r < NR; ++r) g[i][r] = V::mul(xv, w[r]);
           }
         }
-      }
-      DF_UNROLL
-      for (int u = 2; u < kNV; u += 2) {
-        F wa[NR], wb[NR];
         DF_UNROLL
-        for (int r = 0; r < NR; ++r) {
-          wa[r] = V::load(t.p + r * t.ldp + k + u * L);
-          wb[r] = V::load(t.p + r * t.ldp + k + (u + 1) * L);
-        }
-        DF_UNROLL
-        for (int i = 0; i < MR; ++i) {
-          F xa = V::load(t.x + i * t.ldx + k + u * L);
-          F xb = V::load(t.x + i * t.ldx + k + (u + 1) * L);
-          V::in_register(xa);
-          V::in_register(xb);
+        for (int u = 2 + h; u < kNV; u += 2) {
+          F w[NR];
           DF_UNROLL
-          for (int r = 0; r < NR; ++r) {
-            ga[i][r] = V::fma(xa, wa[r], ga[i][r]);
-            gb[i][r] = V::fma(xb, wb[r], gb[i][r]);
+          for (int r = 0; r < NR; ++r) w[r] = V::load(t.p + r * t.ldp + k + u * L);
+          DF_UNROLL
+          for (int i = 0; i < MR; ++i) {
+            F xv = V::load(t.x + i * t.ldx + k + u * L);
+            V::in_register(xv);
+            DF_UNROLL
+            for (int r = 0; r < NR; ++r) g[i][r] = V::fma(xv, w[r], g[i][r]);
           }
         }
-      }
-      DF_UNROLL
-      for (int r = 0; r < NR; ++r) {
-        F s = V::load(t.s + (r * t.lds + b) * L);
-        DF_UNROLL
-        for (int i = 0; i < MR; ++i) acc[i][r] = V::fma(V::add(ga[i][r], gb[i][r]), s, acc[i][r]);
+        if (h == 0) {
+          DF_UNROLL
+          for (int i = 0; i < MR; ++i)
+            DF_UNROLL
+            for (int r = 0; r < NR; ++r) V::store(even[i][r], g[i][r]);
+        } else {
+          DF_UNROLL
+          for (int r = 0; r < NR; ++r) {
+            const F s = V::load(t.s + (r * t.lds + b) * L);
+            DF_UNROLL
+            for (int i = 0; i < MR; ++i)
+              V::store(accm[i][r], V::fma(V::add(V::load(even[i][r]), g[i][r]), s, V::load(accm[i][r])));
+          }
+        }
       }
     }
+    F acc[MR][NR];
+    DF_UNROLL
+    for (int i = 0; i < MR; ++i)
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) acc[i][r] = V::load(accm[i][r]);
     finish_tile<MR, NR>(t, acc);
   }
 

@@ -3,8 +3,8 @@
 // 8-lane vector traits: bf16 -> f32 by zero-extension and a 16-bit shift, int8 by sign-extension
 // and conversion, MXFP4 by pshufb lookups of the bf16 bytes of doubled E2M1 values, two groups per 256-bit vector
 // in an order that needs no lane-crossing shuffle (x is permuted to match; see mx_decode). The
-// register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel, 2x2
-// (+ 2 x 2x2 partial sums) for MXFP4.
+// register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel and for
+// the MXFP4 half sums (the MXFP4 accumulators live in L1).
 #include <immintrin.h>
 
 #include "kernels/kernels.h"
@@ -17,7 +17,7 @@ struct Avx2 {
   using F = __m256;
   static constexpr int L = 8;
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
-  static constexpr int kMxMR = 2, kMxNR = 2;  // MXFP4 micro-kernel tile
+  static constexpr int kMxMR = 6, kMxNR = 2;  // MXFP4 micro-kernel tile
   static constexpr int kNB = 32;              // panel rows (decoded weights, in L1/L2)
   static constexpr int kMB = 96;              // activation rows per block
   static constexpr int64_t kKB = 512;         // panel columns
