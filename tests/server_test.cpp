@@ -798,7 +798,9 @@ TEST_F(Server, MetricsExposition) {
         "deltafin_requests_total{endpoint=\"other\",status=\"404\"} 1", "deltafin_prompt_tokens_total 2",
         "deltafin_completion_tokens_total 3", "deltafin_tokens_per_second", "deltafin_queue_depth 0",
         "deltafin_active_sequences 0", "deltafin_expert_hits_total", "deltafin_expert_misses_total",
-        "deltafin_expert_bytes_read_total", "deltafin_cached_prompt_tokens_total 0", "deltafin_model_ready 1",
+        "deltafin_expert_bytes_read_total", "deltafin_expert_io_wait_seconds_total",
+        "deltafin_expert_prefetch_wasted_bytes_total", "deltafin_prefetch_recall", "deltafin_trunk_bytes_streamed_total",
+        "deltafin_trunk_io_wait_seconds_total", "deltafin_cached_prompt_tokens_total 0", "deltafin_model_ready 1",
         "# TYPE deltafin_requests_total counter"}) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name << "\n" << r.body;
   }

@@ -51,9 +51,13 @@ void Metrics::set_gauges(int64_t queued, int64_t active) {
   active_ = active;
 }
 
-void Metrics::set_experts(const ExpertStats& s) {
+void Metrics::set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits,
+                          uint64_t recall_requested) {
   std::lock_guard<std::mutex> lock(m_);
-  experts_ = s;
+  experts_ = experts;
+  trunk_ = trunk;
+  recall_hits_ = recall_hits;
+  recall_requested_ = recall_requested;
 }
 
 void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity) {
@@ -146,6 +150,24 @@ std::string Metrics::render() const {
   value("deltafin_expert_bytes_served_total", experts_.bytes_served);
   metric("deltafin_expert_io_wait_seconds_total", "counter", "Time compute waited for expert reads.");
   value("deltafin_expert_io_wait_seconds_total", experts_.io_wait_s);
+  metric("deltafin_expert_read_seconds_total", "counter", "Time reader threads spent reading experts (summed over readers).");
+  value("deltafin_expert_read_seconds_total", experts_.read_s);
+  metric("deltafin_expert_prefetch_issued_total", "counter", "Expert reads started by the look-ahead predictor.");
+  value("deltafin_expert_prefetch_issued_total", experts_.prefetch_issued);
+  metric("deltafin_expert_prefetch_used_total", "counter", "Prefetched experts that a pass then asked for.");
+  value("deltafin_expert_prefetch_used_total", experts_.prefetch_used);
+  metric("deltafin_expert_prefetch_wasted_bytes_total", "counter", "Bytes of prefetched experts evicted unused.");
+  value("deltafin_expert_prefetch_wasted_bytes_total", experts_.prefetch_wasted_bytes);
+  metric("deltafin_prefetch_predicted_hits_total", "counter", "Requested experts the look-ahead predictor had predicted.");
+  value("deltafin_prefetch_predicted_hits_total", recall_hits_);
+  metric("deltafin_prefetch_predicted_requests_total", "counter", "Requested experts in layers that had a prediction.");
+  value("deltafin_prefetch_predicted_requests_total", recall_requested_);
+  metric("deltafin_prefetch_recall", "gauge", "Predicted hits / predicted requests since start (0 without predictions).");
+  value("deltafin_prefetch_recall", recall_requested_ > 0 ? static_cast<double>(recall_hits_) / static_cast<double>(recall_requested_) : 0.0);
+  metric("deltafin_trunk_bytes_streamed_total", "counter", "Trunk bytes read from storage for layers that are not resident.");
+  value("deltafin_trunk_bytes_streamed_total", trunk_.bytes_streamed);
+  metric("deltafin_trunk_io_wait_seconds_total", "counter", "Time compute waited for streamed trunk layers.");
+  value("deltafin_trunk_io_wait_seconds_total", trunk_.wait_s);
   return out;
 }
 

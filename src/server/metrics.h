@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "experts/provider.h"
+#include "model/weights.h"
 
 namespace deltafin::server {
 
@@ -25,7 +26,10 @@ class Metrics {
   void count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
   void count_kept(bool kept);
   void set_gauges(int64_t queued, int64_t active);
-  void set_experts(const ExpertStats& s);
+  // Storage counters after a pass: the expert provider's, the trunk streamer's, and the
+  // look-ahead predictor's recall totals (requested experts that had been predicted, of those
+  // requested in layers with a prediction).
+  void set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits, uint64_t recall_requested);
   void set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity);
   void set_ready(bool ready);
   void set_cache_entries(int64_t n);
@@ -43,6 +47,8 @@ class Metrics {
   int64_t context_ = 0, parallel_ = 0, queue_capacity_ = 0, cache_capacity_ = 0;
   bool ready_ = false;
   ExpertStats experts_;
+  TrunkStats trunk_;
+  uint64_t recall_hits_ = 0, recall_requested_ = 0;
   // (time, generated tokens) per pass over the last few seconds, for the tokens/s gauge.
   std::deque<std::pair<double, int64_t>> recent_;
 };

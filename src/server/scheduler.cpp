@@ -35,11 +35,20 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
     : model_(model), tok_(tok), opt_(options), metrics_(metrics), cache_(options.cache) {
   opt_.parallel = std::max(1, opt_.parallel);
   opt_.queue = std::max(0, opt_.queue);
-  metrics_.set_experts(model_.experts().stats());
+  publish_storage();
   thread_ = std::thread([this] { run(); });
 }
 
 Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::publish_storage() {
+  uint64_t hits = 0, requested = 0;
+  for (const auto& l : model_.prefetch_recall()) {
+    hits += l.predicted_hits;
+    requested += l.requested;
+  }
+  metrics_.set_storage(model_.experts().stats(), model_.trunk_stats(), hits, requested);
+}
 
 void Scheduler::stop() {
   {
@@ -256,7 +265,7 @@ void Scheduler::step() {
       }
     }
     metrics_.count_pass(rows, prompt_rows, generated, static_cast<int64_t>(seqs.size()), seconds);
-    metrics_.set_experts(model_.experts().stats());
+    publish_storage();
   }
   std::vector<Slot> keep;
   for (size_t i = 0; i < active_.size(); ++i) {

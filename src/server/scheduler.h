@@ -121,6 +121,7 @@ class Scheduler {
   void finish(Slot& s);
   void fail(const std::shared_ptr<Job>& job, const ApiError& e);
   void update_gauges();
+  void publish_storage();  // the model's storage counters -> metrics
 
   Model& model_;
   const Tokenizer& tok_;
