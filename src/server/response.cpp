@@ -43,13 +43,18 @@ ResponseBuilder::ResponseBuilder(const Tokenizer& tok, Endpoint endpoint, std::s
     : tok_(tok), endpoint_(endpoint), id_(std::move(id)), model_(std::move(model)), created_(created),
       logprobs_(logprobs), include_usage_(include_usage) {}
 
-json ResponseBuilder::chunk(json choice) const {
+json ResponseBuilder::head(const char* chat_object) const {
   json j;
   j["id"] = id_;
-  j["object"] = endpoint_ == Endpoint::chat ? "chat.completion.chunk" : "text_completion";
+  j["object"] = endpoint_ == Endpoint::chat ? chat_object : "text_completion";
   j["created"] = created_;
   j["model"] = model_;
   j["system_fingerprint"] = "deltafin-" DELTAFIN_VERSION;
+  return j;
+}
+
+json ResponseBuilder::chunk(json choice) const {
+  json j = head("chat.completion.chunk");
   j["choices"] = json::array({std::move(choice)});
   if (include_usage_) j["usage"] = nullptr;
   return j;
@@ -246,12 +251,7 @@ json ResponseBuilder::message() const {
 }
 
 json ResponseBuilder::response(StopReason stop, const Usage& usage) const {
-  json j;
-  j["id"] = id_;
-  j["object"] = endpoint_ == Endpoint::chat ? "chat.completion" : "text_completion";
-  j["created"] = created_;
-  j["model"] = model_;
-  j["system_fingerprint"] = "deltafin-" DELTAFIN_VERSION;
+  json j = head("chat.completion");
   json choice;
   choice["index"] = 0;
   if (endpoint_ == Endpoint::chat) {

@@ -65,6 +65,8 @@ class ResponseBuilder {
   const std::vector<Call>& tool_calls() const { return calls_; }
 
  private:
+  // id, object ("text_completion", or chat_object for chat), created, model, system_fingerprint.
+  nlohmann::ordered_json head(const char* chat_object) const;
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
   nlohmann::ordered_json token_logprob(const GeneratedToken& t) const;  // chat shape
   nlohmann::ordered_json chat_logprobs(size_t from) const;
