@@ -815,6 +815,39 @@ TEST_F(Server, MetricsExposition) {
   }
 }
 
+// A storage fault under the running server (a shard replaced by another file; the store also
+// reports a truncated file or a short read the same way, see store_test) fails the requests
+// that need the store with a clear 500 in OpenAI's error shape; the server stays up, keeps
+// answering every request, and stops cleanly.
+TEST(ServerFaults, ReplacedShardFailsTheRequestNotTheServer) {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_dir("serve-fault") + "/model";
+  fs::copy(server_model_dir(), dir, fs::copy_options::recursive);
+  ServerProcess srv({"--no-prefetch"}, dir);
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  auto c = srv.client();
+  EXPECT_EQ(post_json(*c, "/v1/completions", completion_body("hi", 2)).status, 200);
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") shard = e.path().string();
+  }
+  ASSERT_FALSE(shard.empty());
+  fs::copy_file(shard, shard + ".new");
+  fs::rename(shard + ".new", shard);  // same bytes, another file
+  std::this_thread::sleep_for(1100ms);  // the store checks its files at most once a second
+  for (int i = 0; i < 2; ++i) {
+    auto r = post_json(*c, "/v1/completions", completion_body("hello", 2));
+    expect_error(r, 500, "was replaced or changed while running");
+    if (is_error_shape(r.j)) {
+      EXPECT_NE(r.j["error"]["message"].get<std::string>().find(fs::path(shard).filename().string()), std::string::npos);
+    }
+  }
+  EXPECT_EQ(get(*c, "/health").status, 200);
+  EXPECT_EQ(get(*c, "/v1/models").status, 200);
+  EXPECT_TRUE(srv.running());
+  EXPECT_EQ(srv.stop(), 0) << srv.err();
+}
+
 TEST_F(Server, FuzzedBodiesNeverCrashIt) {
   start({"--max-tokens", "4"});
   std::mt19937 rng(42);
