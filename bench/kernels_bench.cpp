@@ -98,19 +98,21 @@ ThreadPool& pool_of(int threads) {
   return *pools[threads];
 }
 
-void run_matmul(benchmark::State& state, WeightFormat f, int64_t rows, int64_t cols, int64_t M,
-                bool hot = false) {
-  const int threads = static_cast<int>(state.range(0));
-  MatrixSet& set = matrices(f, rows, cols, hot);
-  ThreadPool& pool = pool_of(threads);
-  std::vector<float> x = activations(M * cols);
-  std::vector<float> y(static_cast<size_t>(M * rows));
+// Times `product(w, x, y, pool)` over the matrices of a set (round robin, so the weights come
+// from RAM unless the set is `hot`); x holds M rows of x_len, y M rows of y_len. Reports weight
+// GB/s and GFLOP/s.
+template <class Product>
+void run_products(benchmark::State& state, MatrixSet& set, int64_t rows, int64_t cols, int64_t M, int64_t x_len,
+                  int64_t y_len, Product product) {
+  ThreadPool& pool = pool_of(static_cast<int>(state.range(0)));
+  std::vector<float> x = activations(M * x_len);
+  std::vector<float> y(static_cast<size_t>(M * y_len));
   size_t i = 0;
   int64_t products = 0;
   for (auto _ : state) {
     const Matrix& w = set.items[i]->m;
     i = (i + 1) % set.items.size();
-    kernels::matmul(w, x.data(), M, cols, y.data(), rows, pool, false);
+    product(w, x.data(), y.data(), pool);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
     ++products;
@@ -124,29 +126,19 @@ void run_matmul(benchmark::State& state, WeightFormat f, int64_t rows, int64_t c
   state.SetLabel(kernels::active().name);
 }
 
+void run_matmul(benchmark::State& state, WeightFormat f, int64_t rows, int64_t cols, int64_t M,
+                bool hot = false) {
+  run_products(state, matrices(f, rows, cols, hot), rows, cols, M, cols, rows,
+               [&](const Matrix& w, const float* x, float* y, ThreadPool& pool) {
+                 kernels::matmul(w, x, M, cols, y, rows, pool, false);
+               });
+}
+
 void run_matmul_t(benchmark::State& state, int64_t rows, int64_t cols, int64_t M) {
-  const int threads = static_cast<int>(state.range(0));
-  MatrixSet& set = matrices(WeightFormat::kBF16, rows, cols);
-  ThreadPool& pool = pool_of(threads);
-  std::vector<float> x = activations(M * rows);
-  std::vector<float> y(static_cast<size_t>(M * cols));
-  size_t i = 0;
-  int64_t products = 0;
-  for (auto _ : state) {
-    const Matrix& w = set.items[i]->m;
-    i = (i + 1) % set.items.size();
-    kernels::matmul_t(w, x.data(), M, rows, y.data(), cols, pool);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-    ++products;
-  }
-  const double n = static_cast<double>(products);
-  state.counters["GB/s"] = benchmark::Counter(n * static_cast<double>(set.bytes_each) / 1e9,
-                                              benchmark::Counter::kIsRate);
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      n * 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols) / 1e9,
-      benchmark::Counter::kIsRate);
-  state.SetLabel(kernels::active().name);
+  run_products(state, matrices(WeightFormat::kBF16, rows, cols), rows, cols, M, rows, cols,
+               [&](const Matrix& w, const float* x, float* y, ThreadPool& pool) {
+                 kernels::matmul_t(w, x, M, rows, y, cols, pool);
+               });
 }
 
 // Read bandwidth of this machine (the roofline for decoding): sysinfo's probe over 256 MB.

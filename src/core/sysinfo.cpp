@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "core/file_io.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
 
@@ -239,14 +241,11 @@ double measure_disk_bandwidth(const std::vector<std::string>& files, int threads
   chunk = std::clamp<uint64_t>(std::min(total, max_bytes) / want / 4096 * 4096, 64 << 10, chunk);
   for (const auto& f : files) {
     int fd = -1;
-#ifdef O_DIRECT
-    fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-#endif
-    if (fd < 0) fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-#if defined(__APPLE__)
-    ::fcntl(fd, F_NOCACHE, 1);
-#endif
+    try {
+      fd = open_for_reading(f, true);
+    } catch (const IoError&) {
+      continue;  // the probe measures what it can read
+    }
     fds.push_back(fd);
     off_t size = ::lseek(fd, 0, SEEK_END);
     for (uint64_t off = 0; off + chunk <= static_cast<uint64_t>(size) && planned < max_bytes; off += chunk) {

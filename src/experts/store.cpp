@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
@@ -21,18 +22,15 @@
 namespace deltafin {
 
 namespace {
-constexpr uint64_t kAlign = 4096;
-uint64_t align_down(uint64_t x) { return x / kAlign * kAlign; }
-uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 // Bytes a slot needs for one expert: each range widened to the 4 KiB grid (contiguous ranges
 // share one widened span).
 uint64_t slot_need(const ExpertLocation& loc) {
   if (loc.contiguous()) {
     const ByteRange s = loc.span();
-    return align_up(s.offset + s.size) - align_down(s.offset);
+    return io_align_up(s.offset + s.size) - io_align_down(s.offset);
   }
   uint64_t n = 0;
-  for (const auto& r : loc.ranges) n += align_up(r.offset + r.size) - align_down(r.offset);
+  for (const auto& r : loc.ranges) n += io_align_up(r.offset + r.size) - io_align_down(r.offset);
   return n;
 }
 }  // namespace
@@ -58,11 +56,11 @@ uint64_t ExpertStore::slot_bytes_for(const ExpertDirectory& dir, const ModelConf
   for (int l = static_cast<int>(c.first_k_dense); l < c.num_layers; ++l) {
     for (int e = 0; e < c.moe.num_experts; ++e) n = std::max(n, slot_need(dir.location(l, e)));
   }
-  return align_up(n);
+  return io_align_up(n);
 }
 
 uint64_t ExpertStore::min_cache_bytes(const ModelConfig& c, uint64_t expert_bytes) {
-  return static_cast<uint64_t>(c.moe.top_k) * align_up(expert_bytes + 2 * kAlign);
+  return static_cast<uint64_t>(c.moe.top_k) * io_align_up(expert_bytes + 2 * kIoAlign);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,19 +162,7 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
   recall_.assign(static_cast<size_t>(dir_.num_layers()), {});
   for (const auto& m : ck.shards()) {
     paths_.push_back(m.path());
-    int fd = -1;
-#ifdef O_DIRECT
-    if (opt_.direct_io) fd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-#endif
-    if (fd < 0) {
-      direct_ok_ = false;
-      fd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC);
-    }
-    if (fd < 0) fail_io("cannot open {}: {}", m.path(), std::strerror(errno));
-#if defined(__APPLE__)
-    if (opt_.direct_io) ::fcntl(fd, F_NOCACHE, 1);
-#endif
-    fds_.push_back(fd);
+    fds_.push_back(open_for_reading(m.path(), opt_.direct_io, &direct_ok_));
   }
   if (!opt_.direct_io) direct_ok_ = false;
   // Heat statistics: counts per (layer, expert), persisted across runs.
@@ -317,26 +303,23 @@ void ExpertStore::read_expert(Slot& slot, int64_t key) {
   const ExpertLocation& loc = dir_.location(layer, expert);
   std::vector<const uint8_t*> ptrs;
   auto read_span = [&](int shard, uint64_t offset, uint64_t size, uint64_t pos) -> uint64_t {
-    const uint64_t a0 = align_down(offset), a1 = align_up(offset + size);
+    const uint64_t a0 = io_align_down(offset), a1 = io_align_up(offset + size);
     uint64_t got = 0;
     const uint64_t need = offset + size - a0;
-    while (got < a1 - a0) {
-      ssize_t n = ::pread(fds_[static_cast<size_t>(shard)], slot.buf + pos + got, a1 - a0 - got, static_cast<off_t>(a0 + got));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EINVAL && direct_ok_) {  // the file system refused O_DIRECT after all
-          int fd = ::open(paths_[static_cast<size_t>(shard)].c_str(), O_RDONLY | O_CLOEXEC);
-          if (fd >= 0) {
-            ::close(fds_[static_cast<size_t>(shard)]);
-            fds_[static_cast<size_t>(shard)] = fd;
-            continue;
-          }
+    for (;;) {
+      const ReadResult rd = read_at(fds_[static_cast<size_t>(shard)], slot.buf + pos + got, a1 - a0 - got, a0 + got);
+      got += rd.bytes;
+      if (rd.error == 0) break;  // all of it, or the end of the file
+      if (rd.error == EINVAL && direct_ok_) {  // the file system refused O_DIRECT after all
+        int fd = ::open(paths_[static_cast<size_t>(shard)].c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+          ::close(fds_[static_cast<size_t>(shard)]);
+          fds_[static_cast<size_t>(shard)] = fd;
+          continue;
         }
-        fail_io("reading expert {} of layer {} from {} at offset {}: {}", expert, layer,
-                paths_[static_cast<size_t>(shard)], a0 + got, std::strerror(errno));
       }
-      if (n == 0) break;  // end of file
-      got += static_cast<uint64_t>(n);
+      fail_io("reading expert {} of layer {} from {} at offset {}: {}", expert, layer,
+              paths_[static_cast<size_t>(shard)], a0 + got, std::strerror(rd.error));
     }
     if (got < need) {
       fail_io("short read of expert {} of layer {} from {}: {} of {} bytes at offset {} (the file is "
@@ -357,7 +340,7 @@ void ExpertStore::read_expert(Slot& slot, int64_t key) {
     for (const auto& r : loc.ranges) {
       uint64_t at = read_span(r.shard, r.offset, r.size, pos);
       ptrs.push_back(slot.buf + at);
-      pos += align_up(r.offset + r.size) - align_down(r.offset);
+      pos += io_align_up(r.offset + r.size) - io_align_down(r.offset);
     }
   }
   slot.weights = std::make_shared<ExpertWeights>(dir_.weights_from(ptrs));

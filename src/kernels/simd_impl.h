@@ -272,6 +272,21 @@ struct Impl {
     return V::fma(V::add(ga, gb), s, acc);
   }
 
+  // y[m * ldy + r] = (accumulate ? y[m * ldy + r] : 0) + hsum(acc[m][r]): the end of every
+  // product (GEMV rows and GEMM tiles alike, so both finish with the same additions).
+  template <int M, int R>
+  DF_ALWAYS_INLINE static void store_sums(const F (&acc)[M][R], float* y, int64_t ldy, bool accumulate) {
+    DF_UNROLL
+    for (int m = 0; m < M; ++m) {
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const float v = V::hsum(acc[m][r]);
+        float& out = y[m * ldy + r];
+        out = accumulate ? out + v : v;
+      }
+    }
+  }
+
   // ---- small M: stream each weight row once -----------------------------------------------------
   template <WeightFormat Fmt, int M, int R>
   static void gemv_plain(const Matrix& w, int64_t n, const float* x, int64_t ldx, float* y,
@@ -315,15 +330,7 @@ struct Impl {
         for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
       }
     }
-    DF_UNROLL
-    for (int m = 0; m < M; ++m) {
-      DF_UNROLL
-      for (int r = 0; r < R; ++r) {
-        float s = V::hsum(acc[m][r]);
-        float& out = y[m * ldy + n + r];
-        out = accumulate ? out + s : s;
-      }
-    }
+    store_sums<M, R>(acc, y + n, ldy, accumulate);
   }
 
   // x here is already in the decoder's column order (xp, row stride ldxp).
@@ -373,15 +380,7 @@ struct Impl {
         for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + full * kBC, c, s, acc[m][r]);
       }
     }
-    DF_UNROLL
-    for (int m = 0; m < M; ++m) {
-      DF_UNROLL
-      for (int r = 0; r < R; ++r) {
-        float s = V::hsum(acc[m][r]);
-        float& out = y[m * ldy + n + r];
-        out = accumulate ? out + s : s;
-      }
-    }
+    store_sums<M, R>(acc, y + n, ldy, accumulate);
   }
 
   // Rows [n0, n1) for a fixed small M, R rows at a time (fewer at the end).
@@ -438,15 +437,7 @@ struct Impl {
   template <int MR, int NR>
   static void finish_tile(const Tile& t, F (&acc)[MR][NR]) {
     if (t.last) {
-      DF_UNROLL
-      for (int i = 0; i < MR; ++i) {
-        DF_UNROLL
-        for (int r = 0; r < NR; ++r) {
-          float s = V::hsum(acc[i][r]);
-          float& out = t.y[i * t.ldy + r];
-          out = t.accumulate ? out + s : s;
-        }
-      }
+      store_sums<MR, NR>(acc, t.y, t.ldy, t.accumulate);
     } else {
       DF_UNROLL
       for (int i = 0; i < MR; ++i)

@@ -12,16 +12,14 @@
 #include "core/mapped_file.h"
 #include "core/timer.h"
 #include "model/checkpoint.h"
+#include "core/file_io.h"
 #include "core/weight_buffer.h"
 #include "model/inventory.h"
 
 namespace deltafin {
 
 namespace {
-constexpr uint64_t kAlign = 4096;
 constexpr uint64_t kChunk = 8ull << 20;
-uint64_t align_down(uint64_t x) { return x / kAlign * kAlign; }
-uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 uint8_t* alloc_aligned(uint64_t n) { return alloc_weight_buffer(n, "trunk weights"); }
 }  // namespace
@@ -30,22 +28,8 @@ StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const
                                int readers, bool direct_io)
     : c_(c), ck_(ck), plan_(plan), bind_(bind) {
   for (const auto& m : ck.shards()) {
-    int fd = -1;
-#ifdef O_DIRECT
-    if (direct_io) fd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-#endif
-    if (fd < 0) {
-      direct_ok_ = false;
-      fd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC);
-    }
-    if (fd < 0) fail_io("cannot open {}: {}", m.path(), std::strerror(errno));
-#if defined(__APPLE__)
-    if (direct_io) ::fcntl(fd, F_NOCACHE, 1);
-#endif
-    fds_.push_back(fd);
-    int bfd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (bfd < 0) fail_io("cannot open {}: {}", m.path(), std::strerror(errno));
-    buffered_fds_.push_back(bfd);
+    fds_.push_back(open_for_reading(m.path(), direct_io, &direct_ok_));
+    buffered_fds_.push_back(open_for_reading(m.path(), false));
   }
   if (!direct_io) direct_ok_ = false;
   embed_info_ = &ck.get("language_model.model.embed_tokens.weight");
@@ -109,12 +93,8 @@ StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const
       std::vector<std::pair<const TensorInfo*, const uint8_t*>> got;
       for (const auto& n : names) {
         const TensorInfo& t = ck.get(n);
-        uint64_t done = 0;
-        while (done < t.nbytes) {
-          ssize_t r = ::pread(buffered_fds_[static_cast<size_t>(t.shard)], mem.data() + off + done, t.nbytes - done,
-                              static_cast<off_t>(t.offset + done));
-          if (r <= 0) fail_io("short read of {} from {}", n, ck.shards()[t.shard].path());
-          done += static_cast<uint64_t>(r);
+        if (read_at(buffered_fds_[static_cast<size_t>(t.shard)], mem.data() + off, t.nbytes, t.offset).bytes < t.nbytes) {
+          fail_io("short read of {} from {}", n, ck.shards()[t.shard].path());
         }
         got.push_back({&t, mem.data() + off});
         off += t.nbytes;
@@ -179,11 +159,11 @@ StreamingTrunk::UnitLayout StreamingTrunk::layout_for(int unit) const {
     const TensorInfo* first = l.infos[order[i]];
     uint64_t start = first->offset, end = first->offset + first->nbytes;
     size_t j = i + 1;
-    while (j < order.size() && l.infos[order[j]]->shard == first->shard && l.infos[order[j]]->offset <= end + kAlign) {
+    while (j < order.size() && l.infos[order[j]]->shard == first->shard && l.infos[order[j]]->offset <= end + kIoAlign) {
       end = std::max(end, l.infos[order[j]]->offset + l.infos[order[j]]->nbytes);
       ++j;
     }
-    Span s{first->shard, align_down(start), align_up(end) - align_down(start), buf};
+    Span s{first->shard, io_align_down(start), io_align_up(end) - io_align_down(start), buf};
     for (size_t k = i; k < j; ++k) l.tensor_buf_offset[order[k]] = buf + (l.infos[order[k]]->offset - s.file_offset);
     l.spans.push_back(s);
     buf += s.length;
@@ -216,19 +196,12 @@ void StreamingTrunk::reader_loop() {
     l.unlock();
     std::string err;
     Stopwatch sw;
-    uint64_t got = 0;
-    const int fd = fds_[static_cast<size_t>(j.span.shard)];
-    while (got < j.span.length) {
-      ssize_t n = ::pread(fd, j.dest + j.span.buf_offset + got, j.span.length - got,
-                          static_cast<off_t>(j.span.file_offset + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        err = fmt::format("reading trunk weights from {} at offset {}: {}", ck_.shards()[j.span.shard].path(),
-                          j.span.file_offset + got, std::strerror(errno));
-        break;
-      }
-      if (n == 0) break;
-      got += static_cast<uint64_t>(n);
+    const ReadResult rd = read_at(fds_[static_cast<size_t>(j.span.shard)], j.dest + j.span.buf_offset, j.span.length,
+                                  j.span.file_offset);
+    const uint64_t got = rd.bytes;
+    if (rd.error != 0) {
+      err = fmt::format("reading trunk weights from {} at offset {}: {}", ck_.shards()[j.span.shard].path(),
+                        j.span.file_offset + got, std::strerror(rd.error));
     }
     // The tail past the end of the file is padding from the 4 KiB widening; tensors end before it.
     const uint64_t file_size = ck_.shards()[j.span.shard].size();
@@ -375,13 +348,8 @@ void StreamingTrunk::embed(std::span<const int32_t> tokens, float* out) {
   const int fd = buffered_fds_[static_cast<size_t>(embed_info_->shard)];
   for (size_t r = 0; r < tokens.size(); ++r) {
     const uint64_t off = embed_info_->offset + static_cast<uint64_t>(tokens[r]) * static_cast<uint64_t>(H) * 2;
-    uint64_t got = 0;
-    char* dst = reinterpret_cast<char*>(row.data());
-    while (got < static_cast<uint64_t>(H) * 2) {
-      ssize_t n = ::pread(fd, dst + got, static_cast<size_t>(H) * 2 - got, static_cast<off_t>(off + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail_io("short read of the embedding row of token {} from {}", tokens[r], ck_.shards()[embed_info_->shard].path());
-      got += static_cast<uint64_t>(n);
+    if (read_at(fd, row.data(), static_cast<uint64_t>(H) * 2, off).bytes < static_cast<uint64_t>(H) * 2) {
+      fail_io("short read of the embedding row of token {} from {}", tokens[r], ck_.shards()[embed_info_->shard].path());
     }
     for (int64_t i = 0; i < H; ++i) out[static_cast<int64_t>(r) * H + i] = bf16_to_f32(row[static_cast<size_t>(i)]);
   }

@@ -1,0 +1,29 @@
+// Positioned reads of checkpoint shards, shared by the trunk streamer, the expert store and the
+// disk probe: opening with O_DIRECT where the platform and file system allow it (falling back to
+// buffered reads), 4 KiB alignment for O_DIRECT ranges, and a read loop that survives EINTR and
+// partial reads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace deltafin {
+
+constexpr uint64_t kIoAlign = 4096;  // O_DIRECT offsets, lengths and buffers are multiples of this
+constexpr uint64_t io_align_down(uint64_t x) { return x / kIoAlign * kIoAlign; }
+constexpr uint64_t io_align_up(uint64_t x) { return (x + kIoAlign - 1) / kIoAlign * kIoAlign; }
+
+// Opens `path` read-only, with O_DIRECT (F_NOCACHE on macOS) when `direct` is true and the
+// platform accepts it; `*direct_ok` is cleared when it had to fall back to a buffered descriptor.
+// Throws IoError naming the path when the file cannot be opened at all.
+int open_for_reading(const std::string& path, bool direct, bool* direct_ok = nullptr);
+
+struct ReadResult {
+  uint64_t bytes = 0;  // read before the end of the file, an error, or n
+  int error = 0;       // errno of a failed read (0: none)
+};
+// Reads up to n bytes at `offset` into dst, retrying interrupted and partial reads; stops early
+// at the end of the file or at the first error.
+ReadResult read_at(int fd, void* dst, uint64_t n, uint64_t offset);
+
+}  // namespace deltafin
