@@ -79,7 +79,8 @@ struct MatrixSet {
 };
 
 MatrixSet& matrices(WeightFormat f, int64_t rows, int64_t cols, bool hot = false) {
-  static std::vector<std::pair<std::tuple<int, int64_t, int64_t, bool>, std::unique_ptr<MatrixSet>>> cache;
+  static std::vector<std::pair<std::tuple<int, int64_t, int64_t, bool>, std::unique_ptr<MatrixSet>>>
+      cache;
   auto key = std::make_tuple(static_cast<int>(f), rows, cols, hot);
   for (auto& [k, v] : cache)
     if (k == key) return *v;
@@ -87,7 +88,8 @@ MatrixSet& matrices(WeightFormat f, int64_t rows, int64_t cols, bool hot = false
   s->items.push_back(make(f, rows, cols));
   s->bytes_each = s->items[0]->m.bytes();
   const int64_t want = hot ? 0 : int64_t{160} << 20;
-  while (static_cast<int64_t>(s->items.size()) * s->bytes_each < want) s->items.push_back(make(f, rows, cols));
+  while (static_cast<int64_t>(s->items.size()) * s->bytes_each < want)
+    s->items.push_back(make(f, rows, cols));
   cache.emplace_back(key, std::move(s));
   return *cache.back().second;
 }
@@ -102,8 +104,8 @@ ThreadPool& pool_of(int threads) {
 // from RAM unless the set is `hot`); x holds M rows of x_len, y M rows of y_len. Reports weight
 // GB/s and GFLOP/s.
 template <class Product>
-void run_products(benchmark::State& state, MatrixSet& set, int64_t rows, int64_t cols, int64_t M, int64_t x_len,
-                  int64_t y_len, Product product) {
+void run_products(benchmark::State& state, MatrixSet& set, int64_t rows, int64_t cols, int64_t M,
+                  int64_t x_len, int64_t y_len, Product product) {
   ThreadPool& pool = pool_of(static_cast<int>(state.range(0)));
   std::vector<float> x = activations(M * x_len);
   std::vector<float> y(static_cast<size_t>(M * y_len));
@@ -120,9 +122,10 @@ void run_products(benchmark::State& state, MatrixSet& set, int64_t rows, int64_t
   const double n = static_cast<double>(products);
   state.counters["GB/s"] = benchmark::Counter(n * static_cast<double>(set.bytes_each) / 1e9,
                                               benchmark::Counter::kIsRate);
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      n * 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols) / 1e9,
-      benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(n * 2.0 * static_cast<double>(M) * static_cast<double>(rows) *
+                             static_cast<double>(cols) / 1e9,
+                         benchmark::Counter::kIsRate);
   state.SetLabel(kernels::active().name);
 }
 
@@ -172,22 +175,49 @@ void DotBandwidth(benchmark::State& state) {
 constexpr WeightFormat kB = WeightFormat::kBF16;
 constexpr WeightFormat kQ = WeightFormat::kMXFP4;
 
-void GemvBf16_12288x7168(benchmark::State& s) { run_matmul(s, kB, 12288, 7168, 1); }
-void GemvBf16_7168x12288(benchmark::State& s) { run_matmul(s, kB, 7168, 12288, 1); }
-void GemvMxfp4_3072x3584(benchmark::State& s) { run_matmul(s, kQ, 3072, 3584, 1); }
-void GemvMxfp4_3584x3072(benchmark::State& s) { run_matmul(s, kQ, 3584, 3072, 1); }
+void GemvBf16_12288x7168(benchmark::State& s) {
+  run_matmul(s, kB, 12288, 7168, 1);
+}
+void GemvBf16_7168x12288(benchmark::State& s) {
+  run_matmul(s, kB, 7168, 12288, 1);
+}
+void GemvMxfp4_3072x3584(benchmark::State& s) {
+  run_matmul(s, kQ, 3072, 3584, 1);
+}
+void GemvMxfp4_3584x3072(benchmark::State& s) {
+  run_matmul(s, kQ, 3584, 3072, 1);
+}
 // The same expert over and over (L3-resident): the decoder's own speed, without DRAM.
-void GemvMxfp4_3072x3584_L3(benchmark::State& s) { run_matmul(s, kQ, 3072, 3584, 1, true); }
-void GemmBf16_12288x7168_M64(benchmark::State& s) { run_matmul(s, kB, 12288, 7168, 64); }
-void GemmBf16_7168x12288_M64(benchmark::State& s) { run_matmul(s, kB, 7168, 12288, 64); }
-void GemmMxfp4_3072x3584_M64(benchmark::State& s) { run_matmul(s, kQ, 3072, 3584, 64); }
-void GemmMxfp4_3584x3072_M64(benchmark::State& s) { run_matmul(s, kQ, 3584, 3072, 64); }
-void GemvBf16_4x12288x7168(benchmark::State& s) { run_matmul(s, kB, 12288, 7168, 4); }
-void GemvMxfp4_4x3072x3584(benchmark::State& s) { run_matmul(s, kQ, 3072, 3584, 4); }
-void MatmulTBf16_128x512_M1(benchmark::State& s) { run_matmul_t(s, 128, 512, 1); }
-void MatmulTBf16_128x512_M64(benchmark::State& s) { run_matmul_t(s, 128, 512, 64); }
+void GemvMxfp4_3072x3584_L3(benchmark::State& s) {
+  run_matmul(s, kQ, 3072, 3584, 1, true);
+}
+void GemmBf16_12288x7168_M64(benchmark::State& s) {
+  run_matmul(s, kB, 12288, 7168, 64);
+}
+void GemmBf16_7168x12288_M64(benchmark::State& s) {
+  run_matmul(s, kB, 7168, 12288, 64);
+}
+void GemmMxfp4_3072x3584_M64(benchmark::State& s) {
+  run_matmul(s, kQ, 3072, 3584, 64);
+}
+void GemmMxfp4_3584x3072_M64(benchmark::State& s) {
+  run_matmul(s, kQ, 3584, 3072, 64);
+}
+void GemvBf16_4x12288x7168(benchmark::State& s) {
+  run_matmul(s, kB, 12288, 7168, 4);
+}
+void GemvMxfp4_4x3072x3584(benchmark::State& s) {
+  run_matmul(s, kQ, 3072, 3584, 4);
+}
+void MatmulTBf16_128x512_M1(benchmark::State& s) {
+  run_matmul_t(s, 128, 512, 1);
+}
+void MatmulTBf16_128x512_M64(benchmark::State& s) {
+  run_matmul_t(s, 128, 512, 64);
+}
 
-#define DF_BENCH(fn) BENCHMARK(fn)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond)
+#define DF_BENCH(fn) \
+  BENCHMARK(fn)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond)
 
 BENCHMARK(MemoryBandwidth)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(DotBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
@@ -207,4 +237,3 @@ DF_BENCH(MatmulTBf16_128x512_M64);
 
 }  // namespace
 }  // namespace deltafin
-

@@ -19,7 +19,9 @@ namespace {
 
 std::string tokenizer_dir() {
   if (const char* env = std::getenv("DELTAFIN_TOKENIZER_DIR")) return env;
-  return (std::filesystem::path(__FILE__).parent_path().parent_path() / "tests" / "data" / "tokenizer").string();
+  return (std::filesystem::path(__FILE__).parent_path().parent_path() / "tests" / "data" /
+          "tokenizer")
+      .string();
 }
 
 const deltafin::Tokenizer& tokenizer() {
@@ -35,15 +37,22 @@ const std::string& mixed_text() {
         "It's what they'd said: DON'T PANIC, and we've HTTPServer's logs ready.\n",
         "def quicksort(a):\n    if len(a) <= 1:\n        return a\n    p = a[0]\n",
         "for (int i = 0; i < n; ++i) { sum += v[i] * w[i]; }\n",
-        "深夜调试一个大语言模型，不想把数据发送到云端。", "日本語のテキストとカタカナ。", "한국어 문장입니다. ",
-        "emoji 😀🚀👩‍💻🇫🇷 ", "numbers 1234567 3.14159 2026-12-02 ", "     \t\t\n\n   ",
-        "Привет, мир! ", "naïve café résumé Ångström ", "{\"role\": \"user\", \"content\": \"Hello\"} ",
+        "深夜调试一个大语言模型，不想把数据发送到云端。",
+        "日本語のテキストとカタカナ。",
+        "한국어 문장입니다. ",
+        "emoji 😀🚀👩‍💻🇫🇷 ",
+        "numbers 1234567 3.14159 2026-12-02 ",
+        "     \t\t\n\n   ",
+        "Привет, мир! ",
+        "naïve café résumé Ångström ",
+        "{\"role\": \"user\", \"content\": \"Hello\"} ",
     };
     std::mt19937 rng(42);
     std::string s;
     while (s.size() < (1u << 20)) s += parts[rng() % parts.size()];
     s.resize(1u << 20);
-    while (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0x80) s.pop_back();  // whole chars
+    while (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0x80)
+      s.pop_back();  // whole chars
     if (!s.empty() && static_cast<unsigned char>(s.back()) >= 0xC0) s.pop_back();
     return s;
   }();

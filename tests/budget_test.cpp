@@ -27,12 +27,15 @@ uint64_t minimum_budget(const std::string& dir, int64_t max_rows = 256) {
   return plan_memory(c, *ck, o).min_working_set;
 }
 
-std::string kib(uint64_t bytes) { return std::to_string((bytes + 1023) / 1024) + "K"; }
+std::string kib(uint64_t bytes) {
+  return std::to_string((bytes + 1023) / 1024) + "K";
+}
 
-std::vector<float> logits_of(const std::vector<std::string>& extra, const std::string& model, const std::string& toks,
-                             const std::string& mode) {
+std::vector<float> logits_of(const std::vector<std::string>& extra, const std::string& model,
+                             const std::string& toks, const std::string& mode) {
   std::string out = test::temp_dir("budgetlogits") + "/l.f32";
-  std::vector<std::string> args = {"logits", "--model", model, "--tokens", toks, "--mode", mode, "--out", out};
+  std::vector<std::string> args = {"logits", "--model", model,   "--tokens", toks,
+                                   "--mode", mode,      "--out", out};
   args.insert(args.end(), extra.begin(), extra.end());
   auto r = test::run_deltafin(args);
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -57,8 +60,8 @@ TEST(Budget, StreamingIsExactAtTheMinimumBudget) {
       EXPECT_EQ(mm, st) << name << " " << mode;
     }
     // At the minimum every trunk unit is streamed and the cache holds one pass's experts.
-    auto r = test::run_deltafin({"logits", "--model", m, "--tokens", "1,2", "--out", test::temp_dir("p") + "/x",
-                                 "--memory-budget", budget, "-v"});
+    auto r = test::run_deltafin({"logits", "--model", m, "--tokens", "1,2", "--out",
+                                 test::temp_dir("p") + "/x", "--memory-budget", budget, "-v"});
     EXPECT_NE(r.err.find("0 of 10 units resident"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("= 4 experts"), std::string::npos) << r.err;
   }
@@ -72,8 +75,8 @@ TEST(Budget, GreedyGenerationIsUnchangedUnderABudget) {
     prompt += std::to_string(t.get<int>());
   }
   const std::string m = test::data_dir() + "/k3-tiny-mxfp4/model";
-  auto r = test::run_deltafin({"run", "--json", "--model", m, "--prompt-ids", prompt, "--max-new", "12", "--memory-budget",
-                               kib(minimum_budget(m))});
+  auto r = test::run_deltafin({"run", "--json", "--model", m, "--prompt-ids", prompt, "--max-new",
+                               "12", "--memory-budget", kib(minimum_budget(m))});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = json::parse(r.out);
   EXPECT_EQ(j["completion_ids"], c["greedy_continuation"]);
@@ -83,7 +86,8 @@ TEST(Budget, GreedyGenerationIsUnchangedUnderABudget) {
 
 TEST(Budget, RefusedBelowTheMinimumWorkingSet) {
   const std::string m = test::data_dir() + "/k3-tiny-mxfp4/model";
-  auto r = test::run_deltafin({"logits", "--model", m, "--tokens", "1", "--out", "/tmp/x", "--memory-budget", "1M"});
+  auto r = test::run_deltafin(
+      {"logits", "--model", m, "--tokens", "1", "--out", "/tmp/x", "--memory-budget", "1M"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("is below the minimum working set of"), std::string::npos) << r.err;
 }
@@ -107,8 +111,9 @@ TEST(Budget, PeakRssStaysWithinTheBudgetPlusFixedOverhead) {
   make_model(dir, s);
   const uint64_t min = minimum_budget(dir, 16);
   const uint64_t budget = min + (24ull << 20);
-  auto r = test::run_deltafin({"run", "--json", "--model", dir, "--prompt-ids", "1,2,3,4,5,6,7,8", "--max-new", "8",
-                               "--prefill-chunk", "16", "--memory-budget", kib(budget)});
+  auto r = test::run_deltafin({"run", "--json", "--model", dir, "--prompt-ids", "1,2,3,4,5,6,7,8",
+                               "--max-new", "8", "--prefill-chunk", "16", "--memory-budget",
+                               kib(budget)});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = json::parse(r.out);
   const double rss = j["peak_rss_bytes"];

@@ -45,15 +45,21 @@ TEST(CliRun, GreedyReproducesTheGoldenContinuation) {
     if (!expect.empty()) expect += ' ';
     expect += std::to_string(t.get<int>());
   }
-  auto r = test::run_deltafin({"run", "--model", test::data_dir() + "/k3-tiny-mxfp4/model", "--prompt-ids", prompt,
-                               "--max-new", std::to_string(c["greedy_continuation"].size())});
+  auto r = test::run_deltafin({"run", "--model", test::data_dir() + "/k3-tiny-mxfp4/model",
+                               "--prompt-ids", prompt, "--max-new",
+                               std::to_string(c["greedy_continuation"].size())});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, expect + "\n");
 }
 
 TEST(CliRun, SeededSamplingIsReproducible) {
-  std::vector<std::string> a = {"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "12",
-                                "--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--seed", "42"};
+  std::vector<std::string> a = {"--model",       tiny_with_tokenizer(),
+                                "--prompt",      "Once upon a time",
+                                "--max-new",     "12",
+                                "--temperature", "0.9",
+                                "--top-p",       "0.95",
+                                "--top-k",       "50",
+                                "--seed",        "42"};
   auto x = run_json(a), y = run_json(a);
   EXPECT_EQ(x["completion_ids"], y["completion_ids"]);
   EXPECT_EQ(x["seed"], 42);
@@ -61,16 +67,19 @@ TEST(CliRun, SeededSamplingIsReproducible) {
   auto z = run_json(a);
   EXPECT_NE(x["completion_ids"], z["completion_ids"]);
   // Greedy is the default and needs no seed.
-  auto g1 = run_json({"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "8"});
-  auto g2 = run_json({"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "8"});
+  auto g1 = run_json(
+      {"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "8"});
+  auto g2 = run_json(
+      {"--model", tiny_with_tokenizer(), "--prompt", "Once upon a time", "--max-new", "8"});
   EXPECT_EQ(g1["completion_ids"], g2["completion_ids"]);
 }
 
 TEST(CliRun, MaxNewAndJsonStatsAreConsistent) {
   auto j = run_json({"--model", tiny_with_tokenizer(), "--prompt", "Hello", "--max-new", "9"});
-  for (const char* k : {"prompt_ids", "completion_ids", "text", "prompt_tokens", "completion_tokens", "prefill_s",
-                        "ttft_s", "decode_s", "decode_tokens_per_s", "s_per_token", "stop_reason", "draft_proposed",
-                        "draft_accepted", "expert_hits", "expert_misses", "bytes_read", "peak_rss_bytes"}) {
+  for (const char* k :
+       {"prompt_ids", "completion_ids", "text", "prompt_tokens", "completion_tokens", "prefill_s",
+        "ttft_s", "decode_s", "decode_tokens_per_s", "s_per_token", "stop_reason", "draft_proposed",
+        "draft_accepted", "expert_hits", "expert_misses", "bytes_read", "peak_rss_bytes"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_EQ(j["completion_tokens"], 9);
@@ -87,12 +96,13 @@ TEST(CliRun, MaxNewAndJsonStatsAreConsistent) {
 
 TEST(CliRun, StopStringEndsTheTextBeforeIt) {
   // Pick a stop string from the greedy output, then rerun with it.
-  auto full = run_json({"--model", tiny_with_tokenizer(), "--prompt-ids", "72,101,108,108,111", "--max-new", "40"});
+  auto full = run_json(
+      {"--model", tiny_with_tokenizer(), "--prompt-ids", "72,101,108,108,111", "--max-new", "40"});
   std::string text = full["text"];
   ASSERT_GE(text.size(), 12u);
   std::string stop = text.substr(6, 3);
-  auto cut = run_json({"--model", tiny_with_tokenizer(), "--prompt-ids", "72,101,108,108,111", "--max-new", "40",
-                       "--stop", stop});
+  auto cut = run_json({"--model", tiny_with_tokenizer(), "--prompt-ids", "72,101,108,108,111",
+                       "--max-new", "40", "--stop", stop});
   EXPECT_EQ(cut["stop_reason"], "stop_string");
   EXPECT_EQ(cut["text"], text.substr(0, text.find(stop)));
 }
@@ -121,7 +131,8 @@ std::string model_that_emits(int winner, int target) {
 }
 
 TEST(CliRun, StopsAtEndOfTurnAndEos) {
-  auto first = run_json({"--model", tiny_with_tokenizer(), "--chat", "--prompt", "hi", "--max-new", "1"});
+  auto first =
+      run_json({"--model", tiny_with_tokenizer(), "--chat", "--prompt", "hi", "--max-new", "1"});
   const int winner = first["completion_ids"][0];
   const int eom = 256 + 2;  // <|end_of_msg|> in the synthetic tokenizer (K3's offset)
   auto dir = model_that_emits(winner, eom);
@@ -137,7 +148,8 @@ TEST(CliRun, StopsAtEndOfTurnAndEos) {
 }
 
 TEST(CliRun, SigintStopsCleanlyWithStats) {
-  test::Child c({"run", "--model", tiny_with_tokenizer(), "--prompt-ids", "1,2,3", "--max-new", "100000", "--stats"});
+  test::Child c({"run", "--model", tiny_with_tokenizer(), "--prompt-ids", "1,2,3", "--max-new",
+                 "100000", "--stats"});
   std::string out = c.wait_stdout("\xef", 30);  // some output has streamed
   (void)out;
   c.signal(SIGINT);
@@ -191,17 +203,22 @@ TEST(CliRun, MissingFolderOrTokenizerIsNamed) {
     args.insert(args.end(), extra.begin(), extra.end());
     auto r = test::run_deltafin(args);
     EXPECT_NE(r.exit_code, 0) << cmd;
-    EXPECT_NE(r.err.find("model folder /nonexistent/folder (--model) does not exist"), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("model folder /nonexistent/folder (--model) does not exist"),
+              std::string::npos)
+        << cmd << ": " << r.err;
     args[2] = g;
     r = test::run_deltafin(args);
     EXPECT_NE(r.exit_code, 0) << cmd;
-    EXPECT_NE(r.err.find("has no tokenizer (tiktoken.model + tokenizer_config.json)"), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("has no tokenizer (tiktoken.model + tokenizer_config.json)"),
+              std::string::npos)
+        << cmd << ": " << r.err;
   }
 }
 
 TEST(CliChat, ThreeTurnsReuseTheState) {
-  auto r = test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "6", "--stats"},
-                              "Hello there\nSecond turn\n/stats\nThird turn\n");
+  auto r =
+      test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "6", "--stats"},
+                         "Hello there\nSecond turn\n/stats\nThird turn\n");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Turn 1 prefills everything; turns 2 and 3 reuse the kept state and prefill only new tokens.
   auto first = r.err.find("[stats] full prefill of the conversation");
@@ -218,8 +235,9 @@ TEST(CliChat, ThreeTurnsReuseTheState) {
 
 TEST(CliChat, SaveLoadAndSettingsChangesFallBackToFullPrefill) {
   std::string file = test::temp_dir("chatsave") + "/conv.json";
-  auto r = test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "4", "--stats"},
-                              "First\n/save " + file + "\n/effort low\nSecond\n/load " + file + "\nThird\n/quit\n");
+  auto r = test::run_deltafin(
+      {"chat", "--model", tiny_with_tokenizer(), "--max-new", "4", "--stats"},
+      "First\n/save " + file + "\n/effort low\nSecond\n/load " + file + "\nThird\n/quit\n");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto saved = json::parse(test::slurp(file));
   ASSERT_EQ(saved["messages"].size(), 2u);
@@ -227,7 +245,8 @@ TEST(CliChat, SaveLoadAndSettingsChangesFallBackToFullPrefill) {
   EXPECT_EQ(saved["messages"][0]["content"], "First");
   EXPECT_EQ(saved["messages"][1]["role"], "assistant");
   size_t full = 0, pos = 0;
-  while ((pos = r.err.find("full prefill of the conversation", pos)) != std::string::npos) ++full, ++pos;
+  while ((pos = r.err.find("full prefill of the conversation", pos)) != std::string::npos)
+    ++full, ++pos;
   EXPECT_EQ(full, 3u) << r.err;  // first turn, after /effort, after /load
 }
 
@@ -235,10 +254,12 @@ TEST(CliRun, DemoModelIsMadeOnFirstUse) {
   std::string cache = test::temp_dir("democache");
   setenv("DELTAFIN_CACHE", cache.c_str(), 1);
   unsetenv("DELTAFIN_MODEL");
-  auto r = test::run_deltafin({"run", "--prompt", "The capital of France is", "--max-new", "5", "--stats"});
+  auto r = test::run_deltafin(
+      {"run", "--prompt", "The capital of France is", "--max-new", "5", "--stats"});
   unsetenv("DELTAFIN_CACHE");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("random-weight model with the real K3 architecture"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("random-weight model with the real K3 architecture"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("[stats] decode 4 tokens"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(cache + "/demo-tiny/tiktoken.model"));
 }

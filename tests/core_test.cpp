@@ -21,10 +21,13 @@ TEST(ThreadPool, RunsEveryTaskOnce) {
 TEST(ThreadPool, ParallelForCoversRangeWithAlignedChunks) {
   ThreadPool pool(2);
   std::vector<int> seen(1003, 0);
-  pool.parallel_for(1003, 10, [&](int64_t b, int64_t e, int) {
-    EXPECT_EQ(b % 16, 0);
-    for (int64_t i = b; i < e; ++i) seen[i]++;
-  }, 16);
+  pool.parallel_for(
+      1003, 10,
+      [&](int64_t b, int64_t e, int) {
+        EXPECT_EQ(b % 16, 0);
+        for (int64_t i = b; i < e; ++i) seen[i]++;
+      },
+      16);
   for (int v : seen) EXPECT_EQ(v, 1);
 }
 

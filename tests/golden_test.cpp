@@ -54,7 +54,8 @@ std::pair<double, int> compare(const GoldenCase& g, const std::vector<float>& go
   for (int64_t t = 0; t < g.T; ++t) {
     const float* e = g.logits.data() + t * g.V;
     const float* o = got.data() + t * g.V;
-    for (int64_t i = 0; i < g.V; ++i) mx = std::max(mx, static_cast<double>(std::fabs(e[i] - o[i])));
+    for (int64_t i = 0; i < g.V; ++i)
+      mx = std::max(mx, static_cast<double>(std::fabs(e[i] - o[i])));
     if (std::max_element(e, e + g.V) - e != std::max_element(o, o + g.V) - o) ++bad_argmax;
   }
   return {mx, bad_argmax};
@@ -78,15 +79,18 @@ TEST_P(Golden, LogitsThroughBinaryMatchReference) {
   EXPECT_EQ(bad, 0) << name << " " << mode;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllModes, Golden,
-    ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"),
-                       ::testing::Values("prefill", "decode", "split:1", "split:7", "split:19")),
-    [](const auto& info) {
-      std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-      std::replace_if(s.begin(), s.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
-      return s;
-    });
+INSTANTIATE_TEST_SUITE_P(AllModes, Golden,
+                         ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"),
+                                            ::testing::Values("prefill", "decode", "split:1",
+                                                              "split:7", "split:19")),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           std::replace_if(
+                               s.begin(), s.end(),
+                               [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); },
+                               '_');
+                           return s;
+                         });
 
 class GoldenGreedy : public ::testing::TestWithParam<std::string> {};
 
@@ -97,7 +101,8 @@ TEST_P(GoldenGreedy, ContinuationReproduced) {
   auto logits = model->forward(st, g.greedy_prompt);
   std::vector<int32_t> got;
   for (size_t i = 0; i < g.greedy_continuation.size(); ++i) {
-    int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     got.push_back(next);
     logits = model->forward(st, std::span<const int32_t>(&next, 1));
   }

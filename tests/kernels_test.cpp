@@ -4,6 +4,8 @@
 // order) checked bit for bit; and the reproducibility promises of simd_impl.h checked bit for bit:
 // the n0/n1 split, the thread count of the front end, and the batch size M do not change any
 // output element. Runs standalone too: `deltafin_tests --gtest_filter='Kernels*'`.
+#include "kernels/kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "kernels/kernels.h"
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
 
@@ -32,8 +33,8 @@ const KernelTable* table_by_name(const std::string& name) {
   return nullptr;
 }
 
-#define REQUIRE_TABLE(t, name)                                                    \
-  const KernelTable* t = table_by_name(name);                                     \
+#define REQUIRE_TABLE(t, name)                \
+  const KernelTable* t = table_by_name(name); \
   if (t == nullptr) GTEST_SKIP() << "kernel table '" << (name) << "' is not available on this CPU"
 
 // Owns the bytes behind a Matrix view.
@@ -105,9 +106,13 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   return v;
 }
 
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
 
-const char* fmt_name(WeightFormat f) { return weight_format_name(f); }
+const char* fmt_name(WeightFormat f) {
+  return weight_format_name(f);
+}
 
 constexpr WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kMXFP4,
                                      WeightFormat::kInt8};
@@ -136,16 +141,19 @@ std::string check_matmul(const KernelTable& t, const TestMatrix& tw, const std::
   const float* xp = x.data() + 1;  // deliberately not vector-aligned
   t.matmul[static_cast<int>(w.format)](w, n0, n1, xp, M, ldx, y.data(), ldy, accumulate);
   kernels::scalar_table().matmul[static_cast<int>(w.format)](w, n0, n1, xp, M, ldx, yr.data(), ldy,
-                                                              accumulate);
+                                                             accumulate);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < ldy; ++n) {
       const int64_t i = m * ldy + n;
       if (n < n0 || n >= n1) {
-        if (!same_bits(y[i], y0[i])) return "y[" + std::to_string(m) + "," + std::to_string(n) + "] outside the range was written";
+        if (!same_bits(y[i], y0[i]))
+          return "y[" + std::to_string(m) + "," + std::to_string(n) +
+                 "] outside the range was written";
         continue;
       }
       double bound = accumulate ? std::fabs(static_cast<double>(y0[i])) : 0.0;
-      for (int64_t k = 0; k < K; ++k) bound += std::fabs(static_cast<double>(xp[m * ldx + k]) * wd[n * K + k]);
+      for (int64_t k = 0; k < K; ++k)
+        bound += std::fabs(static_cast<double>(xp[m * ldx + k]) * wd[n * K + k]);
       const double tol = 1e-5 * bound + 1e-30;
       if (!(std::fabs(static_cast<double>(y[i]) - yr[i]) <= tol)) {
         return std::string(t.name) + " " + fmt_name(w.format) + " M=" + std::to_string(M) +
@@ -189,13 +197,18 @@ TEST_P(Matmul, SubRangesAndStrides) {
   REQUIRE_TABLE(t, name);
   std::mt19937 rng(99);
   const std::vector<int64_t> ks = f == WeightFormat::kMXFP4 ? std::vector<int64_t>{32, 160, 288}
-                                                           : std::vector<int64_t>{7, 33, 257, 300};
+                                                            : std::vector<int64_t>{7, 33, 257, 300};
   for (int64_t K : ks) {
     TestMatrix w = make_matrix(f, 100, K, rng);
     std::vector<float> wd = w.decoded();
     for (int64_t M : {1, 2, 3, 4, 5, 7, 13, 64}) {
-      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{16, 83}, {32, 48}, {3, 50}, {96, 100},
-                            {0, 1}, {5, 6}, {17, 100}}) {
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{16, 83},
+                            {32, 48},
+                            {3, 50},
+                            {96, 100},
+                            {0, 1},
+                            {5, 6},
+                            {17, 100}}) {
         for (bool acc : {false, true}) {
           ASSERT_EQ(check_matmul(*t, w, wd, M, n0, n1, acc, 5, 3, rng), "");
           ASSERT_EQ(check_matmul(*t, w, wd, M, n0, n1, acc, 64, 17, rng), "");
@@ -224,7 +237,8 @@ TEST_P(Matmul, SplitAndBatchInvariant) {
         fn(w, b, e, x.data(), M, K, split.data(), N, false);
       }
       for (size_t i = 0; i < full.size(); ++i) {
-        ASSERT_TRUE(same_bits(full[i], split[i])) << fmt_name(f) << " K=" << K << " M=" << M << " i=" << i;
+        ASSERT_TRUE(same_bits(full[i], split[i]))
+            << fmt_name(f) << " K=" << K << " M=" << M << " i=" << i;
       }
       for (int64_t m = 0; m < M; ++m) {
         std::vector<float> one(static_cast<size_t>(N));
@@ -259,7 +273,8 @@ TEST_P(Matmul, ThreadedFrontEndIsDeterministic) {
         std::vector<float> y(ref.size(), NAN);
         kernels::matmul(w, x.data(), M, K, y.data(), N, pool, false);
         for (size_t i = 0; i < y.size(); ++i) {
-          ASSERT_TRUE(same_bits(y[i], ref[i])) << threads << " threads, K=" << K << " M=" << M << " i=" << i;
+          ASSERT_TRUE(same_bits(y[i], ref[i]))
+              << threads << " threads, K=" << K << " M=" << M << " i=" << i;
         }
       }
     }
@@ -274,15 +289,17 @@ TEST_P(Matmul, TransposedMatchesScalar) {
   if (fn == nullptr) GTEST_SKIP() << "no matmul_t for this format";
   auto ref = kernels::scalar_table().matmul_t[static_cast<int>(f)];
   std::mt19937 rng(5);
-  const std::vector<int64_t> cs = f == WeightFormat::kMXFP4 ? std::vector<int64_t>{32, 96, 512}
-                                                           : std::vector<int64_t>{1, 3, 17, 100, 512};
+  const std::vector<int64_t> cs = f == WeightFormat::kMXFP4
+                                      ? std::vector<int64_t>{32, 96, 512}
+                                      : std::vector<int64_t>{1, 3, 17, 100, 512};
   for (int64_t R : {1, 7, 33, 128, 300}) {
     for (int64_t C : cs) {
       TestMatrix tw = make_matrix(f, R, C, rng);
       const Matrix w = tw.view();
       std::vector<float> wd = tw.decoded();
       for (int64_t M : {1, 2, 5, 13, 64}) {
-        for (auto [c0, c1] : {std::pair<int64_t, int64_t>{0, C}, {C > 17 ? 16 : 0, C > 17 ? C - 1 : C},
+        for (auto [c0, c1] : {std::pair<int64_t, int64_t>{0, C},
+                              {C > 17 ? 16 : 0, C > 17 ? C - 1 : C},
                               {C / 3, C / 2 + 1}}) {
           if (c0 >= c1) continue;
           const int64_t ldx = R + 3, ldy = C + 5;
@@ -295,11 +312,13 @@ TEST_P(Matmul, TransposedMatchesScalar) {
             for (int64_t c = 0; c < ldy; ++c) {
               const int64_t i = m * ldy + c;
               if (c < c0 || c >= c1) {
-                ASSERT_TRUE(same_bits(y[i], y0[i])) << "written outside the range at " << m << "," << c;
+                ASSERT_TRUE(same_bits(y[i], y0[i]))
+                    << "written outside the range at " << m << "," << c;
                 continue;
               }
               double bound = std::fabs(y0[i]);
-              for (int64_t r = 0; r < R; ++r) bound += std::fabs(static_cast<double>(x[m * ldx + r]) * wd[r * C + c]);
+              for (int64_t r = 0; r < R; ++r)
+                bound += std::fabs(static_cast<double>(x[m * ldx + r]) * wd[r * C + c]);
               ASSERT_NEAR(y[i], yr[i], 1e-5 * bound)
                   << fmt_name(f) << " R=" << R << " C=" << C << " M=" << M << " c0=" << c0
                   << " c1=" << c1 << " at " << m << "," << c;
@@ -361,8 +380,8 @@ TEST_P(Vec, DotAndAxpyMatchScalar) {
     std::vector<float> b = random_floats(static_cast<size_t>(n + 1), rng);
     double bound = 0;
     for (int64_t i = 0; i < n; ++i) bound += std::fabs(static_cast<double>(a[i + 1]) * b[i]);
-    EXPECT_NEAR(t->dot(a.data() + 1, b.data(), n), kernels::scalar_table().dot(a.data() + 1, b.data(), n),
-                1e-5 * bound)
+    EXPECT_NEAR(t->dot(a.data() + 1, b.data(), n),
+                kernels::scalar_table().dot(a.data() + 1, b.data(), n), 1e-5 * bound)
         << "n=" << n;
     std::vector<float> y = random_floats(static_cast<size_t>(n + 2), rng), yr = y;
     const float alpha = 0.75f;
@@ -371,7 +390,8 @@ TEST_P(Vec, DotAndAxpyMatchScalar) {
     EXPECT_TRUE(same_bits(y[0], yr[0]));
     EXPECT_TRUE(same_bits(y[n + 1], yr[n + 1])) << "axpy wrote past the end, n=" << n;
     for (int64_t i = 1; i <= n; ++i) {
-      EXPECT_NEAR(y[i], yr[i], 1e-6 * (std::fabs(yr[i]) + std::fabs(alpha * a[i]))) << "n=" << n << " i=" << i;
+      EXPECT_NEAR(y[i], yr[i], 1e-6 * (std::fabs(yr[i]) + std::fabs(alpha * a[i])))
+          << "n=" << n << " i=" << i;
     }
   }
 }
@@ -421,7 +441,8 @@ TEST(KernelsMxfp4, EveryCodeAndScaleExactInEveryTable) {
     if (t == nullptr) continue;
     for (int e : {0, 1, 2, 126, 127, 128, 200, 254, 255}) {
       for (int code = 0; code < 16; ++code) {
-        for (int64_t col : {int64_t{0}, int64_t{1}, int64_t{36}, int64_t{63}, int64_t{94}, int64_t{95}}) {
+        for (int64_t col :
+             {int64_t{0}, int64_t{1}, int64_t{36}, int64_t{63}, int64_t{94}, int64_t{95}}) {
           // Rows: 0 holds the code at `col`; row 1 holds it at col ^ 1 (the other nibble).
           std::vector<uint8_t> q(2 * K / 2, 0), s(2 * K / 32, 127);
           auto put = [&](int64_t r, int64_t c) {
@@ -440,15 +461,18 @@ TEST(KernelsMxfp4, EveryCodeAndScaleExactInEveryTable) {
           w.scales = s.data();
           const float want = e == 255 ? NAN : std::ldexp(kE2M1Values[code], e - 127);
           for (int64_t M : {1, 6}) {
-            std::vector<float> x(static_cast<size_t>(M * K), 0.0f), y(static_cast<size_t>(M * 2), -1.0f);
+            std::vector<float> x(static_cast<size_t>(M * K), 0.0f),
+                y(static_cast<size_t>(M * 2), -1.0f);
             for (int64_t m = 0; m < M; ++m) x[m * K + col] = 1.0f;
-            t->matmul[static_cast<int>(WeightFormat::kMXFP4)](w, 0, 2, x.data(), M, K, y.data(), 2, false);
+            t->matmul[static_cast<int>(WeightFormat::kMXFP4)](w, 0, 2, x.data(), M, K, y.data(), 2,
+                                                              false);
             for (int64_t m = 0; m < M; ++m) {
               const float got = y[m * 2 + 0];
               if (e == 255) {
                 EXPECT_TRUE(std::isnan(got)) << name << " e=255 code=" << code;
               } else {
-                EXPECT_EQ(got, want) << name << " M=" << M << " e=" << e << " code=" << code << " col=" << col;
+                EXPECT_EQ(got, want)
+                    << name << " M=" << M << " e=" << e << " code=" << code << " col=" << col;
               }
               // Row 1 has the code on the other nibble of the same byte: x misses it.
               // (0 * inf would be NaN, in the reference too.)
@@ -465,7 +489,8 @@ TEST(KernelsMxfp4, EveryCodeAndScaleExactInEveryTable) {
             if (e == 255) {
               EXPECT_TRUE(std::isnan(y[col])) << name;
             } else {
-              EXPECT_EQ(y[col], want) << name << " matmul_t e=" << e << " code=" << code << " col=" << col;
+              EXPECT_EQ(y[col], want)
+                  << name << " matmul_t e=" << e << " code=" << code << " col=" << col;
               if (std::isfinite(want)) {
                 EXPECT_EQ(y[col ^ 1], 0.0f) << name << " matmul_t nibble order";
               }

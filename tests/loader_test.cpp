@@ -21,7 +21,8 @@ std::string copy_model(const std::string& name = "k3-tiny-bf16") {
   std::string dst = test::temp_dir("loader") + "/model";
   fs::copy(test::data_dir() + "/" + name + "/model", dst, fs::copy_options::recursive);
   for (auto& e : fs::directory_iterator(dst)) {
-    fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);
+    fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write,
+                    fs::perm_options::add);
   }
   return dst;
 }
@@ -91,7 +92,9 @@ TEST(Loader, HeaderOffsetsOutsideTheFile) {
 TEST(Loader, OffsetsThatDisagreeWithTheShape) {
   auto dir = copy_model();
   std::string f = shard_of(dir, kNorm);
-  edit_header(f, [](json& h) { h[kNorm]["data_offsets"][1] = h[kNorm]["data_offsets"][1].get<uint64_t>() - 2; });
+  edit_header(f, [](json& h) {
+    h[kNorm]["data_offsets"][1] = h[kNorm]["data_offsets"][1].get<uint64_t>() - 2;
+  });
   std::string e = load_error(dir);
   EXPECT_NE(e.find("BF16 [256] needs 512 bytes but data_offsets give 510"), std::string::npos) << e;
 }
@@ -147,15 +150,19 @@ TEST(Loader, MissingExtraAndMisShapedTensorsInOneError) {
   const std::string extra = "language_model.model.layers.0.self_attn.mystery.weight";
   edit_header(shard_of(dir, kNorm), [&](json& h) {
     h[extra] = {{"dtype", "BF16"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
-    h["vision_tower.patch_embed.weight"] = {{"dtype", "BF16"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
+    h["vision_tower.patch_embed.weight"] = {
+        {"dtype", "BF16"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
   });
   json idx = json::parse(test::slurp(dir + "/model.safetensors.index.json"));
   idx["weight_map"].erase(gone);
   test::spit(dir + "/model.safetensors.index.json", idx.dump());
   std::string e = load_error(dir);
-  EXPECT_NE(e.find("missing (1):\n    " + gone + " (expected BF16 [192, 256])"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing (1):\n    " + gone + " (expected BF16 [192, 256])"), std::string::npos)
+      << e;
   EXPECT_NE(e.find("extra (1):\n    " + extra), std::string::npos) << e;
-  EXPECT_NE(e.find("wrong shape (1):\n    " + reshaped + ": expected [256], found [16, 16]"), std::string::npos) << e;
+  EXPECT_NE(e.find("wrong shape (1):\n    " + reshaped + ": expected [256], found [16, 16]"),
+            std::string::npos)
+      << e;
   EXPECT_EQ(e.find("vision_tower"), std::string::npos) << e;  // ignored, as in the release
 }
 
@@ -166,15 +173,19 @@ TEST(Loader, IndexNamesAMissingShardOrTensor) {
     idx["weight_map"][kNorm] = "model-00009-of-000009.safetensors";
     test::spit(dir + "/model.safetensors.index.json", idx.dump());
     std::string e = load_error(dir);
-    EXPECT_NE(e.find("model-00009-of-000009.safetensors: shard file is missing"), std::string::npos) << e;
+    EXPECT_NE(e.find("model-00009-of-000009.safetensors: shard file is missing"), std::string::npos)
+        << e;
   }
   {
     auto dir = copy_model();
     json idx = json::parse(test::slurp(dir + "/model.safetensors.index.json"));
-    idx["weight_map"]["language_model.model.layers.0.not_there"] = "model-00001-of-000002.safetensors";
+    idx["weight_map"]["language_model.model.layers.0.not_there"] =
+        "model-00001-of-000002.safetensors";
     test::spit(dir + "/model.safetensors.index.json", idx.dump());
     std::string e = load_error(dir);
-    EXPECT_NE(e.find("language_model.model.layers.0.not_there is listed in weight_map"), std::string::npos) << e;
+    EXPECT_NE(e.find("language_model.model.layers.0.not_there is listed in weight_map"),
+              std::string::npos)
+        << e;
   }
 }
 
@@ -186,7 +197,9 @@ TEST(Loader, ConfigFieldsAreValidatedByName) {
   c["text_config"].erase("rms_norm_eps");
   test::spit(dir + "/config.json", c.dump());
   std::string e = load_error(dir);
-  EXPECT_NE(e.find("text_config.hidden_size: expected an integer, found \"wide\""), std::string::npos) << e;
+  EXPECT_NE(e.find("text_config.hidden_size: expected an integer, found \"wide\""),
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("text_config.rms_norm_eps: missing"), std::string::npos) << e;
   EXPECT_NE(e.find("layer 9 (1-based) must appear in exactly one"), std::string::npos) << e;
 }
@@ -196,9 +209,11 @@ TEST(Loader, FolderWithoutCheckpoint) {
   EXPECT_NE(load_error(dir).find("no config.json"), std::string::npos);
   auto m = copy_model();
   for (auto& e : fs::directory_iterator(m)) {
-    if (e.path().extension() == ".json" && e.path().filename() != "config.json") fs::remove(e.path());
+    if (e.path().extension() == ".json" && e.path().filename() != "config.json")
+      fs::remove(e.path());
   }
-  EXPECT_NE(load_error(m).find("no model.safetensors or model.safetensors.index.json"), std::string::npos);
+  EXPECT_NE(load_error(m).find("no model.safetensors or model.safetensors.index.json"),
+            std::string::npos);
 }
 
 TEST(Loader, BinaryReportsOneLineErrorsAndNeverCrashes) {
@@ -221,7 +236,9 @@ TEST(Loader, MxfpExpertsDeclaredButStoredAsBf16) {
   c["text_config"]["quantization_config"] = q["text_config"]["quantization_config"];
   test::spit(dir + "/config.json", c.dump());
   std::string e = load_error(dir);
-  EXPECT_NE(e.find("MXFP4 routed experts expected, as the config has a quantization_config"), std::string::npos) << e;
+  EXPECT_NE(e.find("MXFP4 routed experts expected, as the config has a quantization_config"),
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("experts.0.w1.weight_packed (expected U8 [64, 64])"), std::string::npos) << e;
 }
 

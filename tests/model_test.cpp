@@ -2,6 +2,8 @@
 // selection vs weighting, AttnRes anchor counts, per-head A_log, chunked vs stepwise KDA,
 // absorbed vs expanded MLA and the latent-norm epsilon, batching several sequences, and state
 // snapshot / restore / deferred commit.
+#include "model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,19 +14,21 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/layers.h"
-#include "model/model.h"
 #include "model/synthetic.h"
 #include "test_util.h"
 
 namespace deltafin {
 namespace {
 
-std::string golden_model(const char* name) { return test::data_dir() + "/" + name + "/model"; }
+std::string golden_model(const char* name) {
+  return test::data_dir() + "/" + name + "/model";
+}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
   return m;
 }
 
@@ -124,8 +128,8 @@ TEST_P(KdaChunk, MatchesStepwiseOutputsAndState) {
   for (auto& x : S0) x = 0.1f * n01(rng);
   std::vector<float> S_step = S0, S_chunk = S0, o_step(T * dv), o_chunk(T * dv), e(dv);
   for (int t = 0; t < T; ++t) {
-    kda_step_head(S_step.data(), dk, dv, &q[t * dk], &k[t * dk], &v[t * dv], &alpha[t * dk], beta[t],
-                  e.data(), &o_step[t * dv]);
+    kda_step_head(S_step.data(), dk, dv, &q[t * dk], &k[t * dk], &v[t * dv], &alpha[t * dk],
+                  beta[t], e.data(), &o_step[t * dv]);
   }
   kda_chunk_head(S_chunk.data(), dk, dv, T, q.data(), k.data(), v.data(), alpha.data(), beta.data(),
                  dk, dk, 1, o_chunk.data(), dv);
@@ -134,7 +138,8 @@ TEST_P(KdaChunk, MatchesStepwiseOutputsAndState) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, KdaChunk,
-                         ::testing::Combine(::testing::Values(32, 128), ::testing::Values(1, 2, 5, 16, 37)));
+                         ::testing::Combine(::testing::Values(32, 128),
+                                            ::testing::Values(1, 2, 5, 16, 37)));
 
 // --- MLA: absorbed engine path vs an expanded float64 reference ---------------------------
 
@@ -174,9 +179,12 @@ struct MlaFixture {
   // Expanded-form reference in double for rows u[T][H] of one sequence starting empty.
   std::vector<double> reference(const std::vector<float>& u, int64_t T, double eps) const {
     const auto& m = c.mla;
-    const int64_t H = c.hidden, nH = m.num_heads, dn = m.qk_nope_dim, dr = m.qk_rope_dim, dv = m.v_head_dim;
+    const int64_t H = c.hidden, nH = m.num_heads, dn = m.qk_nope_dim, dr = m.qk_rope_dim,
+                  dv = m.v_head_dim;
     const int64_t dq = m.q_lora_rank, dc = m.kv_lora_rank;
-    auto W = [](const Matrix& a, int64_t r, int64_t col) { return static_cast<const float*>(a.data)[r * a.cols + col]; };
+    auto W = [](const Matrix& a, int64_t r, int64_t col) {
+      return static_cast<const float*>(a.data)[r * a.cols + col];
+    };
     auto rms = [&](std::vector<double>& x, const std::vector<float>& g) {
       double s = 0;
       for (double v : x) s += v * v;
@@ -297,7 +305,8 @@ TEST(Mla, LatentNormsUseEpsilon1e6) {
 TEST(Forward, BatchingSeveralSequencesMatchesSeparatePasses) {
   auto model = Model::load(golden_model("k3-tiny-mxfp4"));
   std::vector<std::vector<int32_t>> prefix = {{}, {9, 8, 7}, {100}};
-  std::vector<std::vector<int32_t>> now = {{5, 17, 200, 3, 99}, {42}, {7, 300, 64, 128, 1, 250, 77, 8}};
+  std::vector<std::vector<int32_t>> now = {
+      {5, 17, 200, 3, 99}, {42}, {7, 300, 64, 128, 1, 250, 77, 8}};
   std::vector<State> sep, bat;
   std::vector<std::vector<float>> expect;
   for (size_t i = 0; i < now.size(); ++i) {
@@ -337,7 +346,8 @@ TEST(Forward, SnapshotRestoreRepeatsExactly) {
 
 TEST(Forward, DeferredPassCommitsOnlyTheAcceptedPrefix) {
   auto model = Model::load(golden_model("k3-tiny-mxfp4"));
-  const std::vector<int32_t> prefix = {3, 1, 4, 1}, block = {5, 9, 2, 6, 5, 3, 5, 8}, after = {9, 7};
+  const std::vector<int32_t> prefix = {3, 1, 4, 1}, block = {5, 9, 2, 6, 5, 3, 5, 8},
+                             after = {9, 7};
   for (int64_t accepted : {0, 3, 8}) {
     State plain = model->new_state(), spec = model->new_state();
     model->forward(plain, prefix);
@@ -370,7 +380,8 @@ TEST(Forward, RejectsBadTokensAndReusedStates) {
     model->forward(st, std::vector<int32_t>{1, 512});
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token id 512 is outside the vocabulary"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("token id 512 is outside the vocabulary"),
+              std::string::npos);
   }
   std::vector<int32_t> t = {1};
   SequenceInput in[2];

@@ -3,15 +3,15 @@
 // streaming when every byte is its own token, and malformed output degrading to flagged text.
 // Each sequence is fed twice: as the tokenizer would encode it, and byte by byte (markers
 // aside), which splits every character and every tag header across tokens.
+#include "tokenizer/output_parser.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-
 #include <random>
 
 #include "test_util.h"
 #include "tokenizer/chat.h"
-#include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -25,7 +25,9 @@ const Tokenizer& tok() {
   return t;
 }
 
-std::vector<int32_t> bpe_ids(const std::string& text) { return tok().encode_with_special(text); }
+std::vector<int32_t> bpe_ids(const std::string& text) {
+  return tok().encode_with_special(text);
+}
 
 // Markers as special ids, every other byte its own single-byte token.
 std::vector<int32_t> byte_ids(const std::string& text) {
@@ -40,7 +42,8 @@ std::vector<int32_t> byte_ids(const std::string& text) {
   return out;
 }
 
-std::vector<ParserEvent> stream(const std::vector<int32_t>& ids, Channel start, bool finish = true) {
+std::vector<ParserEvent> stream(const std::vector<int32_t>& ids, Channel start,
+                                bool finish = true) {
   OutputParser p(tok(), start);
   std::vector<ParserEvent> events;
   for (const int32_t id : ids) p.push(id, events);
@@ -87,17 +90,20 @@ TEST(OutputParser, StreamsThinkingThenResponse) {
   });
   // Byte-level ids stream reasoning in many small deltas, as they are generated.
   const auto events = stream(byte_ids(out), Channel::think);
-  EXPECT_GT(std::count_if(events.begin(), events.end(), [](const auto& e) { return e.kind == Kind::reasoning; }), 10);
+  EXPECT_GT(std::count_if(events.begin(), events.end(),
+                          [](const auto& e) { return e.kind == Kind::reasoning; }),
+            10);
 }
 
 TEST(OutputParser, ThinkingOffAndEndOfMessageAlone) {
-  for_both_encodings("Hi there<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>", [](const auto& ids) {
-    const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-    EXPECT_EQ(t.content, "Hi there");
-    EXPECT_EQ(t.reasoning, "");
-    EXPECT_TRUE(t.ended);
-    EXPECT_FALSE(t.malformed);
-  });
+  for_both_encodings("Hi there<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>",
+                     [](const auto& ids) {
+                       const ParsedTurn t = parse_all(tok(), ids, Channel::response);
+                       EXPECT_EQ(t.content, "Hi there");
+                       EXPECT_EQ(t.reasoning, "");
+                       EXPECT_TRUE(t.ended);
+                       EXPECT_FALSE(t.malformed);
+                     });
   for_both_encodings("Just text<|end_of_msg|>", [](const auto& ids) {
     const ParsedTurn t = parse_all(tok(), ids, Channel::response);
     EXPECT_EQ(t.content, "Just text");
@@ -124,7 +130,8 @@ const std::string kOneCall =
     "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
     "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris \"FR\" 🇫🇷\n<|close|>argument<|sep|>"
     "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
-    "<|open|>argument key=\"opts\" type=\"object\"<|sep|>{\"units\": \"metric\", \"a\": [1, 2.50]}<|close|>argument<|sep|>"
+    "<|open|>argument key=\"opts\" type=\"object\"<|sep|>{\"units\": \"metric\", \"a\": [1, "
+    "2.50]}<|close|>argument<|sep|>"
     "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
 
 TEST(OutputParser, OneToolCallWithTypedArguments) {
@@ -135,7 +142,8 @@ TEST(OutputParser, OneToolCallWithTypedArguments) {
     ASSERT_EQ(t.tool_calls.size(), 1u);
     EXPECT_EQ(t.tool_calls[0].name, "get_weather");
     EXPECT_EQ(t.tool_calls[0].arguments,
-              "{\"city\":\"Paris \\\"FR\\\" 🇫🇷\\n\",\"days\":3,\"opts\":{\"units\":\"metric\",\"a\":[1,2.5]}}");
+              "{\"city\":\"Paris \\\"FR\\\" "
+              "🇫🇷\\n\",\"days\":3,\"opts\":{\"units\":\"metric\",\"a\":[1,2.5]}}");
     EXPECT_FALSE(t.tool_calls[0].malformed);
     EXPECT_TRUE(t.ended);
     EXPECT_FALSE(t.malformed);
@@ -167,16 +175,21 @@ TEST(OutputParser, OneToolCallWithTypedArguments) {
   });
   // A string argument streams while it is generated (byte ids: many fragments).
   const auto events = stream(byte_ids(kOneCall), Channel::think);
-  EXPECT_GT(std::count_if(events.begin(), events.end(), [](const auto& e) { return e.kind == Kind::tool_call_delta; }), 8);
+  EXPECT_GT(std::count_if(events.begin(), events.end(),
+                          [](const auto& e) { return e.kind == Kind::tool_call_delta; }),
+            8);
 }
 
 TEST(OutputParser, SeveralToolCallsAndTheJsonBlockForm) {
   const std::string out =
       "<|open|>tools<|sep|>"
-      "<|open|>call tool=\"a\" index=\"1\"<|sep|><|open|>argument key=\"on\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|>"
+      "<|open|>call tool=\"a\" index=\"1\"<|sep|><|open|>argument key=\"on\" "
+      "type=\"boolean\"<|sep|>true<|close|>argument<|sep|>"
       "<|open|>argument key=\"x\" type=\"null\"<|sep|>null<|close|>argument<|sep|>"
-      "<|open|>argument key=\"l\" type=\"array\"<|sep|>[\"p\", {\"q\": 1}]<|close|>argument<|sep|><|close|>call<|sep|>"
-      "<|open|>call tool=\"b&amp;&quot;c&quot;\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>{\"z\": \"x\", \"n\": -2e3}"
+      "<|open|>argument key=\"l\" type=\"array\"<|sep|>[\"p\", {\"q\": "
+      "1}]<|close|>argument<|sep|><|close|>call<|sep|>"
+      "<|open|>call tool=\"b&amp;&quot;c&quot;\" index=\"2\"<|sep|><|open|>json "
+      "type=\"object\"<|sep|>{\"z\": \"x\", \"n\": -2e3}"
       "<|close|>json<|sep|><|close|>call<|sep|>"
       "<|open|>call tool=\"empty\" index=\"3\"<|sep|><|close|>call<|sep|>"
       "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
@@ -201,7 +214,8 @@ TEST(OutputParser, SeveralToolCallsAndTheJsonBlockForm) {
 }
 
 TEST(OutputParser, ParsesWhatTheRendererWritesForAPastTurn) {
-  const nlohmann::ordered_json req = nlohmann::ordered_json::parse(R"({"add_generation_prompt": false, "messages": [
+  const nlohmann::ordered_json req =
+      nlohmann::ordered_json::parse(R"({"add_generation_prompt": false, "messages": [
     {"role": "assistant", "reasoning_content": "Plan: call both.", "content": "On it — 好的.",
      "tool_calls": [
        {"id": "1", "function": {"name": "search", "arguments": {"query": "k3 <|open|> tokens", "limit": 5, "f": {"b": [true]}}}},
@@ -220,7 +234,8 @@ TEST(OutputParser, ParsesWhatTheRendererWritesForAPastTurn) {
   EXPECT_EQ(t.content, "On it — 好的.not an object");
   ASSERT_EQ(t.tool_calls.size(), 2u);
   EXPECT_EQ(t.tool_calls[0].name, "search");
-  EXPECT_EQ(t.tool_calls[0].arguments, "{\"query\":\"k3 <|open|> tokens\",\"limit\":5,\"f\":{\"b\":[true]}}");
+  EXPECT_EQ(t.tool_calls[0].arguments,
+            "{\"query\":\"k3 <|open|> tokens\",\"limit\":5,\"f\":{\"b\":[true]}}");
   EXPECT_EQ(t.tool_calls[1].name, "raw");
   EXPECT_EQ(t.tool_calls[1].arguments, "{}");
   EXPECT_TRUE(t.tool_calls[1].malformed);
@@ -231,22 +246,25 @@ TEST(OutputParser, ParsesWhatTheRendererWritesForAPastTurn) {
 // Malformed output.
 
 TEST(OutputParser, UnknownTagsAndStraySpecialsBecomeFlaggedText) {
-  for_both_encodings("A<|open|>foo x=\"1\"<|sep|>B<|sep|>C[EOS]<|close|>think<|sep|>D<|close|>response<|sep|>"
-                     "<|close|>message<|sep|><|end_of_msg|>",
-                     [](const auto& ids) {
-                       const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-                       EXPECT_EQ(t.content, "A<|open|>foo x=\"1\"<|sep|>B<|sep|>C[EOS]<|close|>think<|sep|>D");
-                       EXPECT_TRUE(t.malformed);
-                       EXPECT_TRUE(t.ended);
-                     });
+  for_both_encodings(
+      "A<|open|>foo x=\"1\"<|sep|>B<|sep|>C[EOS]<|close|>think<|sep|>D<|close|>response<|sep|>"
+      "<|close|>message<|sep|><|end_of_msg|>",
+      [](const auto& ids) {
+        const ParsedTurn t = parse_all(tok(), ids, Channel::response);
+        EXPECT_EQ(t.content, "A<|open|>foo x=\"1\"<|sep|>B<|sep|>C[EOS]<|close|>think<|sep|>D");
+        EXPECT_TRUE(t.malformed);
+        EXPECT_TRUE(t.ended);
+      });
   // In the thinking channel the text stays reasoning.
-  for_both_encodings("r1<|open|>response r<|sep|>r2[BOS]<|close|>think<|sep|><|open|>response<|sep|>ok<|end_of_msg|>",
-                     [](const auto& ids) {
-                       const ParsedTurn t = parse_all(tok(), ids, Channel::think);
-                       EXPECT_EQ(t.reasoning, "r1<|open|>response r<|sep|>r2[BOS]");
-                       EXPECT_EQ(t.content, "ok");
-                       EXPECT_TRUE(t.malformed);
-                     });
+  for_both_encodings(
+      "r1<|open|>response "
+      "r<|sep|>r2[BOS]<|close|>think<|sep|><|open|>response<|sep|>ok<|end_of_msg|>",
+      [](const auto& ids) {
+        const ParsedTurn t = parse_all(tok(), ids, Channel::think);
+        EXPECT_EQ(t.reasoning, "r1<|open|>response r<|sep|>r2[BOS]");
+        EXPECT_EQ(t.content, "ok");
+        EXPECT_TRUE(t.malformed);
+      });
   // A marker inside a tag header ends the header: both become text.
   for_both_encodings("x<|close|>resp<|open|>oops<|end_of_msg|>", [](const auto& ids) {
     const ParsedTurn t = parse_all(tok(), ids, Channel::response);
@@ -258,17 +276,20 @@ TEST(OutputParser, UnknownTagsAndStraySpecialsBecomeFlaggedText) {
 
 TEST(OutputParser, TextBetweenBlocks) {
   // Blank text between tags is harmless; other text goes to the content, flagged.
-  for_both_encodings("r<|close|>think<|sep|>\n<|open|>response<|sep|>ok<|close|>response<|sep|>\n<|close|>message<|sep|><|end_of_msg|>",
+  for_both_encodings(
+      "r<|close|>think<|sep|>\n<|open|>response<|sep|>ok<|close|>response<|sep|>\n<|close|>message<"
+      "|sep|><|end_of_msg|>",
+      [](const auto& ids) {
+        const ParsedTurn t = parse_all(tok(), ids, Channel::think);
+        EXPECT_EQ(t.content, "ok");
+        EXPECT_FALSE(t.malformed);
+      });
+  for_both_encodings("r<|close|>think<|sep|>junk<|open|>response<|sep|>ok<|end_of_msg|>",
                      [](const auto& ids) {
                        const ParsedTurn t = parse_all(tok(), ids, Channel::think);
-                       EXPECT_EQ(t.content, "ok");
-                       EXPECT_FALSE(t.malformed);
+                       EXPECT_EQ(t.content, "junkok");
+                       EXPECT_TRUE(t.malformed);
                      });
-  for_both_encodings("r<|close|>think<|sep|>junk<|open|>response<|sep|>ok<|end_of_msg|>", [](const auto& ids) {
-    const ParsedTurn t = parse_all(tok(), ids, Channel::think);
-    EXPECT_EQ(t.content, "junkok");
-    EXPECT_TRUE(t.malformed);
-  });
 }
 
 TEST(OutputParser, BadArgumentValuesKeepTheTextAndFlagTheCall) {
@@ -277,8 +298,10 @@ TEST(OutputParser, BadArgumentValuesKeepTheTextAndFlagTheCall) {
       "<|open|>argument key=\"n\" type=\"number\"<|sep|>three<|close|>argument<|sep|>"
       "<|open|>argument key=\"o\" type=\"object\"<|sep|>[1]<|close|>argument<|sep|>"
       "<|open|>argument key=\"u\" type=\"integer\"<|sep|>7<|close|>argument<|sep|>"
-      "<|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>{broken"
-      "<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+      "<|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json "
+      "type=\"object\"<|sep|>{broken"
+      "<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_"
+      "of_msg|>";
   for_both_encodings(out, [](const auto& ids) {
     const ParsedTurn t = parse_all(tok(), ids, Channel::response);
     ASSERT_EQ(t.tool_calls.size(), 2u);
@@ -307,44 +330,48 @@ TEST(OutputParser, BrokenStructureInsideToolsDegradesToContent) {
     EXPECT_TRUE(t.malformed);
   });
   // Text where only tags belong.
-  for_both_encodings("<|open|>tools<|sep|>oops<|close|>tools<|sep|><|end_of_msg|>", [](const auto& ids) {
-    const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-    EXPECT_TRUE(t.tool_calls.empty());
-    EXPECT_EQ(t.content, "oops<|close|>tools<|sep|>");
-    EXPECT_TRUE(t.malformed);
-  });
+  for_both_encodings("<|open|>tools<|sep|>oops<|close|>tools<|sep|><|end_of_msg|>",
+                     [](const auto& ids) {
+                       const ParsedTurn t = parse_all(tok(), ids, Channel::response);
+                       EXPECT_TRUE(t.tool_calls.empty());
+                       EXPECT_EQ(t.content, "oops<|close|>tools<|sep|>");
+                       EXPECT_TRUE(t.malformed);
+                     });
   // A call header without the tool attribute.
-  for_both_encodings("<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|>x<|end_of_msg|>", [](const auto& ids) {
-    const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-    EXPECT_TRUE(t.tool_calls.empty());
-    EXPECT_EQ(t.content, "<|open|>call index=\"1\"<|sep|>x");
-    EXPECT_TRUE(t.ended);
-    EXPECT_TRUE(t.malformed);
-  });
+  for_both_encodings("<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|>x<|end_of_msg|>",
+                     [](const auto& ids) {
+                       const ParsedTurn t = parse_all(tok(), ids, Channel::response);
+                       EXPECT_TRUE(t.tool_calls.empty());
+                       EXPECT_EQ(t.content, "<|open|>call index=\"1\"<|sep|>x");
+                       EXPECT_TRUE(t.ended);
+                       EXPECT_TRUE(t.malformed);
+                     });
 }
 
 TEST(OutputParser, UnclosedCallsAtTheEnd) {
   // <|end_of_msg|> in the middle of a string argument: the call ends flagged, the value kept.
-  for_both_encodings("<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
-                     "<|open|>argument key=\"s\" type=\"string\"<|sep|>half<|end_of_msg|>",
-                     [](const auto& ids) {
-                       const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-                       ASSERT_EQ(t.tool_calls.size(), 1u);
-                       EXPECT_EQ(t.tool_calls[0].arguments, "{\"s\":\"half\"}");
-                       EXPECT_TRUE(t.tool_calls[0].malformed);
-                       EXPECT_TRUE(t.ended);
-                       EXPECT_TRUE(t.malformed);
-                     });
+  for_both_encodings(
+      "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
+      "<|open|>argument key=\"s\" type=\"string\"<|sep|>half<|end_of_msg|>",
+      [](const auto& ids) {
+        const ParsedTurn t = parse_all(tok(), ids, Channel::response);
+        ASSERT_EQ(t.tool_calls.size(), 1u);
+        EXPECT_EQ(t.tool_calls[0].arguments, "{\"s\":\"half\"}");
+        EXPECT_TRUE(t.tool_calls[0].malformed);
+        EXPECT_TRUE(t.ended);
+        EXPECT_TRUE(t.malformed);
+      });
   // The stream stops inside a number argument.
-  for_both_encodings("<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
-                     "<|open|>argument key=\"n\" type=\"number\"<|sep|>12",
-                     [](const auto& ids) {
-                       const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-                       ASSERT_EQ(t.tool_calls.size(), 1u);
-                       EXPECT_EQ(t.tool_calls[0].arguments, "{\"n\":12}");
-                       EXPECT_TRUE(t.tool_calls[0].malformed);
-                       EXPECT_FALSE(t.ended);
-                     });
+  for_both_encodings(
+      "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
+      "<|open|>argument key=\"n\" type=\"number\"<|sep|>12",
+      [](const auto& ids) {
+        const ParsedTurn t = parse_all(tok(), ids, Channel::response);
+        ASSERT_EQ(t.tool_calls.size(), 1u);
+        EXPECT_EQ(t.tool_calls[0].arguments, "{\"n\":12}");
+        EXPECT_TRUE(t.tool_calls[0].malformed);
+        EXPECT_FALSE(t.ended);
+      });
   // The stream stops in a tag header: the header is text.
   for_both_encodings("done<|close|>resp", [](const auto& ids) {
     const ParsedTurn t = parse_all(tok(), ids, Channel::response);
@@ -377,14 +404,16 @@ TEST(OutputParser, NeverThrowsAndIgnoresIdsAfterTheEnd) {
   p.finish(ev);
   EXPECT_EQ(ev.size(), n);
   // Incomplete UTF-8 at the end of the stream comes out as U+FFFD.
-  const ParsedTurn t = parse_all(tok(), std::vector<int32_t>{*tok().rank_of("x"), *tok().rank_of("\xe4")}, Channel::think);
+  const ParsedTurn t = parse_all(
+      tok(), std::vector<int32_t>{*tok().rank_of("x"), *tok().rank_of("\xe4")}, Channel::think);
   EXPECT_EQ(t.reasoning, "x\xEF\xBF\xBD");
   // Random id soup: no exception, every text event is valid UTF-8.
   std::mt19937 rng(5);
   for (int iter = 0; iter < 200; ++iter) {
     std::vector<int32_t> soup;
     for (int i = 0; i < 60; ++i) {
-      soup.push_back(rng() % 3 == 0 ? 100256 + static_cast<int32_t>(rng() % 8) : static_cast<int32_t>(rng() % 100256));
+      soup.push_back(rng() % 3 == 0 ? 100256 + static_cast<int32_t>(rng() % 8)
+                                    : static_cast<int32_t>(rng() % 100256));
     }
     for (const auto& e : stream(soup, iter % 2 ? Channel::think : Channel::response)) {
       EXPECT_TRUE(utf8::is_valid(e.text));

@@ -10,7 +10,9 @@
 namespace deltafin {
 namespace {
 
-std::string readme() { return test::slurp(std::string(DELTAFIN_TEST_DATA) + "/../../README.md"); }
+std::string readme() {
+  return test::slurp(std::string(DELTAFIN_TEST_DATA) + "/../../README.md");
+}
 
 std::vector<std::string> subcommands() {
   auto r = test::run_deltafin({"--help"});
@@ -20,7 +22,8 @@ std::vector<std::string> subcommands() {
   EXPECT_NE(pos, std::string::npos);
   std::regex line(R"(\n  ([a-z][a-z-]*)\s)");
   std::string rest = r.out.substr(pos);
-  for (std::sregex_iterator it(rest.begin(), rest.end(), line), end; it != end; ++it) out.push_back((*it)[1]);
+  for (std::sregex_iterator it(rest.begin(), rest.end(), line), end; it != end; ++it)
+    out.push_back((*it)[1]);
   return out;
 }
 
@@ -29,12 +32,14 @@ TEST(Readme, DocumentsEverySubcommandAndFlag) {
   auto cmds = subcommands();
   EXPECT_GE(cmds.size(), 8u);
   for (const auto& c : cmds) {
-    EXPECT_NE(doc.find("deltafin " + c), std::string::npos) << "README does not describe `deltafin " << c << "`";
+    EXPECT_NE(doc.find("deltafin " + c), std::string::npos)
+        << "README does not describe `deltafin " << c << "`";
     auto r = test::run_deltafin({c, "--help"});
     EXPECT_EQ(r.exit_code, 0) << c;
     std::regex flag(R"((--[a-z][a-z0-9-]*))");
     std::set<std::string> flags;
-    for (std::sregex_iterator it(r.out.begin(), r.out.end(), flag), end; it != end; ++it) flags.insert((*it)[1]);
+    for (std::sregex_iterator it(r.out.begin(), r.out.end(), flag), end; it != end; ++it)
+      flags.insert((*it)[1]);
     for (const auto& f : flags) {
       if (f == "--help") continue;
       std::regex whole(f + "(?![a-z0-9-])");

@@ -11,9 +11,12 @@
 namespace deltafin::test {
 
 namespace {
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
-std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<double>& w, double eps) {
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<double>& w,
+                            double eps) {
   double s = 0;
   for (double v : x) s += v * v;
   double inv = 1.0 / std::sqrt(s / static_cast<double>(x.size()) + eps);
@@ -22,8 +25,9 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<doub
   return y;
 }
 
-std::vector<double> mix(const std::vector<std::vector<double>>& cands, const std::vector<double>& norm,
-                        const std::vector<double>& proj, double eps) {
+std::vector<double> mix(const std::vector<std::vector<double>>& cands,
+                        const std::vector<double>& norm, const std::vector<double>& proj,
+                        double eps) {
   std::vector<double> s(cands.size());
   for (size_t j = 0; j < cands.size(); ++j) {
     auto r = rmsnorm(cands[j], norm, eps);
@@ -57,7 +61,8 @@ const ReferenceModel::Mat& ReferenceModel::mat(const std::string& name) {
     m = {WeightFormat::kMXFP4, packed->shape[0], packed->shape[1] * 2, packed->data, sc.data};
   } else {
     const TensorInfo& t = ck_->get(name + ".weight");
-    m = {t.dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16, t.shape[0], t.shape[1], t.data, nullptr};
+    m = {t.dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16, t.shape[0], t.shape[1],
+         t.data, nullptr};
   }
   Mat out;
   out.rows = m.rows;
@@ -105,8 +110,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
   const int64_t nh = c.kda.num_heads, dk = c.kda.head_dim, Pk = nh * dk, Kc = c.kda.conv_kernel;
   const auto& ml = c.mla;
   // Per-layer sequence state.
-  std::vector<std::vector<double>> S(L);                        // KDA [nh][dk][dk]
-  std::vector<std::vector<std::vector<double>>> conv_in(L);     // KDA pre-conv rows (all so far)
+  std::vector<std::vector<double>> S(L);                     // KDA [nh][dk][dk]
+  std::vector<std::vector<std::vector<double>>> conv_in(L);  // KDA pre-conv rows (all so far)
   std::vector<std::vector<std::vector<double>>> cache_c(L), cache_pe(L);
   std::vector<double> out_logits;
   const Mat& embed = mat("language_model.model.embed_tokens");
@@ -122,7 +127,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
       } else {
         auto cands = anchors;
         cands.push_back(p);
-        a = mix(cands, vec(P + "self_attention_res_norm.weight"), vec(P + "self_attention_res_proj.weight"), eps);
+        a = mix(cands, vec(P + "self_attention_res_norm.weight"),
+                vec(P + "self_attention_res_proj.weight"), eps);
       }
       if (i % c.attn_res_block == 0) {
         anchors.push_back(p);
@@ -139,7 +145,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
         cache_c[i].push_back(rmsnorm(lat, vec(A + "kv_a_layernorm.weight"), 1e-6));
         cache_pe[i].emplace_back(ckv.begin() + ml.kv_lora_rank, ckv.end());
         const Mat& kvb = mat(A + "kv_b_proj");
-        const int64_t n = static_cast<int64_t>(cache_c[i].size()), dn = ml.qk_nope_dim, dr = ml.qk_rope_dim, dv = ml.v_head_dim;
+        const int64_t n = static_cast<int64_t>(cache_c[i].size()), dn = ml.qk_nope_dim,
+                      dr = ml.qk_rope_dim, dv = ml.v_head_dim;
         std::vector<double> o(ml.num_heads * dv, 0.0);
         for (int64_t h = 0; h < ml.num_heads; ++h) {
           std::vector<double> sc(n);
@@ -147,7 +154,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
           for (int64_t j = 0; j < n; ++j) {
             auto kv = std::vector<double>(dn + dv, 0.0);
             for (int64_t d = 0; d < dn + dv; ++d)
-              for (int64_t l = 0; l < ml.kv_lora_rank; ++l) kv[d] += kvb.w[(h * (dn + dv) + d) * kvb.cols + l] * cache_c[i][j][l];
+              for (int64_t l = 0; l < ml.kv_lora_rank; ++l)
+                kv[d] += kvb.w[(h * (dn + dv) + d) * kvb.cols + l] * cache_c[i][j][l];
             double s = 0;
             for (int64_t d = 0; d < dn; ++d) s += q[h * (dn + dr) + d] * kv[d];
             for (int64_t d = 0; d < dr; ++d) s += q[h * (dn + dr) + dn + d] * cache_pe[i][j][d];
@@ -205,7 +213,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
           double* Sh = &S[i][h * dk * dk];
           const double beta = sigmoid(bl[h]);
           for (int64_t d = 0; d < dk; ++d) {
-            double gdec = c.kda.gate_lower_bound * sigmoid(std::exp(alog[h]) * (z[h * dk + d] + dt[h * dk + d]));
+            double gdec = c.kda.gate_lower_bound *
+                          sigmoid(std::exp(alog[h]) * (z[h * dk + d] + dt[h * dk + d]));
             double al = std::exp(gdec);
             for (int64_t j = 0; j < dk; ++j) Sh[d * dk + j] *= al;
           }
@@ -238,7 +247,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
       std::vector<double> zout;
       auto mlp = [&](const std::string& pre, const std::vector<double>& in) {
         auto gg = mv(pre + "gate_proj", in), uu = mv(pre + "up_proj", in);
-        for (size_t d = 0; d < gg.size(); ++d) gg[d] = situ(gg[d], uu[d], c.situ_beta, c.situ_linear_beta);
+        for (size_t d = 0; d < gg.size(); ++d)
+          gg[d] = situ(gg[d], uu[d], c.situ_beta, c.situ_linear_beta);
         return mv(pre + "down_proj", gg);
       };
       if (c.is_dense(i)) {
@@ -252,7 +262,8 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
         for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(lg[e]), choice[e] = s[e] + bias[e];
         std::vector<int> order(E);
         std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[a] > choice[b]; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return choice[a] > choice[b]; });
         order.resize(c.moe.top_k);
         double sum = 0;
         for (int e : order) sum += s[e];
@@ -261,9 +272,11 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
         for (int e : order) {
           const std::string E_ = expert_prefix(i, e);
           auto gg = mv(E_ + "w1", xi), uu = mv(E_ + "w3", xi);
-          for (size_t d = 0; d < gg.size(); ++d) gg[d] = situ(gg[d], uu[d], c.situ_beta, c.situ_linear_beta);
+          for (size_t d = 0; d < gg.size(); ++d)
+            gg[d] = situ(gg[d], uu[d], c.situ_beta, c.situ_linear_beta);
           auto ye = mv(E_ + "w2", gg);
-          double w = (c.moe.renormalize ? s[e] / (sum + 1e-20) : s[e]) * c.moe.routed_scaling_factor;
+          double w =
+              (c.moe.renormalize ? s[e] / (sum + 1e-20) : s[e]) * c.moe.routed_scaling_factor;
           for (size_t d = 0; d < ybar.size(); ++d) ybar[d] += w * ye[d];
         }
         if (c.moe.latent_norm) ybar = rmsnorm(ybar, vec(M + "routed_expert_norm.weight"), eps);

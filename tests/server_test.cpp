@@ -36,7 +36,8 @@ json completion_body(const std::string& prompt, int max_tokens) {
 }
 
 // The error object of a response, checked for shape and status.
-void expect_error(const HttpResult& r, int status, const std::string& needle = "", const std::string& param = "") {
+void expect_error(const HttpResult& r, int status, const std::string& needle = "",
+                  const std::string& param = "") {
   EXPECT_EQ(r.status, status) << r.body;
   EXPECT_TRUE(is_error_shape(r.j)) << r.body;
   if (!is_error_shape(r.j)) return;
@@ -49,7 +50,8 @@ void expect_error(const HttpResult& r, int status, const std::string& needle = "
 }
 
 // Streams a request; returns the raw body.
-std::string stream_body(httplib::Client& c, const std::string& path, const json& body, int* status = nullptr) {
+std::string stream_body(httplib::Client& c, const std::string& path, const json& body,
+                        int* status = nullptr) {
   std::string out;
   auto r = c.Post(path.c_str(), httplib::Headers{}, body.dump(), "application/json");
   if (status != nullptr) *status = r ? r->status : -1;
@@ -92,23 +94,27 @@ TEST_F(Server, HealthModelsAndStartupLine) {
   EXPECT_EQ(get(*cli_, "/models").status, 200);  // without the /v1 prefix
   expect_error(get(*cli_, "/v1/models/other"), 404, "other");
   // An alias is accepted as the request's model; the served id is reported.
-  auto r = post_json(*cli_, "/v1/completions", {{"model", "gpt-4o"}, {"prompt", "hi"}, {"max_tokens", 1}});
+  auto r = post_json(*cli_, "/v1/completions",
+                     {{"model", "gpt-4o"}, {"prompt", "hi"}, {"max_tokens", 1}});
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.j["model"], "kimi-k3");
-  expect_error(post_json(*cli_, "/v1/completions", {{"model", "nope"}, {"prompt", "hi"}}), 404, "nope", "model");
+  expect_error(post_json(*cli_, "/v1/completions", {{"model", "nope"}, {"prompt", "hi"}}), 404,
+               "nope", "model");
   EXPECT_NE(srv_->err().find("context 4096 tokens"), std::string::npos) << srv_->err();
 }
 
 TEST_F(Server, AnyModelAliasAndContextFlag) {
   start({"--alias", "*", "--ctx", "128"});
-  auto r = post_json(*cli_, "/v1/completions", {{"model", "whatever-client-name"}, {"prompt", "hi"}, {"max_tokens", 1}});
+  auto r = post_json(*cli_, "/v1/completions",
+                     {{"model", "whatever-client-name"}, {"prompt", "hi"}, {"max_tokens", 1}});
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(get(*cli_, "/v1/models/anything").status, 200);
   EXPECT_EQ(get(*cli_, "/v1/models").j["data"][0]["context_length"], 128);
   // A prompt longer than the context: 400 naming both lengths.
   auto big = post_json(*cli_, "/v1/completions", completion_body(std::string(300, 'x'), 4));
   expect_error(big, 400, "128", "prompt");
-  EXPECT_NE(big.j["error"]["message"].get<std::string>().find("300"), std::string::npos) << big.body;
+  EXPECT_NE(big.j["error"]["message"].get<std::string>().find("300"), std::string::npos)
+      << big.body;
   EXPECT_EQ(big.j["error"]["code"], "context_length_exceeded");
   // Generation stops at the context: finish_reason length.
   auto edge = post_json(*cli_, "/v1/completions", completion_body(std::string(120, 'x'), 100));
@@ -168,7 +174,10 @@ TEST_F(Server, CompletionPlainAndStreamed) {
 TEST_F(Server, PromptForms) {
   start();
   auto a = post_json(*cli_, "/v1/completions", completion_body("hey", 3));
-  json ids = {{"model", "kimi-k3"}, {"prompt", json::array({104, 101, 121})}, {"max_tokens", 3}, {"temperature", 0}};
+  json ids = {{"model", "kimi-k3"},
+              {"prompt", json::array({104, 101, 121})},
+              {"max_tokens", 3},
+              {"temperature", 0}};
   auto b = post_json(*cli_, "/v1/completions", ids);
   json nested = ids;
   nested["prompt"] = json::array({json::array({104, 101, 121})});
@@ -288,7 +297,8 @@ TEST_F(Server, SeededSamplingIsReproducible) {
   std::set<std::string> texts;
   for (int s = 0; s < 3; ++s) {
     body["seed"] = s;
-    texts.insert(post_json(*cli_, "/v1/completions", body).j["choices"][0]["text"].get<std::string>());
+    texts.insert(
+        post_json(*cli_, "/v1/completions", body).j["choices"][0]["text"].get<std::string>());
   }
   EXPECT_GT(texts.size(), 1u);
 }
@@ -405,19 +415,22 @@ TEST_F(Server, LogprobsMatchTheChosenTokens) {
 
 TEST_F(Server, ToolsAndToolMessagesEndToEnd) {
   start();
-  const json tools = json::array({{{"type", "function"},
-                                   {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}}});
+  const json tools =
+      json::array({{{"type", "function"},
+                    {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}}});
   // Tools declared, and a round trip: the assistant's call (arguments as a JSON string) and the
   // tool's result.
   json body = chat_body("Weather?", 2);
   body["tools"] = tools;
   body["tool_choice"] = "auto";
   body["parallel_tool_calls"] = true;
-  body["messages"].push_back({{"role", "assistant"},
-                              {"content", nullptr},
-                              {"tool_calls", json::array({{{"id", "call_1"},
-                                                           {"type", "function"},
-                                                           {"function", {{"name", "f"}, {"arguments", "{\"city\":\"Paris\"}"}}}}})}});
+  body["messages"].push_back(
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        json::array({{{"id", "call_1"},
+                      {"type", "function"},
+                      {"function", {{"name", "f"}, {"arguments", "{\"city\":\"Paris\"}"}}}}})}});
   body["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
   auto r = post_json(*cli_, "/v1/chat/completions", body);
   ASSERT_EQ(r.status, 200) << r.body;
@@ -438,7 +451,8 @@ TEST_F(Server, ToolsAndToolMessagesEndToEnd) {
   expect_error(post_json(*cli_, "/v1/chat/completions", seq), 400, "", "parallel_tool_calls");
   json bad = chat_body("x", 1);
   bad["tools"] = json::array({{{"type", "function"}, {"function", {{"description", "no name"}}}}});
-  expect_error(post_json(*cli_, "/v1/chat/completions", bad), 400, "name", "tools[0].function.name");
+  expect_error(post_json(*cli_, "/v1/chat/completions", bad), 400, "name",
+               "tools[0].function.name");
   json legacy = chat_body("x", 1);
   legacy["functions"] = json::array({json::object()});
   expect_error(post_json(*cli_, "/v1/chat/completions", legacy), 400, "tools", "functions");
@@ -446,8 +460,10 @@ TEST_F(Server, ToolsAndToolMessagesEndToEnd) {
 
 TEST_F(Server, ResponseFormats) {
   start();
-  for (const json& rf : {json{{"type", "text"}}, json{{"type", "json_object"}},
-                         json{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}}) {
+  for (const json& rf :
+       {json{{"type", "text"}}, json{{"type", "json_object"}},
+        json{{"type", "json_schema"},
+             {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}}) {
     json b = chat_body("x", 1);
     b["response_format"] = rf;
     EXPECT_EQ(post_json(*cli_, "/v1/chat/completions", b).status, 200) << rf.dump();
@@ -483,13 +499,16 @@ TEST(ServerAuth, KeyFileAndWarnings) {
   EXPECT_EQ(get(*c, "/v1/models", {{"Authorization", "Bearer   from-file  "}}).status, 401);
   EXPECT_EQ(srv.stop(), 0);
   // Flags that cannot work fail at start with a message.
-  auto both = run_deltafin({"serve", "--model", server_model_dir(), "--api-key", "a", "--api-key-file", dir + "/key"});
+  auto both = run_deltafin(
+      {"serve", "--model", server_model_dir(), "--api-key", "a", "--api-key-file", dir + "/key"});
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
-  auto ctx = run_deltafin({"serve", "--model", server_model_dir(), "--port", "0", "--ctx", "100000"});
+  auto ctx =
+      run_deltafin({"serve", "--model", server_model_dir(), "--port", "0", "--ctx", "100000"});
   EXPECT_NE(ctx.exit_code, 0);
   EXPECT_NE(ctx.err.find("4096"), std::string::npos) << ctx.err;
-  auto golden = run_deltafin({"serve", "--model", data_dir() + "/k3-tiny-mxfp4/model", "--port", "0"});
+  auto golden =
+      run_deltafin({"serve", "--model", data_dir() + "/k3-tiny-mxfp4/model", "--port", "0"});
   EXPECT_NE(golden.exit_code, 0);
   EXPECT_NE(golden.err.find("tokenizer"), std::string::npos) << golden.err;
 }
@@ -527,7 +546,8 @@ TEST_F(Server, ErrorPaths) {
   expect_error(raw("{not json"), 400, "not valid JSON");
   expect_error(raw("[1,2]"), 400, "JSON object");
   expect_error(raw(std::string(100, '[') + std::string(100, ']')), 400, "deeper");
-  expect_error(raw("{\"messages\": " + std::string(70, '[') + std::string(70, ']') + "}"), 400, "deeper");
+  expect_error(raw("{\"messages\": " + std::string(70, '[') + std::string(70, ']') + "}"), 400,
+               "deeper");
   expect_error(raw(""), 400);
   auto chat = [&](const json& patch) {
     json b = chat_body("hi", 2);
@@ -540,12 +560,16 @@ TEST_F(Server, ErrorPaths) {
   expect_error(chat({{"max_tokens", -1}}), 400, "", "max_tokens");
   expect_error(chat({{"max_tokens", 1.5}}), 400, "integer", "max_tokens");
   expect_error(raw(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1e400})"), 400);
-  expect_error(raw(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":123456789012345678901234567890})"), 400);
-  expect_error(raw(R"({"messages":[{"role":"user","content":"x"}],"seed":1e300})"), 400, "", "seed");
+  expect_error(
+      raw(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":123456789012345678901234567890})"),
+      400);
+  expect_error(raw(R"({"messages":[{"role":"user","content":"x"}],"seed":1e300})"), 400, "",
+               "seed");
   expect_error(chat({{"frobnicate", true}}), 400, "frobnicate", "frobnicate");
   expect_error(chat({{"echo", true}}), 400, "completions", "echo");
   expect_error(chat({{"stream", "yes"}}), 400, "", "stream");
-  expect_error(chat({{"stream_options", {{"include_usage", true}}}}), 400, "stream", "stream_options");
+  expect_error(chat({{"stream_options", {{"include_usage", true}}}}), 400, "stream",
+               "stream_options");
   expect_error(chat({{"logit_bias", {{"abc", 1}}}}), 400, "abc", "logit_bias");
   expect_error(chat({{"logit_bias", {{"5", 1000}}}}), 400, "", "logit_bias");
   expect_error(chat({{"store", true}}), 400, "", "store");
@@ -553,23 +577,44 @@ TEST_F(Server, ErrorPaths) {
   expect_error(chat({{"stop", json::array({""})}}), 400, "empty", "stop");
   expect_error(chat({{"messages", json::array()}}), 400, "empty", "messages");
   expect_error(chat({{"messages", "hi"}}), 400, "array", "messages");
-  expect_error(chat({{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}), 400, "wizard",
-               "messages[0].role");
-  expect_error(chat({{"messages", json::array({{{"role", "user"}, {"content", 5}}})}}), 400, "", "messages[0].content");
-  expect_error(chat({{"messages", json::array({{{"role", "user"},
-                                               {"content", json::array({{{"type", "image_url"},
-                                                                         {"image_url", {{"url", "http://x"}}}}})}}})}}),
-               400, "text", "messages[0].content[0]");
-  expect_error(chat({{"messages", json::array({{{"role", "user"},
-                                               {"content", json::array({{{"type", "input_audio"}}})}}})}}),
-               400, "text", "messages[0].content[0]");
-  expect_error(chat({{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"weird", 1}}})}}), 400, "weird");
+  expect_error(chat({{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}), 400,
+               "wizard", "messages[0].role");
+  expect_error(chat({{"messages", json::array({{{"role", "user"}, {"content", 5}}})}}), 400, "",
+               "messages[0].content");
+  expect_error(
+      chat({{"messages",
+             json::array({{{"role", "user"},
+                           {"content", json::array({{{"type", "image_url"},
+                                                     {"image_url", {{"url", "http://x"}}}}})}}})}}),
+      400, "text", "messages[0].content[0]");
+  expect_error(
+      chat({{"messages", json::array({{{"role", "user"},
+                                       {"content", json::array({{{"type", "input_audio"}}})}}})}}),
+      400, "text", "messages[0].content[0]");
+  expect_error(
+      chat({{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"weird", 1}}})}}), 400,
+      "weird");
   // Harmless defaults clients send are accepted.
-  auto ok = chat({{"n", 1}, {"store", false}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"logit_bias", json::object()},
-                  {"user", "u"}, {"metadata", json::object()}, {"stream", false}, {"logprobs", false}, {"top_p", 1},
-                  {"service_tier", "auto"}, {"modalities", json::array({"text"})}, {"max_completion_tokens", 2},
-                  {"seed", nullptr}, {"stop", nullptr}, {"messages", json::array({{{"role", "system"}, {"content", "be brief"}},
-                                                                                {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}}})}});
+  auto ok =
+      chat({{"n", 1},
+            {"store", false},
+            {"presence_penalty", 0},
+            {"frequency_penalty", 0},
+            {"logit_bias", json::object()},
+            {"user", "u"},
+            {"metadata", json::object()},
+            {"stream", false},
+            {"logprobs", false},
+            {"top_p", 1},
+            {"service_tier", "auto"},
+            {"modalities", json::array({"text"})},
+            {"max_completion_tokens", 2},
+            {"seed", nullptr},
+            {"stop", nullptr},
+            {"messages",
+             json::array({{{"role", "system"}, {"content", "be brief"}},
+                          {{"role", "user"},
+                           {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}}})}});
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(get(*cli_, "/health").status, 200);
 }
@@ -635,7 +680,8 @@ TEST_F(Server, DisconnectWhileQueuedOrInPrefillFreesTheSlot) {
   start({"--parallel", "1", "--queue", "2", "--prefill-chunk", "8"});
   // Non-streamed requests: one that runs, one queued behind it; both clients vanish.
   RawClient running(srv_->port()), queued(srv_->port());
-  ASSERT_TRUE(running.send_request("POST", "/v1/completions", completion_body(std::string(2000, 'y'), 4000).dump()));
+  ASSERT_TRUE(running.send_request("POST", "/v1/completions",
+                                   completion_body(std::string(2000, 'y'), 4000).dump()));
   std::this_thread::sleep_for(300ms);
   ASSERT_TRUE(queued.send_request("POST", "/v1/completions", completion_body("hi", 4000).dump()));
   std::this_thread::sleep_for(300ms);
@@ -655,11 +701,13 @@ TEST_F(Server, EightConcurrentStreamingClients) {
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
       auto c = srv_->client();
-      json b = i % 2 == 0 ? completion_body("client " + std::to_string(i), 12) : chat_body("c" + std::to_string(i), 6);
+      json b = i % 2 == 0 ? completion_body("client " + std::to_string(i), 12)
+                          : chat_body("c" + std::to_string(i), 6);
       b["stream"] = true;
       b["stream_options"] = {{"include_usage", true}};
       int status = 0;
-      bodies[static_cast<size_t>(i)] = stream_body(*c, i % 2 == 0 ? "/v1/completions" : "/v1/chat/completions", b, &status);
+      bodies[static_cast<size_t>(i)] =
+          stream_body(*c, i % 2 == 0 ? "/v1/completions" : "/v1/chat/completions", b, &status);
       if (status == 200) ++good;
     });
   }
@@ -777,7 +825,8 @@ TEST_F(Server, ConversationReuseWithThinking) {
   auto a = post_json(*cli_, "/v1/chat/completions", dropped);
   EXPECT_EQ(a.j["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << a.body;
   auto b = post_json(*cli_, "/v1/chat/completions", t2);
-  EXPECT_GT(b.j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), r1.j["usage"]["prompt_tokens"].get<int>())
+  EXPECT_GT(b.j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            r1.j["usage"]["prompt_tokens"].get<int>())
       << b.body;
 }
 
@@ -795,12 +844,14 @@ TEST_F(Server, MetricsExposition) {
   EXPECT_NE(r.headers.find("Content-Type")->second.find("text/plain"), std::string::npos);
   for (const char* name :
        {"deltafin_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1",
-        "deltafin_requests_total{endpoint=\"other\",status=\"404\"} 1", "deltafin_prompt_tokens_total 2",
-        "deltafin_completion_tokens_total 3", "deltafin_tokens_per_second", "deltafin_queue_depth 0",
-        "deltafin_active_sequences 0", "deltafin_expert_hits_total", "deltafin_expert_misses_total",
+        "deltafin_requests_total{endpoint=\"other\",status=\"404\"} 1",
+        "deltafin_prompt_tokens_total 2", "deltafin_completion_tokens_total 3",
+        "deltafin_tokens_per_second", "deltafin_queue_depth 0", "deltafin_active_sequences 0",
+        "deltafin_expert_hits_total", "deltafin_expert_misses_total",
         "deltafin_expert_bytes_read_total", "deltafin_expert_io_wait_seconds_total",
-        "deltafin_expert_prefetch_wasted_bytes_total", "deltafin_prefetch_recall", "deltafin_trunk_bytes_streamed_total",
-        "deltafin_trunk_io_wait_seconds_total", "deltafin_cached_prompt_tokens_total 0", "deltafin_model_ready 1",
+        "deltafin_expert_prefetch_wasted_bytes_total", "deltafin_prefetch_recall",
+        "deltafin_trunk_bytes_streamed_total", "deltafin_trunk_io_wait_seconds_total",
+        "deltafin_cached_prompt_tokens_total 0", "deltafin_model_ready 1",
         "# TYPE deltafin_requests_total counter"}) {
     EXPECT_NE(r.body.find(name), std::string::npos) << name << "\n" << r.body;
   }
@@ -833,13 +884,15 @@ TEST(ServerFaults, ReplacedShardFailsTheRequestNotTheServer) {
   }
   ASSERT_FALSE(shard.empty());
   fs::copy_file(shard, shard + ".new");
-  fs::rename(shard + ".new", shard);  // same bytes, another file
+  fs::rename(shard + ".new", shard);    // same bytes, another file
   std::this_thread::sleep_for(1100ms);  // the store checks its files at most once a second
   for (int i = 0; i < 2; ++i) {
     auto r = post_json(*c, "/v1/completions", completion_body("hello", 2));
     expect_error(r, 500, "was replaced or changed while running");
     if (is_error_shape(r.j)) {
-      EXPECT_NE(r.j["error"]["message"].get<std::string>().find(fs::path(shard).filename().string()), std::string::npos);
+      EXPECT_NE(
+          r.j["error"]["message"].get<std::string>().find(fs::path(shard).filename().string()),
+          std::string::npos);
     }
   }
   EXPECT_EQ(get(*c, "/health").status, 200);
@@ -868,9 +921,15 @@ TEST_F(Server, FuzzedBodiesNeverCrashIt) {
       for (int k = 0; k < 1 + static_cast<int>(rng() % 4); ++k) {
         const size_t p = rng() % body.size();
         switch (rng() % 3) {
-          case 0: body[p] = punct[rng() % 15]; break;
-          case 1: body.erase(p, 1); break;
-          default: body.insert(p, 1, punct[rng() % 15]); break;
+          case 0:
+            body[p] = punct[rng() % 15];
+            break;
+          case 1:
+            body.erase(p, 1);
+            break;
+          default:
+            body.insert(p, 1, punct[rng() % 15]);
+            break;
         }
       }
     }
@@ -896,7 +955,8 @@ TEST(ServerOpenAIClient, OfficialNodeClient) {
   const fs::path dir = fs::path(DELTAFIN_TEST_DATA).parent_path() / "openai_client";
   if (!fs::exists(dir / "node_modules" / "openai" / "package.json")) {
     // `make test` installs it first; a bare ctest run installs it here.
-    const std::string cmd = "cd '" + dir.string() + "' && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1";
+    const std::string cmd =
+        "cd '" + dir.string() + "' && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << "npm ci failed in " << dir;
   }
   ServerProcess srv({"--api-key", "sk-test"});

@@ -34,24 +34,30 @@ ServeLimits limits() {
 
 const json kTools = json::array(
     {{{"type", "function"},
-      {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+      {"function",
+       {{"name", "get_weather"},
+        {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
 
 json weather_request() {
-  return {{"messages", json::array({{{"role", "user"}, {"content", "Weather in Paris and Rome?"}}})},
-          {"tools", kTools},
-          {"reasoning_effort", "medium"},
-          {"max_tokens", 200},
-          {"temperature", 0}};
+  return {
+      {"messages", json::array({{{"role", "user"}, {"content", "Weather in Paris and Rome?"}}})},
+      {"tools", kTools},
+      {"reasoning_effort", "medium"},
+      {"max_tokens", 200},
+      {"temperature", 0}};
 }
 
 // What the model "writes": two calls, typed arguments.
 const std::string kModelOutput =
-    "The user wants two cities.<|close|>think<|sep|><|open|>response<|sep|>Let me check.<|close|>response<|sep|>"
+    "The user wants two cities.<|close|>think<|sep|><|open|>response<|sep|>Let me "
+    "check.<|close|>response<|sep|>"
     "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
     "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
-    "<|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>"
+    "<|open|>argument key=\"days\" "
+    "type=\"number\"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>"
     "<|open|>call tool=\"get_weather\" index=\"2\"<|sep|>"
-    "<|open|>argument key=\"city\" type=\"string\"<|sep|>Rome<|close|>argument<|sep|><|close|>call<|sep|>"
+    "<|open|>argument key=\"city\" "
+    "type=\"string\"<|sep|>Rome<|close|>argument<|sep|><|close|>call<|sep|>"
     "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
 
 struct Driven {
@@ -71,7 +77,8 @@ Driven drive(const json& body, const std::string& output, bool logprobs = false)
   const auto ids = k3().encode_with_special(output);
   const int64_t vocab = k3().vocab_size();
   Generation g(d.prompt, d.req.params, &k3(), vocab);
-  d.builder = std::make_unique<ResponseBuilder>(k3(), Endpoint::chat, "chatcmpl-test", 1, "kimi-k3", logprobs, true);
+  d.builder = std::make_unique<ResponseBuilder>(k3(), Endpoint::chat, "chatcmpl-test", 1, "kimi-k3",
+                                                logprobs, true);
   for (auto& c : d.builder->begin()) d.chunks.push_back(c);
   std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);
   size_t next = 0, sent = 0;
@@ -110,7 +117,8 @@ TEST(ServerResponse, ToolCallsFromK3Output) {
   EXPECT_EQ(c0["type"], "function");
   EXPECT_EQ(c0["function"]["name"], "get_weather");
   ASSERT_TRUE(c0["function"]["arguments"].is_string());  // a JSON string, as OpenAI sends it
-  EXPECT_EQ(json::parse(c0["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(json::parse(c0["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}, {"days", 3}}));
   EXPECT_EQ(m["tool_calls"][1]["function"]["arguments"], "{\"city\":\"Rome\"}");
   EXPECT_NE(m["tool_calls"][0]["id"], m["tool_calls"][1]["id"]);
 
@@ -128,7 +136,8 @@ TEST(ServerResponse, ToolCallsFromK3Output) {
     const json& ch = c["choices"][0];
     const json& delta = ch["delta"];
     if (delta.contains("content")) content += delta["content"].get<std::string>();
-    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("reasoning_content"))
+      reasoning += delta["reasoning_content"].get<std::string>();
     if (delta.contains("tool_calls")) {
       for (const auto& tc : delta["tool_calls"]) {
         const size_t i = tc["index"];
@@ -158,7 +167,8 @@ TEST(ServerResponse, ToolCallsFromK3Output) {
     EXPECT_EQ(args[i], m["tool_calls"][i]["function"]["arguments"]);
   }
   EXPECT_TRUE(d.chunks.back()["choices"].empty());
-  EXPECT_EQ(d.chunks.back()["usage"]["completion_tokens"], static_cast<int64_t>(d.generated.size()));
+  EXPECT_EQ(d.chunks.back()["usage"]["completion_tokens"],
+            static_cast<int64_t>(d.generated.size()));
 }
 
 TEST(ServerResponse, ToolRoundTripRendersAndKeepsTheState) {
@@ -175,19 +185,24 @@ TEST(ServerResponse, ToolRoundTripRendersAndKeepsTheState) {
   }
   ServeRequest r = parse_chat_request(next, limits(), k3());
   const std::string text = k3().decode(r.prompt);
-  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>sunny"), std::string::npos) << text;
+  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>sunny"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("index=\"2\"<|sep|>rain"), std::string::npos);
   // The re-rendered answer is segment-equal to what the model wrote: the state can continue.
   ChatRequest conv = *d.req.chat;
   conv.add_generation_prompt = false;
-  conv.messages.push_back(ChatRequest::from_json(json{{"messages", json::array({answer})}}).messages.at(0));
+  conv.messages.push_back(
+      ChatRequest::from_json(json{{"messages", json::array({answer})}}).messages.at(0));
   const auto canon = render(conv, k3()).ids;
   std::vector<int32_t> history = d.prompt;
-  history.insert(history.end(), d.generated.begin(), d.generated.end() - 1);  // <|end_of_msg|> was never fed
+  history.insert(history.end(), d.generated.begin(),
+                 d.generated.end() - 1);  // <|end_of_msg|> was never fed
   auto feed = segment_completion(k3(), history, canon);
   ASSERT_TRUE(feed.has_value());
   EXPECT_EQ(*feed, std::vector<int32_t>{*k3().special_id("<|end_of_msg|>")});
-  EXPECT_TRUE(std::equal(canon.begin(), canon.end(), r.prompt.begin()));  // the next prompt extends it
+  EXPECT_TRUE(
+      std::equal(canon.begin(), canon.end(), r.prompt.begin()));  // the next prompt extends it
 }
 
 TEST(ServerResponse, LogprobsAndLengthStop) {
@@ -218,7 +233,8 @@ TEST(ServerResponse, FinishReasons) {
 
 TEST(ConversationCache, SegmentCompletion) {
   const Tokenizer& t = k3();
-  const auto canon = t.encode_with_special("<|open|>response<|sep|>hello world<|close|>response<|sep|><|end_of_msg|>");
+  const auto canon = t.encode_with_special(
+      "<|open|>response<|sep|>hello world<|close|>response<|sep|><|end_of_msg|>");
   // The same text tokenized differently (one id per byte) is equal by segments.
   std::vector<int32_t> bytes = t.encode_with_special("<|open|>response<|sep|>");
   for (char c : std::string("hello world")) bytes.push_back(*t.rank_of(std::string(1, c)));
@@ -231,8 +247,10 @@ TEST(ConversationCache, SegmentCompletion) {
   ASSERT_TRUE(rest);
   EXPECT_EQ(t.decode(*rest), "rld<|close|>response<|sep|><|end_of_msg|>");
   // Different text, a special where text is, or more than canon: no completion.
-  EXPECT_FALSE(segment_completion(t, t.encode_with_special("<|open|>response<|sep|>hello there"), canon));
-  EXPECT_FALSE(segment_completion(t, t.encode_with_special("<|open|>response<|sep|>hello<|close|>"), canon));
+  EXPECT_FALSE(
+      segment_completion(t, t.encode_with_special("<|open|>response<|sep|>hello there"), canon));
+  EXPECT_FALSE(
+      segment_completion(t, t.encode_with_special("<|open|>response<|sep|>hello<|close|>"), canon));
   auto longer = canon;
   longer.push_back(canon[0]);
   EXPECT_FALSE(segment_completion(t, longer, canon));
@@ -269,13 +287,18 @@ TEST(ConversationCache, TakesTheLongestExtendedEntryAndEvicts) {
 
 TEST(ServerRequest, ValidationDetails) {
   // Effort mapping: minimal -> low, medium -> high.
-  for (auto [given, rendered] : {std::pair{"minimal", "low"}, std::pair{"medium", "high"}, std::pair{"max", "max"}}) {
-    json b = {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {"reasoning_effort", given}};
+  for (auto [given, rendered] :
+       {std::pair{"minimal", "low"}, std::pair{"medium", "high"}, std::pair{"max", "max"}}) {
+    json b = {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+              {"reasoning_effort", given}};
     const auto r = parse_chat_request(b, limits(), k3());
-    EXPECT_NE(k3().decode(r.prompt).find(std::string("thinking_effort=") + rendered + "`"), std::string::npos) << given;
+    EXPECT_NE(k3().decode(r.prompt).find(std::string("thinking_effort=") + rendered + "`"),
+              std::string::npos)
+        << given;
     EXPECT_EQ(r.params.start_channel, Channel::think);
   }
-  json off = {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {"thinking", false}};
+  json off = {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+              {"thinking", false}};
   auto r = parse_chat_request(off, limits(), k3());
   EXPECT_EQ(r.params.start_channel, Channel::response);
   EXPECT_EQ(k3().decode(r.prompt).find("thinking_effort"), std::string::npos);
@@ -289,7 +312,8 @@ TEST(ServerRequest, ValidationDetails) {
   EXPECT_EQ(c.params.max_new_tokens, 16);
   EXPECT_FALSE(c.params.chat);
   // A seed of any 64-bit integer; an int like 5.0 is an int.
-  auto s = parse_completion_request({{"prompt", "x"}, {"seed", -1}, {"max_tokens", 5.0}}, limits(), k3());
+  auto s = parse_completion_request({{"prompt", "x"}, {"seed", -1}, {"max_tokens", 5.0}}, limits(),
+                                    k3());
   EXPECT_TRUE(s.params.sampling.has_seed);
   EXPECT_EQ(s.params.sampling.seed, std::numeric_limits<uint64_t>::max());
   EXPECT_EQ(s.params.max_new_tokens, 5);
@@ -297,7 +321,9 @@ TEST(ServerRequest, ValidationDetails) {
   EXPECT_NO_THROW(parse_body("{\"a\":\"" + std::string(500, '[') + "\"}", 8));
   EXPECT_THROW(parse_body(std::string(9, '[') + std::string(9, ']'), 8), ApiError);
   try {
-    parse_chat_request({{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {"temperature", -1}}, limits(), k3());
+    parse_chat_request(
+        {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}, {"temperature", -1}},
+        limits(), k3());
     FAIL();
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status(), 400);

@@ -43,8 +43,8 @@ ServerProcess::ServerProcess(std::vector<std::string> args, const std::string& m
   posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
   posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
   posix_spawn_file_actions_addclose(&fa, err_pipe[1]);
-  std::vector<std::string> full = {binary(), "serve", "--model", model.empty() ? server_model_dir() : model,
-                                   "--port", "0"};
+  std::vector<std::string> full = {
+      binary(), "serve", "--model", model.empty() ? server_model_dir() : model, "--port", "0"};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
@@ -143,7 +143,8 @@ HttpResult result_of(const httplib::Result& r) {
 }
 }  // namespace
 
-HttpResult post_json(httplib::Client& c, const std::string& path, const json& body, const httplib::Headers& headers) {
+HttpResult post_json(httplib::Client& c, const std::string& path, const json& body,
+                     const httplib::Headers& headers) {
   return result_of(c.Post(path.c_str(), headers, body.dump(), "application/json"));
 }
 
@@ -179,8 +180,9 @@ std::vector<std::string> sse_events(const std::string& body) {
 bool is_error_shape(const json& j) {
   if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) return false;
   const json& e = j["error"];
-  return e.contains("message") && e["message"].is_string() && !e["message"].get<std::string>().empty() &&
-         e.contains("type") && e["type"].is_string() && e.contains("param") && e.contains("code");
+  return e.contains("message") && e["message"].is_string() &&
+         !e["message"].get<std::string>().empty() && e.contains("type") && e["type"].is_string() &&
+         e.contains("param") && e.contains("code");
 }
 
 RawClient::RawClient(int port) {
@@ -195,11 +197,15 @@ RawClient::RawClient(int port) {
   }
 }
 
-RawClient::~RawClient() { close_now(); }
+RawClient::~RawClient() {
+  close_now();
+}
 
-bool RawClient::send_request(const std::string& method, const std::string& path, const std::string& body) {
+bool RawClient::send_request(const std::string& method, const std::string& path,
+                             const std::string& body) {
   if (fd_ < 0) return false;
-  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+  const std::string req = method + " " + path +
+                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   size_t sent = 0;
   while (sent < req.size()) {
@@ -212,7 +218,8 @@ bool RawClient::send_request(const std::string& method, const std::string& path,
 
 std::string RawClient::read_until(const std::string& needle, double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (fd_ >= 0 && got_.find(needle) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+  while (fd_ >= 0 && got_.find(needle) == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, 50) <= 0) continue;
     char buf[4096];

@@ -1,6 +1,8 @@
 // The expert store: exact results under a budget that forces evictions every pass, scattered
 // experts, prefetch bookkeeping, and faults (short reads, truncated or replaced shards) that fail
 // the request without harming the store.
+#include "experts/store.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "experts/store.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -23,16 +24,19 @@ std::string copy_model(const std::string& name) {
   std::string dst = test::temp_dir("store") + "/model";
   fs::copy(test::data_dir() + "/" + name + "/model", dst, fs::copy_options::recursive);
   for (auto& e : fs::directory_iterator(dst)) {
-    fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);
+    fs::permissions(e.path(), fs::perms::owner_read | fs::perms::owner_write,
+                    fs::perm_options::add);
   }
   return dst;
 }
 
 // Tiny experts (13 KiB) make O_DIRECT latency dominate, so most tests read through the page
 // cache; one run keeps O_DIRECT to cover the aligned-read path.
-LoadOptions store_options(size_t slots, CachePolicy policy = CachePolicy::kLRU, bool direct = false) {
+LoadOptions store_options(size_t slots, CachePolicy policy = CachePolicy::kLRU,
+                          bool direct = false) {
   LoadOptions o;
-  o.make_experts = [slots, policy, direct](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
+  o.make_experts = [slots, policy, direct](const ModelConfig& c, const Checkpoint& ck,
+                                           ExpertFormat f) {
     StoreOptions so;
     so.policy = policy;
     so.cache_slots = slots;
@@ -61,7 +65,8 @@ TEST(Store, ExactUnderABudgetThatEvictsEveryPass) {
     auto ref = Model::load(test::data_dir() + "/" + name + "/model");
     for (CachePolicy p : {CachePolicy::kLRU, CachePolicy::kLFU}) {
       const bool direct = p == CachePolicy::kLRU && std::string(name) == "k3-tiny-mxfp4";
-      auto m = Model::load(test::data_dir() + "/" + name + "/model", store_options(4, p, direct));  // top-4: minimum
+      auto m = Model::load(test::data_dir() + "/" + name + "/model",
+                           store_options(4, p, direct));  // top-4: minimum
       for (int64_t split : {int64_t{16}, int64_t{6}}) {
         EXPECT_EQ(run(*ref, kToks, split), run(*m, kToks, split)) << name << " split " << split;
       }
@@ -74,7 +79,8 @@ TEST(Store, ExactUnderABudgetThatEvictsEveryPass) {
 }
 
 TEST(Store, MinimumCacheIsEnforced) {
-  EXPECT_THROW(Model::load(test::data_dir() + "/k3-tiny-mxfp4/model", store_options(3)), InvalidArgument);
+  EXPECT_THROW(Model::load(test::data_dir() + "/k3-tiny-mxfp4/model", store_options(3)),
+               InvalidArgument);
 }
 
 // Rewrites a shard so that every expert's w2 tensors move to the end of the data region: the
@@ -178,7 +184,8 @@ TEST(Store, ShortReadFailsTheRequestNotTheStore) {
     FAIL() << "expected a short read";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("short read"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fs::path(shard0).filename().string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fs::path(shard0).filename().string()), std::string::npos)
+        << e.what();
   }
   // Within the same second other experts still work; then the changed file is reported.
   ASSERT_GE(other_l, 0);
@@ -188,7 +195,9 @@ TEST(Store, ShortReadFailsTheRequestNotTheStore) {
     store.acquire(good_l, good_e);
     FAIL() << "expected the changed file to be reported";
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("was replaced or changed while running"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was replaced or changed while running"),
+              std::string::npos)
+        << e.what();
   }
 }
 

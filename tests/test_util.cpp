@@ -103,8 +103,10 @@ RunResult run_deltafin(const std::vector<std::string>& args, const std::string& 
       char buf[65536];
       ssize_t got = read(p.fd, buf, sizeof buf);
       if (got <= 0) {
-        if (p.fd == out_pipe[0]) out_open = false;
-        else err_open = false;
+        if (p.fd == out_pipe[0])
+          out_open = false;
+        else
+          err_open = false;
       } else {
         (p.fd == out_pipe[0] ? r.out : r.err).append(buf, static_cast<size_t>(got));
       }
@@ -127,7 +129,8 @@ Child::Child(const std::vector<std::string>& args) {
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
-  for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) posix_spawn_file_actions_addclose(&fa, fd);
+  for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+    posix_spawn_file_actions_addclose(&fa, fd);
   std::vector<std::string> full = {binary()};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -182,7 +185,9 @@ std::string Child::wait_stderr(const std::string& needle, double timeout_s) {
   return r_.err;
 }
 
-void Child::signal(int sig) { kill(pid_, sig); }
+void Child::signal(int sig) {
+  kill(pid_, sig);
+}
 
 RunResult Child::wait(double timeout_s) {
   pump(timeout_s, [] { return false; });

@@ -8,8 +8,12 @@
 
 namespace deltafin::test {
 
-inline std::string data_dir() { return DELTAFIN_TEST_DATA; }
-inline std::string binary() { return DELTAFIN_BINARY; }
+inline std::string data_dir() {
+  return DELTAFIN_TEST_DATA;
+}
+inline std::string binary() {
+  return DELTAFIN_BINARY;
+}
 
 // A fresh, empty folder under the build tree, unique per call; removed at process exit.
 std::string temp_dir(const std::string& name);

@@ -8,10 +8,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/error.h"
@@ -31,23 +30,31 @@ using test::slurp;
 using test::spit;
 using test::temp_dir;
 
-std::string tok_dir() { return data_dir() + "/tokenizer"; }
+std::string tok_dir() {
+  return data_dir() + "/tokenizer";
+}
 
 const Tokenizer& golden_tokenizer() {
   static const Tokenizer t = Tokenizer::load(tok_dir());
   return t;
 }
 
-nlohmann::json golden_cases() { return nlohmann::json::parse(slurp(tok_dir() + "/cases.json")); }
+nlohmann::json golden_cases() {
+  return nlohmann::json::parse(slurp(tok_dir() + "/cases.json"));
+}
 
-std::vector<int32_t> ids_of(const nlohmann::json& j) { return j.get<std::vector<int32_t>>(); }
+std::vector<int32_t> ids_of(const nlohmann::json& j) {
+  return j.get<std::vector<int32_t>>();
+}
 
 std::vector<int32_t> operator+(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
 
-std::string base64_of(const std::string& s) { return base64::encode(s); }
+std::string base64_of(const std::string& s) {
+  return base64::encode(s);
+}
 
 [[maybe_unused]] std::vector<std::string> pieces_of(std::string_view text) {
   std::vector<std::string> out;
@@ -121,7 +128,8 @@ TEST(TokenizerGolden, BinaryReproducesEveryCase) {
       ASSERT_EQ(r.exit_code, 0) << r.err;
       ASSERT_FALSE(r.out.empty());
       EXPECT_EQ(r.out.back(), '\n');
-      EXPECT_EQ(ids_of(nlohmann::json::parse(r.out)), ids_of(c[special ? "with_special" : "ordinary"]))
+      EXPECT_EQ(ids_of(nlohmann::json::parse(r.out)),
+                ids_of(c[special ? "with_special" : "ordinary"]))
           << text;
     }
     // --text takes the same bytes (argv cannot carry an empty string portably; skip that one).
@@ -139,26 +147,57 @@ TEST(TokenizerGolden, BinaryReproducesEveryCase) {
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Invented texts: no reference ids here, so check what must hold regardless.
 
 const std::vector<std::string>& invented_texts() {
   static const std::vector<std::string> texts = {
-      "Привет, мир! Как дела?", "Γειά σου Κόσμε", "שלום עולם", "مرحبا بالعالم",
-      "नमस्ते दुनिया", "สวัสดีชาวโลก", "ქართული ენა", "Ελληνικά ΚΕΦΑΛΑΙΑ και πεζά",
-      "中文，标点。「引号」、顿号；冒号：", "カタカナーひらがな々〆", "한국어　전각 공백",
-      "0 12 345 6789 1234567890 ０１２３ ١٢٣ ½ ²", "3.14159e-10 -42 +7 1,000,000",
-      "a  b   c    d\t\te\n\n\nf\r\n\r\ng", "trailing spaces   ", "trailing newline\n",
-      "   ", "\n\n", "\t \n \t", " \u00a0\u2003\u3000x", "\u0085next line\u2028sep",
-      "I'M YOU'RE WE'VE THEY'LL HE'D IT'S DON'T", "i'm you're we've they'll he'd it's don't",
-      "I'm You'Re wE'vE", "'s 's' ''s x'sy", "ſ'ſ O'ſ",
-      "👨‍👩‍👧‍👦 family 🏳️‍🌈 flag 👍🏽 thumbs 🧑🏿‍🚀", "⌚️✨☕ 1️⃣ #️⃣",
-      "<|open|", "<|end_of_msg|", "<|OPEN|>", "< |open|>", "<|open |>", "|open|>", "<|open|>",
-      "[BOS][EOS] [bos] [ BOS ]", "<|reserved_token_100300|> <|reserved_token_999999|>",
-      "<<|open|>>", "<|sep|<|sep|>", "e\u0301 combining and \u0300 alone", "ZWJ\u200dalone \ufeffBOM",
-      "snake_case kebab-case camelCase PascalCase SCREAMING_CASE", "x=1;y=2;\nif(x<y){return;}",
-      "http://example.com/a?b=c&d=e#f", "\x01\x02\x7f control", std::string("nul\0byte", 8),
+      "Привет, мир! Как дела?",
+      "Γειά σου Κόσμε",
+      "שלום עולם",
+      "مرحبا بالعالم",
+      "नमस्ते दुनिया",
+      "สวัสดีชาวโลก",
+      "ქართული ენა",
+      "Ελληνικά ΚΕΦΑΛΑΙΑ και πεζά",
+      "中文，标点。「引号」、顿号；冒号：",
+      "カタカナーひらがな々〆",
+      "한국어　전각 공백",
+      "0 12 345 6789 1234567890 ０１２３ ١٢٣ ½ ²",
+      "3.14159e-10 -42 +7 1,000,000",
+      "a  b   c    d\t\te\n\n\nf\r\n\r\ng",
+      "trailing spaces   ",
+      "trailing newline\n",
+      "   ",
+      "\n\n",
+      "\t \n \t",
+      " \u00a0\u2003\u3000x",
+      "\u0085next line\u2028sep",
+      "I'M YOU'RE WE'VE THEY'LL HE'D IT'S DON'T",
+      "i'm you're we've they'll he'd it's don't",
+      "I'm You'Re wE'vE",
+      "'s 's' ''s x'sy",
+      "ſ'ſ O'ſ",
+      "👨‍👩‍👧‍👦 family 🏳️‍🌈 flag 👍🏽 thumbs 🧑🏿‍🚀",
+      "⌚️✨☕ 1️⃣ #️⃣",
+      "<|open|",
+      "<|end_of_msg|",
+      "<|OPEN|>",
+      "< |open|>",
+      "<|open |>",
+      "|open|>",
+      "<|open|>",
+      "[BOS][EOS] [bos] [ BOS ]",
+      "<|reserved_token_100300|> <|reserved_token_999999|>",
+      "<<|open|>>",
+      "<|sep|<|sep|>",
+      "e\u0301 combining and \u0300 alone",
+      "ZWJ\u200dalone \ufeffBOM",
+      "snake_case kebab-case camelCase PascalCase SCREAMING_CASE",
+      "x=1;y=2;\nif(x<y){return;}",
+      "http://example.com/a?b=c&d=e#f",
+      "\x01\x02\x7f control",
+      std::string("nul\0byte", 8),
   };
   return texts;
 }
@@ -184,9 +223,9 @@ TEST(TokenizerProperties, RoundTripAndNoSpecialIdsInOrdinaryMode) {
 
 TEST(TokenizerProperties, NearMissMarkersAreOrdinaryEvenWithSpecials) {
   const Tokenizer& t = golden_tokenizer();
-  for (const char* text : {"<|open|", "<|end_of_msg|", "<|OPEN|>", "< |open|>", "<|open |>",
-                           "|open|>", "[bos]", "[ BOS ]", "<|reserved_token_999999|>",
-                           "<|reserved_token_100|>", "<|end_of_msg"}) {
+  for (const char* text :
+       {"<|open|", "<|end_of_msg|", "<|OPEN|>", "< |open|>", "<|open |>", "|open|>", "[bos]",
+        "[ BOS ]", "<|reserved_token_999999|>", "<|reserved_token_100|>", "<|end_of_msg"}) {
     EXPECT_EQ(t.encode_with_special(text), t.encode_ordinary(text)) << text;
   }
   // Exact markers are recognised, also back to back and inside other text.
@@ -241,8 +280,9 @@ std::vector<std::string> reference_guard_chunks(const std::string& text, std::si
   std::vector<std::string> out;
   if (chars.empty()) return {""};
   for (std::size_t s0 = 0; s0 < chars.size(); s0 += slice) {
-    const std::vector<std::string> s(chars.begin() + static_cast<std::ptrdiff_t>(s0),
-                                     chars.begin() + static_cast<std::ptrdiff_t>(std::min(chars.size(), s0 + slice)));
+    const std::vector<std::string> s(
+        chars.begin() + static_cast<std::ptrdiff_t>(s0),
+        chars.begin() + static_cast<std::ptrdiff_t>(std::min(chars.size(), s0 + slice)));
     std::size_t len = 0, start = 0;
     bool is_space = space(s[0]);
     for (std::size_t i = 0; i < s.size(); ++i) {
@@ -267,7 +307,8 @@ std::vector<std::string> reference_guard_chunks(const std::string& text, std::si
 
 TEST(TokenizerGuards, ChunkingMatchesTheReferenceAlgorithm) {
   std::mt19937 rng(7);
-  const std::vector<std::string> alphabet = {"a", "b", " ", "\t", "\n", "é", "中", "😀", "\x1c", "\xff"};
+  const std::vector<std::string> alphabet = {"a", "b",  " ", "\t",   "\n",
+                                             "é", "中", "😀", "\x1c", "\xff"};
   for (int iter = 0; iter < 300; ++iter) {
     std::string text;
     const int n = static_cast<int>(rng() % 60);
@@ -280,7 +321,8 @@ TEST(TokenizerGuards, ChunkingMatchesTheReferenceAlgorithm) {
     for (const std::size_t slice : {std::size_t{5}, std::size_t{13}, std::size_t{1000}}) {
       for (const std::size_t run : {std::size_t{1}, std::size_t{3}, std::size_t{8}}) {
         std::vector<std::string> got;
-        for_each_guard_chunk(text, [&](std::string_view c) { got.emplace_back(c); }, slice, run);
+        for_each_guard_chunk(
+            text, [&](std::string_view c) { got.emplace_back(c); }, slice, run);
         EXPECT_EQ(got, reference_guard_chunks(text, slice, run)) << text;
       }
     }
@@ -293,7 +335,8 @@ TEST(TokenizerGuards, LongRunsAreSplitAt25000Characters) {
     std::string text;
     for (int i = 0; i < 60000; ++i) text += unit;
     std::vector<std::size_t> sizes;
-    for_each_guard_chunk(text, [&](std::string_view c) { sizes.push_back(c.size() / unit.size()); });
+    for_each_guard_chunk(text,
+                         [&](std::string_view c) { sizes.push_back(c.size() / unit.size()); });
     EXPECT_EQ(sizes, (std::vector<std::size_t>{25000, 25000, 10000})) << unit;
     // Encoding the whole equals encoding the chunks one by one: no piece crosses a cut.
     std::string a, c;
@@ -318,9 +361,15 @@ TEST(TokenizerGuards, SlicesOf400000Characters) {
 
 TEST(TokenizerProperties, InvalidUtf8IsEncodedByteLevel) {
   const Tokenizer& t = golden_tokenizer();
-  const std::vector<std::string> texts = {
-      "\xff", "\xc3", "abc\xff\xfe def", "\xe4\xb8", "ok\xed\xa0\x80surrogate",
-      "\xc0\xaf overlong", "\xf4\x90\x80\x80 too big", "mixed 中\xe4文 \x80\x80", std::string(300, '\xff')};
+  const std::vector<std::string> texts = {"\xff",
+                                          "\xc3",
+                                          "abc\xff\xfe def",
+                                          "\xe4\xb8",
+                                          "ok\xed\xa0\x80surrogate",
+                                          "\xc0\xaf overlong",
+                                          "\xf4\x90\x80\x80 too big",
+                                          "mixed 中\xe4文 \x80\x80",
+                                          std::string(300, '\xff')};
   for (const auto& text : texts) {
     const auto ids = t.encode_ordinary(text);
     EXPECT_EQ(t.decode(ids), text);
@@ -361,7 +410,8 @@ TEST(TokenizerPattern, IntersectionRewriteIsExactOnEveryCodePoint) {
       const auto* subj = reinterpret_cast<PCRE2_SPTR>(s.data());
       const bool ma = pcre2_match(ca, subj, s.size(), 0, 0, md, nullptr) >= 0;
       const bool mb = pcre2_match(cb, subj, s.size(), 0, 0, md, nullptr) >= 0;
-      if (ma != mb && ++mismatches < 5) ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(cp);
+      if (ma != mb && ++mismatches < 5)
+        ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(cp);
     }
     EXPECT_EQ(mismatches, 0);
     pcre2_code_free(ca);
@@ -379,9 +429,10 @@ TEST(TokenizerPattern, FullPatternsAgreeOnRandomText) {
                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
   ASSERT_NE(alt, nullptr);
   pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
-  const std::vector<std::string> pool = {"a", "Z", "ǅ", "ʰ", "中", "々", "〇", "。", "ー", "ア", "é", "\u0301",
-                                         "1", "٣", "Ⅻ", " ", "\n", "\r", "\t", "\u3000", "'", "s", "S",
-                                         "t", "ll", "!", "😀", "\u200d", "_", "-", "ß", "Ω", "ω"};
+  const std::vector<std::string> pool = {
+      "a",      "Z", "ǅ",  "ʰ", "中", "々",     "〇", "。", "ー",     "ア", "é",
+      "\u0301", "1", "٣",  "Ⅻ", " ",  "\n",     "\r", "\t", "\u3000", "'",  "s",
+      "S",      "t", "ll", "!", "😀",  "\u200d", "_",  "-",  "ß",      "Ω",  "ω"};
   std::mt19937 rng(11);
   for (int iter = 0; iter < 2000; ++iter) {
     std::string text;
@@ -389,7 +440,9 @@ TEST(TokenizerPattern, FullPatternsAgreeOnRandomText) {
     for (int i = 0; i < n; ++i) text += pool[rng() % pool.size()];
     std::vector<std::string> expected;
     for (std::size_t pos = 0; pos < text.size();) {
-      ASSERT_GE(pcre2_match(alt, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, 0, md, nullptr), 0);
+      ASSERT_GE(pcre2_match(alt, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, 0, md,
+                            nullptr),
+                0);
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       ASSERT_EQ(ov[0], pos) << text;  // valid UTF-8 leaves no gaps
       expected.push_back(text.substr(ov[0], ov[1] - ov[0]));
@@ -405,7 +458,8 @@ TEST(TokenizerBpe, QuadraticAndHeapMergesAgree) {
   const Tokenizer& t = golden_tokenizer();
   const auto rank = [&](std::string_view s) { return t.rank_of(s).value_or(-1); };
   std::mt19937 rng(3);
-  const std::vector<std::string> pool = {"the", " ", "ing", "a", "e", "中", "\xff", "ab", "000", "\n", "tion", "😀"};
+  const std::vector<std::string> pool = {"the",  " ",  "ing", "a",  "e",    "中",
+                                         "\xff", "ab", "000", "\n", "tion", "😀"};
   bpe::Scratch s1, s2;
   for (int iter = 0; iter < 500; ++iter) {
     std::string piece;
@@ -421,7 +475,9 @@ TEST(TokenizerBpe, QuadraticAndHeapMergesAgree) {
 
 TEST(TokenizerProperties, ErrorsForInvalidIds) {
   const Tokenizer& t = golden_tokenizer();
-  EXPECT_EQ(expect_error([&] { t.decode(std::vector<int32_t>{1, 100512}); }),
+  EXPECT_EQ(expect_error([&] {
+              t.decode(std::vector<int32_t>{1, 100512});
+            }),
             "token id 100512 is out of range: the vocabulary has 100512 ids (0..100511)");
   EXPECT_EQ(expect_error([&] { t.token_bytes(-1); }),
             "token id -1 is out of range: the vocabulary has 100512 ids (0..100511)");
@@ -452,7 +508,9 @@ TEST(IncrementalDecoder, HoldsBackSplitCharacters) {
   // Invalid bytes become U+FFFD at once; a truncated tail only at flush.
   EXPECT_EQ(d.push(byte("\xff")), "\xEF\xBF\xBD");
   EXPECT_EQ(d.push(byte("\xe4")), "");
-  EXPECT_EQ(d.push(byte("a")), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(d.push(byte("a")),
+            "\xEF\xBF\xBD"
+            "a");
   EXPECT_EQ(d.push(*t.rank_of("\xe4\xb8")), "");
   EXPECT_EQ(d.flush(), "\xEF\xBF\xBD");
   EXPECT_FALSE(d.has_pending());
@@ -494,7 +552,8 @@ std::string byte_ranks(int extra_lines_from = 256) {
   return out;
 }
 
-const char* kConfig = R"({"added_tokens_decoder": {"258": {"content": "<|end_of_msg|>"}, "259": {"content": "<|open|>"}}})";
+const char* kConfig =
+    R"({"added_tokens_decoder": {"258": {"content": "<|end_of_msg|>"}, "259": {"content": "<|open|>"}}})";
 
 std::string make_dir(const std::string& model, const std::string& config) {
   const std::string dir = temp_dir("tok-load");
@@ -525,28 +584,36 @@ TEST(TokenizerLoad, ErrorsNameTheFileAndLine) {
   e = load_error(byte_ranks() + "YW*i 256\n", ok_cfg);
   EXPECT_NE(e.find("tiktoken.model line 257: invalid base64"), std::string::npos) << e;
   e = load_error(byte_ranks() + base64_of("ab") + " 258\n", ok_cfg);
-  EXPECT_NE(e.find("tiktoken.model line 257: rank 258 where 256 was expected (ranks must be contiguous"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("tiktoken.model line 257: rank 258 where 256 was expected (ranks must be contiguous"),
+      std::string::npos)
       << e;
   e = load_error(byte_ranks() + base64_of("a") + " 256\n", ok_cfg);
-  EXPECT_NE(e.find("tiktoken.model line 257: duplicate token (same bytes as rank 97, "), std::string::npos) << e;
+  EXPECT_NE(e.find("tiktoken.model line 257: duplicate token (same bytes as rank 97, "),
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("line 98)"), std::string::npos) << e;
   e = load_error(byte_ranks() + base64_of("ab") + "\n", ok_cfg);
-  EXPECT_NE(e.find("tiktoken.model line 257: expected \"<base64 token> <rank>\""), std::string::npos) << e;
+  EXPECT_NE(e.find("tiktoken.model line 257: expected \"<base64 token> <rank>\""),
+            std::string::npos)
+      << e;
   e = load_error(byte_ranks() + base64_of("ab") + " -1\n", ok_cfg);
   EXPECT_NE(e.find("line 257: invalid rank \"-1\""), std::string::npos) << e;
   // Missing single byte.
   std::string no_ff;
-  for (int b = 0; b < 255; ++b) no_ff += base64_of(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
+  for (int b = 0; b < 255; ++b)
+    no_ff += base64_of(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
   no_ff += base64_of("ab") + " 255\n";
   e = load_error(no_ff, ok_cfg);
-  EXPECT_NE(e.find("byte 0xFF has no token; every single byte must be a rank"), std::string::npos) << e;
+  EXPECT_NE(e.find("byte 0xFF has no token; every single byte must be a rank"), std::string::npos)
+      << e;
   // Config problems.
   e = load_error(byte_ranks(), "{\"added_tokens_decoder\": {");
   EXPECT_NE(e.find("tokenizer_config.json: invalid JSON: "), std::string::npos) << e;
   EXPECT_NE(e.find("line 1, column"), std::string::npos) << e;
   e = load_error(byte_ranks(), R"({"added_tokens_decoder": {"100": {"content": "<|x|>"}}})");
-  EXPECT_NE(e.find("tokenizer_config.json: added_tokens_decoder id 100 is outside the special range [256, 512) "
+  EXPECT_NE(e.find("tokenizer_config.json: added_tokens_decoder id 100 is outside the special "
+                   "range [256, 512) "
                    "that follows the 256 ranks"),
             std::string::npos)
       << e;
@@ -555,11 +622,17 @@ TEST(TokenizerLoad, ErrorsNameTheFileAndLine) {
   e = load_error(byte_ranks(), R"({"added_tokens_decoder": {"abc": {"content": "<|x|>"}}})");
   EXPECT_NE(e.find("added_tokens_decoder key \"abc\" is not a token id"), std::string::npos) << e;
   e = load_error(byte_ranks(), R"({"added_tokens_decoder": {"257": {"text": "<|x|>"}}})");
-  EXPECT_NE(e.find("added_tokens_decoder[\"257\"] must be an object with a string \"content\""), std::string::npos) << e;
-  e = load_error(byte_ranks(), R"({"added_tokens_decoder": {"256": {"content": "<|x|>"}, "257": {"content": "<|x|>"}}})");
-  EXPECT_NE(e.find("special tokens 256 and 257 have the same name \"<|x|>\""), std::string::npos) << e;
+  EXPECT_NE(e.find("added_tokens_decoder[\"257\"] must be an object with a string \"content\""),
+            std::string::npos)
+      << e;
+  e = load_error(
+      byte_ranks(),
+      R"({"added_tokens_decoder": {"256": {"content": "<|x|>"}, "257": {"content": "<|x|>"}}})");
+  EXPECT_NE(e.find("special tokens 256 and 257 have the same name \"<|x|>\""), std::string::npos)
+      << e;
   e = load_error(byte_ranks(), R"({"bos_token": "[BOS]"})");
-  EXPECT_NE(e.find("tokenizer_config.json: missing \"added_tokens_decoder\""), std::string::npos) << e;
+  EXPECT_NE(e.find("tokenizer_config.json: missing \"added_tokens_decoder\""), std::string::npos)
+      << e;
   e = load_error("", ok_cfg);
   EXPECT_NE(e.find("tiktoken.model: no ranks"), std::string::npos) << e;
   // Missing files.
@@ -597,7 +670,8 @@ TEST(SyntheticTokenizer, WritesALoadableK3StyleTokenizer) {
     EXPECT_EQ(t.special_id("[PAD]"), first + 255);
     EXPECT_EQ(t.token_bytes(first + 8), fmt::format("<|reserved_token_{}|>", first + 8));
     for (const auto& text : invented_texts()) EXPECT_EQ(t.decode(t.encode_ordinary(text)), text);
-    const std::string marked = "<|open|>message role=\"user\"<|sep|>Hi<|close|>message<|sep|><|end_of_msg|>";
+    const std::string marked =
+        "<|open|>message role=\"user\"<|sep|>Hi<|close|>message<|sep|><|end_of_msg|>";
     EXPECT_EQ(t.decode(t.encode_with_special(marked)), marked);
     if (vocab == 4096) {  // merges were learned: common words are short
       EXPECT_LT(t.encode_ordinary("The tokenizer returns the words").size(), 12u);
@@ -653,10 +727,14 @@ TEST(TokenizeCommand, EmptyTextAndExactDecode) {
 TEST(TokenizeCommand, Errors) {
   auto r = run_deltafin({"tokenize", "--model", tok_dir(), "--decode", "--text", "[1, 100512]"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "deltafin: token id 100512 is out of range: the vocabulary has 100512 ids (0..100511)\n");
+  EXPECT_EQ(
+      r.err,
+      "deltafin: token id 100512 is out of range: the vocabulary has 100512 ids (0..100511)\n");
   r = run_deltafin({"tokenize", "--model", tok_dir(), "--decode", "--text", "[1, \"a\"]"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("--text: element 1 is \"a\", expected an integer token id"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--text: element 1 is \"a\", expected an integer token id"),
+            std::string::npos)
+      << r.err;
   r = run_deltafin({"tokenize", "--model", tok_dir(), "--decode", "--text", "not json"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--text: expected a JSON array of token ids"), std::string::npos) << r.err;
@@ -665,7 +743,8 @@ TEST(TokenizeCommand, Errors) {
   EXPECT_EQ(r.err, "deltafin: tokenize: give exactly one of --text and --file\n");
   r = run_deltafin({"tokenize", "--model", tok_dir(), "--file", "/nonexistent/x"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("--file /nonexistent/x: cannot open for reading"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--file /nonexistent/x: cannot open for reading"), std::string::npos)
+      << r.err;
   const std::string empty = temp_dir("tok-cli-empty");
   r = run_deltafin({"tokenize", "--model", empty, "--text", "a"});
   EXPECT_EQ(r.exit_code, 1);

@@ -69,7 +69,9 @@ std::vector<Variant> variants() {
   return v;
 }
 
-void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.name;
+}
 
 class Variants : public ::testing::TestWithParam<Variant> {};
 
@@ -97,8 +99,10 @@ TEST_P(Variants, MatchFloat64ReferenceInEveryMode) {
     for (size_t i = 0; i < got.size(); ++i) mx = std::max(mx, std::fabs(got[i] - expect[i]));
     EXPECT_LT(mx, 2e-3) << var.name << " split " << split;
     for (int64_t t = 0; t < T; ++t) {
-      auto e = std::max_element(expect.begin() + t * V, expect.begin() + (t + 1) * V) - (expect.begin() + t * V);
-      auto g = std::max_element(got.begin() + t * V, got.begin() + (t + 1) * V) - (got.begin() + t * V);
+      auto e = std::max_element(expect.begin() + t * V, expect.begin() + (t + 1) * V) -
+               (expect.begin() + t * V);
+      auto g =
+          std::max_element(got.begin() + t * V, got.begin() + (t + 1) * V) - (got.begin() + t * V);
       EXPECT_EQ(e, g) << var.name << " split " << split << " position " << t;
     }
   }

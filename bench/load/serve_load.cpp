@@ -7,7 +7,8 @@
 // anywhere; without --model it makes the tiny synthetic model in a temporary folder.
 //
 //   deltafin_serve_load --deltafin build/src/cli/deltafin [--model DIR] [--parallel 1,4]
-//                       [--clients 8] [--duration 20] [--max-tokens 32] [--endpoint completions|chat]
+//                       [--clients 8] [--duration 20] [--max-tokens 32] [--endpoint
+//                       completions|chat]
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <httplib.h>
@@ -48,8 +49,12 @@ struct Options {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "deltafin_serve_load: %s\nusage: deltafin_serve_load --deltafin BIN [--model DIR] [--parallel 1,4] "
-               "[--clients 8] [--duration 20] [--max-tokens 32] [--endpoint completions|chat] [--threads N]\n", why);
+  std::fprintf(stderr,
+               "deltafin_serve_load: %s\nusage: deltafin_serve_load --deltafin BIN [--model DIR] "
+               "[--parallel 1,4] "
+               "[--clients 8] [--duration 20] [--max-tokens 32] [--endpoint completions|chat] "
+               "[--threads N]\n",
+               why);
   std::exit(2);
 }
 
@@ -61,13 +66,20 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value for " + a).c_str());
       return argv[++i];
     };
-    if (a == "--deltafin") o.deltafin = val();
-    else if (a == "--model") o.model = val();
-    else if (a == "--clients") o.clients = std::stoi(val());
-    else if (a == "--duration") o.duration = std::stod(val());
-    else if (a == "--max-tokens") o.max_tokens = std::stoi(val());
-    else if (a == "--endpoint") o.endpoint = val();
-    else if (a == "--threads") o.threads = val();
+    if (a == "--deltafin")
+      o.deltafin = val();
+    else if (a == "--model")
+      o.model = val();
+    else if (a == "--clients")
+      o.clients = std::stoi(val());
+    else if (a == "--duration")
+      o.duration = std::stod(val());
+    else if (a == "--max-tokens")
+      o.max_tokens = std::stoi(val());
+    else if (a == "--endpoint")
+      o.endpoint = val();
+    else if (a == "--threads")
+      o.threads = val();
     else if (a == "--parallel") {
       o.parallel.clear();
       std::string s = val();
@@ -76,10 +88,12 @@ Options parse(int argc, char** argv) {
         o.parallel.push_back(std::stoi(s.substr(p, q - p)));
         p = q == std::string::npos ? s.size() : q + 1;
       }
-    } else usage(("unknown argument " + a).c_str());
+    } else
+      usage(("unknown argument " + a).c_str());
   }
   if (o.endpoint != "completions" && o.endpoint != "chat") usage("--endpoint: completions or chat");
-  if (o.clients < 1 || o.duration <= 0 || o.max_tokens < 1) usage("--clients, --duration and --max-tokens must be positive");
+  if (o.clients < 1 || o.duration <= 0 || o.max_tokens < 1)
+    usage("--clients, --duration and --max-tokens must be positive");
   return o;
 }
 
@@ -90,9 +104,14 @@ struct Server {
   std::string log;
 
   Server(const Options& o, int parallel) {
-    log = (std::filesystem::temp_directory_path() / fmt::format("serve-load-{}-{}.log", getpid(), parallel)).string();
-    std::vector<std::string> args = {o.deltafin, "serve", "--model", o.model, "--port", "0", "--parallel",
-                                     std::to_string(parallel), "--queue", std::to_string(o.clients)};
+    log = (std::filesystem::temp_directory_path() /
+           fmt::format("serve-load-{}-{}.log", getpid(), parallel))
+              .string();
+    std::vector<std::string> args = {o.deltafin,   "serve",
+                                     "--model",    o.model,
+                                     "--port",     "0",
+                                     "--parallel", std::to_string(parallel),
+                                     "--queue",    std::to_string(o.clients)};
     if (!o.threads.empty()) {
       args.push_back("--threads");
       args.push_back(o.threads);
@@ -148,7 +167,8 @@ struct Sample {
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  const size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
   return v[i];
 }
 
@@ -167,9 +187,11 @@ void run_one(const Options& o, int parallel) {
       int n = 0;
       while (Clock::now() < stop_at) {
         json body;
-        const std::string text = fmt::format("Client {} request {}: tell me a story about the sea.", c, n++);
+        const std::string text =
+            fmt::format("Client {} request {}: tell me a story about the sea.", c, n++);
         if (o.endpoint == "chat") {
-          body = {{"messages", json::array({{{"role", "user"}, {"content", text}}})}, {"thinking", false}};
+          body = {{"messages", json::array({{{"role", "user"}, {"content", text}}})},
+                  {"thinking", false}};
         } else {
           body = {{"prompt", text}};
         }
@@ -189,8 +211,11 @@ void run_one(const Options& o, int parallel) {
         req.content_receiver = [&](const char* d, size_t l, uint64_t, uint64_t) {
           got.append(d, l);
           // The first event carrying text (chat's first chunk is the role).
-          if (first == 0 && (got.find("\"text\":\"") != std::string::npos || got.find("\"content\":\"") != std::string::npos) &&
-              (o.endpoint != "chat" || got.find("\"content\":\"\"") != got.rfind("\"content\":\""))) {
+          if (first == 0 &&
+              (got.find("\"text\":\"") != std::string::npos ||
+               got.find("\"content\":\"") != std::string::npos) &&
+              (o.endpoint != "chat" ||
+               got.find("\"content\":\"\"") != got.rfind("\"content\":\""))) {
             first = std::chrono::duration<double>(Clock::now() - start).count();
           }
           return true;
@@ -221,11 +246,13 @@ void run_one(const Options& o, int parallel) {
     ttft.push_back(s.ttft);
     tokens += s.tokens;
   }
-  fmt::print("parallel {:>2}: {:>4} requests ({} failed) in {:.1f} s: {:.2f} requests/s, latency p50 {:.3f} s p99 {:.3f} s, "
-             "first token p50 {:.3f} s p99 {:.3f} s, {:.1f} generated tokens/s aggregate\n",
-             parallel, samples.size(), failures.load(), wall, static_cast<double>(samples.size()) / wall,
-             percentile(lat, 0.5), percentile(lat, 0.99), percentile(ttft, 0.5), percentile(ttft, 0.99),
-             static_cast<double>(tokens) / wall);
+  fmt::print(
+      "parallel {:>2}: {:>4} requests ({} failed) in {:.1f} s: {:.2f} requests/s, latency p50 "
+      "{:.3f} s p99 {:.3f} s, "
+      "first token p50 {:.3f} s p99 {:.3f} s, {:.1f} generated tokens/s aggregate\n",
+      parallel, samples.size(), failures.load(), wall, static_cast<double>(samples.size()) / wall,
+      percentile(lat, 0.5), percentile(lat, 0.99), percentile(ttft, 0.5), percentile(ttft, 0.99),
+      static_cast<double>(tokens) / wall);
   std::fflush(stdout);
 }
 
@@ -236,13 +263,17 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   std::string made;
   if (o.model.empty()) {
-    made = (std::filesystem::temp_directory_path() / fmt::format("serve-load-model-{}", getpid())).string();
+    made = (std::filesystem::temp_directory_path() / fmt::format("serve-load-model-{}", getpid()))
+               .string();
     std::filesystem::remove_all(made);
     deltafin::make_model(made, deltafin::synthetic_preset("tiny"));
     o.model = made;
   }
-  fmt::print("deltafin_serve_load: model {}, {} clients, {} endpoint, max_tokens {}, {:.0f} s per setting, {} hardware threads\n",
-             o.model, o.clients, o.endpoint, o.max_tokens, o.duration, std::thread::hardware_concurrency());
+  fmt::print(
+      "deltafin_serve_load: model {}, {} clients, {} endpoint, max_tokens {}, {:.0f} s per "
+      "setting, {} hardware threads\n",
+      o.model, o.clients, o.endpoint, o.max_tokens, o.duration,
+      std::thread::hardware_concurrency());
   for (int p : o.parallel) run_one(o, p);
   if (!made.empty()) std::filesystem::remove_all(made);
   return 0;

@@ -46,7 +46,9 @@ Summary summarize(std::vector<double> v) {
   return s;
 }
 
-int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
 
 // Counters over the decode phases of all measured repetitions.
 struct DecodeTotals {
@@ -134,14 +136,16 @@ void run_bench(BenchArgs& a) {
     decode_tps.push_back(a.gen_tokens / d);
   }
   const double n_tok = static_cast<double>(std::max<int64_t>(1, dec.tokens));
-  const double experts_per_pass = dec.passes > 0 ? static_cast<double>(dec.expert_fetches) / dec.passes : 0;
+  const double experts_per_pass =
+      dec.passes > 0 ? static_cast<double>(dec.expert_fetches) / dec.passes : 0;
   const double ram_bytes_per_token = static_cast<double>(model->trunk_bytes_per_pass()) +
                                      experts_per_pass * static_cast<double>(model->expert_bytes());
   const double expert_read = static_cast<double>(dec.experts.bytes_read) / n_tok;
   const double trunk_read = static_cast<double>(dec.trunk_streamed) / n_tok;
   const double storage_read = static_cast<double>(dec.storage_read) / n_tok;
   // What this run had to fetch: the store's own reads, or in mmap mode the page-cache misses.
-  const double bytes_read = a.engine.mmap ? storage_read : std::max(expert_read + trunk_read, storage_read);
+  const double bytes_read =
+      a.engine.mmap ? storage_read : std::max(expert_read + trunk_read, storage_read);
   const uint64_t requests = dec.experts.requests, hits = dec.experts.hits;
   const int threads = global_pool().size();
   const double mem_bw = measure_memory_bandwidth(threads);
@@ -197,7 +201,8 @@ void run_bench(BenchArgs& a) {
   j["expert_bytes_read_per_token"] = expert_read;
   j["trunk_bytes_streamed_per_token"] = trunk_read;
   j["storage_read_bytes_per_token"] = storage_read;
-  j["expert_hit_rate"] = requests > 0 ? static_cast<double>(hits) / static_cast<double>(requests) : 0.0;
+  j["expert_hit_rate"] =
+      requests > 0 ? static_cast<double>(hits) / static_cast<double>(requests) : 0.0;
   j["io_wait_s_per_token"] = io_wait;
   j["compute_s_per_token"] = std::max(0.0, achieved - io_wait);
   j["read_gb_per_s"] = achieved > 0 ? bytes_read / achieved / 1e9 : 0.0;
@@ -214,36 +219,50 @@ void run_bench(BenchArgs& a) {
     fmt::print("{}\n", j.dump());
     return;
   }
-  fmt::print("model      {} ({} layers, hidden {}, {} experts top-{}, vocab {}), {}\n", a.engine.model, c.num_layers,
-             c.hidden, c.moe.num_experts, c.moe.top_k, c.vocab, model->describe());
-  fmt::print("machine    {}, {} threads, kernels {}\n", cpu_model_name(), threads, kernels::active().name);
-  fmt::print("prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n", ps.median, ps.min,
-             ps.max, a.reps, a.prompt_tokens);
-  fmt::print("decode     {:.3f} tokens/s median (min {:.3f}, max {:.3f}), {:.4f} s/token, {} tokens per rep\n", ds.median,
-             ds.min, ds.max, achieved, a.gen_tokens);
-  fmt::print("weights    {:.3f} GB touched per decoded token ({:.1f} experts), {:.2f} GB/s effective; memory {:.2f} GB/s\n",
-             ram_bytes_per_token / 1e9, experts_per_pass, achieved > 0 ? ram_bytes_per_token / achieved / 1e9 : 0.0,
-             mem_bw / 1e9);
-  fmt::print("storage    {:.3f} GB read per token (experts {:.3f}, trunk {:.3f}), hit rate {:.1f}%, disk {:.2f} GB/s "
-             "(O_DIRECT probe), I/O wait {:.3f} s/token\n",
-             bytes_read / 1e9, expert_read / 1e9, trunk_read / 1e9,
-             requests > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(requests) : 0.0, disk_bw / 1e9, io_wait);
+  fmt::print("model      {} ({} layers, hidden {}, {} experts top-{}, vocab {}), {}\n",
+             a.engine.model, c.num_layers, c.hidden, c.moe.num_experts, c.moe.top_k, c.vocab,
+             model->describe());
+  fmt::print("machine    {}, {} threads, kernels {}\n", cpu_model_name(), threads,
+             kernels::active().name);
+  fmt::print(
+      "prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n",
+      ps.median, ps.min, ps.max, a.reps, a.prompt_tokens);
+  fmt::print(
+      "decode     {:.3f} tokens/s median (min {:.3f}, max {:.3f}), {:.4f} s/token, {} tokens per "
+      "rep\n",
+      ds.median, ds.min, ds.max, achieved, a.gen_tokens);
+  fmt::print(
+      "weights    {:.3f} GB touched per decoded token ({:.1f} experts), {:.2f} GB/s effective; "
+      "memory {:.2f} GB/s\n",
+      ram_bytes_per_token / 1e9, experts_per_pass,
+      achieved > 0 ? ram_bytes_per_token / achieved / 1e9 : 0.0, mem_bw / 1e9);
+  fmt::print(
+      "storage    {:.3f} GB read per token (experts {:.3f}, trunk {:.3f}), hit rate {:.1f}%, disk "
+      "{:.2f} GB/s "
+      "(O_DIRECT probe), I/O wait {:.3f} s/token\n",
+      bytes_read / 1e9, expert_read / 1e9, trunk_read / 1e9,
+      requests > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(requests) : 0.0,
+      disk_bw / 1e9, io_wait);
   if (pf_issued > 0) {
-    fmt::print("prefetch   recall {:.1f}%, {} issued, {} used, {:.3f} GB wasted\n", rr ? 100.0 * rh / rr : 0.0,
-               pf_issued, pf_used, pf_wasted / 1e9);
+    fmt::print("prefetch   recall {:.1f}%, {} issued, {} used, {:.3f} GB wasted\n",
+               rr ? 100.0 * rh / rr : 0.0, pf_issued, pf_used, pf_wasted / 1e9);
   }
-  fmt::print("roofline   {:.4f} s/token = max(storage {:.4f}, memory {:.4f}); achieved {:.4f} -> ratio {:.2f}\n", roofline,
-             disk_time, ram_time, achieved, ratio);
+  fmt::print(
+      "roofline   {:.4f} s/token = max(storage {:.4f}, memory {:.4f}); achieved {:.4f} -> ratio "
+      "{:.2f}\n",
+      roofline, disk_time, ram_time, achieved, ratio);
   fmt::print("peak RSS   {:.2f} GiB\n", peak_rss_bytes() / 1073741824.0);
 }
 }  // namespace
 
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed on synthetic token ids, against the roofline");
+  auto* cmd = app.add_subcommand(
+      "bench", "Measure prefill and decode speed on synthetic token ids, against the roofline");
   add_engine_options(cmd, a->engine);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length")->capture_default_str();
-  cmd->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per repetition")->capture_default_str();
+  cmd->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per repetition")
+      ->capture_default_str();
   cmd->add_option("--reps", a->reps, "Repetitions (after one warm-up)")->capture_default_str();
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("--json", a->json, "Print one JSON object");

@@ -28,7 +28,8 @@ struct ChatArgs {
 };
 
 const char* kHelp =
-    "commands: /reset  /stats  /system TEXT  /save FILE  /load FILE  /effort low|high|max  /think on|off  "
+    "commands: /reset  /stats  /system TEXT  /save FILE  /load FILE  /effort low|high|max  /think "
+    "on|off  "
     "/help  /quit";
 
 bool read_line(bool tty, std::string& line) {
@@ -97,7 +98,9 @@ void run_chat(ChatArgs& a) {
           fmt::print(stderr, "loaded {} (the next turn prefills the whole conversation)\n", arg);
         } else if (cmd == "/stats") {
           if (last) fmt::print(stderr, "{}\n", last->summary());
-          fmt::print(stderr, "[session] {} turns, {} tokens prefilled, {} reused, {} generated, {} in the conversation\n",
+          fmt::print(stderr,
+                     "[session] {} turns, {} tokens prefilled, {} reused, {} generated, {} in the "
+                     "conversation\n",
                      turns, total_prefill, total_reused, total_generated, session.history_tokens());
         } else {
           fmt::print(stderr, "unknown command {} ({})\n", cmd, kHelp);
@@ -113,7 +116,8 @@ void run_chat(ChatArgs& a) {
       Printer printer(a.gen, true, false);
       interrupted().store(false);
       install_sigint();
-      drive(*model, session.state(), gen, &interrupted(), [&](Generation& g) { printer.on_step(g); });
+      drive(*model, session.state(), gen, &interrupted(),
+            [&](Generation& g) { printer.on_step(g); });
       std::signal(SIGINT, SIG_DFL);
       printer.finish();
       session.end_turn(gen);
@@ -124,7 +128,9 @@ void run_chat(ChatArgs& a) {
       total_reused += s.reused_tokens;
       total_generated += s.completion_tokens;
       if (a.gen.stats) {
-        fmt::print(stderr, "{}{}\n", turn.full_prefill ? "[stats] full prefill of the conversation\n" : "", s.summary());
+        fmt::print(stderr, "{}{}\n",
+                   turn.full_prefill ? "[stats] full prefill of the conversation\n" : "",
+                   s.summary());
       }
       last = s;
     } catch (const InvalidArgument& e) {
@@ -136,11 +142,13 @@ void run_chat(ChatArgs& a) {
 
 void register_chat(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
-  auto* cmd = app.add_subcommand("chat", "Interactive multi-turn chat that keeps the model state between turns");
+  auto* cmd = app.add_subcommand(
+      "chat", "Interactive multi-turn chat that keeps the model state between turns");
   add_engine_options(cmd, a->engine, /*model_optional=*/true);
   cmd->add_option("--system", a->system, "System message");
   cmd->add_option("--think", a->think, "Thinking channel: on or off")->capture_default_str();
-  cmd->add_option("--effort", a->effort, "Reasoning effort: low, high or max")->capture_default_str()
+  cmd->add_option("--effort", a->effort, "Reasoning effort: low, high or max")
+      ->capture_default_str()
       ->check(CLI::IsMember({"low", "high", "max"}));
   add_gen_options(cmd, a->gen);
   cmd->callback([a] { run_chat(*a); });

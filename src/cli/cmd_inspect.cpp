@@ -38,10 +38,13 @@ void run_inspect(const InspectArgs& a) {
     const uint64_t n = static_cast<uint64_t>(t.numel());
     if (name.find(".block_sparse_moe.experts.") != std::string::npos) {
       // MXFP4: weight_packed holds two parameters per byte; scales are not parameters.
-      uint64_t params = name.ends_with("weight_packed") ? 2 * n : name.ends_with("weight_scale") ? 0 : n;
+      uint64_t params = name.ends_with("weight_packed")  ? 2 * n
+                        : name.ends_with("weight_scale") ? 0
+                                                         : n;
       expert_params += params;
       expert_bytes += t.nbytes;
-      if (name.find(fmt::format("layers.{}.block_sparse_moe.experts.0.", c.first_k_dense)) != std::string::npos) {
+      if (name.find(fmt::format("layers.{}.block_sparse_moe.experts.0.", c.first_k_dense)) !=
+          std::string::npos) {
         one_expert_bytes += t.nbytes;
         one_expert_params += params;
       }
@@ -60,48 +63,61 @@ void run_inspect(const InspectArgs& a) {
   }
   if (c.tie_embeddings) head_bytes = embed_params * 2;
   const uint64_t active_experts = static_cast<uint64_t>(c.moe.top_k * c.num_moe_layers());
-  const uint64_t per_token = trunk_bytes + head_bytes + embed_row_bytes + active_experts * one_expert_bytes;
+  const uint64_t per_token =
+      trunk_bytes + head_bytes + embed_row_bytes + active_experts * one_expert_bytes;
   const uint64_t active_params = trunk_params + (c.tie_embeddings ? embed_params : head_params) +
-                                 static_cast<uint64_t>(c.hidden) + active_experts * one_expert_params;
+                                 static_cast<uint64_t>(c.hidden) +
+                                 active_experts * one_expert_params;
 
   std::string sched;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     sched += c.is_mla(i) ? 'M' : 'K';
   }
   fmt::print("model        {}\n", a.model);
-  fmt::print("architecture Kimi K3 (KimiK3ForConditionalGeneration): hidden {}, {} layers ({} KDA, {} MLA), vocab {}\n",
-             c.hidden, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
+  fmt::print(
+      "architecture Kimi K3 (KimiK3ForConditionalGeneration): hidden {}, {} layers ({} KDA, {} "
+      "MLA), vocab {}\n",
+      c.hidden, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
   fmt::print("schedule     {} (K = KDA, M = MLA; layers 0..{} dense, the rest MoE)\n", sched,
              c.first_k_dense - 1);
-  fmt::print("KDA          {} heads x {}, conv {}, gate lower bound {}, f_a rank {}\n", c.kda.num_heads,
-             c.kda.head_dim, c.kda.conv_kernel, c.kda.gate_lower_bound, rep.f_a_rank);
-  fmt::print("MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} (unrotated), v {}, output gate {}\n",
-             c.mla.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_dim, c.mla.qk_rope_dim,
-             c.mla.v_head_dim, c.mla.output_gate ? "on" : "off");
-  fmt::print("MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide latent with intermediate {}; "
-             "scaling {}; dense intermediate {}\n", c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts,
-             c.moe.latent_dim, c.moe.intermediate, c.moe.routed_scaling_factor, c.dense_intermediate);
+  fmt::print("KDA          {} heads x {}, conv {}, gate lower bound {}, f_a rank {}\n",
+             c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel, c.kda.gate_lower_bound,
+             rep.f_a_rank);
+  fmt::print(
+      "MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} (unrotated), v {}, output "
+      "gate {}\n",
+      c.mla.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_dim, c.mla.qk_rope_dim,
+      c.mla.v_head_dim, c.mla.output_gate ? "on" : "off");
+  fmt::print(
+      "MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide latent with "
+      "intermediate {}; "
+      "scaling {}; dense intermediate {}\n",
+      c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts, c.moe.latent_dim,
+      c.moe.intermediate, c.moe.routed_scaling_factor, c.dense_intermediate);
   fmt::print("AttnRes      block size {}, {} anchors banked\n", c.attn_res_block,
              (c.num_layers + c.attn_res_block - 1) / c.attn_res_block);
   fmt::print("experts      {} ({} per expert, {} params each)\n",
-             c.quantized_experts ? "MXFP4 (compressed-tensors)" : "BF16", human_bytes(static_cast<double>(one_expert_bytes)),
-             one_expert_params);
+             c.quantized_experts ? "MXFP4 (compressed-tensors)" : "BF16",
+             human_bytes(static_cast<double>(one_expert_bytes)), one_expert_params);
   auto count = [](uint64_t n) {
     if (n >= 1000000000ull) return fmt::format("{:.3f} B", n / 1e9);
     if (n >= 1000000ull) return fmt::format("{:.3f} M", n / 1e6);
     return fmt::format("{}", n);
   };
   fmt::print("parameters   total {}: trunk {}, embedding {}, lm_head {}, routed experts {}\n",
-             count(trunk_params + embed_params + head_params + expert_params), count(trunk_params), count(embed_params),
-             count(head_params), count(expert_params));
+             count(trunk_params + embed_params + head_params + expert_params), count(trunk_params),
+             count(embed_params), count(head_params), count(expert_params));
   fmt::print("active       {} parameters per token\n", count(active_params));
   fmt::print("bytes        files {}, trunk {} (+ lm_head {}), routed experts {}\n",
-             human_bytes(static_cast<double>(ck->total_bytes())), human_bytes(static_cast<double>(trunk_bytes)),
-             human_bytes(static_cast<double>(head_bytes)), human_bytes(static_cast<double>(expert_bytes)));
-  fmt::print("per token    {} read per decoded token with nothing cached (trunk + head + {} experts)\n",
-             human_bytes(static_cast<double>(per_token)), active_experts);
-  fmt::print("shards       {} files, {} tensors ({} vision/projector tensors ignored)\n", ck->shards().size(),
-             ck->tensors().size(), ignored);
+             human_bytes(static_cast<double>(ck->total_bytes())),
+             human_bytes(static_cast<double>(trunk_bytes)),
+             human_bytes(static_cast<double>(head_bytes)),
+             human_bytes(static_cast<double>(expert_bytes)));
+  fmt::print(
+      "per token    {} read per decoded token with nothing cached (trunk + head + {} experts)\n",
+      human_bytes(static_cast<double>(per_token)), active_experts);
+  fmt::print("shards       {} files, {} tensors ({} vision/projector tensors ignored)\n",
+             ck->shards().size(), ck->tensors().size(), ignored);
   if (inventory_error.empty()) {
     fmt::print("inventory    OK: {} tensors match the config\n", rep.checked);
   } else {

@@ -35,7 +35,8 @@ void run_logits(const LogitsArgs& a) {
       split = -1;
     }
     if (split < 0 || split > static_cast<int64_t>(ids.size())) {
-      fail_arg("--mode {}: N must be an integer in 0..{} (the number of tokens)", a.mode, ids.size());
+      fail_arg("--mode {}: N must be an integer in 0..{} (the number of tokens)", a.mode,
+               ids.size());
     }
   } else {
     fail_arg("--mode {}: expected prefill, decode or split:N", a.mode);
@@ -53,18 +54,21 @@ void run_logits(const LogitsArgs& a) {
   }
   std::ofstream out(a.out, std::ios::binary);
   if (!out) fail("cannot create {}", a.out);
-  out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(all.data()),
+            static_cast<std::streamsize>(all.size() * sizeof(float)));
   if (!out) fail("cannot write {}", a.out);
 }
 }  // namespace
 
 void register_logits(CLI::App& app) {
   auto args = std::make_shared<LogitsArgs>();
-  auto* cmd = app.add_subcommand("logits", "Write exact logits [T, vocab] (float32 LE) for a token sequence");
+  auto* cmd = app.add_subcommand("logits",
+                                 "Write exact logits [T, vocab] (float32 LE) for a token sequence");
   add_engine_options(cmd, args->engine);
   cmd->add_option("--tokens", args->tokens, "Token ids, e.g. 5,17,200")->required();
-  cmd->add_option("--mode", args->mode,
-                  "prefill (one pass), decode (one token per pass) or split:N (prefill N, then decode)")
+  cmd->add_option(
+         "--mode", args->mode,
+         "prefill (one pass), decode (one token per pass) or split:N (prefill N, then decode)")
       ->capture_default_str();
   cmd->add_option("--out", args->out, "Output file")->required();
   cmd->callback([args] { run_logits(*args); });

@@ -38,50 +38,67 @@ void run_make_model(const MakeModelArgs& a) {
   if (!a.mla_layers.empty()) s.mla_layers = a.mla_layers;
   if (a.scaling > 0) s.routed_scaling = a.scaling;
   if (!a.format.empty()) {
-    if (a.format == "mxfp4") s.expert_format = ExpertFormat::kMXFP4;
-    else if (a.format == "bf16") s.expert_format = ExpertFormat::kBF16;
-    else fail_arg("--experts-format {}: expected mxfp4 or bf16", a.format);
+    if (a.format == "mxfp4")
+      s.expert_format = ExpertFormat::kMXFP4;
+    else if (a.format == "bf16")
+      s.expert_format = ExpertFormat::kBF16;
+    else
+      fail_arg("--experts-format {}: expected mxfp4 or bf16", a.format);
   }
   if (!a.shard_size.empty()) s.shard_bytes = parse_size(a.shard_size, "--shard-size");
   s.seed = a.seed;
   s.tokenizer = !a.no_tokenizer;
-  if (s.vocab < 512) fail_arg("--vocab {}: must be at least 512 (256 byte tokens + 256 special ids)", s.vocab);
+  if (s.vocab < 512)
+    fail_arg("--vocab {}: must be at least 512 (256 byte tokens + 256 special ids)", s.vocab);
   if (s.top_k > s.experts) fail_arg("--top-k {} exceeds --experts {}", s.top_k, s.experts);
   double last_report = 0;
   auto r = make_model(a.out, s, [&](const MakeModelProgress& p) {
-    if (!a.quiet && p.bytes_total > (256ull << 20) && (p.seconds - last_report > 2.0 || p.bytes_written == p.bytes_total)) {
+    if (!a.quiet && p.bytes_total > (256ull << 20) &&
+        (p.seconds - last_report > 2.0 || p.bytes_written == p.bytes_total)) {
       last_report = p.seconds;
-      fmt::print(stderr, "\rmake-model: {} / {} ({:.0f} MB/s)   ", human_bytes(static_cast<double>(p.bytes_written)),
-                 human_bytes(static_cast<double>(p.bytes_total)), p.bytes_written / 1e6 / std::max(p.seconds, 1e-9));
+      fmt::print(stderr, "\rmake-model: {} / {} ({:.0f} MB/s)   ",
+                 human_bytes(static_cast<double>(p.bytes_written)),
+                 human_bytes(static_cast<double>(p.bytes_total)),
+                 p.bytes_written / 1e6 / std::max(p.seconds, 1e-9));
     }
   });
   if (!a.quiet) {
-    fmt::print(stderr, "{}make-model: wrote {} ({} tensors in {} shards) to {} in {:.1f} s ({:.0f} MB/s)\n",
-               r.bytes > (256ull << 20) ? "\n" : "", human_bytes(static_cast<double>(r.bytes)), r.tensors,
-               r.shards, a.out, r.seconds, r.bytes / 1e6 / std::max(r.seconds, 1e-9));
+    fmt::print(stderr,
+               "{}make-model: wrote {} ({} tensors in {} shards) to {} in {:.1f} s ({:.0f} MB/s)\n",
+               r.bytes > (256ull << 20) ? "\n" : "", human_bytes(static_cast<double>(r.bytes)),
+               r.tensors, r.shards, a.out, r.seconds, r.bytes / 1e6 / std::max(r.seconds, 1e-9));
   }
 }
 }  // namespace
 
 void register_make_model(CLI::App& app) {
   auto a = std::make_shared<MakeModelArgs>();
-  auto* cmd = app.add_subcommand("make-model", "Write a synthetic checkpoint (random weights, K3 layout)");
+  auto* cmd =
+      app.add_subcommand("make-model", "Write a synthetic checkpoint (random weights, K3 layout)");
   cmd->add_option("OUT", a->out, "Output folder (created; must not hold anything)")->required();
-  cmd->add_option("--preset", a->preset, "tiny (the golden tiny shape) or k3 (real K3 dimensions, 4 layers, "
-                  "32 experts, vocab 32768 unless overridden)")->capture_default_str();
-  cmd->add_option("--layers", a->layers, "Number of layers (MLA at every 4th and the last unless --mla-layers)");
+  cmd->add_option("--preset", a->preset,
+                  "tiny (the golden tiny shape) or k3 (real K3 dimensions, 4 layers, "
+                  "32 experts, vocab 32768 unless overridden)")
+      ->capture_default_str();
+  cmd->add_option("--layers", a->layers,
+                  "Number of layers (MLA at every 4th and the last unless --mla-layers)");
   cmd->add_option("--experts", a->experts, "Routed experts per MoE layer");
   cmd->add_option("--top-k", a->top_k, "Experts per token");
   cmd->add_option("--hidden", a->hidden, "Hidden size");
   cmd->add_option("--vocab", a->vocab, "Vocabulary size (>= 512; the last 256 ids are special)");
-  cmd->add_option("--dense-layers", a->dense_layers, "first_k_dense_replace: leading dense-FFN layers");
+  cmd->add_option("--dense-layers", a->dense_layers,
+                  "first_k_dense_replace: leading dense-FFN layers");
   cmd->add_option("--attn-res-block", a->block, "Attention-residual block size");
-  cmd->add_option("--mla-layers", a->mla_layers, "1-based MLA layers, e.g. 4,8,9 (the rest are KDA)")->delimiter(',');
+  cmd->add_option("--mla-layers", a->mla_layers,
+                  "1-based MLA layers, e.g. 4,8,9 (the rest are KDA)")
+      ->delimiter(',');
   cmd->add_option("--routed-scaling", a->scaling, "routed_scaling_factor");
   cmd->add_option("--experts-format", a->format, "mxfp4 (default) or bf16");
-  cmd->add_option("--shard-size", a->shard_size, "Target shard size, e.g. 4G (default 4M tiny, 4G k3)");
+  cmd->add_option("--shard-size", a->shard_size,
+                  "Target shard size, e.g. 4G (default 4M tiny, 4G k3)");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
-  cmd->add_flag("--no-tokenizer", a->no_tokenizer, "Do not write tiktoken.model / tokenizer_config.json");
+  cmd->add_flag("--no-tokenizer", a->no_tokenizer,
+                "Do not write tiktoken.model / tokenizer_config.json");
   cmd->add_flag("--quiet", a->quiet, "No progress output");
   cmd->add_option("--threads", a->threads, "Generator threads (default: one per physical core)");
   cmd->callback([a] { run_make_model(*a); });

@@ -38,7 +38,8 @@ void for_each_window(Model& m, const std::vector<int32_t>& ids, const Windowed& 
   for (size_t i = 0; i < w.windows.size(); ++i) {
     auto [b, e] = w.windows[i];
     State st = m.new_state();
-    auto logits = m.forward(st, std::span<const int32_t>(ids.data() + b, e - b), /*all_logits=*/true);
+    auto logits =
+        m.forward(st, std::span<const int32_t>(ids.data() + b, e - b), /*all_logits=*/true);
     f(i, logits);
   }
 }
@@ -59,13 +60,15 @@ void run_perplexity(PplArgs& a) {
   require_tokenizer(a.engine.model, "perplexity");
   Tokenizer tok = Tokenizer::load(a.engine.model);
   std::vector<int32_t> ids = tok.encode_ordinary(read_file(a.file));
-  if (static_cast<int64_t>(ids.size()) > a.max_tokens) ids.resize(static_cast<size_t>(a.max_tokens));
+  if (static_cast<int64_t>(ids.size()) > a.max_tokens)
+    ids.resize(static_cast<size_t>(a.max_tokens));
   if (ids.size() < 2) fail_arg("{} has fewer than 2 tokens", a.file);
   Windowed w;
   for (size_t b = 0; b + 1 < ids.size(); b += static_cast<size_t>(a.window)) {
     w.windows.push_back({b, std::min(ids.size(), b + static_cast<size_t>(a.window))});
   }
-  if (w.windows.size() > 1 && w.windows.back().second - w.windows.back().first < 2) w.windows.pop_back();
+  if (w.windows.size() > 1 && w.windows.back().second - w.windows.back().first < 2)
+    w.windows.pop_back();
   a.engine.max_rows = std::max(a.engine.max_rows, a.window);
   const bool compare = a.engine.trunk == "int8";
   const std::string lossy_trunk = a.engine.trunk;
@@ -74,7 +77,8 @@ void run_perplexity(PplArgs& a) {
   a.engine.trunk = "bf16";
   double nll_exact = 0;
   int64_t scored = 0, V = 0;
-  std::string tmp = std::filesystem::temp_directory_path() / fmt::format("deltafin-ppl-{}.f32", ::getpid());
+  std::string tmp =
+      std::filesystem::temp_directory_path() / fmt::format("deltafin-ppl-{}.f32", ::getpid());
   {
     auto m = load_model(a.engine);
     V = m->config().vocab;
@@ -87,7 +91,9 @@ void run_perplexity(PplArgs& a) {
         nll_exact -= ls[static_cast<size_t>(ids[b + t + 1])];
         ++scored;
       }
-      if (compare) out.write(reinterpret_cast<const char*>(lg.data()), static_cast<std::streamsize>(lg.size() * 4));
+      if (compare)
+        out.write(reinterpret_cast<const char*>(lg.data()),
+                  static_cast<std::streamsize>(lg.size() * 4));
     });
   }
   nlohmann::json j;
@@ -137,27 +143,34 @@ void run_perplexity(PplArgs& a) {
     fmt::print("{}\n", j.dump());
     return;
   }
-  fmt::print("perplexity {:.4f} over {} tokens ({} windows of up to {}), exact BF16 trunk\n", j["perplexity"].get<double>(),
-             scored, w.windows.size(), a.window);
+  fmt::print("perplexity {:.4f} over {} tokens ({} windows of up to {}), exact BF16 trunk\n",
+             j["perplexity"].get<double>(), scored, w.windows.size(), a.window);
   if (compare) {
-    fmt::print("lossy      --trunk {}: perplexity {:.4f} ({:+.4f}, {:+.3f}%), mean KL {:.3g} nats, top-1 agreement "
-               "{:.2f}%, logit |diff| max {:.4g} mean {:.4g}\n",
-               lossy_trunk, j["perplexity_lossy"].get<double>(), j["perplexity_delta"].get<double>(),
-               j["perplexity_delta_percent"].get<double>(), j["mean_kl"].get<double>(),
-               100.0 * j["top1_agreement"].get<double>(), j["max_abs_logit_diff"].get<double>(),
-               j["mean_abs_logit_diff"].get<double>());
+    fmt::print(
+        "lossy      --trunk {}: perplexity {:.4f} ({:+.4f}, {:+.3f}%), mean KL {:.3g} nats, top-1 "
+        "agreement "
+        "{:.2f}%, logit |diff| max {:.4g} mean {:.4g}\n",
+        lossy_trunk, j["perplexity_lossy"].get<double>(), j["perplexity_delta"].get<double>(),
+        j["perplexity_delta_percent"].get<double>(), j["mean_kl"].get<double>(),
+        100.0 * j["top1_agreement"].get<double>(), j["max_abs_logit_diff"].get<double>(),
+        j["mean_abs_logit_diff"].get<double>());
   }
 }
 }  // namespace
 
 void register_perplexity(CLI::App& app) {
   auto a = std::make_shared<PplArgs>();
-  auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text; with --trunk int8, the cost of the lossy trunk "
-                                               "against the exact path");
+  auto* cmd =
+      app.add_subcommand("perplexity",
+                         "Perplexity of a text; with --trunk int8, the cost of the lossy trunk "
+                         "against the exact path");
   add_engine_options(cmd, a->engine);
   cmd->add_option("--file", a->file, "Text file to score")->required();
-  cmd->add_option("--window", a->window, "Tokens per window (each window starts from an empty state)")->capture_default_str();
-  cmd->add_option("--max-tokens", a->max_tokens, "Score at most this many tokens of the file")->capture_default_str();
+  cmd->add_option("--window", a->window,
+                  "Tokens per window (each window starts from an empty state)")
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", a->max_tokens, "Score at most this many tokens of the file")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([a] { run_perplexity(*a); });
 }

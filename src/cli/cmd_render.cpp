@@ -10,9 +10,8 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"

@@ -35,15 +35,18 @@ void run_run(RunArgs& a) {
   if (has_tokenizer(a.engine.model)) {
     tok = Tokenizer::load(a.engine.model);
   } else if (a.prompt_ids.empty()) {
-    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json): give the prompt as --prompt-ids",
-             a.engine.model);
+    fail_arg(
+        "{} has no tokenizer (tiktoken.model + tokenizer_config.json): give the prompt as "
+        "--prompt-ids",
+        a.engine.model);
   }
   sampling_from(a.gen);  // checked before the (slow) model load
   // Plan memory for what this run needs: its prompt chunk and its context.
   a.engine.max_rows = a.gen.prefill_chunk;
   auto model = load_model(a.engine);
   if (tok && tok->vocab_size() > model->config().vocab) {
-    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(), model->config().vocab);
+    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(),
+         model->config().vocab);
   }
 
   std::vector<int32_t> prompt;
@@ -84,7 +87,8 @@ void run_run(RunArgs& a) {
     if (a.chat) {
       j["reasoning"] = gen.reasoning();
       nlohmann::json calls = nlohmann::json::array();
-      for (const auto& c : gen.tool_calls()) calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
+      for (const auto& c : gen.tool_calls())
+        calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
       j["tool_calls"] = calls;
     }
     stats.to_json(j);
@@ -96,18 +100,23 @@ void run_run(RunArgs& a) {
 
 void register_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
-  auto* cmd = app.add_subcommand("run", "Generate a completion (raw text, token ids, or one chat turn with --chat)");
+  auto* cmd = app.add_subcommand(
+      "run", "Generate a completion (raw text, token ids, or one chat turn with --chat)");
   add_engine_options(cmd, a->engine, /*model_optional=*/true);
   cmd->add_option("--prompt", a->prompt, "Prompt text");
-  cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as token ids, e.g. 3,1,4 (models without a tokenizer, tests)");
+  cmd->add_option("--prompt-ids", a->prompt_ids,
+                  "Prompt as token ids, e.g. 3,1,4 (models without a tokenizer, tests)");
   cmd->add_option("--prompt-file", a->prompt_file, "Read the prompt text from a file");
   cmd->add_flag("--chat", a->chat, "Render the prompt as one K3 user turn and parse the answer");
   cmd->add_option("--system", a->system, "System message (with --chat)");
-  cmd->add_option("--think", a->think, "Thinking channel with --chat: on or off")->capture_default_str();
-  cmd->add_option("--effort", a->effort, "Reasoning effort with --chat: low, high or max")->capture_default_str()
+  cmd->add_option("--think", a->think, "Thinking channel with --chat: on or off")
+      ->capture_default_str();
+  cmd->add_option("--effort", a->effort, "Reasoning effort with --chat: low, high or max")
+      ->capture_default_str()
       ->check(CLI::IsMember({"low", "high", "max"}));
   add_gen_options(cmd, a->gen);
-  cmd->add_flag("--json", a->json, "Print one JSON object (ids, text, stats) instead of streaming text");
+  cmd->add_flag("--json", a->json,
+                "Print one JSON object (ids, text, stats) instead of streaming text");
   cmd->callback([a] { run_run(*a); });
 }
 

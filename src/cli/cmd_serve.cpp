@@ -9,8 +9,8 @@
 #include <signal.h>
 
 #include <atomic>
-#include <csignal>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -55,7 +55,8 @@ std::string read_key_file(const std::string& path) {
   if (!in) fail_arg("--api-key-file {}: cannot read the file", path);
   std::string key;
   std::getline(in, key);
-  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
+  while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t'))
+    key.pop_back();
   size_t b = 0;
   while (b < key.size() && (key[b] == ' ' || key[b] == '\t')) ++b;
   key = key.substr(b);
@@ -64,20 +65,23 @@ std::string read_key_file(const std::string& path) {
 }
 
 void run_serve(ServeArgs& a) {
-  if (!a.api_key.empty() && !a.api_key_file.empty()) fail_arg("give --api-key or --api-key-file, not both");
+  if (!a.api_key.empty() && !a.api_key_file.empty())
+    fail_arg("give --api-key or --api-key-file, not both");
   if (!a.api_key_file.empty()) a.api_key = read_key_file(a.api_key_file);
   if (!(a.timeout > 0)) fail_arg("--timeout {}: must be positive (seconds)", a.timeout);
   // A bare number is bytes here (parse_size reads it as GiB).
   const bool digits = !a.max_request_bytes.empty() && a.max_request_bytes.size() < 19 &&
                       a.max_request_bytes.find_first_not_of("0123456789") == std::string::npos;
-  const uint64_t max_body = digits ? std::stoull(a.max_request_bytes) : parse_size(a.max_request_bytes, "--max-request-bytes");
+  const uint64_t max_body = digits ? std::stoull(a.max_request_bytes)
+                                   : parse_size(a.max_request_bytes, "--max-request-bytes");
   if (max_body == 0) fail_arg("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
     const ModelConfig cfg = load_config(a.engine.model);
     if (a.engine.ctx > cfg.max_positions) {
-      fail_arg("--ctx {} exceeds the model's context of {} positions", a.engine.ctx, cfg.max_positions);
+      fail_arg("--ctx {} exceeds the model's context of {} positions", a.engine.ctx,
+               cfg.max_positions);
     }
   }
   const Tokenizer tok = Tokenizer::load(a.engine.model);
@@ -115,18 +119,21 @@ void run_serve(ServeArgs& a) {
   ho.api_key = a.api_key;
   ho.max_request_bytes = max_body;
   ho.timeout_s = a.timeout;
-  ho.threads = a.parallel + a.queue + 8;  // active + waiting + spare connections (health, metrics, models)
+  ho.threads =
+      a.parallel + a.queue + 8;  // active + waiting + spare connections (health, metrics, models)
   ho.aliases = a.aliases;
   ho.model_id = a.model_id;
   server::HttpServer http(ho, tok, metrics);
   const int port = http.bind();
   if (!is_loopback(a.host) && a.api_key.empty()) {
-    log_warn("listening on {} without an API key: anyone who can reach this address can use the model "
-             "(give --api-key or --api-key-file)", a.host);
+    log_warn(
+        "listening on {} without an API key: anyone who can reach this address can use the model "
+        "(give --api-key or --api-key-file)",
+        a.host);
   }
   const bool v6 = a.host.find(':') != std::string::npos;
-  fmt::print(stderr, "deltafin serve: listening on http://{}{}{}:{} (loading the model)\n", v6 ? "[" : "", a.host,
-             v6 ? "]" : "", port);
+  fmt::print(stderr, "deltafin serve: listening on http://{}{}{}:{} (loading the model)\n",
+             v6 ? "[" : "", a.host, v6 ? "]" : "", port);
   http.start();
 
   // The memory plan reserves a full-context state for every active sequence and every kept
@@ -140,7 +147,8 @@ void run_serve(ServeArgs& a) {
   }
   int64_t context = cfg.max_positions;
   if (a.engine.ctx > 0) context = a.engine.ctx;
-  if (model->plan()) context = std::min(context, model->plan()->context);  // what the memory plan holds
+  if (model->plan())
+    context = std::min(context, model->plan()->context);  // what the memory plan holds
   server::ServeLimits limits;
   limits.model_id = a.model_id;
   limits.aliases = a.aliases;
@@ -148,7 +156,8 @@ void run_serve(ServeArgs& a) {
   limits.max_tokens = a.max_tokens > 0 ? std::min(a.max_tokens, context) : context;
   limits.vocab = cfg.vocab;
   limits.stop_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
-  if (auto eom = tok.special_id("<|end_of_msg|>"); eom && *eom != cfg.eos_token_id) limits.stop_ids.push_back(*eom);
+  if (auto eom = tok.special_id("<|end_of_msg|>"); eom && *eom != cfg.eos_token_id)
+    limits.stop_ids.push_back(*eom);
   limits.prefill_chunk = a.prefill_chunk;
 
   server::SchedulerOptions so;
@@ -161,14 +170,19 @@ void run_serve(ServeArgs& a) {
   http.set_ready(&scheduler, limits);
   ready.store(true);
   fmt::print(stderr,
-             "deltafin serve: ready: {} as `{}`{}; context {} tokens (model max {}), max tokens {}, parallel {}, "
+             "deltafin serve: ready: {} as `{}`{}; context {} tokens (model max {}), max tokens "
+             "{}, parallel {}, "
              "queue {}, timeout {} s, conversation cache {}{}\n",
-             a.engine.model, a.model_id, a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
+             a.engine.model, a.model_id,
+             a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
              context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout, a.cache,
              a.api_key.empty() ? "" : ", API key required");
   if (model->plan()) {
-    fmt::print(stderr, "deltafin serve: the memory plan holds {} states of up to {} ({} active + {} kept conversations)\n",
-               model->plan()->sequences, human_bytes(static_cast<double>(state_bytes(cfg, context))), a.parallel, a.cache);
+    fmt::print(stderr,
+               "deltafin serve: the memory plan holds {} states of up to {} ({} active + {} kept "
+               "conversations)\n",
+               model->plan()->sequences,
+               human_bytes(static_cast<double>(state_bytes(cfg, context))), a.parallel, a.cache);
   }
 
   {
@@ -184,25 +198,40 @@ void run_serve(ServeArgs& a) {
 
 void register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
-  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)");
+  auto* cmd = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)");
   add_engine_options(cmd, a->engine, /*model_optional=*/true);
-  cmd->add_option("--host", a->host, "Address to listen on (loopback by default)")->capture_default_str();
-  cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY on every endpoint but /health");
-  cmd->add_option("--api-key-file", a->api_key_file, "Read the API key from the first line of a file");
-  cmd->add_option("--model-id", a->model_id, "The model name clients use")->capture_default_str();
-  cmd->add_option("--alias", a->aliases, "Another accepted model name (repeatable; '*' accepts any)");
-  cmd->add_option("--parallel", a->parallel, "Sequences decoded together in one forward pass")->capture_default_str()
-      ->check(CLI::Range(1, 256));
-  cmd->add_option("--queue", a->queue, "Requests that may wait for a slot (beyond: 429)")->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  cmd->add_option("--timeout", a->timeout, "Seconds a request may take, queueing included")->capture_default_str();
-  cmd->add_option("--max-tokens", a->max_tokens, "Ceiling for max_tokens (default: the context)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-request-bytes", a->max_request_bytes, "Largest request body (e.g. 16M; beyond: 413)")
+  cmd->add_option("--host", a->host, "Address to listen on (loopback by default)")
       ->capture_default_str();
-  cmd->add_option("--cache", a->cache, "Conversation states kept for reuse (0 = off)")->capture_default_str()
+  cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->api_key,
+                  "Require Authorization: Bearer KEY on every endpoint but /health");
+  cmd->add_option("--api-key-file", a->api_key_file,
+                  "Read the API key from the first line of a file");
+  cmd->add_option("--model-id", a->model_id, "The model name clients use")->capture_default_str();
+  cmd->add_option("--alias", a->aliases,
+                  "Another accepted model name (repeatable; '*' accepts any)");
+  cmd->add_option("--parallel", a->parallel, "Sequences decoded together in one forward pass")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--queue", a->queue, "Requests that may wait for a slot (beyond: 429)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--timeout", a->timeout, "Seconds a request may take, queueing included")
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", a->max_tokens, "Ceiling for max_tokens (default: the context)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-request-bytes", a->max_request_bytes,
+                  "Largest request body (e.g. 16M; beyond: 413)")
+      ->capture_default_str();
+  cmd->add_option("--cache", a->cache, "Conversation states kept for reuse (0 = off)")
+      ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens per sequence per forward pass")->capture_default_str()
+  cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Prompt tokens per sequence per forward pass")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->callback([a] { run_serve(*a); });
 }

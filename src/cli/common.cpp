@@ -1,8 +1,8 @@
 #include "cli/common.h"
 
-#include <cctype>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -48,21 +48,39 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   if (!model_optional) m->required();
   cmd->add_option("--threads", o.threads, "Compute threads (default: one per physical core)")
       ->check(non_negative());
-  cmd->add_option("--kernels", o.kernels, "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)");
+  cmd->add_option("--kernels", o.kernels,
+                  "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)");
   cmd->add_option("--memory-budget", o.memory_budget,
-                  "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default 75% of RAM or of the "
+                  "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default "
+                  "75% of RAM or of the "
                   "cgroup limit. Trunk layers and experts that do not fit are streamed from disk");
-  cmd->add_flag("-v,--verbose", o.verbose, "Print the memory plan and the kernel set (always shown on a terminal)");
-  cmd->add_option("--ctx", o.ctx, "Context positions per sequence to plan memory for (default: the model's limit, at "
-                  "most 8192)")->check(non_negative());
-  cmd->add_flag("--mmap", o.mmap, "Map the shards and let the page cache page weights in (no budget, no expert store)");
-  cmd->add_option("--cache-policy", o.cache_policy, "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of "
-                  "earlier runs resident)")->capture_default_str()->check(CLI::IsMember({"lru", "lfu", "pinned"}));
-  cmd->add_option("--readers", o.readers, "Reader threads for expert and trunk reads")->capture_default_str()->check(positive());
-  cmd->add_flag("--no-prefetch", o.no_prefetch, "Do not predict and read the next layer's experts ahead");
-  cmd->add_flag("--no-direct-io", o.no_direct_io, "Read through the page cache instead of O_DIRECT");
-  cmd->add_option("--trunk", o.trunk, "Trunk weights: bf16 (exact, default) or int8 (lossy: per-row int8, f16 scales, "
-                  "for resident layers)")->capture_default_str()->check(CLI::IsMember({"bf16", "int8"}));
+  cmd->add_flag("-v,--verbose", o.verbose,
+                "Print the memory plan and the kernel set (always shown on a terminal)");
+  cmd->add_option(
+         "--ctx", o.ctx,
+         "Context positions per sequence to plan memory for (default: the model's limit, at "
+         "most 8192)")
+      ->check(non_negative());
+  cmd->add_flag(
+      "--mmap", o.mmap,
+      "Map the shards and let the page cache page weights in (no budget, no expert store)");
+  cmd->add_option("--cache-policy", o.cache_policy,
+                  "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of "
+                  "earlier runs resident)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lru", "lfu", "pinned"}));
+  cmd->add_option("--readers", o.readers, "Reader threads for expert and trunk reads")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_flag("--no-prefetch", o.no_prefetch,
+                "Do not predict and read the next layer's experts ahead");
+  cmd->add_flag("--no-direct-io", o.no_direct_io,
+                "Read through the page cache instead of O_DIRECT");
+  cmd->add_option("--trunk", o.trunk,
+                  "Trunk weights: bf16 (exact, default) or int8 (lossy: per-row int8, f16 scales, "
+                  "for resident layers)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "int8"}));
 }
 
 void apply_engine_options(const EngineOptions& o) {
@@ -87,7 +105,9 @@ std::unique_ptr<Model> load_model(const EngineOptions& o) {
   lo.prefetch = !o.no_prefetch;
   lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
   lo.heat_file = heat_file_for(o.model);
-  if (lo.print_plan) fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(), kernels::active().name);
+  if (lo.print_plan)
+    fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
+               kernels::active().name);
   return Model::load(o.model, lo);
 }
 
@@ -99,7 +119,8 @@ std::string heat_file_for(const std::string& model_dir) {
   for (unsigned char ch : abs) h = (h ^ ch) * 1099511628211ull;
   const char* env = std::getenv("DELTAFIN_CACHE");
   const char* home = std::getenv("HOME");
-  if ((env == nullptr || *env == '\0') && (home == nullptr || *home == '\0') && std::getenv("XDG_CACHE_HOME") == nullptr) {
+  if ((env == nullptr || *env == '\0') && (home == nullptr || *home == '\0') &&
+      std::getenv("XDG_CACHE_HOME") == nullptr) {
     return "";
   }
   fs::path dir = fs::path(cache_dir()) / "heat";
@@ -110,8 +131,10 @@ std::string heat_file_for(const std::string& model_dir) {
 
 std::string cache_dir() {
   if (const char* d = std::getenv("DELTAFIN_CACHE"); d != nullptr && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x) return std::string(x) + "/deltafin";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h) return std::string(h) + "/.cache/deltafin";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x)
+    return std::string(x) + "/deltafin";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h)
+    return std::string(h) + "/.cache/deltafin";
   fail("cannot find a cache folder: set DELTAFIN_CACHE or HOME");
 }
 
@@ -119,17 +142,21 @@ void require_model_folder(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(dir, ec)) fail_arg("model folder {} (--model) does not exist", dir);
-  if (!fs::is_directory(dir, ec)) fail_arg("--model {} is not a folder (expected a checkpoint folder)", dir);
+  if (!fs::is_directory(dir, ec))
+    fail_arg("--model {} is not a folder (expected a checkpoint folder)", dir);
 }
 
 void require_tokenizer(const std::string& dir, const char* who) {
   require_model_folder(dir);
-  if (!has_tokenizer(dir)) fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); {} needs one", dir, who);
+  if (!has_tokenizer(dir))
+    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); {} needs one", dir,
+             who);
 }
 
 bool has_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;
-  return fs::exists(fs::path(dir) / "tiktoken.model") && fs::exists(fs::path(dir) / "tokenizer_config.json");
+  return fs::exists(fs::path(dir) / "tiktoken.model") &&
+         fs::exists(fs::path(dir) / "tokenizer_config.json");
 }
 
 std::string resolve_model_dir(const std::string& flag) {
@@ -137,11 +164,13 @@ std::string resolve_model_dir(const std::string& flag) {
   auto checked = [](const std::string& dir, const char* from) {
     std::error_code ec;
     if (!fs::exists(dir, ec)) fail_arg("model folder {} ({}) does not exist", dir, from);
-    if (!fs::is_directory(dir, ec)) fail_arg("{} ({}) is not a folder (expected a checkpoint folder)", dir, from);
+    if (!fs::is_directory(dir, ec))
+      fail_arg("{} ({}) is not a folder (expected a checkpoint folder)", dir, from);
     return dir;
   };
   if (!flag.empty()) return checked(flag, "--model");
-  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m) return checked(m, "DELTAFIN_MODEL");
+  if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m)
+    return checked(m, "DELTAFIN_MODEL");
   const fs::path demo = fs::path(cache_dir()) / "demo-tiny";
   if (!fs::exists(demo / "config.json")) {
     fs::create_directories(demo.parent_path());
@@ -149,11 +178,12 @@ std::string resolve_model_dir(const std::string& flag) {
     SyntheticSpec spec = synthetic_preset("tiny");
     make_model(demo.string(), spec);
   }
-  fmt::print(stderr,
-             "note: no --model given, using the built-in demo at {}: a random-weight model with the "
-             "real K3 architecture (its output is gibberish). For real weights, download "
-             "moonshotai/Kimi-K3 and pass --model DIR or set DELTAFIN_MODEL.\n",
-             demo.string());
+  fmt::print(
+      stderr,
+      "note: no --model given, using the built-in demo at {}: a random-weight model with the "
+      "real K3 architecture (its output is gibberish). For real weights, download "
+      "moonshotai/Kimi-K3 and pass --model DIR or set DELTAFIN_MODEL.\n",
+      demo.string());
   return demo.string();
 }
 
@@ -177,7 +207,8 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& w
     skip();
     size_t start = i;
     while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
-    if (start == i) fail_arg("{}: expected a comma-separated list of token ids, found \"{}\"", what, text);
+    if (start == i)
+      fail_arg("{}: expected a comma-separated list of token ids, found \"{}\"", what, text);
     long long v = std::stoll(text.substr(start, i - start));
     if (v > INT32_MAX) fail_arg("{}: token id {} is too large", what, v);
     ids.push_back(static_cast<int32_t>(v));
@@ -210,7 +241,10 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
     last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
   }
   if (last == 'K' || last == 'M' || last == 'G' || last == 'T') {
-    mult = last == 'K' ? 1024.0 : last == 'M' ? 1048576.0 : last == 'G' ? 1073741824.0 : 1099511627776.0;
+    mult = last == 'K'   ? 1024.0
+           : last == 'M' ? 1048576.0
+           : last == 'G' ? 1073741824.0
+                         : 1099511627776.0;
     t.pop_back();
   }
   size_t used = 0;
@@ -221,8 +255,10 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
     used = 0;
   }
   if (used != t.size() || !(v > 0) || !std::isfinite(v)) {
-    fail_arg("{}: \"{}\" is not a size (expected a positive number with an optional K, M, G or T "
-             "suffix, powers of 1024; a bare number means GiB)", what, text);
+    fail_arg(
+        "{}: \"{}\" is not a size (expected a positive number with an optional K, M, G or T "
+        "suffix, powers of 1024; a bare number means GiB)",
+        what, text);
   }
   return static_cast<uint64_t>(v * mult);
 }

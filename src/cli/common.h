@@ -2,7 +2,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,7 +16,7 @@ namespace deltafin::cli {
 struct EngineOptions {
   std::string model;
   int threads = 0;
-  std::string kernels;  // force a kernel table
+  std::string kernels;        // force a kernel table
   std::string memory_budget;  // SIZE, "" = default share of RAM
   bool mmap = false;
   std::string cache_policy = "lru";
@@ -25,10 +24,10 @@ struct EngineOptions {
   bool no_prefetch = false;
   bool no_direct_io = false;
   std::string trunk = "bf16";
-  int64_t ctx = 0;            // positions per sequence to plan for (0 = min(model, 8192))
-  int sequences = 1;          // states to plan for (the server sets this)
-  int64_t max_rows = 256;     // rows per pass to plan for
-  bool verbose = false;       // print the memory plan and the kernels even when stderr is not a terminal
+  int64_t ctx = 0;         // positions per sequence to plan for (0 = min(model, 8192))
+  int sequences = 1;       // states to plan for (the server sets this)
+  int64_t max_rows = 256;  // rows per pass to plan for
+  bool verbose = false;  // print the memory plan and the kernels even when stderr is not a terminal
 };
 
 // Flag validators with one-line messages.

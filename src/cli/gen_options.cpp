@@ -13,22 +13,35 @@
 namespace deltafin::cli {
 
 void add_gen_options(CLI::App* cmd, GenOptions& o) {
-  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")->capture_default_str()->check(non_negative());
-  cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (default)")->capture_default_str();
-  cmd->add_option("--top-k", o.top_k, "Keep the K most likely tokens (0 = off)")->capture_default_str();
-  cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
-  cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the best probability (0 = off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty over generated and the last 64 prompt tokens (1 = off)")
+  cmd->add_option("--max-new", o.max_new, "Most tokens to generate")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (default)")
       ->capture_default_str();
-  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty (-2..2)")->capture_default_str();
-  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty (-2..2)")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Keep the K most likely tokens (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the best probability (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", o.repeat_penalty,
+                  "Repetition penalty over generated and the last 64 prompt tokens (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty (-2..2)")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty (-2..2)")
+      ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Random seed (same seed + settings = same output)");
-  cmd->add_option("--stop", o.stop, "Stop when the response text contains STR (repeatable)")->allow_extra_args(false);
+  cmd->add_option("--stop", o.stop, "Stop when the response text contains STR (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_flag("--hide-thinking", o.hide_thinking, "Do not show the thinking channel");
-  cmd->add_flag("--no-color", o.no_color, "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
+  cmd->add_flag("--no-color", o.no_color,
+                "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
   cmd->add_flag("--stats", o.stats, "Print statistics at the end (stderr)");
   cmd->add_flag("--stats-live", o.stats_live, "Also print a statistics line per token (stderr)");
-  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")->capture_default_str()->check(positive());
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")
+      ->capture_default_str()
+      ->check(positive());
 }
 
 SamplingParams sampling_from(const GenOptions& o) {
@@ -55,7 +68,8 @@ GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenize
   p.stop_strings = o.stop;
   p.stop_ids.push_back(static_cast<int32_t>(m.config().eos_token_id));
   if (tok != nullptr) {
-    if (auto eom = tok->special_id("<|end_of_msg|>"); eom && *eom != m.config().eos_token_id) p.stop_ids.push_back(*eom);
+    if (auto eom = tok->special_id("<|end_of_msg|>"); eom && *eom != m.config().eos_token_id)
+      p.stop_ids.push_back(*eom);
   }
   p.prefill_chunk = o.prefill_chunk;
   p.context_limit = m.config().max_positions;
@@ -70,19 +84,26 @@ extern "C" void on_sigint(int) {
 }
 }  // namespace
 
-void install_sigint() { std::signal(SIGINT, on_sigint); }
-std::atomic<bool>& interrupted() { return g_interrupted; }
+void install_sigint() {
+  std::signal(SIGINT, on_sigint);
+}
+std::atomic<bool>& interrupted() {
+  return g_interrupted;
+}
 
-Printer::Printer(const GenOptions& o, bool have_tokenizer, bool quiet) : o_(o), tok_(have_tokenizer), quiet_(quiet) {
+Printer::Printer(const GenOptions& o, bool have_tokenizer, bool quiet)
+    : o_(o), tok_(have_tokenizer), quiet_(quiet) {
   color_ = !o.no_color && ::isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr;
 }
 
 void Printer::on_step(Generation& g) {
   auto events = g.take_events();
   // Prompt progress on long prompts (stderr, terminals only).
-  if (g.prompt_size() > o_.prefill_chunk && ::isatty(STDERR_FILENO) && g.prompt_done() != last_prefill_shown_) {
+  if (g.prompt_size() > o_.prefill_chunk && ::isatty(STDERR_FILENO) &&
+      g.prompt_done() != last_prefill_shown_) {
     last_prefill_shown_ = g.prompt_done();
-    fmt::print(stderr, "\rprefill {} / {} tokens{}", g.prompt_done(), g.prompt_size(), g.in_prefill() ? "" : "\n");
+    fmt::print(stderr, "\rprefill {} / {} tokens{}", g.prompt_done(), g.prompt_size(),
+               g.in_prefill() ? "" : "\n");
   }
   if (!quiet_) {
     auto out = [&](const std::string& s) {
@@ -99,7 +120,8 @@ void Printer::on_step(Generation& g) {
     };
     if (!tok_) {
       const auto& toks = g.tokens();
-      for (; ids_shown_ < toks.size(); ++ids_shown_) out(fmt::format("{}{}", ids_shown_ ? " " : "", toks[ids_shown_].id));
+      for (; ids_shown_ < toks.size(); ++ids_shown_)
+        out(fmt::format("{}{}", ids_shown_ ? " " : "", toks[ids_shown_].id));
     }
     for (auto& e : events) {
       switch (e.kind) {
@@ -127,8 +149,8 @@ void Printer::on_step(Generation& g) {
     const auto& t = g.timing();
     const double el = t.last_token - t.first_token;
     const size_t n = g.tokens().size();
-    fmt::print(stderr, "[live] token {} id {} at {:.3f} s, {:.2f} tokens/s\n", n, g.tokens().back().id, t.last_token - t.start,
-               n > 1 && el > 0 ? (n - 1) / el : 0.0);
+    fmt::print(stderr, "[live] token {} id {} at {:.3f} s, {:.2f} tokens/s\n", n,
+               g.tokens().back().id, t.last_token - t.start, n > 1 && el > 0 ? (n - 1) / el : 0.0);
   }
 }
 

@@ -10,8 +10,12 @@
 namespace deltafin {
 
 constexpr uint64_t kIoAlign = 4096;  // O_DIRECT offsets, lengths and buffers are multiples of this
-constexpr uint64_t io_align_down(uint64_t x) { return x / kIoAlign * kIoAlign; }
-constexpr uint64_t io_align_up(uint64_t x) { return (x + kIoAlign - 1) / kIoAlign * kIoAlign; }
+constexpr uint64_t io_align_down(uint64_t x) {
+  return x / kIoAlign * kIoAlign;
+}
+constexpr uint64_t io_align_up(uint64_t x) {
+  return (x + kIoAlign - 1) / kIoAlign * kIoAlign;
+}
 
 // Opens `path` read-only, with O_DIRECT (F_NOCACHE on macOS) when `direct` is true and the
 // platform accepts it; `*direct_ok` is cleared when it had to fall back to a buffered descriptor.

@@ -21,7 +21,8 @@ FileIdentity identity_from_stat(const struct stat& st) {
   id.inode = static_cast<uint64_t>(st.st_ino);
   id.size = static_cast<uint64_t>(st.st_size);
 #if defined(__APPLE__)
-  id.mtime_ns = static_cast<int64_t>(st.st_mtimespec.tv_sec) * 1000000000LL + st.st_mtimespec.tv_nsec;
+  id.mtime_ns =
+      static_cast<int64_t>(st.st_mtimespec.tv_sec) * 1000000000LL + st.st_mtimespec.tv_nsec;
 #else
   id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
 #endif
@@ -65,9 +66,13 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
 }
 
-MappedFile::~MappedFile() { reset(); }
+MappedFile::~MappedFile() {
+  reset();
+}
 
-MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
+MappedFile::MappedFile(MappedFile&& other) noexcept {
+  *this = std::move(other);
+}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {

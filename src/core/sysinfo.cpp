@@ -223,7 +223,8 @@ std::string cpu_model_name() {
 
 namespace deltafin {
 
-double measure_disk_bandwidth(const std::vector<std::string>& files, int threads, uint64_t max_bytes, uint64_t chunk) {
+double measure_disk_bandwidth(const std::vector<std::string>& files, int threads,
+                              uint64_t max_bytes, uint64_t chunk) {
   struct Part {
     int fd;
     uint64_t offset;
@@ -248,7 +249,8 @@ double measure_disk_bandwidth(const std::vector<std::string>& files, int threads
     }
     fds.push_back(fd);
     off_t size = ::lseek(fd, 0, SEEK_END);
-    for (uint64_t off = 0; off + chunk <= static_cast<uint64_t>(size) && planned < max_bytes; off += chunk) {
+    for (uint64_t off = 0; off + chunk <= static_cast<uint64_t>(size) && planned < max_bytes;
+         off += chunk) {
       parts.push_back({fd, off});
       planned += chunk;
     }

@@ -133,7 +133,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   align = std::max<int64_t>(align, 1);
-  int64_t chunks = std::min<int64_t>(static_cast<int64_t>(size()) * std::max(1, tasks_per_thread), (n + grain - 1) / grain);
+  int64_t chunks = std::min<int64_t>(static_cast<int64_t>(size()) * std::max(1, tasks_per_thread),
+                                     (n + grain - 1) / grain);
   if (chunks <= 1) {
     fn(0, n, 0);
     return;

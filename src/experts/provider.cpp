@@ -116,7 +116,8 @@ class ReadyBatch : public ExpertBatch {
 };
 }  // namespace
 
-MmapExpertProvider::MmapExpertProvider(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format)
+MmapExpertProvider::MmapExpertProvider(const ModelConfig& c, const Checkpoint& ck,
+                                       ExpertFormat format)
     : ck_(ck), dir_(c, ck, format) {
   const int n_layers = dir_.num_layers() - dir_.first_moe_layer();
   views_.resize(static_cast<size_t>(n_layers * dir_.num_experts()));
@@ -139,7 +140,8 @@ ExpertHandle MmapExpertProvider::acquire(int layer, int expert) {
   const ExpertLocation& loc = dir_.location(layer, expert);
   requests_.fetch_add(1, std::memory_order_relaxed);
   bytes_served_.fetch_add(loc.bytes, std::memory_order_relaxed);
-  return views_[static_cast<size_t>((layer - dir_.first_moe_layer()) * dir_.num_experts() + expert)];
+  return views_[static_cast<size_t>((layer - dir_.first_moe_layer()) * dir_.num_experts() +
+                                    expert)];
 }
 
 std::unique_ptr<ExpertBatch> MmapExpertProvider::request(int layer, std::span<const int> experts) {
@@ -158,9 +160,10 @@ ExpertStats MmapExpertProvider::stats() const {
 }
 
 std::string MmapExpertProvider::describe() const {
-  return fmt::format("mmap ({} routed experts of {} bytes, {})",
-                     static_cast<int64_t>(dir_.num_experts()) * (dir_.num_layers() - dir_.first_moe_layer()),
-                     dir_.expert_bytes(), dir_.format() == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16");
+  return fmt::format(
+      "mmap ({} routed experts of {} bytes, {})",
+      static_cast<int64_t>(dir_.num_experts()) * (dir_.num_layers() - dir_.first_moe_layer()),
+      dir_.expert_bytes(), dir_.format() == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16");
 }
 
 }  // namespace deltafin

@@ -43,16 +43,16 @@ struct ExpertWeights {
 using ExpertHandle = std::shared_ptr<const ExpertWeights>;
 
 struct ExpertStats {
-  uint64_t requests = 0;     // experts asked for by passes
-  uint64_t hits = 0;         // served from RAM without a read
-  uint64_t misses = 0;       // needed a read from storage
-  uint64_t bytes_read = 0;   // bytes read from storage by the provider
-  uint64_t bytes_served = 0; // expert bytes handed to compute
+  uint64_t requests = 0;      // experts asked for by passes
+  uint64_t hits = 0;          // served from RAM without a read
+  uint64_t misses = 0;        // needed a read from storage
+  uint64_t bytes_read = 0;    // bytes read from storage by the provider
+  uint64_t bytes_served = 0;  // expert bytes handed to compute
   uint64_t prefetch_issued = 0;
-  uint64_t prefetch_used = 0;      // prefetched experts that a pass then asked for
+  uint64_t prefetch_used = 0;  // prefetched experts that a pass then asked for
   uint64_t prefetch_wasted_bytes = 0;
-  double io_wait_s = 0;            // time compute spent waiting for reads
-  double read_s = 0;               // time reader threads spent reading
+  double io_wait_s = 0;  // time compute spent waiting for reads
+  double read_s = 0;     // time reader threads spent reading
 };
 
 // Counters accumulated between two snapshots.
@@ -78,7 +78,10 @@ class ExpertProvider {
   // One expert, blocking.
   virtual ExpertHandle acquire(int layer, int expert) = 0;
   // A hint that a pass of `layer` will likely want these experts soon; never waited on.
-  virtual void prefetch(int layer, std::span<const int> experts) { (void)layer; (void)experts; }
+  virtual void prefetch(int layer, std::span<const int> experts) {
+    (void)layer;
+    (void)experts;
+  }
   // Whether prefetch hints do anything (the model only predicts routing when they do).
   virtual bool wants_prefetch() const { return false; }
   virtual ExpertStats stats() const = 0;

@@ -44,9 +44,12 @@ CachePolicy parse_cache_policy(const std::string& s) {
 
 const char* cache_policy_name(CachePolicy p) {
   switch (p) {
-    case CachePolicy::kLRU: return "lru";
-    case CachePolicy::kLFU: return "lfu";
-    case CachePolicy::kPinned: return "pinned";
+    case CachePolicy::kLRU:
+      return "lru";
+    case CachePolicy::kLFU:
+      return "lfu";
+    case CachePolicy::kPinned:
+      return "pinned";
   }
   return "?";
 }
@@ -145,7 +148,8 @@ class ExpertStore::Batch : public ExpertBatch {
 
 // ---------------------------------------------------------------------------------------------
 
-ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format, StoreOptions options)
+ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format,
+                         StoreOptions options)
     : ck_(ck), dir_(c, ck, format), opt_(std::move(options)) {
   slot_bytes_ = slot_bytes_for(dir_, c);
   size_t n_slots = slot_bytes_ > 0 ? static_cast<size_t>(opt_.cache_bytes / slot_bytes_) : 0;
@@ -156,7 +160,8 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
              opt_.cache_bytes, n_slots, need, need * slot_bytes_);
   }
   slots_.resize(n_slots);
-  const size_t n_keys = static_cast<size_t>(dir_.num_layers()) * static_cast<size_t>(dir_.num_experts());
+  const size_t n_keys =
+      static_cast<size_t>(dir_.num_layers()) * static_cast<size_t>(dir_.num_experts());
   heat_.assign(n_keys, 0);
   predicted_.assign(n_keys, 0);
   recall_.assign(static_cast<size_t>(dir_.num_layers()), {});
@@ -170,9 +175,12 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
     std::ifstream in(opt_.heat_file, std::ios::binary);
     char magic[8] = {};
     uint64_t dims[2] = {};
-    if (in.read(magic, 8) && std::memcmp(magic, "DFHEAT1", 8) == 0 && in.read(reinterpret_cast<char*>(dims), 16) &&
-        dims[0] == static_cast<uint64_t>(dir_.num_layers()) && dims[1] == static_cast<uint64_t>(dir_.num_experts())) {
-      in.read(reinterpret_cast<char*>(heat_.data()), static_cast<std::streamsize>(heat_.size() * 8));
+    if (in.read(magic, 8) && std::memcmp(magic, "DFHEAT1", 8) == 0 &&
+        in.read(reinterpret_cast<char*>(dims), 16) &&
+        dims[0] == static_cast<uint64_t>(dir_.num_layers()) &&
+        dims[1] == static_cast<uint64_t>(dir_.num_experts())) {
+      in.read(reinterpret_cast<char*>(heat_.data()),
+              static_cast<std::streamsize>(heat_.size() * 8));
       if (!in) std::fill(heat_.begin(), heat_.end(), 0);
     }
   }
@@ -180,7 +188,8 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
     // The hottest experts (by persisted heat) stay resident once loaded.
     std::vector<size_t> order(n_keys);
     std::iota(order.begin(), order.end(), 0);
-    const size_t n_hot = std::min(n_keys, static_cast<size_t>(opt_.pin_fraction * static_cast<double>(n_slots)));
+    const size_t n_hot =
+        std::min(n_keys, static_cast<size_t>(opt_.pin_fraction * static_cast<double>(n_slots)));
     std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(n_hot), order.end(),
                       [&](size_t a, size_t b) { return heat_[a] > heat_[b]; });
     for (size_t i = 0; i < n_hot; ++i) {
@@ -209,11 +218,13 @@ ExpertStore::~ExpertStore() {
   for (int fd : fds_) ::close(fd);
 }
 
-ExpertLocation ExpertStore::locate(int layer, int expert) const { return dir_.location(layer, expert); }
+ExpertLocation ExpertStore::locate(int layer, int expert) const {
+  return dir_.location(layer, expert);
+}
 
 int ExpertStore::take_slot_locked(int64_t key, bool for_prefetch) {
   int best = -1;
-  auto better = [&](const Slot& a, const Slot& b) {  // is a a better victim than b?
+  auto better = [&](const Slot& a, const Slot& b) {         // is a a better victim than b?
     if (a.prefetched != b.prefetched) return a.prefetched;  // unused predictions go first
     if (opt_.policy == CachePolicy::kLFU && a.freq != b.freq) return a.freq < b.freq;
     return a.last_use < b.last_use;
@@ -225,13 +236,17 @@ int ExpertStore::take_slot_locked(int64_t key, bool for_prefetch) {
       break;
     }
     if (s.pins > 0 || s.state == SlotState::kLoading || s.hot) continue;
-    if (for_prefetch && !s.prefetched && s.last_use + 1 >= tick_) continue;  // never evict this pass's experts for a guess
+    if (for_prefetch && !s.prefetched && s.last_use + 1 >= tick_)
+      continue;  // never evict this pass's experts for a guess
     if (best < 0 || better(s, slots_[static_cast<size_t>(best)])) best = static_cast<int>(i);
   }
   if (best < 0) return -1;
   Slot& v = slots_[static_cast<size_t>(best)];
   if (v.key >= 0) {
-    if (v.prefetched) stats_.prefetch_wasted_bytes += dir_.location(static_cast<int>(v.key / dir_.num_experts()), static_cast<int>(v.key % dir_.num_experts())).bytes;
+    if (v.prefetched)
+      stats_.prefetch_wasted_bytes += dir_.location(static_cast<int>(v.key / dir_.num_experts()),
+                                                    static_cast<int>(v.key % dir_.num_experts()))
+                                          .bytes;
     where_.erase(v.key);
   }
   if (v.buf == nullptr) {
@@ -288,7 +303,8 @@ void ExpertStore::reader_loop() {
     stats_.read_s += t;
     if (err.empty()) {
       s.state = SlotState::kReady;
-      const ExpertLocation& loc = dir_.location(static_cast<int>(j.key / dir_.num_experts()), static_cast<int>(j.key % dir_.num_experts()));
+      const ExpertLocation& loc = dir_.location(static_cast<int>(j.key / dir_.num_experts()),
+                                                static_cast<int>(j.key % dir_.num_experts()));
       stats_.bytes_read += loc.bytes;
     } else {
       s.state = SlotState::kError;
@@ -299,7 +315,8 @@ void ExpertStore::reader_loop() {
 }
 
 void ExpertStore::read_expert(Slot& slot, int64_t key) {
-  const int layer = static_cast<int>(key / dir_.num_experts()), expert = static_cast<int>(key % dir_.num_experts());
+  const int layer = static_cast<int>(key / dir_.num_experts()),
+            expert = static_cast<int>(key % dir_.num_experts());
   const ExpertLocation& loc = dir_.location(layer, expert);
   std::vector<const uint8_t*> ptrs;
   auto read_span = [&](int shard, uint64_t offset, uint64_t size, uint64_t pos) -> uint64_t {
@@ -307,9 +324,10 @@ void ExpertStore::read_expert(Slot& slot, int64_t key) {
     uint64_t got = 0;
     const uint64_t need = offset + size - a0;
     for (;;) {
-      const ReadResult rd = read_at(fds_[static_cast<size_t>(shard)], slot.buf + pos + got, a1 - a0 - got, a0 + got);
+      const ReadResult rd =
+          read_at(fds_[static_cast<size_t>(shard)], slot.buf + pos + got, a1 - a0 - got, a0 + got);
       got += rd.bytes;
-      if (rd.error == 0) break;  // all of it, or the end of the file
+      if (rd.error == 0) break;                // all of it, or the end of the file
       if (rd.error == EINVAL && direct_ok_) {  // the file system refused O_DIRECT after all
         int fd = ::open(paths_[static_cast<size_t>(shard)].c_str(), O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
@@ -322,8 +340,10 @@ void ExpertStore::read_expert(Slot& slot, int64_t key) {
               paths_[static_cast<size_t>(shard)], a0 + got, std::strerror(rd.error));
     }
     if (got < need) {
-      fail_io("short read of expert {} of layer {} from {}: {} of {} bytes at offset {} (the file is "
-              "truncated or was replaced)", expert, layer, paths_[static_cast<size_t>(shard)], got, need, a0);
+      fail_io(
+          "short read of expert {} of layer {} from {}: {} of {} bytes at offset {} (the file is "
+          "truncated or was replaced)",
+          expert, layer, paths_[static_cast<size_t>(shard)], got, need, a0);
     }
     return pos + (offset - a0);
   };
@@ -377,8 +397,9 @@ void ExpertStore::check_files_locked() {
     }
     const FileIdentity& was = ck_.shards()[i].identity();
     if (!(id == was)) {
-      fail_io("{} was replaced or changed while running (size {} -> {}); restart to use the new file",
-              paths_[i], was.size, id.size);
+      fail_io(
+          "{} was replaced or changed while running (size {} -> {}); restart to use the new file",
+          paths_[i], was.size, id.size);
     }
   }
 }
@@ -394,18 +415,21 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
   }
   // Prediction bookkeeping for this layer: recall, then cancel or demote what was not chosen.
   bool had_prediction = false;
-  for (int e = 0; e < dir_.num_experts(); ++e) had_prediction |= (predicted_[static_cast<size_t>(key_of(layer, e))] & 1) != 0;
+  for (int e = 0; e < dir_.num_experts(); ++e)
+    had_prediction |= (predicted_[static_cast<size_t>(key_of(layer, e))] & 1) != 0;
   if (had_prediction) {
     LayerRecall& r = recall_[static_cast<size_t>(layer)];
     r.requested += keys.size();
     uint64_t hit = 0;
     for (int64_t k : keys) hit += (predicted_[static_cast<size_t>(k)] & 1) != 0;
     r.predicted_hits += hit;
-    const double sample = keys.empty() ? 0.0 : static_cast<double>(hit) / static_cast<double>(keys.size());
+    const double sample =
+        keys.empty() ? 0.0 : static_cast<double>(hit) / static_cast<double>(keys.size());
     r.ema = r.samples == 0 ? sample : 0.8 * r.ema + 0.2 * sample;
     r.samples++;
     r.gated = r.samples >= static_cast<uint64_t>(opt_.gate_warmup) && r.ema < opt_.gate_threshold;
-    for (int e = 0; e < dir_.num_experts(); ++e) predicted_[static_cast<size_t>(key_of(layer, e))] &= ~1;
+    for (int e = 0; e < dir_.num_experts(); ++e)
+      predicted_[static_cast<size_t>(key_of(layer, e))] &= ~1;
   }
   std::vector<char> wanted_flag(static_cast<size_t>(dir_.num_experts()), 0);
   for (int e : experts) wanted_flag[static_cast<size_t>(e)] = 1;
@@ -457,7 +481,8 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
         }
       }
       stats_.hits++;
-      stats_.bytes_served += dir_.location(layer, static_cast<int>(keys[i] % dir_.num_experts())).bytes;
+      stats_.bytes_served +=
+          dir_.location(layer, static_cast<int>(keys[i] % dir_.num_experts())).bytes;
     } else {
       misses.push_back(i);
     }
@@ -465,10 +490,12 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
   std::sort(misses.begin(), misses.end(), [&](size_t a, size_t b) {
     const ExpertLocation& la = dir_.location(layer, static_cast<int>(keys[a] % dir_.num_experts()));
     const ExpertLocation& lb = dir_.location(layer, static_cast<int>(keys[b] % dir_.num_experts()));
-    return std::make_pair(la.ranges[0].shard, la.ranges[0].offset) < std::make_pair(lb.ranges[0].shard, lb.ranges[0].offset);
+    return std::make_pair(la.ranges[0].shard, la.ranges[0].offset) <
+           std::make_pair(lb.ranges[0].shard, lb.ranges[0].offset);
   });
   for (size_t i : misses) {
-    stats_.bytes_served += dir_.location(layer, static_cast<int>(keys[i] % dir_.num_experts())).bytes;
+    stats_.bytes_served +=
+        dir_.location(layer, static_cast<int>(keys[i] % dir_.num_experts())).bytes;
     int sl = take_slot_locked(keys[i], false);
     if (sl < 0) continue;  // scheduled by the batch once compute frees a slot
     slots_[static_cast<size_t>(sl)].pins++;
@@ -513,15 +540,17 @@ std::vector<LayerRecall> ExpertStore::recall() const {
 }
 
 std::string ExpertStore::describe() const {
-  return fmt::format("store: {} slots of {:.1f} MiB ({:.2f} GiB), {} readers, {}, policy {}", slots_.size(),
-                     slot_bytes_ / 1048576.0, static_cast<double>(slots_.size() * slot_bytes_) / 1073741824.0,
-                     readers_.size(), direct_ok_ ? "O_DIRECT" : "buffered reads", cache_policy_name(opt_.policy));
+  return fmt::format(
+      "store: {} slots of {:.1f} MiB ({:.2f} GiB), {} readers, {}, policy {}", slots_.size(),
+      slot_bytes_ / 1048576.0, static_cast<double>(slots_.size() * slot_bytes_) / 1073741824.0,
+      readers_.size(), direct_ok_ ? "O_DIRECT" : "buffered reads", cache_policy_name(opt_.policy));
 }
 
 void ExpertStore::save_heat() const {
   if (opt_.heat_file.empty()) return;
   std::string out("DFHEAT1\0", 8);
-  uint64_t dims[2] = {static_cast<uint64_t>(dir_.num_layers()), static_cast<uint64_t>(dir_.num_experts())};
+  uint64_t dims[2] = {static_cast<uint64_t>(dir_.num_layers()),
+                      static_cast<uint64_t>(dir_.num_experts())};
   out.append(reinterpret_cast<const char*>(dims), 16);
   {
     std::lock_guard<std::mutex> l(mu_);

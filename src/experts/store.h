@@ -45,10 +45,10 @@ struct StoreOptions {
   uint64_t cache_bytes = 0;  // RAM for cached experts (rounded down to whole slots)
   size_t cache_slots = 0;    // if > 0: exactly this many experts instead (tests)
   int readers = 4;
-  bool direct_io = true;     // O_DIRECT when the file system allows it
+  bool direct_io = true;  // O_DIRECT when the file system allows it
   CachePolicy policy = CachePolicy::kLRU;
-  std::string heat_file;     // persisted per-expert use counts ("" = none)
-  double pin_fraction = 0.5; // share of slots the pinned policy may hold with hot experts
+  std::string heat_file;      // persisted per-expert use counts ("" = none)
+  double pin_fraction = 0.5;  // share of slots the pinned policy may hold with hot experts
   // Prefetch gate: after `gate_warmup` predictions of a layer, its hints are only read when the
   // layer's recent recall is at least `gate_threshold` (otherwise they are scored, not read).
   // On a saturated disk a wrong guess costs a whole expert read; a right one only moves a read
@@ -62,12 +62,13 @@ struct LayerRecall {
   uint64_t requested = 0;       // requested experts in layers that had a prediction
   double ema = 0;               // recent recall (exponential moving average over passes)
   uint64_t samples = 0;
-  bool gated = false;           // predictions too poor to be worth their reads right now
+  bool gated = false;  // predictions too poor to be worth their reads right now
 };
 
 class ExpertStore : public ExpertProvider {
  public:
-  ExpertStore(const ModelConfig& config, const Checkpoint& ck, ExpertFormat format, StoreOptions options);
+  ExpertStore(const ModelConfig& config, const Checkpoint& ck, ExpertFormat format,
+              StoreOptions options);
   ~ExpertStore() override;
 
   ExpertLocation locate(int layer, int expert) const override;
@@ -112,7 +113,9 @@ class ExpertStore : public ExpertProvider {
     bool prefetch;
   };
 
-  int64_t key_of(int layer, int expert) const { return static_cast<int64_t>(layer) * dir_.num_experts() + expert; }
+  int64_t key_of(int layer, int expert) const {
+    return static_cast<int64_t>(layer) * dir_.num_experts() + expert;
+  }
   // Finds a slot to (re)use for `key`; -1 if every slot is pinned. Caller holds mu_.
   int take_slot_locked(int64_t key, bool for_prefetch);
   void start_read_locked(int slot, int64_t key, bool prefetch);
@@ -132,8 +135,8 @@ class ExpertStore : public ExpertProvider {
   bool prefetch_enabled_ = true;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;        // slot state changes
-  std::condition_variable work_cv_;   // reader queue
+  std::condition_variable cv_;       // slot state changes
+  std::condition_variable work_cv_;  // reader queue
   std::vector<Slot> slots_;
   std::unordered_map<int64_t, int> where_;
   std::deque<Job> demand_q_, prefetch_q_;

@@ -26,7 +26,8 @@ ChatTurn ChatSession::begin_user_turn(const std::string& text) {
   if (history_valid_) before = render(request(false), tok_).ids;
   messages_.push_back({ChatMessage::Role::user, "", text});
   std::vector<int32_t> full = render(request(true), tok_).ids;
-  if (history_valid_ && before.size() <= full.size() && std::equal(before.begin(), before.end(), full.begin())) {
+  if (history_valid_ && before.size() <= full.size() &&
+      std::equal(before.begin(), before.end(), full.begin())) {
     // Append the new turn to what the model actually saw.
     std::vector<int32_t> tail(full.begin() + static_cast<ptrdiff_t>(before.size()), full.end());
     t.input = to_feed_;
@@ -97,7 +98,8 @@ void ChatSession::set_system(const std::string& text) {
 }
 
 void ChatSession::set_effort(const std::string& effort) {
-  if (effort != "low" && effort != "high" && effort != "max") fail_arg("effort {}: expected low, high or max", effort);
+  if (effort != "low" && effort != "high" && effort != "max")
+    fail_arg("effort {}: expected low, high or max", effort);
   effort_ = effort;
   history_valid_ = false;
 }
@@ -112,7 +114,9 @@ nlohmann::ordered_json ChatSession::to_json() const {
   if (!system_.empty()) msgs.push_back({{"role", "system"}, {"content", system_}});
   for (const auto& m : messages_) {
     nlohmann::ordered_json j;
-    j["role"] = m.role == ChatMessage::Role::user ? "user" : m.role == ChatMessage::Role::assistant ? "assistant" : "system";
+    j["role"] = m.role == ChatMessage::Role::user        ? "user"
+                : m.role == ChatMessage::Role::assistant ? "assistant"
+                                                         : "system";
     j["content"] = m.content;
     if (m.reasoning) j["reasoning_content"] = *m.reasoning;
     msgs.push_back(j);
@@ -129,8 +133,10 @@ void ChatSession::load_json(const nlohmann::ordered_json& j) {
       system_ = m.content;
       continue;
     }
-    if (m.role == ChatMessage::Role::tool || (m.role == ChatMessage::Role::assistant && !m.tool_calls.empty())) {
-      fail_arg("the chat command keeps plain conversations; tool calls and results cannot be loaded");
+    if (m.role == ChatMessage::Role::tool ||
+        (m.role == ChatMessage::Role::assistant && !m.tool_calls.empty())) {
+      fail_arg(
+          "the chat command keeps plain conversations; tool calls and results cannot be loaded");
     }
     messages_.push_back(std::move(m));
   }

@@ -44,7 +44,8 @@ class ChatSession {
   bool thinking() const { return thinking_; }
   const std::string& effort() const { return effort_; }
 
-  // The conversation as OpenAI-style JSON: {"messages": [...], "thinking": b, "reasoning_effort": e}.
+  // The conversation as OpenAI-style JSON: {"messages": [...], "thinking": b, "reasoning_effort":
+  // e}.
   nlohmann::ordered_json to_json() const;
   void load_json(const nlohmann::ordered_json& j);
 
@@ -61,8 +62,8 @@ class ChatSession {
   std::vector<ChatMessage> messages_;
   std::string system_, effort_ = "max";
   bool thinking_ = true;
-  std::vector<int32_t> history_;   // ids of the conversation as the model saw / wrote them
-  bool history_valid_ = false;     // state_ consumed history_ (minus a pending last token)
+  std::vector<int32_t> history_;  // ids of the conversation as the model saw / wrote them
+  bool history_valid_ = false;    // state_ consumed history_ (minus a pending last token)
   // The tail of history_ the state has not consumed yet: the last sampled token and any
   // closing structure; fed at the start of the next turn.
   std::vector<int32_t> to_feed_;

@@ -28,7 +28,6 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
   }
 }
 
-
 StatsRecorder::StatsRecorder(Model& model)
     : model_(model),
       experts0_(model.experts().stats()),
@@ -72,7 +71,8 @@ RunStats StatsRecorder::finish(const Generation& g) const {
 
 double RunStats::gb_per_token() const {
   const int64_t n = std::max<int64_t>(1, completion_tokens);
-  return static_cast<double>(experts.bytes_read + trunk.bytes_streamed) / 1e9 / static_cast<double>(n);
+  return static_cast<double>(experts.bytes_read + trunk.bytes_streamed) / 1e9 /
+         static_cast<double>(n);
 }
 
 void RunStats::to_json(nlohmann::json& j) const {
@@ -89,12 +89,14 @@ void RunStats::to_json(nlohmann::json& j) const {
   j["seed"] = seed;
   j["draft_proposed"] = draft_proposed;
   j["draft_accepted"] = draft_accepted;
-  j["draft_acceptance_rate"] = draft_proposed > 0 ? static_cast<double>(draft_accepted) / draft_proposed : 0.0;
+  j["draft_acceptance_rate"] =
+      draft_proposed > 0 ? static_cast<double>(draft_accepted) / draft_proposed : 0.0;
   j["passes"] = passes;
   j["expert_requests"] = experts.requests;
   j["expert_hits"] = experts.hits;
   j["expert_misses"] = experts.misses;
-  j["expert_hit_rate"] = experts.requests > 0 ? static_cast<double>(experts.hits) / experts.requests : 0.0;
+  j["expert_hit_rate"] =
+      experts.requests > 0 ? static_cast<double>(experts.hits) / experts.requests : 0.0;
   j["bytes_read"] = experts.bytes_read + trunk.bytes_streamed;
   j["expert_bytes_read"] = experts.bytes_read;
   j["trunk_bytes_streamed"] = trunk.bytes_streamed;
@@ -103,7 +105,8 @@ void RunStats::to_json(nlohmann::json& j) const {
   j["io_wait_s"] = wait;
   j["compute_s"] = std::max(0.0, elapsed_s - wait);
   j["elapsed_s"] = elapsed_s;
-  j["read_gb_per_s"] = elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0;
+  j["read_gb_per_s"] =
+      elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0;
   j["prefetch_recall"] = prefetch_recall;
   j["prefetch_issued"] = experts.prefetch_issued;
   j["prefetch_used"] = experts.prefetch_used;
@@ -113,25 +116,36 @@ void RunStats::to_json(nlohmann::json& j) const {
 
 std::string RunStats::summary() const {
   std::string s;
-  s += fmt::format("[stats] prefill {} tokens in {:.3f} s ({:.1f} tokens/s){}; time to first token {:.3f} s\n",
-                   prompt_tokens, prefill_s, prefill_tokens_per_s,
-                   reused_tokens > 0 ? fmt::format(", {} reused from the kept state", reused_tokens) : "", ttft_s);
-  s += fmt::format("[stats] decode {} tokens in {:.3f} s: {:.2f} tokens/s, {:.4f} s/token (excludes prefill and the "
-                   "first token); stop: {}\n",
-                   std::max<int64_t>(0, completion_tokens - 1), decode_s, decode_tokens_per_s, s_per_token, stop_reason);
-  s += fmt::format("[stats] drafts {} proposed / {} accepted ({:.0f}%)\n", draft_proposed, draft_accepted,
+  s += fmt::format(
+      "[stats] prefill {} tokens in {:.3f} s ({:.1f} tokens/s){}; time to first token {:.3f} s\n",
+      prompt_tokens, prefill_s, prefill_tokens_per_s,
+      reused_tokens > 0 ? fmt::format(", {} reused from the kept state", reused_tokens) : "",
+      ttft_s);
+  s += fmt::format(
+      "[stats] decode {} tokens in {:.3f} s: {:.2f} tokens/s, {:.4f} s/token (excludes prefill and "
+      "the "
+      "first token); stop: {}\n",
+      std::max<int64_t>(0, completion_tokens - 1), decode_s, decode_tokens_per_s, s_per_token,
+      stop_reason);
+  s += fmt::format("[stats] drafts {} proposed / {} accepted ({:.0f}%)\n", draft_proposed,
+                   draft_accepted,
                    draft_proposed > 0 ? 100.0 * draft_accepted / draft_proposed : 0.0);
   const double wait = experts.io_wait_s + trunk.wait_s;
-  s += fmt::format("[stats] experts {} requests: {} hits, {} misses ({:.1f}% hit); read {:.3f} GB (experts {:.3f}, trunk "
-                   "{:.3f}) = {:.3f} GB/token at {:.2f} GB/s\n",
-                   experts.requests, experts.hits, experts.misses,
-                   experts.requests > 0 ? 100.0 * experts.hits / experts.requests : 0.0,
-                   (experts.bytes_read + trunk.bytes_streamed) / 1e9, experts.bytes_read / 1e9, trunk.bytes_streamed / 1e9,
-                   gb_per_token(), elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0);
-  s += fmt::format("[stats] time {:.3f} s: I/O wait {:.3f} s, compute {:.3f} s; prefetch {} issued, {} used, recall "
-                   "{:.1f}%, {:.3f} GB wasted\n",
-                   elapsed_s, wait, std::max(0.0, elapsed_s - wait), experts.prefetch_issued, experts.prefetch_used,
-                   100.0 * prefetch_recall, experts.prefetch_wasted_bytes / 1e9);
+  s += fmt::format(
+      "[stats] experts {} requests: {} hits, {} misses ({:.1f}% hit); read {:.3f} GB (experts "
+      "{:.3f}, trunk "
+      "{:.3f}) = {:.3f} GB/token at {:.2f} GB/s\n",
+      experts.requests, experts.hits, experts.misses,
+      experts.requests > 0 ? 100.0 * experts.hits / experts.requests : 0.0,
+      (experts.bytes_read + trunk.bytes_streamed) / 1e9, experts.bytes_read / 1e9,
+      trunk.bytes_streamed / 1e9, gb_per_token(),
+      elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0);
+  s += fmt::format(
+      "[stats] time {:.3f} s: I/O wait {:.3f} s, compute {:.3f} s; prefetch {} issued, {} used, "
+      "recall "
+      "{:.1f}%, {:.3f} GB wasted\n",
+      elapsed_s, wait, std::max(0.0, elapsed_s - wait), experts.prefetch_issued,
+      experts.prefetch_used, 100.0 * prefetch_recall, experts.prefetch_wasted_bytes / 1e9);
   s += fmt::format("[stats] peak RSS {:.1f} MiB", peak_rss_bytes / 1048576.0);
   return s;
 }

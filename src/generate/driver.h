@@ -21,16 +21,16 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
            const std::function<void(Generation&)>& on_step);
 
 struct RunStats {
-  int64_t prompt_tokens = 0;     // tokens prefilled in this run
-  int64_t reused_tokens = 0;     // prompt tokens served from kept state (chat turns)
+  int64_t prompt_tokens = 0;  // tokens prefilled in this run
+  int64_t reused_tokens = 0;  // prompt tokens served from kept state (chat turns)
   int64_t completion_tokens = 0;
   double prefill_s = 0, ttft_s = 0, decode_s = 0;
   double decode_tokens_per_s = 0, s_per_token = 0, prefill_tokens_per_s = 0;
   int64_t draft_proposed = 0, draft_accepted = 0;
-  ExpertStats experts;           // deltas over the run
-  TrunkStats trunk;              // deltas over the run (streamed trunk bytes, waits)
-  double prefetch_recall = 0;    // predicted / requested experts over the run (0 without prediction)
-  double elapsed_s = 0;          // the whole generation
+  ExpertStats experts;         // deltas over the run
+  TrunkStats trunk;            // deltas over the run (streamed trunk bytes, waits)
+  double prefetch_recall = 0;  // predicted / requested experts over the run (0 without prediction)
+  double elapsed_s = 0;        // the whole generation
   int64_t passes = 0;
   uint64_t peak_rss_bytes = 0;
   std::string stop_reason;

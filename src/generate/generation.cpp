@@ -9,20 +9,30 @@ namespace deltafin {
 
 const char* stop_reason_name(StopReason r) {
   switch (r) {
-    case StopReason::kNone: return "none";
-    case StopReason::kLength: return "length";
-    case StopReason::kContext: return "context";
-    case StopReason::kStopToken: return "stop_token";
-    case StopReason::kEndOfTurn: return "end_of_turn";
-    case StopReason::kStopString: return "stop_string";
-    case StopReason::kCancelled: return "cancelled";
+    case StopReason::kNone:
+      return "none";
+    case StopReason::kLength:
+      return "length";
+    case StopReason::kContext:
+      return "context";
+    case StopReason::kStopToken:
+      return "stop_token";
+    case StopReason::kEndOfTurn:
+      return "end_of_turn";
+    case StopReason::kStopString:
+      return "stop_string";
+    case StopReason::kCancelled:
+      return "cancelled";
   }
   return "?";
 }
 
 Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& params,
                        const Tokenizer* tokenizer, int64_t vocab, int64_t start_position)
-    : prompt_(std::move(prompt)), params_(params), tok_(tokenizer), sampler_(params.sampling, vocab),
+    : prompt_(std::move(prompt)),
+      params_(params),
+      tok_(tokenizer),
+      sampler_(params.sampling, vocab),
       position_(start_position) {
   if (prompt_.empty()) fail_arg("generation needs at least one prompt token");
   if (params_.max_new_tokens < 0) fail_arg("max new tokens must be >= 0");
@@ -42,8 +52,10 @@ Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& para
   }
   timing_.start = now_seconds();
   timing_.prompt_tokens = static_cast<int64_t>(prompt_.size());
-  if (params_.context_limit > 0 && position_ + static_cast<int64_t>(prompt_.size()) > params_.context_limit) {
-    fail_arg("the prompt needs {} positions but the context is {}", position_ + prompt_.size(), params_.context_limit);
+  if (params_.context_limit > 0 &&
+      position_ + static_cast<int64_t>(prompt_.size()) > params_.context_limit) {
+    fail_arg("the prompt needs {} positions but the context is {}", position_ + prompt_.size(),
+             params_.context_limit);
   }
   const int64_t n = std::min<int64_t>(params_.prefill_chunk, static_cast<int64_t>(prompt_.size()));
   input_.assign(prompt_.begin(), prompt_.begin() + n);
@@ -148,7 +160,9 @@ void Generation::finish(StopReason r) {
   input_.clear();
 }
 
-void Generation::cancel() { finish(StopReason::kCancelled); }
+void Generation::cancel() {
+  finish(StopReason::kCancelled);
+}
 
 void Generation::abort(StopReason reason) {
   if (stop_ == StopReason::kNone) stop_ = reason;
@@ -163,7 +177,8 @@ void Generation::on_logits(std::span<const float> logits) {
   if (in_prefill()) {
     fed_ += n_in;
     if (in_prefill()) {  // more prompt to go; these logits are not needed
-      const int64_t n = std::min<int64_t>(params_.prefill_chunk, static_cast<int64_t>(prompt_.size()) - fed_);
+      const int64_t n =
+          std::min<int64_t>(params_.prefill_chunk, static_cast<int64_t>(prompt_.size()) - fed_);
       input_.assign(prompt_.begin() + fed_, prompt_.begin() + fed_ + n);
       return;
     }
@@ -188,7 +203,8 @@ void Generation::on_logits(std::span<const float> logits) {
   if (tokens_.size() == 1) timing_.first_token = now;
   timing_.last_token = now;
 
-  const bool is_stop_id = std::find(params_.stop_ids.begin(), params_.stop_ids.end(), id) != params_.stop_ids.end();
+  const bool is_stop_id =
+      std::find(params_.stop_ids.begin(), params_.stop_ids.end(), id) != params_.stop_ids.end();
   if (parser_) {
     for (auto& e : parser_->push(id)) emit(std::move(e));
     if (stop_ != StopReason::kNone) return;  // a stop string matched

@@ -57,8 +57,8 @@ class Generation {
   // `prompt` are the tokens to feed before generating (may be empty when `pending_token` is
   // given: a token sampled earlier that the state has not consumed yet). `start_position` is
   // the state's position when generation starts (for the context limit).
-  Generation(std::vector<int32_t> prompt, const GenerationParams& params, const Tokenizer* tokenizer,
-             int64_t vocab, int64_t start_position = 0);
+  Generation(std::vector<int32_t> prompt, const GenerationParams& params,
+             const Tokenizer* tokenizer, int64_t vocab, int64_t start_position = 0);
 
   std::span<const int32_t> next_input() const;
   // The logits of the last row of the pass that consumed next_input().

@@ -10,34 +10,45 @@
 namespace deltafin {
 
 void SamplingParams::validate() const {
-  if (!(temperature >= 0.0f) || temperature > 100.0f) fail_arg("temperature {} is out of range (expected 0..100)", temperature);
+  if (!(temperature >= 0.0f) || temperature > 100.0f)
+    fail_arg("temperature {} is out of range (expected 0..100)", temperature);
   if (top_k < 0) fail_arg("top_k {} is out of range (expected >= 0; 0 disables it)", top_k);
-  if (!(top_p > 0.0f && top_p <= 1.0f)) fail_arg("top_p {} is out of range (expected 0 < top_p <= 1)", top_p);
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) fail_arg("min_p {} is out of range (expected 0..1)", min_p);
-  if (!(repetition_penalty > 0.0f) || repetition_penalty > 100.0f) fail_arg("repetition_penalty {} is out of range (expected > 0)", repetition_penalty);
-  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) fail_arg("presence_penalty {} is out of range (expected -2..2)", presence_penalty);
-  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) fail_arg("frequency_penalty {} is out of range (expected -2..2)", frequency_penalty);
+  if (!(top_p > 0.0f && top_p <= 1.0f))
+    fail_arg("top_p {} is out of range (expected 0 < top_p <= 1)", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f))
+    fail_arg("min_p {} is out of range (expected 0..1)", min_p);
+  if (!(repetition_penalty > 0.0f) || repetition_penalty > 100.0f)
+    fail_arg("repetition_penalty {} is out of range (expected > 0)", repetition_penalty);
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    fail_arg("presence_penalty {} is out of range (expected -2..2)", presence_penalty);
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    fail_arg("frequency_penalty {} is out of range (expected -2..2)", frequency_penalty);
 }
 
 Sampler::Sampler(const SamplingParams& p, int64_t vocab) : p_(p), vocab_(vocab) {
   p_.validate();
-  seed_ = p.has_seed ? p.seed : std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
+  seed_ = p.has_seed
+              ? p.seed
+              : std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   rng_.seed(seed_);
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> recent_context,
                         std::span<const int32_t> generated) {
-  if (static_cast<int64_t>(logits.size()) != vocab_) fail("sampler: {} logits for a vocabulary of {}", logits.size(), vocab_);
+  if (static_cast<int64_t>(logits.size()) != vocab_)
+    fail("sampler: {} logits for a vocabulary of {}", logits.size(), vocab_);
   work_.assign(logits.begin(), logits.end());
   // Penalties.
-  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f ||
+      p_.frequency_penalty != 0.0f) {
     std::unordered_map<int32_t, int> counts;
     for (int32_t t : generated) counts[t]++;
     if (p_.repetition_penalty != 1.0f) {
       const size_t window = 64;
       std::vector<int32_t> seen(generated.begin(), generated.end());
       size_t from = recent_context.size() > window ? recent_context.size() - window : 0;
-      seen.insert(seen.end(), recent_context.begin() + static_cast<ptrdiff_t>(from), recent_context.end());
+      seen.insert(seen.end(), recent_context.begin() + static_cast<ptrdiff_t>(from),
+                  recent_context.end());
       std::sort(seen.begin(), seen.end());
       seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
       for (int32_t t : seen) {
@@ -46,7 +57,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       }
     }
     for (const auto& [t, n] : counts) {
-      work_[static_cast<size_t>(t)] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
+      work_[static_cast<size_t>(t)] -=
+          p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
     }
   }
   if (p_.greedy()) {
@@ -70,7 +82,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   const float mx = work_[static_cast<size_t>(idx_[0])];
   std::vector<double> prob(n);
   double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] - mx)));
+  for (size_t i = 0; i < n; ++i)
+    sum += (prob[i] = std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] - mx)));
   if (p_.top_p < 1.0f) {
     double acc = 0;
     size_t keep = n;
@@ -91,7 +104,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   double total = 0;
   for (size_t i = 0; i < n; ++i) {
-    prob[i] = std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] - mx) / p_.temperature);
+    prob[i] =
+        std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] - mx) / p_.temperature);
     total += prob[i];
   }
   std::uniform_real_distribution<double> u(0.0, total);
@@ -126,11 +140,13 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int top) {
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
   size_t k = std::min<size_t>(static_cast<size_t>(top), idx.size());
-  std::partial_sort(idx.begin(), idx.begin() + static_cast<ptrdiff_t>(k), idx.end(), [&](int32_t a, int32_t b) {
-    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-  });
-  for (size_t i = 0; i < k; ++i) out.push_back({idx[i], static_cast<float>(logits[static_cast<size_t>(idx[i])] - mx - lse)});
+  std::partial_sort(
+      idx.begin(), idx.begin() + static_cast<ptrdiff_t>(k), idx.end(), [&](int32_t a, int32_t b) {
+        return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+               (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+      });
+  for (size_t i = 0; i < k; ++i)
+    out.push_back({idx[i], static_cast<float>(logits[static_cast<size_t>(idx[i])] - mx - lse)});
   return out;
 }
 

@@ -18,11 +18,12 @@ struct SamplingParams {
   int top_k = 0;             // 0 = off
   float top_p = 1.0f;        // 1 = off
   float min_p = 0.0f;        // 0 = off
-  float repetition_penalty = 1.0f;  // 1 = off (CTRL-style: divide positive logits, multiply negative)
-  float presence_penalty = 0.0f;    // OpenAI semantics, subtracted once per seen token
-  float frequency_penalty = 0.0f;   // subtracted per occurrence
+  float repetition_penalty =
+      1.0f;                       // 1 = off (CTRL-style: divide positive logits, multiply negative)
+  float presence_penalty = 0.0f;  // OpenAI semantics, subtracted once per seen token
+  float frequency_penalty = 0.0f;  // subtracted per occurrence
   uint64_t seed = 0;
-  bool has_seed = false;     // without one a random seed is drawn (and reported)
+  bool has_seed = false;  // without one a random seed is drawn (and reported)
 
   bool greedy() const { return temperature <= 0.0f; }
   // Throws InvalidArgument naming the field when a value is out of range.

@@ -27,8 +27,10 @@ const KernelTable* best() {
   if (const char* env = std::getenv("DELTAFIN_KERNELS"); env != nullptr && *env != '\0') {
     const KernelTable* t = by_name(env);
     if (t == nullptr) {
-      fail("DELTAFIN_KERNELS={} is not available on this machine (expected scalar, avx2, avx512 "
-           "or neon, as the CPU supports)", env);
+      fail(
+          "DELTAFIN_KERNELS={} is not available on this machine (expected scalar, avx2, avx512 "
+          "or neon, as the CPU supports)",
+          env);
     }
     return t;
   }
@@ -50,18 +52,25 @@ const KernelTable* avx512_table() {
   const CpuFeatures& f = cpu_features();
   // avx512.cpp is compiled for F+BW+VL+DQ (+FMA, F16C); all must be there and OS-enabled
   // (__builtin_cpu_supports checks XCR0).
-  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c
-             ? &avx512_kernels()
-             : nullptr;
+  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c ? &avx512_kernels()
+                                                                                : nullptr;
 }
 #else
-const KernelTable* avx2_table() { return nullptr; }
-const KernelTable* avx512_table() { return nullptr; }
+const KernelTable* avx2_table() {
+  return nullptr;
+}
+const KernelTable* avx512_table() {
+  return nullptr;
+}
 #endif
 #if defined(DELTAFIN_HAVE_NEON)
-const KernelTable* neon_table() { return cpu_features().neon ? &neon_kernels() : nullptr; }
+const KernelTable* neon_table() {
+  return cpu_features().neon ? &neon_kernels() : nullptr;
+}
 #else
-const KernelTable* neon_table() { return nullptr; }
+const KernelTable* neon_table() {
+  return nullptr;
+}
 #endif
 
 const KernelTable& active() {
@@ -90,9 +99,9 @@ void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, i
   // Aim for >= ~64K multiply-adds per task so short products do not pay for a fork.
   int64_t per_row = std::max<int64_t>(1, w.cols * M);
   int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / per_row);
-  pool.parallel_for(w.rows, grain, [&](int64_t b, int64_t e, int) {
-    fn(w, b, e, x, M, ldx, y, ldy, accumulate);
-  }, 16, kTasksPerThread);
+  pool.parallel_for(
+      w.rows, grain, [&](int64_t b, int64_t e, int) { fn(w, b, e, x, M, ldx, y, ldy, accumulate); },
+      16, kTasksPerThread);
 }
 
 void matmul_t(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
@@ -102,9 +111,8 @@ void matmul_t(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y,
   if (fn == nullptr) fn = scalar_table().matmul_t[static_cast<int>(w.format)];
   int64_t per_col = std::max<int64_t>(1, w.rows * M);
   int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / per_col);
-  pool.parallel_for(w.cols, grain, [&](int64_t b, int64_t e, int) {
-    fn(w, b, e, x, M, ldx, y, ldy);
-  }, 16);
+  pool.parallel_for(
+      w.cols, grain, [&](int64_t b, int64_t e, int) { fn(w, b, e, x, M, ldx, y, ldy); }, 16);
 }
 
 }  // namespace deltafin::kernels

@@ -39,8 +39,8 @@ using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);
 
 struct KernelTable {
   const char* name;
-  MatmulFn matmul[4];    // indexed by WeightFormat
-  MatmulTFn matmul_t[4]; // indexed by WeightFormat (nullptr where unsupported)
+  MatmulFn matmul[4];     // indexed by WeightFormat
+  MatmulTFn matmul_t[4];  // indexed by WeightFormat (nullptr where unsupported)
   DotFn dot;
   AxpyFn axpy;
 };

@@ -42,8 +42,8 @@ void decode_row(const Matrix& w, int64_t n, float* out) {
   }
 }
 
-void matmul_scalar(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M,
-                   int64_t ldx, float* y, int64_t ldy, bool accumulate) {
+void matmul_scalar(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
+                   float* y, int64_t ldy, bool accumulate) {
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(w.cols));
   for (int64_t n = n0; n < n1; ++n) {

@@ -56,15 +56,20 @@
 namespace deltafin::kernels {
 namespace {
 
-constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-constexpr int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+constexpr int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+constexpr int64_t round_up(int64_t v, int64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // Compile-time loop: f(integral_constant<int, I>) for I in [1, N].
 template <int N, class Fn>
 inline void static_for(Fn&& f) {
   [&]<int... I>(std::integer_sequence<int, I...>) {
     (f(std::integral_constant<int, I + 1>{}), ...);
-  }(std::make_integer_sequence<int, N>{});
+  }
+  (std::make_integer_sequence<int, N>{});
 }
 
 // Calls f(integral_constant<mr>, integral_constant<nr>) for runtime 1 <= mr <= MR, 1 <= nr <= NR.
@@ -82,8 +87,9 @@ inline void with_tile(int mr, int nr, Fn&& f) {
 // 2^(e - 128): half the E8M0 scale, because the decoders produce doubled E2M1 values (integers
 // -12..12). e = 0 and 1 are subnormal floats (2^-128, 2^-127), not zero; e = 255 is NaN.
 constexpr float half_scale_of(int e) {
-  uint32_t bits = e == 255 ? 0x7fc00000u : e >= 2 ? static_cast<uint32_t>(e - 1) << 23
-                                                  : (e == 1 ? 0x00400000u : 0x00200000u);
+  uint32_t bits = e == 255 ? 0x7fc00000u
+                  : e >= 2 ? static_cast<uint32_t>(e - 1) << 23
+                           : (e == 1 ? 0x00400000u : 0x00200000u);
   return std::bit_cast<float>(bits);
 }
 struct HalfScaleTable {
@@ -95,7 +101,8 @@ struct HalfScaleTable {
 constexpr HalfScaleTable kHalfScale{};
 
 // Doubled E2M1 values, code -> int8 (the pshufb / tbl lookup table).
-alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
 
 // A per-thread, 64-byte aligned, growing buffer.
 struct Scratch {
@@ -128,7 +135,7 @@ template <class V>
 struct Impl {
   using F = typename V::F;
   static constexpr int L = V::L;
-  static constexpr int kNB = V::kNB;  // output rows per decoded panel
+  static constexpr int kNB = V::kNB;      // output rows per decoded panel
   static constexpr int64_t kKB = V::kKB;  // columns per panel (multiple of L and 32)
   static constexpr int kMB = V::kMB;      // activation rows per block (multiple of kMR, kMxMR)
   // MXFP4 is decoded a block at a time: kBG groups (kBC columns) into kNV vectors, whose lanes
@@ -253,9 +260,8 @@ struct Impl {
       for (int v = 0; v < kNV; ++v) V::store(t + v * L, V::mul(c[v], s));
       float* o = out + (b * kBC - k0);
       DF_UNROLL
-      for (int v = 0; v < kNV; ++v)
-        DF_UNROLL
-        for (int l = 0; l < L; ++l) o[V::mx_column(v, l)] = t[v * L + l];
+      for (int v = 0; v < kNV; ++v) DF_UNROLL
+      for (int l = 0; l < L; ++l) o[V::mx_column(v, l)] = t[v * L + l];
     }
   }
   // The MXFP4 arithmetic of one block, shared by the small-M and the panel paths: two partial
@@ -275,7 +281,8 @@ struct Impl {
   // y[m * ldy + r] = (accumulate ? y[m * ldy + r] : 0) + hsum(acc[m][r]): the end of every
   // product (GEMV rows and GEMM tiles alike, so both finish with the same additions).
   template <int M, int R>
-  DF_ALWAYS_INLINE static void store_sums(const F (&acc)[M][R], float* y, int64_t ldy, bool accumulate) {
+  DF_ALWAYS_INLINE static void store_sums(const F (&acc)[M][R], float* y, int64_t ldy,
+                                          bool accumulate) {
     DF_UNROLL
     for (int m = 0; m < M; ++m) {
       DF_UNROLL
@@ -297,9 +304,8 @@ struct Impl {
     for (int r = 0; r < R; ++r) row[r].init(w, n + r);
     F acc[M][R];
     DF_UNROLL
-    for (int m = 0; m < M; ++m)
-      DF_UNROLL
-      for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    for (int m = 0; m < M; ++m) DF_UNROLL
+    for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
     // Short rows: prefetch the next R rows at the pace these are consumed (see gemv_mx). Long
     // rows are long streams, which the hardware prefetchers handle better alone.
     constexpr int kEsz = Fmt == WeightFormat::kF32 ? 4 : Fmt == WeightFormat::kBF16 ? 2 : 1;
@@ -348,9 +354,8 @@ struct Impl {
     }
     F acc[M][R];
     DF_UNROLL
-    for (int m = 0; m < M; ++m)
-      DF_UNROLL
-      for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    for (int m = 0; m < M; ++m) DF_UNROLL
+    for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
     // The R rows are one contiguous run of bytes, short (a few KB) and read as R interleaved
     // streams, which the hardware prefetchers pick up late; so each step prefetches the same
     // share of the next R rows (and their scales) as it consumes of these.
@@ -368,7 +373,8 @@ struct Impl {
         V::mx_decode(q[r] + b * 16 * kBG, c);
         const F s = V::mx_scales(e[r] + b * kBG);
         DF_UNROLL
-        for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + b * kBC, c, s, acc[m][r]);
+        for (int m = 0; m < M; ++m)
+          acc[m][r] = mx_block_dot(xp + m * ldxp + b * kBC, c, s, acc[m][r]);
       }
     }
     if (full < blocks) {  // a last, partial block
@@ -377,7 +383,8 @@ struct Impl {
         F c[kNV], s;
         mx_block(q[r], e[r], groups, full, c, s);
         DF_UNROLL
-        for (int m = 0; m < M; ++m) acc[m][r] = mx_block_dot(xp + m * ldxp + full * kBC, c, s, acc[m][r]);
+        for (int m = 0; m < M; ++m)
+          acc[m][r] = mx_block_dot(xp + m * ldxp + full * kBC, c, s, acc[m][r]);
       }
     }
     store_sums<M, R>(acc, y + n, ldy, accumulate);
@@ -426,10 +433,10 @@ struct Impl {
     int64_t ldp;     // panel row stride (floats)
     const float* s;  // MXFP4: panel scales of row j (per group of this block)
     int64_t lds;
-    int64_t kb;      // valid columns in this block
-    F* acc;          // carried accumulators of (m, j), row stride kNB vectors
+    int64_t kb;  // valid columns in this block
+    F* acc;      // carried accumulators of (m, j), row stride kNB vectors
     bool first, last;
-    float* y;        // y + m * ldy + n
+    float* y;  // y + m * ldy + n
     int64_t ldy;
     bool accumulate;
   };
@@ -440,9 +447,9 @@ struct Impl {
       store_sums<MR, NR>(acc, t.y, t.ldy, t.accumulate);
     } else {
       DF_UNROLL
-      for (int i = 0; i < MR; ++i)
-        DF_UNROLL
-        for (int r = 0; r < NR; ++r) V::store(reinterpret_cast<float*>(t.acc + i * kNB + r), acc[i][r]);
+      for (int i = 0; i < MR; ++i) DF_UNROLL
+      for (int r = 0; r < NR; ++r)
+        V::store(reinterpret_cast<float*>(t.acc + i * kNB + r), acc[i][r]);
     }
   }
 
@@ -452,8 +459,8 @@ struct Impl {
     for (int i = 0; i < MR; ++i) {
       DF_UNROLL
       for (int r = 0; r < NR; ++r) {
-        acc[i][r] = t.first ? V::zero()
-                            : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r));
+        acc[i][r] =
+            t.first ? V::zero() : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r));
       }
     }
   }
@@ -499,10 +506,10 @@ struct Impl {
     alignas(64) float accm[MR][NR][L];
     alignas(64) float even[MR][NR][L];
     DF_UNROLL
-    for (int i = 0; i < MR; ++i)
-      DF_UNROLL
-      for (int r = 0; r < NR; ++r)
-        V::store(accm[i][r], t.first ? V::zero() : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r)));
+    for (int i = 0; i < MR; ++i) DF_UNROLL
+    for (int r = 0; r < NR; ++r)
+      V::store(accm[i][r],
+               t.first ? V::zero() : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r)));
     for (int64_t b = 0; b * kBC < t.kb; ++b) {
       const int64_t k = b * kBC;
       DF_UNROLL
@@ -535,31 +542,30 @@ struct Impl {
         }
         if (h == 0) {
           DF_UNROLL
-          for (int i = 0; i < MR; ++i)
-            DF_UNROLL
-            for (int r = 0; r < NR; ++r) V::store(even[i][r], g[i][r]);
+          for (int i = 0; i < MR; ++i) DF_UNROLL
+          for (int r = 0; r < NR; ++r) V::store(even[i][r], g[i][r]);
         } else {
           DF_UNROLL
           for (int r = 0; r < NR; ++r) {
             const F s = V::load(t.s + (r * t.lds + b) * L);
             DF_UNROLL
             for (int i = 0; i < MR; ++i)
-              V::store(accm[i][r], V::fma(V::add(V::load(even[i][r]), g[i][r]), s, V::load(accm[i][r])));
+              V::store(accm[i][r],
+                       V::fma(V::add(V::load(even[i][r]), g[i][r]), s, V::load(accm[i][r])));
           }
         }
       }
     }
     F acc[MR][NR];
     DF_UNROLL
-    for (int i = 0; i < MR; ++i)
-      DF_UNROLL
-      for (int r = 0; r < NR; ++r) acc[i][r] = V::load(accm[i][r]);
+    for (int i = 0; i < MR; ++i) DF_UNROLL
+    for (int r = 0; r < NR; ++r) acc[i][r] = V::load(accm[i][r]);
     finish_tile<MR, NR>(t, acc);
   }
 
   template <WeightFormat Fmt>
-  static void gemm(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M,
-                   int64_t ldx, float* y, int64_t ldy, bool accumulate) {
+  static void gemm(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
+                   float* y, int64_t ldy, bool accumulate) {
     constexpr bool kMx = Fmt == WeightFormat::kMXFP4;
     constexpr int MR = kMx ? V::kMxMR : V::kMR;
     constexpr int NR = kMx ? V::kMxNR : V::kNR;
@@ -648,23 +654,28 @@ struct Impl {
                      int64_t ldx, float* y, int64_t ldy, bool accumulate) {
     if (n0 >= n1 || M <= 0) return;
     switch (M) {
-      case 1: return gemv<Fmt, 1>(w, n0, n1, x, ldx, y, ldy, accumulate);
-      case 2: return gemv<Fmt, 2>(w, n0, n1, x, ldx, y, ldy, accumulate);
-      case 3: return gemv<Fmt, 3>(w, n0, n1, x, ldx, y, ldy, accumulate);
-      case 4: return gemv<Fmt, 4>(w, n0, n1, x, ldx, y, ldy, accumulate);
-      default: return gemm<Fmt>(w, n0, n1, x, M, ldx, y, ldy, accumulate);
+      case 1:
+        return gemv<Fmt, 1>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      case 2:
+        return gemv<Fmt, 2>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      case 3:
+        return gemv<Fmt, 3>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      case 4:
+        return gemv<Fmt, 4>(w, n0, n1, x, ldx, y, ldy, accumulate);
+      default:
+        return gemm<Fmt>(w, n0, n1, x, M, ldx, y, ldy, accumulate);
     }
   }
 
   // ---- matmul_t: y[m, c] += sum_r x[m, r] * W(r, c) ---------------------------------------------
-  static constexpr int kTV = V::kTV;  // vectors of columns per tile
-  static constexpr int kTM = V::kTM;  // activation rows per tile
-  static constexpr int kTW = kTV * L; // columns per tile
+  static constexpr int kTV = V::kTV;    // vectors of columns per tile
+  static constexpr int kTM = V::kTM;    // activation rows per tile
+  static constexpr int kTW = kTV * L;   // columns per tile
   static constexpr int64_t kTRB = 256;  // W rows per panel
 
   template <int MR>
-  static void tile_t(const float* x, int64_t ldx, const float* p, int64_t rb, float* y,
-                     int64_t ldy, int cw) {
+  static void tile_t(const float* x, int64_t ldx, const float* p, int64_t rb, float* y, int64_t ldy,
+                     int cw) {
     F acc[MR][kTV];
     const bool full = cw == kTW;
     DF_UNROLL
@@ -744,11 +755,16 @@ struct Impl {
     if (c0 >= c1 || M <= 0) return;
     if constexpr (Fmt != WeightFormat::kMXFP4) {
       switch (M) {
-        case 1: return matmul_t_rows<Fmt, 1>(w, c0, c1, x, ldx, y, ldy);
-        case 2: return matmul_t_rows<Fmt, 2>(w, c0, c1, x, ldx, y, ldy);
-        case 3: return matmul_t_rows<Fmt, 3>(w, c0, c1, x, ldx, y, ldy);
-        case 4: return matmul_t_rows<Fmt, 4>(w, c0, c1, x, ldx, y, ldy);
-        default: break;
+        case 1:
+          return matmul_t_rows<Fmt, 1>(w, c0, c1, x, ldx, y, ldy);
+        case 2:
+          return matmul_t_rows<Fmt, 2>(w, c0, c1, x, ldx, y, ldy);
+        case 3:
+          return matmul_t_rows<Fmt, 3>(w, c0, c1, x, ldx, y, ldy);
+        case 4:
+          return matmul_t_rows<Fmt, 4>(w, c0, c1, x, ldx, y, ldy);
+        default:
+          break;
       }
     }
     const int64_t R = w.rows;

@@ -19,21 +19,27 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-std::string TensorInfo::shape_string() const { return shape_to_string(shape); }
+std::string TensorInfo::shape_string() const {
+  return shape_to_string(shape);
+}
 
 std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t size,
                                                  const std::string& file) {
   if (size < 8) {
-    fail("{}: truncated safetensors file ({} bytes; expected an 8-byte header length first)", file, size);
+    fail("{}: truncated safetensors file ({} bytes; expected an 8-byte header length first)", file,
+         size);
   }
   uint64_t header_len = 0;
   std::memcpy(&header_len, data, 8);  // little-endian on every supported platform
   if (header_len > size - 8) {
-    fail("{}: safetensors header length {} points past the end of the file ({} bytes); the file "
-         "is truncated or not a safetensors file", file, header_len, size);
+    fail(
+        "{}: safetensors header length {} points past the end of the file ({} bytes); the file "
+        "is truncated or not a safetensors file",
+        file, header_len, size);
   }
   if (header_len > (100ull << 20)) {
-    fail("{}: safetensors header of {} bytes is implausibly large (limit 100 MiB)", file, header_len);
+    fail("{}: safetensors header of {} bytes is implausibly large (limit 100 MiB)", file,
+         header_len);
   }
   json header;
   try {
@@ -51,16 +57,21 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
     if (it.key() == "__metadata__") continue;
     const json& e = it.value();
     const std::string& name = it.key();
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets")) {
-      fail("{}: tensor {}: header entry needs dtype, shape and data_offsets, found {}", file, name, e.dump());
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+        !e.contains("data_offsets")) {
+      fail("{}: tensor {}: header entry needs dtype, shape and data_offsets, found {}", file, name,
+           e.dump());
     }
     TensorInfo t;
     t.name = name;
     if (!e["dtype"].is_string()) fail("{}: tensor {}: dtype is not a string", file, name);
     auto dt = parse_dtype(e["dtype"].get<std::string>());
     if (!dt) {
-      fail("{}: tensor {}: unknown dtype {} (expected one of F64, F32, F16, BF16, I64, I32, I16, I8, "
-           "U8, BOOL)", file, name, e["dtype"].dump());
+      fail(
+          "{}: tensor {}: unknown dtype {} (expected one of F64, F32, F16, BF16, I64, I32, I16, "
+          "I8, "
+          "U8, BOOL)",
+          file, name, e["dtype"].dump());
     }
     t.dtype = *dt;
     if (!e["shape"].is_array()) fail("{}: tensor {}: shape is not a list", file, name);
@@ -71,14 +82,18 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
       t.shape.push_back(d.get<int64_t>());
     }
     const json& off = e["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      fail("{}: tensor {}: data_offsets must be two non-negative integers, found {}", file, name, off.dump());
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
+      fail("{}: tensor {}: data_offsets must be two non-negative integers, found {}", file, name,
+           off.dump());
     }
     uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
     if (en < b) fail("{}: tensor {}: data_offsets [{}, {}] run backwards", file, name, b, en);
     if (en > data_size) {
-      fail("{}: tensor {}: data [{}, {}) points outside the file's data region ({} bytes); the "
-           "shard is truncated or its header is corrupt", file, name, b, en, data_size);
+      fail(
+          "{}: tensor {}: data [{}, {}) points outside the file's data region ({} bytes); the "
+          "shard is truncated or its header is corrupt",
+          file, name, b, en, data_size);
     }
     uint64_t expect = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype);
     if (en - b != expect) {
@@ -132,7 +147,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
       fail("{}: not valid JSON: {}", index.string(), e.what());
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      fail("{}: expected an object with a \"weight_map\" of tensor name -> shard file", index.string());
+      fail("{}: expected an object with a \"weight_map\" of tensor name -> shard file",
+           index.string());
     }
     const json& wm = j["weight_map"];
     std::vector<std::string> files;
@@ -167,8 +183,10 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   } else if (fs::exists(single)) {
     ck->add_shard("model.safetensors");
   } else {
-    fail("{}: no model.safetensors or model.safetensors.index.json (expected the checkpoint's "
-         "safetensors files next to config.json)", dir);
+    fail(
+        "{}: no model.safetensors or model.safetensors.index.json (expected the checkpoint's "
+        "safetensors files next to config.json)",
+        dir);
   }
   return ck;
 }

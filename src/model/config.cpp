@@ -1,13 +1,12 @@
 #include "model/config.h"
 
-#include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-
-#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -99,7 +98,8 @@ class FieldReader {
       return;
     }
     if (!v->is_string() || v->get<std::string>() != want) {
-      problem(fmt::format("{}: expected \"{}\", found {} (not supported)", name(key), want, v->dump()));
+      problem(
+          fmt::format("{}: expected \"{}\", found {} (not supported)", name(key), want, v->dump()));
     }
   }
 
@@ -129,13 +129,16 @@ class FieldReader {
 
 void check_quantization(const json& q, std::vector<std::string>& problems) {
   const std::string p = "text_config.quantization_config.";
-  auto want = [&](const json& obj, const char* key, const json& expected, const std::string& where) {
+  auto want = [&](const json& obj, const char* key, const json& expected,
+                  const std::string& where) {
     auto it = obj.find(key);
     if (it == obj.end()) {
       problems.push_back(fmt::format("{}{}: missing (expected {})", where, key, expected.dump()));
     } else if (*it != expected) {
-      problems.push_back(fmt::format("{}{}: expected {}, found {} (only MXFP4 compressed-tensors "
-                                     "experts are supported)", where, key, expected.dump(), it->dump()));
+      problems.push_back(
+          fmt::format("{}{}: expected {}, found {} (only MXFP4 compressed-tensors "
+                      "experts are supported)",
+                      where, key, expected.dump(), it->dump()));
     }
   };
   if (!q.is_object()) {
@@ -169,8 +172,10 @@ void check_quantization(const json& q, std::vector<std::string>& problems) {
     want(*w, "symmetric", true, wp);
     auto act = g.find("input_activations");
     if (act != g.end() && !act->is_null()) {
-      problems.push_back(gp + "input_activations: expected null (activation quantization is not "
-                              "part of the released checkpoint), found " + act->dump());
+      problems.push_back(gp +
+                         "input_activations: expected null (activation quantization is not "
+                         "part of the released checkpoint), found " +
+                         act->dump());
     }
   }
 }
@@ -200,11 +205,14 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   // Route on the top-level architecture: the text config calls itself kimi_linear.
   bool arch_ok = false;
   if (auto a = root.find("architectures"); a != root.end() && a->is_array()) {
-    for (const auto& s : *a) arch_ok |= s.is_string() && s.get<std::string>() == "KimiK3ForConditionalGeneration";
+    for (const auto& s : *a)
+      arch_ok |= s.is_string() && s.get<std::string>() == "KimiK3ForConditionalGeneration";
   }
   if (!arch_ok) {
-    problems.push_back(fmt::format("architectures: expected [\"KimiK3ForConditionalGeneration\"], "
-                                   "found {}", root.contains("architectures") ? root["architectures"].dump() : "nothing"));
+    problems.push_back(
+        fmt::format("architectures: expected [\"KimiK3ForConditionalGeneration\"], "
+                    "found {}",
+                    root.contains("architectures") ? root["architectures"].dump() : "nothing"));
   }
   auto tc_it = root.find("text_config");
   if (tc_it == root.end() || !tc_it->is_object()) {
@@ -227,7 +235,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   c.situ_beta = static_cast<float>(t.number("activation_situ_beta"));
   c.situ_linear_beta = static_cast<float>(t.number("activation_situ_linear_beta"));
   if (!(c.situ_beta > 0)) t.problem("text_config.activation_situ_beta: expected a positive number");
-  if (!(c.situ_linear_beta > 0)) t.problem("text_config.activation_situ_linear_beta: expected a positive number");
+  if (!(c.situ_linear_beta > 0))
+    t.problem("text_config.activation_situ_linear_beta: expected a positive number");
   c.tie_embeddings = t.boolean("tie_word_embeddings", false);
   if (root.contains("tie_word_embeddings") && root["tie_word_embeddings"].is_boolean() &&
       root["tie_word_embeddings"].get<bool>() != c.tie_embeddings) {
@@ -238,12 +247,16 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   c.pad_token_id = t.integer("pad_token_id", 0, root.value("pad_token_id", int64_t{-1}));
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
     if (root.contains(k) && tc.contains(k) && root[k] != tc[k]) {
-      t.problem(fmt::format("{}: the top level ({}) and text_config ({}) disagree", k, root[k].dump(), tc[k].dump()));
+      t.problem(fmt::format("{}: the top level ({}) and text_config ({}) disagree", k,
+                            root[k].dump(), tc[k].dump()));
     }
   }
-  if (c.eos_token_id >= c.vocab) t.problem(fmt::format("text_config.eos_token_id {} is outside the vocabulary ({})", c.eos_token_id, c.vocab));
+  if (c.eos_token_id >= c.vocab)
+    t.problem(fmt::format("text_config.eos_token_id {} is outside the vocabulary ({})",
+                          c.eos_token_id, c.vocab));
   if (int64_t n = t.integer("num_nextn_predict_layers", 0, 0); n != 0) {
-    t.problem(fmt::format("text_config.num_nextn_predict_layers: expected 0 (K3 has no MTP head), found {}", n));
+    t.problem(fmt::format(
+        "text_config.num_nextn_predict_layers: expected 0 (K3 has no MTP head), found {}", n));
   }
   if (int64_t f = t.integer("moe_layer_freq", 1, 1); f != 1) {
     t.problem(fmt::format("text_config.moe_layer_freq: expected 1, found {} (not supported)", f));
@@ -257,7 +270,9 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   c.mla.qk_rope_dim = t.integer("qk_rope_head_dim", 0);
   c.mla.v_head_dim = t.integer("v_head_dim", 1);
   if (!t.boolean("mla_use_nope", false)) {
-    t.problem("text_config.mla_use_nope: expected true (K3's MLA uses no rotary embedding; RoPE is not implemented)");
+    t.problem(
+        "text_config.mla_use_nope: expected true (K3's MLA uses no rotary embedding; RoPE is not "
+        "implemented)");
   }
   c.mla.output_gate = t.boolean("mla_use_output_gate", false);
 
@@ -273,20 +288,27 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   t.expect_string("moe_router_activation_func", "sigmoid");
   t.expect_string("topk_method", "noaux_tc");
   if (int64_t g = t.integer("num_expert_group", 1, 1); g != 1) {
-    t.problem(fmt::format("text_config.num_expert_group: expected 1, found {} (group-limited routing is not implemented)", g));
+    t.problem(
+        fmt::format("text_config.num_expert_group: expected 1, found {} (group-limited routing is "
+                    "not implemented)",
+                    g));
   }
   if (int64_t g = t.integer("topk_group", 1, 1); g != 1) {
     t.problem(fmt::format("text_config.topk_group: expected 1, found {}", g));
   }
   if (c.moe.top_k > c.moe.num_experts) {
-    t.problem(fmt::format("text_config.num_experts_per_token ({}) exceeds num_experts ({})", c.moe.top_k, c.moe.num_experts));
+    t.problem(fmt::format("text_config.num_experts_per_token ({}) exceeds num_experts ({})",
+                          c.moe.top_k, c.moe.num_experts));
   }
   if (c.moe.latent_dim % 32 != 0 || c.moe.intermediate % 32 != 0) {
-    t.problem(fmt::format("text_config: routed_expert_hidden_size ({}) and moe_intermediate_size ({}) "
-                          "must be multiples of 32 (MXFP4 groups)", c.moe.latent_dim, c.moe.intermediate));
+    t.problem(
+        fmt::format("text_config: routed_expert_hidden_size ({}) and moe_intermediate_size ({}) "
+                    "must be multiples of 32 (MXFP4 groups)",
+                    c.moe.latent_dim, c.moe.intermediate));
   }
   if (c.first_k_dense > c.num_layers) {
-    t.problem(fmt::format("text_config.first_k_dense_replace ({}) exceeds num_hidden_layers ({})", c.first_k_dense, c.num_layers));
+    t.problem(fmt::format("text_config.first_k_dense_replace ({}) exceeds num_hidden_layers ({})",
+                          c.first_k_dense, c.num_layers));
   }
 
   // KDA and the layer schedule
@@ -299,9 +321,14 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
     c.kda.head_dim = l.integer("head_dim", 1);
     c.kda.conv_kernel = l.integer("short_conv_kernel_size", 1);
     c.kda.gate_lower_bound = static_cast<float>(l.number("gate_lower_bound"));
-    if (!(c.kda.gate_lower_bound < 0)) l.problem("text_config.linear_attn_config.gate_lower_bound: expected a negative number (the sigmoid decay form)");
+    if (!(c.kda.gate_lower_bound < 0))
+      l.problem(
+          "text_config.linear_attn_config.gate_lower_bound: expected a negative number (the "
+          "sigmoid decay form)");
     if (!l.boolean("use_full_rank_gate", false)) {
-      l.problem("text_config.linear_attn_config.use_full_rank_gate: expected true (K3's single g_proj output gate)");
+      l.problem(
+          "text_config.linear_attn_config.use_full_rank_gate: expected true (K3's single g_proj "
+          "output gate)");
     }
     auto full = l.int_list("full_attn_layers");
     auto kda = l.int_list("kda_layers");
@@ -310,7 +337,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
     auto mark = [&](const std::vector<int64_t>& list, LayerKind kind, const char* key) {
       for (int64_t one_based : list) {
         if (one_based < 1 || one_based > c.num_layers) {
-          l.problem(fmt::format("text_config.linear_attn_config.{}: layer {} is outside 1..{}", key, one_based, c.num_layers));
+          l.problem(fmt::format("text_config.linear_attn_config.{}: layer {} is outside 1..{}", key,
+                                one_based, c.num_layers));
           continue;
         }
         c.layer_kinds[one_based - 1] = kind;
@@ -321,8 +349,10 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
     mark(kda, LayerKind::kKDA, "kda_layers");
     for (int64_t i = 0; i < c.num_layers; ++i) {
       if (seen[i] != 1) {
-        l.problem(fmt::format("text_config.linear_attn_config: layer {} (1-based) must appear in exactly one of "
-                              "full_attn_layers and kda_layers, found {} times", i + 1, seen[i]));
+        l.problem(fmt::format(
+            "text_config.linear_attn_config: layer {} (1-based) must appear in exactly one of "
+            "full_attn_layers and kda_layers, found {} times",
+            i + 1, seen[i]));
       }
     }
   }
@@ -342,8 +372,10 @@ ModelConfig load_config(const std::string& model_dir) {
   namespace fs = std::filesystem;
   fs::path p = fs::path(model_dir) / "config.json";
   if (!fs::exists(p)) {
-    fail("{}: no config.json (expected a Kimi K3 checkpoint folder: config.json plus "
-         "model.safetensors or model.safetensors.index.json with its shards)", model_dir);
+    fail(
+        "{}: no config.json (expected a Kimi K3 checkpoint folder: config.json plus "
+        "model.safetensors or model.safetensors.index.json with its shards)",
+        model_dir);
   }
   return parse_config(read_file(p.string()), p.string());
 }

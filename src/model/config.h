@@ -39,8 +39,8 @@ struct MoeConfig {
   int64_t num_experts = 0;
   int64_t top_k = 0;
   int64_t num_shared_experts = 0;
-  int64_t intermediate = 0;   // per routed expert
-  int64_t latent_dim = 0;     // routed_expert_hidden_size
+  int64_t intermediate = 0;  // per routed expert
+  int64_t latent_dim = 0;    // routed_expert_hidden_size
   bool latent_norm = true;
   bool renormalize = true;
   float routed_scaling_factor = 1.0f;

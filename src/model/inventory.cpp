@@ -20,7 +20,7 @@ std::string expert_prefix(int64_t layer, int64_t expert) {
 
 std::vector<std::string> expert_tensor_suffixes(ExpertFormat f) {
   if (f == ExpertFormat::kMXFP4) {
-    return {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
+    return {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
             "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
   }
   return {"w1.weight", "w2.weight", "w3.weight"};
@@ -29,7 +29,8 @@ std::vector<std::string> expert_tensor_suffixes(ExpertFormat f) {
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const InventoryOptions& o) {
   std::vector<ExpectedTensor> out;
   const DType bf = DType::kBF16, f32 = DType::kF32, u8 = DType::kU8;
-  auto add = [&](std::string name, std::vector<int64_t> shape, DType dt, int layer = -1, int expert = -1) {
+  auto add = [&](std::string name, std::vector<int64_t> shape, DType dt, int layer = -1,
+                 int expert = -1) {
     out.push_back({std::move(name), std::move(shape), dt, layer, expert});
   };
   const int64_t H = c.hidden;
@@ -51,7 +52,8 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const Invento
       add(A + "q_b_proj.weight", {m.num_heads * m.q_head_dim(), m.q_lora_rank}, bf, L);
       add(A + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_dim, H}, bf, L);
       add(A + "kv_a_layernorm.weight", {m.kv_lora_rank}, bf, L);
-      add(A + "kv_b_proj.weight", {m.num_heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank}, bf, L);
+      add(A + "kv_b_proj.weight", {m.num_heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank},
+          bf, L);
       if (m.output_gate) add(A + "g_proj.weight", {m.num_heads * m.v_head_dim, H}, bf, L);
       add(A + "o_proj.weight", {H, m.num_heads * m.v_head_dim}, bf, L);
     } else {
@@ -156,20 +158,24 @@ InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck) {
     expected_names.insert(e.name);
     const TensorInfo* t = ck.find(e.name);
     if (t == nullptr) {
-      missing.push_back(fmt::format("{} (expected {} {})", e.name, dtype_name(e.dtype), shape_to_string(e.shape)));
+      missing.push_back(fmt::format("{} (expected {} {})", e.name, dtype_name(e.dtype),
+                                    shape_to_string(e.shape)));
       continue;
     }
     ++rep.checked;
     bool shape_ok = t->shape == e.shape;
     // A_log may also be stored unpadded (exactly num_heads entries).
-    if (!shape_ok && e.name.ends_with(".A_log") && t->shape == std::vector<int64_t>{c.kda.num_heads}) {
+    if (!shape_ok && e.name.ends_with(".A_log") &&
+        t->shape == std::vector<int64_t>{c.kda.num_heads}) {
       shape_ok = true;
     }
     if (!shape_ok) {
-      shape_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, shape_to_string(e.shape), t->shape_string()));
+      shape_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, shape_to_string(e.shape),
+                                      t->shape_string()));
     }
     if (t->dtype != e.dtype) {
-      dtype_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, dtype_name(e.dtype), dtype_name(t->dtype)));
+      dtype_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, dtype_name(e.dtype),
+                                      dtype_name(t->dtype)));
     }
   }
   for (const auto& [name, t] : ck.tensors()) {
@@ -181,11 +187,11 @@ InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck) {
     extra.push_back(fmt::format("{} ({} {})", name, dtype_name(t.dtype), t.shape_string()));
   }
   if (!missing.empty() || !extra.empty() || !shape_bad.empty() || !dtype_bad.empty()) {
-    std::string msg = fmt::format("{}: the tensors do not match {} ({} routed experts expected, as "
-                                  "the config {} a quantization_config)",
-                                  ck.dir(), c.path,
-                                  rep.expert_format == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16",
-                                  c.quantized_experts ? "has" : "has no");
+    std::string msg = fmt::format(
+        "{}: the tensors do not match {} ({} routed experts expected, as "
+        "the config {} a quantization_config)",
+        ck.dir(), c.path, rep.expert_format == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16",
+        c.quantized_experts ? "has" : "has no");
     append_limited(msg, "missing", missing);
     append_limited(msg, "extra", extra);
     append_limited(msg, "wrong shape", shape_bad);

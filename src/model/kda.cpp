@@ -18,8 +18,8 @@ namespace deltafin {
 
 // One recurrence step for one head. S is [dk][dv] (key rows), updated in place.
 // Writes o = S_newᵀ q when o != nullptr.
-void kda_step_head(float* S, int64_t dk, int64_t dv, const float* q, const float* k,
-                       const float* v, const float* alpha, float beta, float* e, float* o) {
+void kda_step_head(float* S, int64_t dk, int64_t dv, const float* q, const float* k, const float* v,
+                   const float* alpha, float beta, float* e, float* o) {
   const auto& K = kernels::active();
   // e = v - (diag(alpha) S)ᵀ k, decaying S on the way.
   std::memcpy(e, v, static_cast<size_t>(dv) * sizeof(float));
@@ -42,7 +42,8 @@ namespace {
 constexpr int64_t kChunkRows = 16;
 }
 
-void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const float* u, float* y) {
+void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const float* u,
+                 float* y) {
   const ModelConfig& c = ctx.c;
   const int64_t R = ctx.rows, H = c.hidden;
   const int64_t nh = c.kda.num_heads, dk = c.kda.head_dim, Pk = c.kda.proj_dim();
@@ -68,14 +69,14 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   std::vector<float> act(static_cast<size_t>(R * W3));
   for (const SeqRows& s : ctx.seqs) {
     KdaLayerState& st = s.state->kda()[static_cast<size_t>(s.state->kda_slot(layer))];
-    const float* hrows = st.conv.data();  // [hist][W3]
+    const float* hrows = st.conv.data();                // [hist][W3]
     auto input = [&](int64_t t, int64_t ch) -> float {  // t relative to the sequence's first row
       if (t >= 0) return qkv[static_cast<size_t>((s.begin + t) * W3 + ch)];
       return hrows[static_cast<size_t>((hist + t) * W3 + ch)];
     };
     pool.parallel_for(W3, 256, [&](int64_t c0, int64_t c1, int) {
       for (int64_t ch = c0; ch < c1; ++ch) {
-        const float* taps = (ch < Pk ? w.q_conv.data() + ch * Kc
+        const float* taps = (ch < Pk       ? w.q_conv.data() + ch * Kc
                              : ch < 2 * Pk ? w.k_conv.data() + (ch - Pk) * Kc
                                            : w.v_conv.data() + (ch - 2 * Pk) * Kc);
         for (int64_t t = 0; t < s.count; ++t) {
@@ -93,7 +94,8 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       std::vector<float> nh_rows(static_cast<size_t>(hist * W3));
       for (int64_t r = 0; r < hist; ++r) {
         const int64_t t = s.count - hist + r;
-        for (int64_t ch = 0; ch < W3; ++ch) nh_rows[static_cast<size_t>(r * W3 + ch)] = input(t, ch);
+        for (int64_t ch = 0; ch < W3; ++ch)
+          nh_rows[static_cast<size_t>(r * W3 + ch)] = input(t, ch);
       }
       st.conv.swap(nh_rows);
     }
@@ -148,8 +150,9 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
     }
     if (rec == nullptr && s.count >= kChunkRows) {  // long prefill: the chunked form
       const float* q0 = act.data() + s.begin * W3 + h * dk;
-      kda_chunk_head(S, dk, dk, s.count, q0, q0 + Pk, q0 + 2 * Pk, alpha.data() + s.begin * Pk + h * dk,
-                     beta.data() + s.begin * nh + h, W3, Pk, nh, o.data() + s.begin * Pk + h * dk, Pk);
+      kda_chunk_head(S, dk, dk, s.count, q0, q0 + Pk, q0 + 2 * Pk,
+                     alpha.data() + s.begin * Pk + h * dk, beta.data() + s.begin * nh + h, W3, Pk,
+                     nh, o.data() + s.begin * Pk + h * dk, Pk);
       return;
     }
     for (int64_t t = 0; t < s.count; ++t) {
@@ -192,8 +195,9 @@ void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, i
     float* S = st.S.data() + h * dk * dk;
     for (int64_t t = 0; t < accepted; ++t) {
       const size_t off = static_cast<size_t>((t * nh + h) * dk);
-      kda_step_head(S, dk, dk, nullptr, rec.k.data() + off, rec.v.data() + off, rec.alpha.data() + off,
-                 rec.beta[static_cast<size_t>(t * nh + h)], e.data(), nullptr);
+      kda_step_head(S, dk, dk, nullptr, rec.k.data() + off, rec.v.data() + off,
+                    rec.alpha.data() + off, rec.beta[static_cast<size_t>(t * nh + h)], e.data(),
+                    nullptr);
     }
   }
   (void)rows;

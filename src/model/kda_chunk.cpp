@@ -40,9 +40,9 @@ void kda_chunk_head(float* S, int64_t dk, int64_t dv, int64_t T, const float* q,
       const float* qr = q + (c0 + r) * row_stride;
       for (int64_t d = 0; d < dk; ++d) {
         const float er = e[r * dk + d];
-        kp[r * dk + d] = kr[d] * er;               // k_r exp(G_r − G_0)
-        km[r * dk + d] = kr[d] / er;               // k_r exp(G_0 − G_r)
-        qp[r * dk + d] = qr[d] * er;               // q_r exp(G_r − G_0)
+        kp[r * dk + d] = kr[d] * er;                 // k_r exp(G_r − G_0)
+        km[r * dk + d] = kr[d] / er;                 // k_r exp(G_0 − G_r)
+        qp[r * dk + d] = qr[d] * er;                 // q_r exp(G_r − G_0)
         kend[r * dk + d] = kr[d] * (elast[d] / er);  // k_r exp(G_last − G_r)
       }
     }

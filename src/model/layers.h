@@ -49,7 +49,8 @@ void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, i
 // y[R][hidden] = gated NoPE MLA(u), appending each sequence's rows to its latent cache.
 void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const float* u, float* y);
 // y (=|+=) W_down · SiTU(W_gate x, W_up x)
-void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y, bool accumulate);
+void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y,
+                 bool accumulate);
 // y = latent MoE(x) + shared experts(x)
 // `after_request` runs once this layer's expert reads are issued (the model predicts and
 // prefetches the next layer there).

@@ -15,7 +15,8 @@
 
 namespace deltafin {
 
-void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const float* u, float* y) {
+void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const float* u,
+                 float* y) {
   const ModelConfig& c = ctx.c;
   const auto& m = c.mla;
   const int64_t R = ctx.rows, H = c.hidden;
@@ -50,7 +51,8 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
       fail("internal: MLA cache of layer {} holds {} positions, the sequence is at {}", layer,
            cache.length(), s.base);
     }
-    cache.rows.insert(cache.rows.end(), ckv.begin() + s.begin * cw, ckv.begin() + (s.begin + s.count) * cw);
+    cache.rows.insert(cache.rows.end(), ckv.begin() + s.begin * cw,
+                      ckv.begin() + (s.begin + s.count) * cw);
   }
 
   // Attention, one task per (sequence, head).
@@ -92,7 +94,8 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
       float* ob = obar.data() + t * dc;
       for (int64_t j = 0; j < n; ++j) K.axpy(scores[j] * inv, cache.rows.data() + j * cw, ob, dc);
     }
-    K.matmul[fmt](wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv, nH * dv, false);
+    K.matmul[fmt](wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv,
+                  nH * dv, false);
   });
 
   if (m.output_gate) {

@@ -28,7 +28,8 @@ void attn_res_mix(const std::vector<const float*>& cands, const std::vector<floa
       for (size_t j = 0; j < n; ++j) {
         const float* cr = cands[j] + r * H;
         double d = 0.0;
-        for (int64_t i = 0; i < H; ++i) d += static_cast<double>(cr[i]) * score[static_cast<size_t>(i)];
+        for (int64_t i = 0; i < H; ++i)
+          d += static_cast<double>(cr[i]) * score[static_cast<size_t>(i)];
         s[j] = static_cast<float>(d) * ops::inv_rms(cr, H, eps);
         mx = std::max(mx, s[j]);
       }
@@ -85,11 +86,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   } else {
     PlanOptions po = options.plan;
     po.prefetch = options.prefetch;
-    if (c.num_moe_layers() > 0) po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *m->checkpoint_, ef), c);
+    if (c.num_moe_layers() > 0)
+      po.expert_slot_bytes =
+          ExpertStore::slot_bytes_for(ExpertDirectory(c, *m->checkpoint_, ef), c);
     m->plan_mem_ = plan_memory(c, *m->checkpoint_, po);
     if (options.print_plan) fmt::print(stderr, "{}\n", m->plan_mem_->describe());
-    m->trunk_ = std::make_unique<StreamingTrunk>(c, *m->checkpoint_, *m->plan_mem_, options.bind, options.readers,
-                                                 options.direct_io);
+    m->trunk_ = std::make_unique<StreamingTrunk>(c, *m->checkpoint_, *m->plan_mem_, options.bind,
+                                                 options.readers, options.direct_io);
   }
   if (options.make_experts) {
     m->experts_ = options.make_experts(c, *m->checkpoint_, ef);
@@ -148,7 +151,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   std::vector<SeqRows> rows;
   std::vector<int32_t> tokens;
   for (auto& s : seqs) {
-    if (s.state == nullptr || s.tokens.empty()) fail("forward: every sequence needs a state and at least one token");
+    if (s.state == nullptr || s.tokens.empty())
+      fail("forward: every sequence needs a state and at least one token");
     if (s.state->kda().size() != static_cast<size_t>(c.num_kda_layers()) ||
         s.state->mla().size() != static_cast<size_t>(c.num_mla_layers())) {
       fail("forward: state was made for a different model");
@@ -156,7 +160,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     for (const auto& r : rows) {
       if (r.state == s.state) fail("forward: the same state appears twice in one pass");
     }
-    if (!s.state->consistent()) fail("forward: the state was left half-updated by a failed pass; reset it first");
+    if (!s.state->consistent())
+      fail("forward: the state was left half-updated by a failed pass; reset it first");
     SeqRows r;
     r.begin = static_cast<int64_t>(tokens.size());
     r.count = static_cast<int64_t>(s.tokens.size());
@@ -164,7 +169,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     r.pending = s.pending;
     r.base = s.state->position();
     if (r.base + r.count > c.max_positions) {
-      fail("sequence of {} tokens exceeds the model's context of {} positions", r.base + r.count, c.max_positions);
+      fail("sequence of {} tokens exceeds the model's context of {} positions", r.base + r.count,
+           c.max_positions);
     }
     for (int32_t t : s.tokens) {
       if (t < 0 || t >= V) fail("token id {} is outside the vocabulary (0..{})", t, V - 1);
@@ -199,7 +205,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   trunk_->embed(tokens, p.data());
   bool p_empty = false;
   std::vector<std::vector<float>> anchors;
-  std::vector<float> a(static_cast<size_t>(R * H)), u(static_cast<size_t>(R * H)), y(static_cast<size_t>(R * H));
+  std::vector<float> a(static_cast<size_t>(R * H)), u(static_cast<size_t>(R * H)),
+      y(static_cast<size_t>(R * H));
   auto candidates = [&]() {
     std::vector<const float*> v;
     for (const auto& an : anchors) v.push_back(an.data());
@@ -215,15 +222,16 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     if (!predict || nxt >= c.num_layers || c.is_dense(nxt)) return;
     const RouterWeights* rw = trunk_->router(nxt);
     if (rw == nullptr) return;
-    std::vector<float> un(static_cast<size_t>(R * H)), lg(static_cast<size_t>(R * c.moe.num_experts));
+    std::vector<float> un(static_cast<size_t>(R * H)),
+        lg(static_cast<size_t>(R * c.moe.num_experts));
     rmsnorm_rows(a.data(), rw->post_norm, c.rms_eps, R, H, un.data());
     kernels::matmul(rw->router, un.data(), R, H, lg.data(), c.moe.num_experts, pool);
     std::vector<int> ids(static_cast<size_t>(c.moe.top_k));
     std::vector<float> w(static_cast<size_t>(c.moe.top_k));
     std::vector<char> chosen(static_cast<size_t>(c.moe.num_experts), 0);
     for (int64_t r = 0; r < R; ++r) {
-      route_row(lg.data() + r * c.moe.num_experts, rw->score_bias.data(), c.moe.num_experts, c.moe.top_k,
-                c.moe.renormalize, c.moe.routed_scaling_factor, ids.data(), w.data());
+      route_row(lg.data() + r * c.moe.num_experts, rw->score_bias.data(), c.moe.num_experts,
+                c.moe.top_k, c.moe.renormalize, c.moe.routed_scaling_factor, ids.data(), w.data());
       for (int e : ids) chosen[static_cast<size_t>(e)] = 1;
     }
     std::vector<int> want;
@@ -266,7 +274,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
       predict_next(i);
       mlp_forward(ctx, lw.dense, u.data(), y.data(), false);
     } else {
-      moe_forward(ctx, lw.moe, *experts_, i, u.data(), y.data(), pass_stats_, [&] { predict_next(i); });
+      moe_forward(ctx, lw.moe, *experts_, i, u.data(), y.data(), pass_stats_,
+                  [&] { predict_next(i); });
     }
     for (size_t j = 0; j < p.size(); ++j) p[j] += y[j];
   }

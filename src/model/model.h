@@ -20,10 +20,10 @@
 
 #include "experts/provider.h"
 #include "experts/store.h"
-#include "model/plan.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/inventory.h"
+#include "model/plan.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -45,8 +45,8 @@ struct SequenceInput {
 struct PassStats {
   int64_t passes = 0;
   int64_t rows = 0;
-  int64_t expert_uses = 0;   // (row, expert) pairs
-  int64_t expert_fetches = 0;// distinct experts fetched per pass, summed
+  int64_t expert_uses = 0;     // (row, expert) pairs
+  int64_t expert_fetches = 0;  // distinct experts fetched per pass, summed
   double seconds = 0;
 };
 
@@ -64,15 +64,16 @@ struct LoadOptions {
   BindOptions bind;
   // Plain mmap paging of the shards (no budget, no store): the page cache does all I/O.
   bool mmap = false;
-  PlanOptions plan;             // memory budget and what it must hold
+  PlanOptions plan;  // memory budget and what it must hold
   CachePolicy cache_policy = CachePolicy::kLRU;
   int readers = 4;
   bool direct_io = true;
-  bool prefetch = true;         // predict the next layer's experts and read them ahead
-  std::string heat_file;        // persisted expert use counts ("" = none)
-  bool print_plan = false;      // write the plan to stderr
+  bool prefetch = true;     // predict the next layer's experts and read them ahead
+  std::string heat_file;    // persisted expert use counts ("" = none)
+  bool print_plan = false;  // write the plan to stderr
   // Replaces the default memory-mapped expert provider (the SSD-streaming store, tests).
-  std::function<std::unique_ptr<ExpertProvider>(const ModelConfig&, const Checkpoint&, ExpertFormat)>
+  std::function<std::unique_ptr<ExpertProvider>(const ModelConfig&, const Checkpoint&,
+                                                ExpertFormat)>
       make_experts;
 };
 
@@ -100,7 +101,8 @@ class Model {
   // Every sequence must be distinct and have at least one token.
   std::vector<float> forward(std::span<SequenceInput> seqs);
   // Convenience: one sequence, returns its last row's (or all rows') logits.
-  std::vector<float> forward(State& state, std::span<const int32_t> tokens, bool all_logits = false);
+  std::vector<float> forward(State& state, std::span<const int32_t> tokens,
+                             bool all_logits = false);
 
   // Advances a state left by a deferred pass by its first `accepted` rows (0..rows).
   void commit(State& state, const PendingCommit& pending, int64_t accepted) const;

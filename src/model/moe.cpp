@@ -15,7 +15,8 @@
 
 namespace deltafin {
 
-void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y, bool accumulate) {
+void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y,
+                 bool accumulate) {
   const int64_t R = ctx.rows, H = ctx.c.hidden, I = w.gate.rows;
   std::vector<float> g(static_cast<size_t>(R * I)), u(static_cast<size_t>(R * I));
   kernels::matmul(w.gate, x, R, H, g.data(), I, ctx.pool);
@@ -114,7 +115,8 @@ void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvid
   for (int64_t r = 0; r < R; ++r) {
     float* out = ybar.data() + r * Hl;
     for (int64_t s = 0; s < k; ++s) {
-      kernels::active().axpy(wts[static_cast<size_t>(r * k + s)], slot_out.data() + (r * k + s) * Hl, out, Hl);
+      kernels::active().axpy(wts[static_cast<size_t>(r * k + s)],
+                             slot_out.data() + (r * k + s) * Hl, out, Hl);
     }
     if (c.moe.latent_norm) ops::rmsnorm(out, w.latent_norm.data(), c.rms_eps, Hl, out);
   }

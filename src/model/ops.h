@@ -6,8 +6,12 @@
 
 namespace deltafin::ops {
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-inline float silu(float x) { return x * sigmoid(x); }
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+inline float silu(float x) {
+  return x * sigmoid(x);
+}
 
 // SiTU(g, u) = [beta * tanh(g / beta) * sigmoid(g)] * [lbeta * tanh(u / lbeta)]  (K3-SPEC §3.7)
 inline float situ(float g, float u, float beta, float lbeta) {
@@ -28,7 +32,8 @@ inline void rmsnorm(const float* x, const float* w, float eps, int64_t n, float*
 }
 
 // out[i] = situ(g[i], u[i]); out may alias g.
-inline void situ_rows(const float* g, const float* u, int64_t n, float beta, float lbeta, float* out) {
+inline void situ_rows(const float* g, const float* u, int64_t n, float beta, float lbeta,
+                      float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = situ(g[i], u[i], beta, lbeta);
 }
 

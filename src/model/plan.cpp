@@ -14,7 +14,9 @@ namespace deltafin {
 
 namespace {
 constexpr uint64_t kAlign = 4096;
-uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up(uint64_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
+}
 
 std::string gib(uint64_t b) {
   if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / 1073741824.0);
@@ -23,7 +25,8 @@ std::string gib(uint64_t b) {
 }
 
 // RAM a unit of tensors needs: file bytes (bf16) or int8 bytes for its BF16 matrices.
-uint64_t unit_ram(const Checkpoint& ck, const std::vector<std::string>& names, TrunkFormat f, bool& any_int8) {
+uint64_t unit_ram(const Checkpoint& ck, const std::vector<std::string>& names, TrunkFormat f,
+                  bool& any_int8) {
   uint64_t n = 0;
   for (const auto& name : names) {
     const TensorInfo& t = ck.get(name);
@@ -48,9 +51,11 @@ uint64_t default_memory_budget() {
 
 uint64_t state_bytes(const ModelConfig& c, int64_t context) {
   const uint64_t kda = static_cast<uint64_t>(c.kda.num_heads * c.kda.head_dim * c.kda.head_dim +
-                                             (c.kda.conv_kernel - 1) * 3 * c.kda.proj_dim()) * 4;
+                                             (c.kda.conv_kernel - 1) * 3 * c.kda.proj_dim()) *
+                       4;
   const uint64_t mla = static_cast<uint64_t>(c.mla.cache_width() * context) * 4;
-  return kda * static_cast<uint64_t>(c.num_kda_layers()) + mla * static_cast<uint64_t>(c.num_mla_layers());
+  return kda * static_cast<uint64_t>(c.num_kda_layers()) +
+         mla * static_cast<uint64_t>(c.num_mla_layers());
 }
 
 uint64_t MemoryPlan::streamed_bytes_per_pass() const {
@@ -64,35 +69,43 @@ uint64_t MemoryPlan::streamed_bytes_per_pass() const {
 std::string MemoryPlan::describe() const {
   size_t n_res = 0;
   for (bool r : resident) n_res += r;
-  std::string s = fmt::format("[plan] memory budget {}: fixed {} (state {} for {} sequence(s) x {} positions, buffers {}, "
-                              "overhead {}{})\n",
-                              gib(budget), gib(fixed_bytes()), gib(state_bytes), sequences, context, gib(buffer_bytes),
-                              gib(overhead_bytes), router_bytes ? ", routers for prefetch " + gib(router_bytes) : "");
-  s += fmt::format("[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
-                   trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(), gib(trunk_resident_bytes),
-                   gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes));
-  s += fmt::format("[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}",
-                   gib(expert_cache_bytes), expert_slot_bytes ? expert_cache_bytes / expert_slot_bytes : 0,
-                   gib(expert_slot_bytes),
-                   all_experts_bytes ? 100.0 * static_cast<double>(expert_cache_bytes) / static_cast<double>(all_experts_bytes) : 0.0,
-                   gib(all_experts_bytes), gib(min_working_set));
+  std::string s = fmt::format(
+      "[plan] memory budget {}: fixed {} (state {} for {} sequence(s) x {} positions, buffers {}, "
+      "overhead {}{})\n",
+      gib(budget), gib(fixed_bytes()), gib(state_bytes), sequences, context, gib(buffer_bytes),
+      gib(overhead_bytes), router_bytes ? ", routers for prefetch " + gib(router_bytes) : "");
+  s += fmt::format(
+      "[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
+      trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(),
+      gib(trunk_resident_bytes), gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes));
+  s += fmt::format(
+      "[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}",
+      gib(expert_cache_bytes), expert_slot_bytes ? expert_cache_bytes / expert_slot_bytes : 0,
+      gib(expert_slot_bytes),
+      all_experts_bytes
+          ? 100.0 * static_cast<double>(expert_cache_bytes) / static_cast<double>(all_experts_bytes)
+          : 0.0,
+      gib(all_experts_bytes), gib(min_working_set));
   return s;
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOptions& o) {
   MemoryPlan p;
   p.budget = o.budget > 0 ? o.budget : default_memory_budget();
-  p.context = o.context > 0 ? std::min(o.context, c.max_positions) : std::min<int64_t>(c.max_positions, 8192);
+  p.context = o.context > 0 ? std::min(o.context, c.max_positions)
+                            : std::min<int64_t>(c.max_positions, 8192);
   p.sequences = std::max(1, o.sequences);
   p.trunk = o.trunk;
   p.prefetch = o.prefetch && c.num_moe_layers() > 1;
   p.state_bytes = state_bytes(c, p.context) * static_cast<uint64_t>(p.sequences);
   const int64_t rows = std::max<int64_t>(o.max_rows, p.sequences);
   const int64_t anchors = (c.num_layers + c.attn_res_block - 1) / c.attn_res_block + 1;
-  const int64_t wide = std::max({c.dense_intermediate, c.moe.shared_intermediate(), c.moe.intermediate});
+  const int64_t wide =
+      std::max({c.dense_intermediate, c.moe.shared_intermediate(), c.moe.intermediate});
   const int64_t per_row = c.hidden * (anchors + 8) + 8 * c.kda.proj_dim() + 3 * wide +
                           2 * c.moe.top_k * c.moe.latent_dim + c.moe.num_experts;
-  p.buffer_bytes = static_cast<uint64_t>(rows * per_row) * 4 + static_cast<uint64_t>(p.sequences * c.vocab) * 4;
+  p.buffer_bytes =
+      static_cast<uint64_t>(rows * per_row) * 4 + static_cast<uint64_t>(p.sequences * c.vocab) * 4;
   p.overhead_bytes = 32ull << 20;
   // Units.
   bool any_int8 = false;
@@ -113,20 +126,27 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
   if (c.num_moe_layers() > 0) {
     const std::string e0 = expert_prefix(c.first_k_dense, 0);
     uint64_t eb = 0;
-    for (const auto& s : expert_tensor_suffixes(c.quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16)) {
+    for (const auto& s :
+         expert_tensor_suffixes(c.quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16)) {
       if (const TensorInfo* t = ck.find(e0 + s)) eb += t->nbytes;
     }
     p.expert_slot_bytes = o.expert_slot_bytes > 0 ? o.expert_slot_bytes : align_up(eb + 2 * kAlign);
-    p.all_experts_bytes = p.expert_slot_bytes * static_cast<uint64_t>(c.moe.num_experts * c.num_moe_layers());
+    p.all_experts_bytes =
+        p.expert_slot_bytes * static_cast<uint64_t>(c.moe.num_experts * c.num_moe_layers());
   }
-  const uint64_t min_experts = p.expert_slot_bytes * static_cast<uint64_t>(c.num_moe_layers() > 0 ? c.moe.top_k : 0);
+  const uint64_t min_experts =
+      p.expert_slot_bytes * static_cast<uint64_t>(c.num_moe_layers() > 0 ? c.moe.top_k : 0);
   const uint64_t largest = *std::max_element(p.unit_file_bytes.begin(), p.unit_file_bytes.end());
   p.min_working_set = p.fixed_bytes() + 2 * largest + min_experts;
   if (p.budget < p.min_working_set) {
-    fail_arg("memory budget {} is below the minimum working set of {} for this model (fixed costs {}, two buffers "
-             "of its largest trunk layer {}, the {} experts of one pass {}); raise --memory-budget or lower the "
-             "context / parallel sequences",
-             gib(p.budget), gib(p.min_working_set), gib(p.fixed_bytes()), gib(2 * largest), c.moe.top_k, gib(min_experts));
+    fail_arg(
+        "memory budget {} is below the minimum working set of {} for this model (fixed costs {}, "
+        "two buffers "
+        "of its largest trunk layer {}, the {} experts of one pass {}); raise --memory-budget or "
+        "lower the "
+        "context / parallel sequences",
+        gib(p.budget), gib(p.min_working_set), gib(p.fixed_bytes()), gib(2 * largest), c.moe.top_k,
+        gib(min_experts));
   }
   // Trunk residency: everything if it fits beside the minimum expert cache; else the largest
   // layer prefix-in-order that leaves room for the stream buffers.
@@ -144,7 +164,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
     const size_t n = p.unit_bytes.size();
     std::vector<size_t> by_size(n);
     for (size_t i = 0; i < n; ++i) by_size[i] = i;
-    std::sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) { return p.unit_file_bytes[a] > p.unit_file_bytes[b]; });
+    std::sort(by_size.begin(), by_size.end(),
+              [&](size_t a, size_t b) { return p.unit_file_bytes[a] > p.unit_file_bytes[b]; });
     uint64_t best_used = 0, best_buffers = 0;
     std::vector<bool> best(n, false);
     for (size_t k = 0; k < n; ++k) {
@@ -174,7 +195,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
   }
   const uint64_t rest = p.budget - p.fixed_bytes() - p.trunk_resident_bytes - p.stream_buffer_bytes;
   p.expert_cache_bytes = std::min(rest, p.all_experts_bytes);
-  if (p.expert_slot_bytes > 0) p.expert_cache_bytes = p.expert_cache_bytes / p.expert_slot_bytes * p.expert_slot_bytes;
+  if (p.expert_slot_bytes > 0)
+    p.expert_cache_bytes = p.expert_cache_bytes / p.expert_slot_bytes * p.expert_slot_bytes;
   (void)any_int8;
   return p;
 }

@@ -20,11 +20,11 @@ class Checkpoint;
 enum class TrunkFormat { kBF16, kInt8 };
 
 struct PlanOptions {
-  uint64_t budget = 0;          // 0 = default_memory_budget()
-  int sequences = 1;            // states kept at once (server: parallel + cached conversations)
-  int64_t context = 0;          // positions per sequence the MLA cache must hold (0 = min(model, 8192))
-  int64_t max_rows = 256;       // rows per forward pass (prefill chunk / batch)
-  bool prefetch = true;         // keep every MoE layer's router resident for prediction
+  uint64_t budget = 0;     // 0 = default_memory_budget()
+  int sequences = 1;       // states kept at once (server: parallel + cached conversations)
+  int64_t context = 0;     // positions per sequence the MLA cache must hold (0 = min(model, 8192))
+  int64_t max_rows = 256;  // rows per forward pass (prefill chunk / batch)
+  bool prefetch = true;    // keep every MoE layer's router resident for prediction
   TrunkFormat trunk = TrunkFormat::kBF16;
   uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
 };
@@ -37,10 +37,12 @@ struct MemoryPlan {
   uint64_t buffer_bytes = 0;    // activations of one pass
   uint64_t overhead_bytes = 0;  // tokenizer, allocator slack
   uint64_t router_bytes = 0;    // prefetch roster
-  uint64_t fixed_bytes() const { return state_bytes + buffer_bytes + overhead_bytes + router_bytes; }
+  uint64_t fixed_bytes() const {
+    return state_bytes + buffer_bytes + overhead_bytes + router_bytes;
+  }
   // Trunk units: 0..L-1 are the layers, L is the head (LM head + output norms).
-  std::vector<uint64_t> unit_bytes;      // as stored in RAM (int8 when TrunkFormat::kInt8)
-  std::vector<uint64_t> unit_file_bytes; // as read from the checkpoint
+  std::vector<uint64_t> unit_bytes;       // as stored in RAM (int8 when TrunkFormat::kInt8)
+  std::vector<uint64_t> unit_file_bytes;  // as read from the checkpoint
   std::vector<bool> resident;
   uint64_t trunk_resident_bytes = 0;
   uint64_t stream_buffer_bytes = 0;  // two buffers of the largest streamed unit

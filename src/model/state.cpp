@@ -45,7 +45,8 @@ void State::truncate(int64_t n) {
 bool State::compatible(const State& o) const {
   if (kda_.size() != o.kda_.size() || mla_.size() != o.mla_.size()) return false;
   for (size_t i = 0; i < kda_.size(); ++i) {
-    if (kda_[i].S.size() != o.kda_[i].S.size() || kda_[i].conv.size() != o.kda_[i].conv.size()) return false;
+    if (kda_[i].S.size() != o.kda_[i].S.size() || kda_[i].conv.size() != o.kda_[i].conv.size())
+      return false;
   }
   for (size_t i = 0; i < mla_.size(); ++i) {
     if (mla_[i].width != o.mla_[i].width) return false;

@@ -72,8 +72,8 @@ struct KdaLayerRecord {
 };
 
 struct PendingCommit {
-  int64_t base_position = 0;  // position before the pass
-  int64_t rows = 0;           // T
+  int64_t base_position = 0;           // position before the pass
+  int64_t rows = 0;                    // T
   std::vector<KdaLayerRecord> layers;  // one per KDA layer, in State::kda() order
 };
 

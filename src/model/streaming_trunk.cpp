@@ -9,11 +9,11 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
-#include "model/checkpoint.h"
-#include "core/file_io.h"
 #include "core/weight_buffer.h"
+#include "model/checkpoint.h"
 #include "model/inventory.h"
 
 namespace deltafin {
@@ -21,11 +21,13 @@ namespace deltafin {
 namespace {
 constexpr uint64_t kChunk = 8ull << 20;
 
-uint8_t* alloc_aligned(uint64_t n) { return alloc_weight_buffer(n, "trunk weights"); }
+uint8_t* alloc_aligned(uint64_t n) {
+  return alloc_weight_buffer(n, "trunk weights");
+}
 }  // namespace
 
-StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan, const BindOptions& bind,
-                               int readers, bool direct_io)
+StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan,
+                               const BindOptions& bind, int readers, bool direct_io)
     : c_(c), ck_(ck), plan_(plan), bind_(bind) {
   for (const auto& m : ck.shards()) {
     fds_.push_back(open_for_reading(m.path(), direct_io, &direct_ok_));
@@ -63,7 +65,8 @@ StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const
       mems[u] = nullptr;
       continue;
     }
-    bind_unit(u, mems[u], u < L ? &resident_layers_[u] : nullptr, u == L ? &resident_head_ : nullptr);
+    bind_unit(u, mems[u], u < L ? &resident_layers_[u] : nullptr,
+              u == L ? &resident_head_ : nullptr);
     if (plan_.trunk == TrunkFormat::kInt8) {
       // The BF16 bytes are no longer needed once quantised (small vectors were copied at bind).
       if (u < L) {
@@ -93,13 +96,16 @@ StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const
       std::vector<std::pair<const TensorInfo*, const uint8_t*>> got;
       for (const auto& n : names) {
         const TensorInfo& t = ck.get(n);
-        if (read_at(buffered_fds_[static_cast<size_t>(t.shard)], mem.data() + off, t.nbytes, t.offset).bytes < t.nbytes) {
+        if (read_at(buffered_fds_[static_cast<size_t>(t.shard)], mem.data() + off, t.nbytes,
+                    t.offset)
+                .bytes < t.nbytes) {
           fail_io("short read of {} from {}", n, ck.shards()[t.shard].path());
         }
         got.push_back({&t, mem.data() + off});
         off += t.nbytes;
       }
-      TensorLookup lookup = [&](const std::string& name) -> std::pair<const TensorInfo*, const uint8_t*> {
+      TensorLookup lookup =
+          [&](const std::string& name) -> std::pair<const TensorInfo*, const uint8_t*> {
         for (size_t k = 0; k < names.size(); ++k) {
           if (names[k] == name) return got[k];
         }
@@ -150,7 +156,8 @@ StreamingTrunk::UnitLayout StreamingTrunk::layout_for(int unit) const {
   std::vector<size_t> order(l.infos.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return std::make_pair(l.infos[a]->shard, l.infos[a]->offset) < std::make_pair(l.infos[b]->shard, l.infos[b]->offset);
+    return std::make_pair(l.infos[a]->shard, l.infos[a]->offset) <
+           std::make_pair(l.infos[b]->shard, l.infos[b]->offset);
   });
   l.tensor_buf_offset.assign(l.infos.size(), 0);
   uint64_t buf = 0;
@@ -159,12 +166,14 @@ StreamingTrunk::UnitLayout StreamingTrunk::layout_for(int unit) const {
     const TensorInfo* first = l.infos[order[i]];
     uint64_t start = first->offset, end = first->offset + first->nbytes;
     size_t j = i + 1;
-    while (j < order.size() && l.infos[order[j]]->shard == first->shard && l.infos[order[j]]->offset <= end + kIoAlign) {
+    while (j < order.size() && l.infos[order[j]]->shard == first->shard &&
+           l.infos[order[j]]->offset <= end + kIoAlign) {
       end = std::max(end, l.infos[order[j]]->offset + l.infos[order[j]]->nbytes);
       ++j;
     }
     Span s{first->shard, io_align_down(start), io_align_up(end) - io_align_down(start), buf};
-    for (size_t k = i; k < j; ++k) l.tensor_buf_offset[order[k]] = buf + (l.infos[order[k]]->offset - s.file_offset);
+    for (size_t k = i; k < j; ++k)
+      l.tensor_buf_offset[order[k]] = buf + (l.infos[order[k]]->offset - s.file_offset);
     l.spans.push_back(s);
     buf += s.length;
     l.file_bytes += end - start;
@@ -196,19 +205,24 @@ void StreamingTrunk::reader_loop() {
     l.unlock();
     std::string err;
     Stopwatch sw;
-    const ReadResult rd = read_at(fds_[static_cast<size_t>(j.span.shard)], j.dest + j.span.buf_offset, j.span.length,
-                                  j.span.file_offset);
+    const ReadResult rd = read_at(fds_[static_cast<size_t>(j.span.shard)],
+                                  j.dest + j.span.buf_offset, j.span.length, j.span.file_offset);
     const uint64_t got = rd.bytes;
     if (rd.error != 0) {
-      err = fmt::format("reading trunk weights from {} at offset {}: {}", ck_.shards()[j.span.shard].path(),
-                        j.span.file_offset + got, std::strerror(rd.error));
+      err = fmt::format("reading trunk weights from {} at offset {}: {}",
+                        ck_.shards()[j.span.shard].path(), j.span.file_offset + got,
+                        std::strerror(rd.error));
     }
     // The tail past the end of the file is padding from the 4 KiB widening; tensors end before it.
     const uint64_t file_size = ck_.shards()[j.span.shard].size();
-    const uint64_t need = std::min(j.span.length, file_size > j.span.file_offset ? file_size - j.span.file_offset : 0);
+    const uint64_t need = std::min(
+        j.span.length, file_size > j.span.file_offset ? file_size - j.span.file_offset : 0);
     if (err.empty() && got < need) {
-      err = fmt::format("short read of trunk weights from {}: {} of {} bytes at offset {} (the file is truncated or "
-                        "was replaced)", ck_.shards()[j.span.shard].path(), got, need, j.span.file_offset);
+      err = fmt::format(
+          "short read of trunk weights from {}: {} of {} bytes at offset {} (the file is truncated "
+          "or "
+          "was replaced)",
+          ck_.shards()[j.span.shard].path(), got, need, j.span.file_offset);
     }
     const double t = sw.elapsed();
     l.lock();
@@ -220,7 +234,8 @@ void StreamingTrunk::reader_loop() {
 
 void StreamingTrunk::bind_unit(int unit, const uint8_t* mem, LayerWeights* lw, HeadWeights* hw) {
   const UnitLayout& l = layouts_[static_cast<size_t>(unit)];
-  TensorLookup lookup = [&](const std::string& name) -> std::pair<const TensorInfo*, const uint8_t*> {
+  TensorLookup lookup =
+      [&](const std::string& name) -> std::pair<const TensorInfo*, const uint8_t*> {
     for (size_t k = 0; k < l.names.size(); ++k) {
       if (l.names[k] == name) return {l.infos[k], mem + l.tensor_buf_offset[k]};
     }
@@ -267,8 +282,9 @@ void StreamingTrunk::check_files() {
       fail_io("{} disappeared while running", m.path());
     }
     if (!(id == m.identity())) {
-      fail_io("{} was replaced or changed while running (size {} -> {}); restart to use the new file", m.path(),
-              m.identity().size, id.size);
+      fail_io(
+          "{} was replaced or changed while running (size {} -> {}); restart to use the new file",
+          m.path(), m.identity().size, id.size);
     }
   }
 }
@@ -301,7 +317,8 @@ const LayerWeights& StreamingTrunk::acquire(int layer) {
     std::lock_guard<std::mutex> l(mu_);
     check_files();
   }
-  if (plan_.resident[static_cast<size_t>(layer)]) return resident_layers_[static_cast<size_t>(layer)];
+  if (plan_.resident[static_cast<size_t>(layer)])
+    return resident_layers_[static_cast<size_t>(layer)];
   int bi = wait_unit(layer);
   Buffer& b = buffers_[bi];
   if (!b.bound) {
@@ -335,7 +352,9 @@ const HeadWeights& StreamingTrunk::acquire_head() {
   return b.head;
 }
 
-void StreamingTrunk::release_head() { release(static_cast<int>(c_.num_layers)); }
+void StreamingTrunk::release_head() {
+  release(static_cast<int>(c_.num_layers));
+}
 
 const RouterWeights* StreamingTrunk::router(int layer) const {
   if (!plan_.prefetch || layer < c_.first_k_dense || layer >= c_.num_layers) return nullptr;
@@ -347,11 +366,15 @@ void StreamingTrunk::embed(std::span<const int32_t> tokens, float* out) {
   std::vector<uint16_t> row(static_cast<size_t>(H));
   const int fd = buffered_fds_[static_cast<size_t>(embed_info_->shard)];
   for (size_t r = 0; r < tokens.size(); ++r) {
-    const uint64_t off = embed_info_->offset + static_cast<uint64_t>(tokens[r]) * static_cast<uint64_t>(H) * 2;
-    if (read_at(fd, row.data(), static_cast<uint64_t>(H) * 2, off).bytes < static_cast<uint64_t>(H) * 2) {
-      fail_io("short read of the embedding row of token {} from {}", tokens[r], ck_.shards()[embed_info_->shard].path());
+    const uint64_t off =
+        embed_info_->offset + static_cast<uint64_t>(tokens[r]) * static_cast<uint64_t>(H) * 2;
+    if (read_at(fd, row.data(), static_cast<uint64_t>(H) * 2, off).bytes <
+        static_cast<uint64_t>(H) * 2) {
+      fail_io("short read of the embedding row of token {} from {}", tokens[r],
+              ck_.shards()[embed_info_->shard].path());
     }
-    for (int64_t i = 0; i < H; ++i) out[static_cast<int64_t>(r) * H + i] = bf16_to_f32(row[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < H; ++i)
+      out[static_cast<int64_t>(r) * H + i] = bf16_to_f32(row[static_cast<size_t>(i)]);
   }
 }
 
@@ -363,8 +386,10 @@ TrunkStats StreamingTrunk::stats() const {
 std::string StreamingTrunk::describe() const {
   size_t n = 0;
   for (bool r : plan_.resident) n += r;
-  return fmt::format("{} of {} trunk units resident{}, the rest streamed ({})", n, plan_.resident.size(),
-                     plan_.trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", direct_ok_ ? "O_DIRECT" : "buffered reads");
+  return fmt::format("{} of {} trunk units resident{}, the rest streamed ({})", n,
+                     plan_.resident.size(),
+                     plan_.trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "",
+                     direct_ok_ ? "O_DIRECT" : "buffered reads");
 }
 
 }  // namespace deltafin

@@ -26,8 +26,8 @@ struct TensorInfo;
 
 class StreamingTrunk : public TrunkProvider {
  public:
-  StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan, const BindOptions& bind,
-                 int readers = 4, bool direct_io = true);
+  StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan,
+                 const BindOptions& bind, int readers = 4, bool direct_io = true);
   ~StreamingTrunk() override;
 
   void embed(std::span<const int32_t> tokens, float* out) override;
@@ -61,9 +61,9 @@ class StreamingTrunk : public TrunkProvider {
   struct Buffer {
     uint8_t* mem = nullptr;
     uint64_t size = 0;
-    int unit = -1;       // -1: free
-    bool bound = false;  // weights bound for this unit
-    bool in_use = false; // between acquire and release
+    int unit = -1;        // -1: free
+    bool bound = false;   // weights bound for this unit
+    bool in_use = false;  // between acquire and release
     Completion done;
     LayerWeights layer;
     HeadWeights head;
@@ -78,9 +78,9 @@ class StreamingTrunk : public TrunkProvider {
   void read_into(const UnitLayout& l, uint8_t* mem);  // synchronous, using the reader pool
   void bind_unit(int unit, const uint8_t* mem, LayerWeights* lw, HeadWeights* hw);
   void submit_locked(const UnitLayout& l, uint8_t* mem, Completion& done);
-  void issue_locked(int unit);                         // start reading into a free buffer
-  int next_streamed(int unit) const;                   // in pass order, wrapping
-  int wait_unit(int unit);                             // returns the buffer index
+  void issue_locked(int unit);        // start reading into a free buffer
+  int next_streamed(int unit) const;  // in pass order, wrapping
+  int wait_unit(int unit);            // returns the buffer index
   void reader_loop();
   void check_files();
 

@@ -100,9 +100,13 @@ std::string synthetic_config_json(const SyntheticSpec& s) {
   tc["qk_rope_head_dim"] = s.qk_rope;
   tc["v_head_dim"] = s.v_head;
   tc["mla_use_nope"] = true;
-  tc["linear_attn_config"] = {{"full_attn_layers", mla}, {"kda_layers", kda}, {"head_dim", s.kda_head_dim},
-                              {"num_heads", s.kda_heads}, {"short_conv_kernel_size", s.conv_kernel},
-                              {"gate_lower_bound", -5.0}, {"use_full_rank_gate", true}};
+  tc["linear_attn_config"] = {{"full_attn_layers", mla},
+                              {"kda_layers", kda},
+                              {"head_dim", s.kda_head_dim},
+                              {"num_heads", s.kda_heads},
+                              {"short_conv_kernel_size", s.conv_kernel},
+                              {"gate_lower_bound", -5.0},
+                              {"use_full_rank_gate", true}};
   tc["mla_use_output_gate"] = true;
   tc["latent_moe_use_norm"] = true;
   tc["topk_method"] = "noaux_tc";
@@ -133,12 +137,14 @@ std::string synthetic_config_json(const SyntheticSpec& s) {
   root["model_type"] = "kimi_k3";
   root["text_config"] = tc;
   root["dtype"] = "bfloat16";
-  root["vision_config"] = {{"model_type", "moonvit3d"}, {"note", "synthetic checkpoint: no vision tower"}};
+  root["vision_config"] = {{"model_type", "moonvit3d"},
+                           {"note", "synthetic checkpoint: no vision tower"}};
   root["bos_token_id"] = first_special;
   root["eos_token_id"] = first_special + 2;
   root["pad_token_id"] = first_special + 255;
   root["tie_word_embeddings"] = false;
-  root["deltafin_synthetic"] = {{"seed", s.seed}, {"note", "random weights with the K3 architecture"}};
+  root["deltafin_synthetic"] = {{"seed", s.seed},
+                                {"note", "random weights with the K3 architecture"}};
   return root.dump(1) + "\n";
 }
 
@@ -165,7 +171,9 @@ struct Rng {
     return static_cast<uint64_t>(t >> 64) ^ static_cast<uint64_t>(t);
   }
   // uniform in [-1, 1)
-  float sym() { return static_cast<float>(static_cast<int64_t>(next()) >> 40) * (1.0f / 8388608.0f); }
+  float sym() {
+    return static_cast<float>(static_cast<int64_t>(next()) >> 40) * (1.0f / 8388608.0f);
+  }
   float unit() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }
 };
 
@@ -188,15 +196,31 @@ TensorPlan plan_for(const ExpectedTensor& t, uint64_t seed) {
   p.seed = mix64(seed ^ hash_name(t.name));
   const std::string& s = t.name;
   auto ends = [&](const char* x) { return s.ends_with(x); };
-  if (ends("weight_packed")) p.gen = Gen::kPacked;
-  else if (ends("weight_scale")) p.gen = Gen::kScale;
-  else if (ends("A_log")) p.gen = Gen::kALog;
-  else if (ends("dt_bias")) { p.gen = Gen::kVector; p.std = 0.5f; }
-  else if (ends("conv1d.weight")) { p.gen = Gen::kVector; p.std = 0.3f; }
-  else if (ends("e_score_correction_bias")) { p.gen = Gen::kVector; p.std = 0.05f; }
-  else if (ends("res_proj.weight")) { p.gen = Gen::kLinear; p.std = 0.5f; }
-  else if (ends("norm.weight") || ends("layernorm.weight")) { p.gen = Gen::kOnePlus; p.std = 0.1f; }
-  else { p.gen = Gen::kLinear; p.std = 0.02f; }
+  if (ends("weight_packed"))
+    p.gen = Gen::kPacked;
+  else if (ends("weight_scale"))
+    p.gen = Gen::kScale;
+  else if (ends("A_log"))
+    p.gen = Gen::kALog;
+  else if (ends("dt_bias")) {
+    p.gen = Gen::kVector;
+    p.std = 0.5f;
+  } else if (ends("conv1d.weight")) {
+    p.gen = Gen::kVector;
+    p.std = 0.3f;
+  } else if (ends("e_score_correction_bias")) {
+    p.gen = Gen::kVector;
+    p.std = 0.05f;
+  } else if (ends("res_proj.weight")) {
+    p.gen = Gen::kLinear;
+    p.std = 0.5f;
+  } else if (ends("norm.weight") || ends("layernorm.weight")) {
+    p.gen = Gen::kOnePlus;
+    p.std = 0.1f;
+  } else {
+    p.gen = Gen::kLinear;
+    p.std = 0.02f;
+  }
   return p;
 }
 
@@ -349,7 +373,8 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
     std::vector<std::vector<TensorPlan>> layer_experts;
     auto flush_experts = [&] {
       Rng r{mix64(spec.seed ^ 0x5eedull ^ static_cast<uint64_t>(cur_layer))};
-      for (size_t i = layer_experts.size(); i > 1; --i) std::swap(layer_experts[i - 1], layer_experts[r.next() % i]);
+      for (size_t i = layer_experts.size(); i > 1; --i)
+        std::swap(layer_experts[i - 1], layer_experts[r.next() % i]);
       for (auto& u : layer_experts) units.push_back(std::move(u));
       layer_experts.clear();
     };
@@ -383,9 +408,11 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
   fs::path out(out_dir);
   if (fs::exists(out) && !fs::is_directory(out)) fail_arg("{} exists and is not a folder", out_dir);
   if (fs::exists(out) && !fs::is_empty(out)) {
-    fail_arg("{} is not empty (make-model writes a new checkpoint folder; remove it first)", out_dir);
+    fail_arg("{} is not empty (make-model writes a new checkpoint folder; remove it first)",
+             out_dir);
   }
-  fs::path tmp = out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
+  fs::path tmp =
+      out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
 
@@ -404,7 +431,9 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
       header["__metadata__"] = {{"format", "pt"}};
       uint64_t off = 0;
       for (const auto& t : shards[si]) {
-        header[t.t.name] = {{"dtype", dtype_name(t.t.dtype)}, {"shape", t.t.shape}, {"data_offsets", {off, off + t.nbytes}}};
+        header[t.t.name] = {{"dtype", dtype_name(t.t.dtype)},
+                            {"shape", t.t.shape},
+                            {"data_offsets", {off, off + t.nbytes}}};
         off += t.nbytes;
         weight_map[t.t.name] = fname;
       }
@@ -434,7 +463,8 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
         }
       }
       writer.drain();
-      if (::close(fd) != 0) fail_io("cannot finish writing {}: {}", path.string(), std::strerror(errno));
+      if (::close(fd) != 0)
+        fail_io("cannot finish writing {}: {}", path.string(), std::strerror(errno));
     }
   }
   ojson index;

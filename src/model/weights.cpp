@@ -13,7 +13,8 @@ namespace deltafin {
 namespace {
 
 Matrix as_matrix(const TensorInfo& t, const uint8_t* bytes) {
-  if (t.shape.size() != 2) fail("tensor {}: expected a matrix, found shape {}", t.name, t.shape_string());
+  if (t.shape.size() != 2)
+    fail("tensor {}: expected a matrix, found shape {}", t.name, t.shape_string());
   Matrix m;
   m.rows = t.shape[0];
   m.cols = t.shape[1];
@@ -22,7 +23,8 @@ Matrix as_matrix(const TensorInfo& t, const uint8_t* bytes) {
     case DType::kBF16:
       m.format = WeightFormat::kBF16;
       if (reinterpret_cast<uintptr_t>(bytes) % 2 != 0) {
-        fail("tensor {}: BF16 data at an odd file offset {} (the safetensors header is not padded)", t.name, t.offset);
+        fail("tensor {}: BF16 data at an odd file offset {} (the safetensors header is not padded)",
+             t.name, t.offset);
       }
       break;
     case DType::kF32:
@@ -32,7 +34,8 @@ Matrix as_matrix(const TensorInfo& t, const uint8_t* bytes) {
       }
       break;
     default:
-      fail("tensor {}: dtype {} cannot be used as a weight matrix (expected BF16)", t.name, dtype_name(t.dtype));
+      fail("tensor {}: dtype {} cannot be used as a weight matrix (expected BF16)", t.name,
+           dtype_name(t.dtype));
   }
   return m;
 }
@@ -48,7 +51,8 @@ std::vector<float> as_floats(const TensorInfo& t, const uint8_t* bytes) {
       v[i] = bf16_to_f32(h);
     }
   } else {
-    fail("tensor {}: dtype {} cannot be read as a float vector (expected F32 or BF16)", t.name, dtype_name(t.dtype));
+    fail("tensor {}: dtype {} cannot be read as a float vector (expected F32 or BF16)", t.name,
+         dtype_name(t.dtype));
   }
   return v;
 }
@@ -83,7 +87,8 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
   const std::string P = layer_prefix(layer);
   w.input_norm = b.floats(P + "input_layernorm.weight");
   w.post_norm = b.floats(P + "post_attention_layernorm.weight");
-  w.attn_res_score = b.score(P + "self_attention_res_norm.weight", P + "self_attention_res_proj.weight");
+  w.attn_res_score =
+      b.score(P + "self_attention_res_norm.weight", P + "self_attention_res_proj.weight");
   w.mlp_res_score = b.score(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight");
   const std::string A = P + "self_attn.";
   if (c.is_mla(layer)) {
@@ -110,7 +115,8 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
     // A_log: one value per head; entries past num_heads are padding and never read.
     auto a_log = b.floats(A + "A_log");
     if (static_cast<int64_t>(a_log.size()) < c.kda.num_heads) {
-      fail("tensor {}A_log: {} entries, expected at least num_heads = {}", A, a_log.size(), c.kda.num_heads);
+      fail("tensor {}A_log: {} entries, expected at least num_heads = {}", A, a_log.size(),
+           c.kda.num_heads);
     }
     k.a_exp.resize(static_cast<size_t>(c.kda.num_heads));
     for (int64_t h = 0; h < c.kda.num_heads; ++h) k.a_exp[h] = std::exp(a_log[h]);
@@ -149,7 +155,8 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
 HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup) {
   Binder b{lookup};
   HeadWeights h;
-  h.lm_head = b.matrix(c.tie_embeddings ? "language_model.model.embed_tokens.weight" : "language_model.lm_head.weight");
+  h.lm_head = b.matrix(c.tie_embeddings ? "language_model.model.embed_tokens.weight"
+                                        : "language_model.lm_head.weight");
   h.final_norm = b.floats("language_model.model.norm.weight");
   h.out_res_score = b.score("language_model.model.output_attn_res_norm.weight",
                             "language_model.model.output_attn_res_proj.weight");
@@ -157,7 +164,8 @@ HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup) {
 }
 
 std::vector<std::string> head_tensors(const ModelConfig& c) {
-  return {c.tie_embeddings ? "language_model.model.embed_tokens.weight" : "language_model.lm_head.weight",
+  return {c.tie_embeddings ? "language_model.model.embed_tokens.weight"
+                           : "language_model.lm_head.weight",
           "language_model.model.norm.weight", "language_model.model.output_attn_res_norm.weight",
           "language_model.model.output_attn_res_proj.weight"};
 }
@@ -179,7 +187,9 @@ RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& l
   return r;
 }
 
-uint64_t int8_bytes(int64_t rows, int64_t cols) { return static_cast<uint64_t>(rows * cols + rows * 2); }
+uint64_t int8_bytes(int64_t rows, int64_t cols) {
+  return static_cast<uint64_t>(rows * cols + rows * 2);
+}
 
 Matrix quantize_int8(const Matrix& m, std::vector<uint8_t>& storage) {
   storage.resize(int8_bytes(m.rows, m.cols));
@@ -219,17 +229,22 @@ void quantize_into(Matrix& m, std::vector<std::vector<uint8_t>>& storage) {
 }  // namespace
 
 void quantize_layer_int8(LayerWeights& w, std::vector<std::vector<uint8_t>>& st) {
-  for (Matrix* m : {&w.kda.q, &w.kda.k, &w.kda.v, &w.kda.f_a, &w.kda.f_b, &w.kda.b, &w.kda.g, &w.kda.o,
-                    &w.mla.q_a, &w.mla.q_b, &w.mla.kv_a, &w.mla.kv_b, &w.mla.g, &w.mla.o,
-                    &w.dense.gate, &w.dense.up, &w.dense.down, &w.moe.router, &w.moe.down, &w.moe.up,
-                    &w.moe.shared.gate, &w.moe.shared.up, &w.moe.shared.down}) {
+  for (Matrix* m :
+       {&w.kda.q,           &w.kda.k,         &w.kda.v,          &w.kda.f_a,  &w.kda.f_b,
+        &w.kda.b,           &w.kda.g,         &w.kda.o,          &w.mla.q_a,  &w.mla.q_b,
+        &w.mla.kv_a,        &w.mla.kv_b,      &w.mla.g,          &w.mla.o,    &w.dense.gate,
+        &w.dense.up,        &w.dense.down,    &w.moe.router,     &w.moe.down, &w.moe.up,
+        &w.moe.shared.gate, &w.moe.shared.up, &w.moe.shared.down}) {
     quantize_into(*m, st);
   }
 }
 
-void quantize_head_int8(HeadWeights& w, std::vector<std::vector<uint8_t>>& st) { quantize_into(w.lm_head, st); }
+void quantize_head_int8(HeadWeights& w, std::vector<std::vector<uint8_t>>& st) {
+  quantize_into(w.lm_head, st);
+}
 
-std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck) {
+std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
+                                             const Checkpoint& ck) {
   (void)c;
   std::vector<std::string> names;
   const std::string P = layer_prefix(layer);
@@ -257,11 +272,13 @@ TensorLookup checkpoint_lookup(const Checkpoint& ck) {
 void ResidentTrunk::embed(std::span<const int32_t> tokens, float* out) {
   for (size_t r = 0; r < tokens.size(); ++r) {
     const Matrix row = embed_.row_slice(tokens[r], tokens[r] + 1);
-    for (int64_t i = 0; i < hidden_; ++i) out[static_cast<int64_t>(r) * hidden_ + i] = matrix_element(row, 0, i);
+    for (int64_t i = 0; i < hidden_; ++i)
+      out[static_cast<int64_t>(r) * hidden_ + i] = matrix_element(row, 0, i);
   }
 }
 
-ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck, const BindOptions& options) {
+ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck,
+                             const BindOptions& options) {
   auto lookup = checkpoint_lookup(ck);
   auto [t, b] = lookup("language_model.model.embed_tokens.weight");
   embed_ = as_matrix(*t, b);

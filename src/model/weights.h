@@ -32,7 +32,7 @@ struct KdaWeights {
   // Only with BindOptions::a_log_per_channel: exp(A_log[d]) per key channel, broadcast over
   // heads — the reference system's known misreading, kept to prove the golden test catches it.
   std::vector<float> a_exp_channel;
-  std::vector<float> o_norm;                  // [head_dim]
+  std::vector<float> o_norm;  // [head_dim]
 };
 
 struct MlaWeights {
@@ -45,11 +45,11 @@ struct MlpWeights {
 };
 
 struct MoeTrunkWeights {
-  Matrix router;                    // [num_experts, hidden]
-  std::vector<float> score_bias;    // e_score_correction_bias, selection only
-  Matrix down, up;                  // routed_expert_down_proj / up_proj
-  std::vector<float> latent_norm;   // routed_expert_norm (empty when latent_moe_use_norm = false)
-  MlpWeights shared;                // invalid when there are no shared experts
+  Matrix router;                   // [num_experts, hidden]
+  std::vector<float> score_bias;   // e_score_correction_bias, selection only
+  Matrix down, up;                 // routed_expert_down_proj / up_proj
+  std::vector<float> latent_norm;  // routed_expert_norm (empty when latent_moe_use_norm = false)
+  MlpWeights shared;               // invalid when there are no shared experts
 };
 
 struct LayerWeights {
@@ -71,12 +71,13 @@ struct HeadWeights {
 // What the expert prefetcher needs of an MoE layer to predict its routing ahead of time.
 struct RouterWeights {
   Matrix router;
-  std::vector<float> post_norm;   // the layer's post_attention_layernorm
+  std::vector<float> post_norm;  // the layer's post_attention_layernorm
   std::vector<float> score_bias;
 };
 
 // Finds a tensor's metadata and bytes by name (throws if absent).
-using TensorLookup = std::function<std::pair<const TensorInfo*, const uint8_t*>(const std::string&)>;
+using TensorLookup =
+    std::function<std::pair<const TensorInfo*, const uint8_t*>(const std::string&)>;
 
 struct BindOptions {
   bool a_log_per_channel = false;  // negative control for tests; never right for K3
@@ -120,7 +121,10 @@ class TrunkProvider {
   virtual const HeadWeights& acquire_head() = 0;
   virtual void release_head() = 0;
   // Router of an MoE layer for routing prediction (nullptr when not kept).
-  virtual const RouterWeights* router(int layer) const { (void)layer; return nullptr; }
+  virtual const RouterWeights* router(int layer) const {
+    (void)layer;
+    return nullptr;
+  }
   virtual TrunkStats stats() const { return {}; }
   virtual std::string describe() const = 0;
 };

@@ -16,9 +16,13 @@ namespace deltafin::server {
 
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, std::string message, std::string type, std::optional<std::string> param = std::nullopt,
+  ApiError(int status, std::string message, std::string type,
+           std::optional<std::string> param = std::nullopt,
            std::optional<std::string> code = std::nullopt)
-      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)),
+      : std::runtime_error(message),
+        status_(status),
+        type_(std::move(type)),
+        param_(std::move(param)),
         code_(std::move(code)) {}
 
   int status() const { return status_; }
@@ -50,7 +54,8 @@ class ApiError : public std::runtime_error {
 
 // 400 invalid_request_error naming the field (`param`) at fault.
 template <typename... Args>
-[[noreturn]] void bad_request(const std::string& param, fmt::format_string<Args...> f, Args&&... args) {
+[[noreturn]] void bad_request(const std::string& param, fmt::format_string<Args...> f,
+                              Args&&... args) {
   throw ApiError(400, fmt::format(f, std::forward<Args>(args)...), "invalid_request_error",
                  param.empty() ? std::nullopt : std::optional<std::string>(param));
 }

@@ -51,7 +51,8 @@ bool ConnectionProbe::matches(int fd) const {
   if (!address_of(local, la, lp) || !address_of(peer, pa, pp)) return false;
   if (lp != local_port_ || pp != remote_port_) return false;
   // httplib may print an IPv4-mapped peer either way; the ports already pin the connection.
-  return pa == remote_addr_ || pa.find(remote_addr_) != std::string::npos || remote_addr_.find(pa) != std::string::npos;
+  return pa == remote_addr_ || pa.find(remote_addr_) != std::string::npos ||
+         remote_addr_.find(pa) != std::string::npos;
 }
 
 void ConnectionProbe::find() {
@@ -82,12 +83,13 @@ bool ConnectionProbe::closed() {
   if (!searched_) find();
   if (fd_ < 0) return false;
   if (!matches(fd_)) return true;  // httplib closes the socket only after the handler returns
-  pollfd p{fd_, POLLIN
+  pollfd p{fd_,
+           POLLIN
 #ifdef POLLRDHUP
-                    | POLLRDHUP
+               | POLLRDHUP
 #endif
-            ,
-            0};
+           ,
+           0};
   if (poll(&p, 1, 0) <= 0) return false;
   if ((p.revents & (POLLHUP | POLLERR)) != 0) return true;
 #ifdef POLLRDHUP

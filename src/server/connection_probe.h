@@ -7,8 +7,8 @@
 // once, in /proc/self/fd or by trying descriptors), and then polls it without blocking. Only
 // positive evidence counts as a disconnect: a hang-up, an error, or end of stream on a read
 // peek (so a client that half-closes its side after sending the request counts as gone; HTTP
-// clients do not do that). If the socket cannot be found, the probe says "connected" and the request still ends by
-// a failed write or its timeout.
+// clients do not do that). If the socket cannot be found, the probe says "connected" and the
+// request still ends by a failed write or its timeout.
 #pragma once
 
 #include <string>

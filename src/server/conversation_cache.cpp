@@ -33,7 +33,8 @@ std::vector<Segment> segments(const Tokenizer& tok, std::span<const int32_t> ids
 
 }  // namespace
 
-std::optional<std::vector<int32_t>> segment_completion(const Tokenizer& tok, std::span<const int32_t> history,
+std::optional<std::vector<int32_t>> segment_completion(const Tokenizer& tok,
+                                                       std::span<const int32_t> history,
                                                        std::span<const int32_t> canon) {
   const auto h = segments(tok, history);
   const auto c = segments(tok, canon);
@@ -48,7 +49,8 @@ std::optional<std::vector<int32_t>> segment_completion(const Tokenizer& tok, std
     if (h[i].text == c[i].text) continue;
     // Only the last segment of the history may be a strict prefix of canon's run.
     const bool last = i + 1 == h.size();
-    if (!last || c[i].text.compare(0, h[i].text.size(), h[i].text) != 0 || h[i].text.size() >= c[i].text.size()) {
+    if (!last || c[i].text.compare(0, h[i].text.size(), h[i].text) != 0 ||
+        h[i].text.size() >= c[i].text.size()) {
       return std::nullopt;
     }
     rest = tok.encode_ordinary(std::string_view(c[i].text).substr(h[i].text.size()));

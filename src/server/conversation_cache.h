@@ -34,12 +34,13 @@ struct KeptConversation {
   std::vector<int32_t> canon;  // the key
   State state;                 // consumed `seen`
   std::vector<int32_t> seen;
-  std::vector<int32_t> feed;   // to feed before the next turn's new ids
+  std::vector<int32_t> feed;  // to feed before the next turn's new ids
 };
 
 // The ids R such that `history` followed by R is segment-equal to `canon` (see above), or none
 // when history is not a segment prefix of canon.
-std::optional<std::vector<int32_t>> segment_completion(const Tokenizer& tok, std::span<const int32_t> history,
+std::optional<std::vector<int32_t>> segment_completion(const Tokenizer& tok,
+                                                       std::span<const int32_t> history,
                                                        std::span<const int32_t> canon);
 
 class ConversationCache {

@@ -27,19 +27,23 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace std::chrono_literals;
 
-constexpr auto kPoll = 50ms;            // how often a waiting handler probes its client
-constexpr double kKeepAliveS = 10.0;    // SSE comment after this long without output
+constexpr auto kPoll = 50ms;          // how often a waiting handler probes its client
+constexpr double kKeepAliveS = 10.0;  // SSE comment after this long without output
 constexpr size_t kMaxPath = 2048;
 // The engine ends a request at its deadline at the next step; if a step never ends (a wedged
 // read), the handler gives up this long after the deadline so the client still hears back.
 constexpr double kHandlerGraceS = 60.0;
 
 ApiError handler_timeout() {
-  return ApiError(504, "the request did not finish within the server's time limit (--timeout); the engine is busy",
-                  "timeout_error", std::nullopt, "timeout");
+  return ApiError(
+      504,
+      "the request did not finish within the server's time limit (--timeout); the engine is busy",
+      "timeout_error", std::nullopt, "timeout");
 }
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
 
 void digest(const std::string& s, unsigned char out[32]) {
   SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), out);
@@ -52,12 +56,18 @@ void send_json(httplib::Response& res, int status, const json& j) {
 
 const char* error_message(int status) {
   switch (status) {
-    case 400: return "the request could not be read (malformed HTTP)";
-    case 404: return "unknown path";
-    case 413: return "the request body is larger than the server accepts (--max-request-bytes)";
-    case 414: return "the request URI is too long";
-    case 416: return "range not satisfiable";
-    default: return "request failed";
+    case 400:
+      return "the request could not be read (malformed HTTP)";
+    case 404:
+      return "unknown path";
+    case 413:
+      return "the request body is larger than the server accepts (--max-request-bytes)";
+    case 414:
+      return "the request URI is too long";
+    case 416:
+      return "range not satisfiable";
+    default:
+      return "request failed";
   }
 }
 
@@ -74,7 +84,9 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
   created_ = static_cast<int64_t>(std::time(nullptr));
   if (!opt_.api_key.empty()) digest(opt_.api_key, key_digest_);
   const int threads = std::max(4, opt_.threads);
-  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr_->new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  };
   svr_->set_payload_max_length(opt_.max_request_bytes);
   svr_->set_read_timeout(30, 0);
   svr_->set_write_timeout(30, 0);
@@ -83,10 +95,13 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
   svr_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     // Keeps absurd paths away from httplib's regex router.
     if (req.path.size() <= kMaxPath) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, ApiError(404, "unknown path", "invalid_request_error", std::nullopt, "not_found"));
+    send_error(res,
+               ApiError(404, "unknown path", "invalid_request_error", std::nullopt, "not_found"));
     return httplib::Server::HandlerResponse::Handled;
   });
-  auto handler = [this](const httplib::Request& req, httplib::Response& res) { dispatch(req, res); };
+  auto handler = [this](const httplib::Request& req, httplib::Response& res) {
+    dispatch(req, res);
+  };
   svr_->Get("/.*", handler);
   svr_->Post("/.*", handler);
   svr_->Put("/.*", handler);
@@ -94,25 +109,33 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
   svr_->Delete("/.*", handler);
   svr_->Options("/.*", handler);
   // Errors httplib produces itself (unreadable request, body over the cap) get OpenAI's shape.
-  svr_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string code = res.status == 413 ? "request_too_large" : res.status == 404 ? "not_found" : "bad_request";
-    send_error(res, ApiError(res.status, error_message(res.status), "invalid_request_error", std::nullopt, code));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, ApiError(500, "internal error: " + what, "server_error"));
-  });
+  svr_->set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (!res.body.empty() || res.content_provider_)
+          return httplib::Server::HandlerResponse::Unhandled;
+        const std::string code = res.status == 413   ? "request_too_large"
+                                 : res.status == 404 ? "not_found"
+                                                     : "bad_request";
+        send_error(res, ApiError(res.status, error_message(res.status), "invalid_request_error",
+                                 std::nullopt, code));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  svr_->set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, ApiError(500, "internal error: " + what, "server_error"));
+      });
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 int HttpServer::bind() {
   int port = opt_.port;
@@ -135,7 +158,9 @@ void HttpServer::set_ready(Scheduler* scheduler, const ServeLimits& limits) {
   scheduler_.store(scheduler, std::memory_order_release);
 }
 
-void HttpServer::set_stopping() { stopping_.store(true); }
+void HttpServer::set_stopping() {
+  stopping_.store(true);
+}
 
 void HttpServer::stop() {
   if (svr_) svr_->stop();
@@ -146,7 +171,8 @@ bool HttpServer::authorized(const httplib::Request& req) const {
   if (opt_.api_key.empty()) return true;
   const std::string h = req.get_header_value("Authorization");
   std::string token;
-  if (h.size() > 7 && (h.compare(0, 7, "Bearer ") == 0 || h.compare(0, 7, "bearer ") == 0)) token = h.substr(7);
+  if (h.size() > 7 && (h.compare(0, 7, "Bearer ") == 0 || h.compare(0, 7, "bearer ") == 0))
+    token = h.substr(7);
   while (!token.empty() && token.back() == ' ') token.pop_back();
   // Comparing digests keeps the time independent of where (and whether) the keys differ.
   unsigned char d[32];
@@ -181,7 +207,8 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
   std::string path = req.path;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   // The OpenAI paths are also served without the /v1 prefix (some clients drop it).
-  if (path == "/models" || starts_with(path, "/models/") || path == "/chat/completions" || path == "/completions") {
+  if (path == "/models" || starts_with(path, "/models/") || path == "/chat/completions" ||
+      path == "/completions") {
     path = "/v1" + path;
   }
   if (path == "/v1/health") path = "/health";
@@ -196,14 +223,15 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     route = path;
     method = "POST";
   } else {
-    throw ApiError(404, fmt::format("unknown path {}", path.substr(0, 200)), "invalid_request_error", std::nullopt, "not_found");
+    throw ApiError(404, fmt::format("unknown path {}", path.substr(0, 200)),
+                   "invalid_request_error", std::nullopt, "not_found");
   }
   label = route;
   const bool method_ok = req.method == method || (method == "GET" && req.method == "HEAD");
   if (!method_ok) {
     res.set_header("Allow", method);
-    throw ApiError(405, fmt::format("{} does not take {} (use {})", route, req.method, method), "invalid_request_error",
-                   std::nullopt, "method_not_allowed");
+    throw ApiError(405, fmt::format("{} does not take {} (use {})", route, req.method, method),
+                   "invalid_request_error", std::nullopt, "method_not_allowed");
   }
   Scheduler* sched = scheduler_.load(std::memory_order_acquire);
   if (route == "/health") {
@@ -217,7 +245,8 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
   if (!authorized(req)) {
     const bool given = req.has_header("Authorization");
     throw ApiError(401,
-                   given ? "Incorrect API key provided" : "Missing API key: send the header Authorization: Bearer KEY",
+                   given ? "Incorrect API key provided"
+                         : "Missing API key: send the header Authorization: Bearer KEY",
                    "invalid_request_error", std::nullopt, "invalid_api_key");
   }
   if (route == "/metrics") {
@@ -238,8 +267,10 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     names.model_id = opt_.model_id;
     names.aliases = opt_.aliases;
     if (!model_matches(names, id)) {
-      throw ApiError(404, fmt::format("The model `{}` does not exist; this server serves `{}`", id, opt_.model_id),
-                     "invalid_request_error", "model", "model_not_found");
+      throw ApiError(
+          404,
+          fmt::format("The model `{}` does not exist; this server serves `{}`", id, opt_.model_id),
+          "invalid_request_error", "model", "model_not_found");
     }
     return send_json(res, 200, model_object(id));
   }
@@ -263,29 +294,35 @@ struct Exchange {
 
 void log_done(const Exchange& x, int status, const char* how) {
   const Usage u = x.job->usage();
-  log_info("[serve] {} {} {}: prompt {} tokens ({} cached), completion {} tokens, {:.2f} s", x.what, status, how,
-           u.prompt_tokens, u.cached_tokens, u.completion_tokens, now_seconds() - x.start);
+  log_info("[serve] {} {} {}: prompt {} tokens ({} cached), completion {} tokens, {:.2f} s", x.what,
+           status, how, u.prompt_tokens, u.cached_tokens, u.completion_tokens,
+           now_seconds() - x.start);
 }
 
 }  // namespace
 
 void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
   Scheduler* sched = scheduler_.load(std::memory_order_acquire);
-  if (stopping_.load()) throw ApiError(503, "the server is shutting down", "server_error", std::nullopt, "shutting_down");
+  if (stopping_.load())
+    throw ApiError(503, "the server is shutting down", "server_error", std::nullopt,
+                   "shutting_down");
   if (sched == nullptr) {
-    throw ApiError(503, "the model is still loading; retry shortly", "server_error", std::nullopt, "model_loading")
+    throw ApiError(503, "the model is still loading; retry shortly", "server_error", std::nullopt,
+                   "model_loading")
         .with_retry_after(5);
   }
   auto x = std::make_shared<Exchange>();
   x->start = now_seconds();
   x->what = req.method + " " + req.path;
   const json body = parse_body(req.body, limits_.max_json_depth);
-  ServeRequest r = ep == Endpoint::chat ? parse_chat_request(body, limits_, tok_) : parse_completion_request(body, limits_, tok_);
+  ServeRequest r = ep == Endpoint::chat ? parse_chat_request(body, limits_, tok_)
+                                        : parse_completion_request(body, limits_, tok_);
   const bool stream = r.stream;
-  if (r.max_tokens_capped) res.set_header("X-Deltafin-Max-Tokens", std::to_string(r.params.max_new_tokens));
-  x->builder = std::make_unique<ResponseBuilder>(tok_, ep, random_id(ep == Endpoint::chat ? "chatcmpl-" : "cmpl-"),
-                                                 static_cast<int64_t>(std::time(nullptr)), opt_.model_id, r.logprobs,
-                                                 r.include_usage);
+  if (r.max_tokens_capped)
+    res.set_header("X-Deltafin-Max-Tokens", std::to_string(r.params.max_new_tokens));
+  x->builder = std::make_unique<ResponseBuilder>(
+      tok_, ep, random_id(ep == Endpoint::chat ? "chatcmpl-" : "cmpl-"),
+      static_cast<int64_t>(std::time(nullptr)), opt_.model_id, r.logprobs, r.include_usage);
   x->job = std::make_shared<Job>(std::move(r), x->start + opt_.timeout_s);
   x->sched = sched;
   x->probe = std::make_unique<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port);
@@ -317,7 +354,8 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
   if (!stream) {
     for (const auto& u : x->early) x->builder->add(u);
     x->early.clear();
-    auto text = std::make_shared<std::string>(dump(x->builder->response(x->job->stop(), x->job->usage())));
+    auto text =
+        std::make_shared<std::string>(dump(x->builder->response(x->job->stop(), x->job->usage())));
     res.status = 200;
     res.set_content_provider(
         text->size(), "application/json",
@@ -397,7 +435,8 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
           log_done(*x, 200, "streamed");
         } else {
           x->sched->cancel(x->job);
-          log_done(*x, 200, x->phase == JobPhase::failed ? "failed mid-stream" : "stream not delivered");
+          log_done(*x, 200,
+                   x->phase == JobPhase::failed ? "failed mid-stream" : "stream not delivered");
         }
       });
 }

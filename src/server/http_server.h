@@ -40,10 +40,10 @@ class ApiError;
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string api_key;            // empty: no authentication
+  std::string api_key;  // empty: no authentication
   size_t max_request_bytes = 16u << 20;
-  double timeout_s = 600;         // per request, from arrival to the last token
-  int threads = 32;               // connection threads
+  double timeout_s = 600;  // per request, from arrival to the last token
+  int threads = 32;        // connection threads
   std::vector<std::string> aliases;
   std::string model_id = "kimi-k3";
 };

@@ -19,7 +19,8 @@ void Metrics::count_request(const std::string& endpoint, int status) {
   ++requests_[{endpoint, status}];
 }
 
-void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences, double seconds) {
+void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences,
+                         double seconds) {
   std::lock_guard<std::mutex> lock(m_);
   ++passes_;
   rows_ += static_cast<uint64_t>(rows);
@@ -32,7 +33,8 @@ void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, i
   while (!recent_.empty() && recent_.front().first < now - kRateWindow) recent_.pop_front();
 }
 
-void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens) {
+void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens,
+                             int64_t completion_tokens) {
   std::lock_guard<std::mutex> lock(m_);
   ++finished_;
   prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
@@ -60,7 +62,8 @@ void Metrics::set_storage(const ExpertStats& experts, const TrunkStats& trunk, u
   recall_requested_ = recall_requested;
 }
 
-void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity) {
+void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
+                         int64_t cache_capacity) {
   std::lock_guard<std::mutex> lock(m_);
   context_ = context;
   parallel_ = parallel;
@@ -92,50 +95,86 @@ std::string Metrics::render() const {
 
   metric("deltafin_requests_total", "counter", "HTTP requests by endpoint and status code.");
   for (const auto& [k, n] : requests_) {
-    out += fmt::format("deltafin_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, n);
+    out += fmt::format("deltafin_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", k.first,
+                       k.second, n);
   }
-  sample("deltafin_prompt_tokens_total", "counter", "Prompt tokens of finished generations (cached included).", prompt_tokens_);
-  sample("deltafin_cached_prompt_tokens_total", "counter", "Prompt tokens served from kept conversation states.", cached_tokens_);
-  sample("deltafin_completion_tokens_total", "counter", "Generated tokens of finished generations.", completion_tokens_);
-  sample("deltafin_generations_total", "counter", "Generations that ran to an end (any reason).", finished_);
-  sample("deltafin_generated_tokens_total", "counter", "Tokens sampled by the engine (all requests, also unfinished).", generated_);
-  sample("deltafin_prefill_tokens_total", "counter", "Prompt rows run through forward passes.", prompt_rows_);
+  sample("deltafin_prompt_tokens_total", "counter",
+         "Prompt tokens of finished generations (cached included).", prompt_tokens_);
+  sample("deltafin_cached_prompt_tokens_total", "counter",
+         "Prompt tokens served from kept conversation states.", cached_tokens_);
+  sample("deltafin_completion_tokens_total", "counter", "Generated tokens of finished generations.",
+         completion_tokens_);
+  sample("deltafin_generations_total", "counter", "Generations that ran to an end (any reason).",
+         finished_);
+  sample("deltafin_generated_tokens_total", "counter",
+         "Tokens sampled by the engine (all requests, also unfinished).", generated_);
+  sample("deltafin_prefill_tokens_total", "counter", "Prompt rows run through forward passes.",
+         prompt_rows_);
   double recent = 0, span = 0;
   if (!recent_.empty()) {
     for (const auto& r : recent_) recent += static_cast<double>(r.second);
     span = std::max(1.0, now_seconds() - recent_.front().first);
     span = std::min(span, kRateWindow);
   }
-  sample("deltafin_tokens_per_second", "gauge", "Generated tokens per second, all sequences, over the last 10 s.", span > 0 ? recent / span : 0.0);
-  sample("deltafin_forward_passes_total", "counter", "Forward passes (one carries a row block of every active sequence).", passes_);
-  sample("deltafin_forward_rows_total", "counter", "Rows (tokens) run through forward passes.", rows_);
-  sample("deltafin_forward_sequences_total", "counter", "Sequences per pass, summed (divide by passes for the batch size).", batched_sequences_);
-  sample("deltafin_forward_seconds_total", "counter", "Time spent in forward passes.", pass_seconds_);
+  sample("deltafin_tokens_per_second", "gauge",
+         "Generated tokens per second, all sequences, over the last 10 s.",
+         span > 0 ? recent / span : 0.0);
+  sample("deltafin_forward_passes_total", "counter",
+         "Forward passes (one carries a row block of every active sequence).", passes_);
+  sample("deltafin_forward_rows_total", "counter", "Rows (tokens) run through forward passes.",
+         rows_);
+  sample("deltafin_forward_sequences_total", "counter",
+         "Sequences per pass, summed (divide by passes for the batch size).", batched_sequences_);
+  sample("deltafin_forward_seconds_total", "counter", "Time spent in forward passes.",
+         pass_seconds_);
   sample("deltafin_queue_depth", "gauge", "Requests waiting for a slot.", queued_);
-  sample("deltafin_queue_capacity", "gauge", "Most requests that may wait (--queue).", queue_capacity_);
+  sample("deltafin_queue_capacity", "gauge", "Most requests that may wait (--queue).",
+         queue_capacity_);
   sample("deltafin_active_sequences", "gauge", "Sequences being prefilled or decoded.", active_);
-  sample("deltafin_parallel_slots", "gauge", "Most sequences decoded together (--parallel).", parallel_);
+  sample("deltafin_parallel_slots", "gauge", "Most sequences decoded together (--parallel).",
+         parallel_);
   sample("deltafin_context_tokens", "gauge", "Positions a sequence may reach.", context_);
   sample("deltafin_model_ready", "gauge", "1 once the model is loaded.", ready_ ? 1 : 0);
-  sample("deltafin_conversation_cache_entries", "gauge", "Kept conversation states.", cache_entries_);
-  sample("deltafin_conversation_cache_capacity", "gauge", "Most kept conversation states (--cache).", cache_capacity_);
-  sample("deltafin_conversations_kept_total", "counter", "Finished chat answers whose state was kept for reuse.", kept_);
-  sample("deltafin_conversations_not_kept_total", "counter", "Delivered chat answers whose state could not be kept.", not_kept_);
-  sample("deltafin_expert_requests_total", "counter", "Routed experts asked for by passes.", experts_.requests);
+  sample("deltafin_conversation_cache_entries", "gauge", "Kept conversation states.",
+         cache_entries_);
+  sample("deltafin_conversation_cache_capacity", "gauge",
+         "Most kept conversation states (--cache).", cache_capacity_);
+  sample("deltafin_conversations_kept_total", "counter",
+         "Finished chat answers whose state was kept for reuse.", kept_);
+  sample("deltafin_conversations_not_kept_total", "counter",
+         "Delivered chat answers whose state could not be kept.", not_kept_);
+  sample("deltafin_expert_requests_total", "counter", "Routed experts asked for by passes.",
+         experts_.requests);
   sample("deltafin_expert_hits_total", "counter", "Routed experts served from RAM.", experts_.hits);
-  sample("deltafin_expert_misses_total", "counter", "Routed experts read from storage.", experts_.misses);
-  sample("deltafin_expert_bytes_read_total", "counter", "Expert bytes read from storage.", experts_.bytes_read);
-  sample("deltafin_expert_bytes_served_total", "counter", "Expert bytes handed to compute.", experts_.bytes_served);
-  sample("deltafin_expert_io_wait_seconds_total", "counter", "Time compute waited for expert reads.", experts_.io_wait_s);
-  sample("deltafin_expert_read_seconds_total", "counter", "Time reader threads spent reading experts (summed over readers).", experts_.read_s);
-  sample("deltafin_expert_prefetch_issued_total", "counter", "Expert reads started by the look-ahead predictor.", experts_.prefetch_issued);
-  sample("deltafin_expert_prefetch_used_total", "counter", "Prefetched experts that a pass then asked for.", experts_.prefetch_used);
-  sample("deltafin_expert_prefetch_wasted_bytes_total", "counter", "Bytes of prefetched experts evicted unused.", experts_.prefetch_wasted_bytes);
-  sample("deltafin_prefetch_predicted_hits_total", "counter", "Requested experts the look-ahead predictor had predicted.", recall_hits_);
-  sample("deltafin_prefetch_predicted_requests_total", "counter", "Requested experts in layers that had a prediction.", recall_requested_);
-  sample("deltafin_prefetch_recall", "gauge", "Predicted hits / predicted requests since start (0 without predictions).", recall_requested_ > 0 ? static_cast<double>(recall_hits_) / static_cast<double>(recall_requested_) : 0.0);
-  sample("deltafin_trunk_bytes_streamed_total", "counter", "Trunk bytes read from storage for layers that are not resident.", trunk_.bytes_streamed);
-  sample("deltafin_trunk_io_wait_seconds_total", "counter", "Time compute waited for streamed trunk layers.", trunk_.wait_s);
+  sample("deltafin_expert_misses_total", "counter", "Routed experts read from storage.",
+         experts_.misses);
+  sample("deltafin_expert_bytes_read_total", "counter", "Expert bytes read from storage.",
+         experts_.bytes_read);
+  sample("deltafin_expert_bytes_served_total", "counter", "Expert bytes handed to compute.",
+         experts_.bytes_served);
+  sample("deltafin_expert_io_wait_seconds_total", "counter",
+         "Time compute waited for expert reads.", experts_.io_wait_s);
+  sample("deltafin_expert_read_seconds_total", "counter",
+         "Time reader threads spent reading experts (summed over readers).", experts_.read_s);
+  sample("deltafin_expert_prefetch_issued_total", "counter",
+         "Expert reads started by the look-ahead predictor.", experts_.prefetch_issued);
+  sample("deltafin_expert_prefetch_used_total", "counter",
+         "Prefetched experts that a pass then asked for.", experts_.prefetch_used);
+  sample("deltafin_expert_prefetch_wasted_bytes_total", "counter",
+         "Bytes of prefetched experts evicted unused.", experts_.prefetch_wasted_bytes);
+  sample("deltafin_prefetch_predicted_hits_total", "counter",
+         "Requested experts the look-ahead predictor had predicted.", recall_hits_);
+  sample("deltafin_prefetch_predicted_requests_total", "counter",
+         "Requested experts in layers that had a prediction.", recall_requested_);
+  sample("deltafin_prefetch_recall", "gauge",
+         "Predicted hits / predicted requests since start (0 without predictions).",
+         recall_requested_ > 0
+             ? static_cast<double>(recall_hits_) / static_cast<double>(recall_requested_)
+             : 0.0);
+  sample("deltafin_trunk_bytes_streamed_total", "counter",
+         "Trunk bytes read from storage for layers that are not resident.", trunk_.bytes_streamed);
+  sample("deltafin_trunk_io_wait_seconds_total", "counter",
+         "Time compute waited for streamed trunk layers.", trunk_.wait_s);
   return out;
 }
 

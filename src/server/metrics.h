@@ -22,15 +22,18 @@ class Metrics {
  public:
   void count_request(const std::string& endpoint, int status);
   // One engine step: prompt rows and generated tokens it processed.
-  void count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences, double seconds);
+  void count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences,
+                  double seconds);
   void count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
   void count_kept(bool kept);
   void set_gauges(int64_t queued, int64_t active);
   // Storage counters after a pass: the expert provider's, the trunk streamer's, and the
   // look-ahead predictor's recall totals (requested experts that had been predicted, of those
   // requested in layers with a prediction).
-  void set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits, uint64_t recall_requested);
-  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity);
+  void set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits,
+                   uint64_t recall_requested);
+  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
+                  int64_t cache_capacity);
   void set_ready(bool ready);
   void set_cache_entries(int64_t n);
 

@@ -19,15 +19,23 @@ using json = nlohmann::ordered_json;
 
 const char* type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "an array";
-    case json::value_t::string: return "a string";
-    case json::value_t::boolean: return "a boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    default: return "an unsupported value";
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
   }
 }
 
@@ -42,7 +50,8 @@ std::optional<double> get_number(const json& body, const char* key, double lo, d
   if (v == nullptr) return std::nullopt;
   if (!v->is_number()) bad_request(key, "{}: expected a number, got {}", key, type_name(*v));
   const double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) bad_request(key, "{}: {} is out of range (expected {} to {})", key, v->dump(), lo, hi);
+  if (!std::isfinite(d) || d < lo || d > hi)
+    bad_request(key, "{}: {} is out of range (expected {} to {})", key, v->dump(), lo, hi);
   return d;
 }
 
@@ -68,7 +77,8 @@ std::optional<int64_t> get_int(const json& body, const char* key, int64_t lo, in
   } else {
     bad_request(key, "{}: expected an integer, got {}", key, type_name(*v));
   }
-  if (out < lo || out > hi) bad_request(key, "{}: {} is out of range (expected {} to {})", key, out, lo, hi);
+  if (out < lo || out > hi)
+    bad_request(key, "{}: {} is out of range (expected {} to {})", key, out, lo, hi);
   return out;
 }
 
@@ -81,17 +91,44 @@ std::optional<bool> get_bool(const json& body, const char* key) {
 
 // Fields every client may send, by endpoint; everything else is refused by name.
 const std::set<std::string>& common_fields() {
-  static const std::set<std::string> s = {
-      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-      "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "stream", "stream_options",
-      "logprobs", "user", "metadata", "logit_bias", "store", "service_tier"};
+  static const std::set<std::string> s = {"model",
+                                          "max_tokens",
+                                          "temperature",
+                                          "top_p",
+                                          "top_k",
+                                          "min_p",
+                                          "seed",
+                                          "stop",
+                                          "presence_penalty",
+                                          "frequency_penalty",
+                                          "repetition_penalty",
+                                          "n",
+                                          "stream",
+                                          "stream_options",
+                                          "logprobs",
+                                          "user",
+                                          "metadata",
+                                          "logit_bias",
+                                          "store",
+                                          "service_tier"};
   return s;
 }
 const std::set<std::string>& chat_fields() {
-  static const std::set<std::string> s = {
-      "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-      "reasoning_effort", "thinking", "chat_template_kwargs", "response_format", "modalities", "audio",
-      "prediction", "functions", "function_call"};
+  static const std::set<std::string> s = {"messages",
+                                          "max_completion_tokens",
+                                          "top_logprobs",
+                                          "tools",
+                                          "tool_choice",
+                                          "parallel_tool_calls",
+                                          "reasoning_effort",
+                                          "thinking",
+                                          "chat_template_kwargs",
+                                          "response_format",
+                                          "modalities",
+                                          "audio",
+                                          "prediction",
+                                          "functions",
+                                          "function_call"};
   return s;
 }
 const std::set<std::string>& completion_fields() {
@@ -117,7 +154,8 @@ void check_known_fields(const json& body, Endpoint ep) {
 void require_default(const json& body, const char* key, const json& accepted, const char* why) {
   const json* v = field(body, key);
   if (v == nullptr || *v == accepted) return;
-  bad_request(key, "{}: {} is not supported ({}); accepted: {}", key, v->dump(), why, accepted.dump());
+  bad_request(key, "{}: {} is not supported ({}); accepted: {}", key, v->dump(), why,
+              accepted.dump());
 }
 
 void check_model(const json& body, const ServeLimits& limits) {
@@ -126,7 +164,9 @@ void check_model(const json& body, const ServeLimits& limits) {
   if (!v->is_string()) bad_request("model", "model: expected a string, got {}", type_name(*v));
   const std::string name = v->get<std::string>();
   if (!model_matches(limits, name)) {
-    throw ApiError(404, fmt::format("The model `{}` does not exist; this server serves `{}`", name, limits.model_id),
+    throw ApiError(404,
+                   fmt::format("The model `{}` does not exist; this server serves `{}`", name,
+                               limits.model_id),
                    "invalid_request_error", "model", "model_not_found");
   }
 }
@@ -152,21 +192,29 @@ std::vector<std::string> parse_stop(const json& body) {
   return out;
 }
 
-std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body, const ServeLimits& limits) {
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body,
+                                                        const ServeLimits& limits) {
   std::vector<std::pair<int32_t, float>> out;
   const json* v = field(body, "logit_bias");
   if (v == nullptr) return out;
-  if (!v->is_object()) bad_request("logit_bias", "logit_bias: expected an object of token id -> bias, got {}", type_name(*v));
-  if (v->size() > 1024) bad_request("logit_bias", "logit_bias: at most 1024 entries, got {}", v->size());
+  if (!v->is_object())
+    bad_request("logit_bias", "logit_bias: expected an object of token id -> bias, got {}",
+                type_name(*v));
+  if (v->size() > 1024)
+    bad_request("logit_bias", "logit_bias: at most 1024 entries, got {}", v->size());
   for (const auto& [k, b] : v->items()) {
     int64_t id = -1;
-    bool ok = !k.empty() && k.size() <= 10 && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+    bool ok = !k.empty() && k.size() <= 10 &&
+              std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (ok) id = std::stoll(k);
     if (!ok || id >= limits.vocab) {
-      bad_request("logit_bias", "logit_bias: key \"{}\" is not a token id (expected 0 to {})", k, limits.vocab - 1);
+      bad_request("logit_bias", "logit_bias: key \"{}\" is not a token id (expected 0 to {})", k,
+                  limits.vocab - 1);
     }
-    if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100 || b.get<double>() > 100) {
-      bad_request("logit_bias", "logit_bias[\"{}\"]: expected a number from -100 to 100, got {}", k, b.dump());
+    if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100 ||
+        b.get<double>() > 100) {
+      bad_request("logit_bias", "logit_bias[\"{}\"]: expected a number from -100 to 100, got {}", k,
+                  b.dump());
     }
     out.emplace_back(static_cast<int32_t>(id), b.get<float>());
   }
@@ -174,19 +222,26 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body, const 
 }
 
 // The options both endpoints share: sampling, stop, stream, n, defaults clients send.
-void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r, int64_t default_max_tokens) {
+void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r,
+                  int64_t default_max_tokens) {
   check_model(body, limits);
   auto& s = r.params.sampling;
-  s.temperature = static_cast<float>(get_number(body, "temperature", 0, 2).value_or(1.0));  // OpenAI's default
+  s.temperature =
+      static_cast<float>(get_number(body, "temperature", 0, 2).value_or(1.0));  // OpenAI's default
   s.top_p = static_cast<float>(get_number(body, "top_p", 0, 1).value_or(1.0));
-  if (field(body, "top_p") != nullptr && s.top_p <= 0) bad_request("top_p", "top_p: must be greater than 0");
+  if (field(body, "top_p") != nullptr && s.top_p <= 0)
+    bad_request("top_p", "top_p: must be greater than 0");
   const int64_t top_k = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()).value_or(0);
   s.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // -1 is "off" in vLLM's convention
   s.min_p = static_cast<float>(get_number(body, "min_p", 0, 1).value_or(0.0));
-  s.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", -2, 2).value_or(0.0));
-  s.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", -2, 2).value_or(0.0));
-  s.repetition_penalty = static_cast<float>(get_number(body, "repetition_penalty", 0.01, 100).value_or(1.0));
-  if (auto seed = get_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
+  s.presence_penalty =
+      static_cast<float>(get_number(body, "presence_penalty", -2, 2).value_or(0.0));
+  s.frequency_penalty =
+      static_cast<float>(get_number(body, "frequency_penalty", -2, 2).value_or(0.0));
+  s.repetition_penalty =
+      static_cast<float>(get_number(body, "repetition_penalty", 0.01, 100).value_or(1.0));
+  if (auto seed = get_int(body, "seed", std::numeric_limits<int64_t>::min(),
+                          std::numeric_limits<int64_t>::max())) {
     s.seed = static_cast<uint64_t>(*seed);
     s.has_seed = true;
   }
@@ -204,10 +259,13 @@ void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r, 
 
   r.stream = get_bool(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
-    if (!so->is_object()) bad_request("stream_options", "stream_options: expected an object, got {}", type_name(*so));
-    if (!r.stream) bad_request("stream_options", "stream_options: only allowed when stream is true");
+    if (!so->is_object())
+      bad_request("stream_options", "stream_options: expected an object, got {}", type_name(*so));
+    if (!r.stream)
+      bad_request("stream_options", "stream_options: only allowed when stream is true");
     for (const auto& [k, v] : so->items()) {
-      if (k != "include_usage") bad_request("stream_options", "stream_options.{} is not supported (only include_usage)", k);
+      if (k != "include_usage")
+        bad_request("stream_options", "stream_options.{} is not supported (only include_usage)", k);
     }
     r.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
@@ -218,8 +276,10 @@ void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r, 
     bad_request("metadata", "metadata: expected an object, got {}", type_name(*m));
   }
   require_default(body, "store", false, "this server keeps no completions");
-  if (const json* t = field(body, "service_tier"); t != nullptr && *t != "auto" && *t != "default") {
-    bad_request("service_tier", "service_tier: {} is not supported (accepted: \"auto\", \"default\")", t->dump());
+  if (const json* t = field(body, "service_tier");
+      t != nullptr && *t != "auto" && *t != "default") {
+    bad_request("service_tier",
+                "service_tier: {} is not supported (accepted: \"auto\", \"default\")", t->dump());
   }
 
   // max_tokens: capped by the ceiling; the context limit stops generation as well.
@@ -227,7 +287,8 @@ void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r, 
   if (r.endpoint == Endpoint::chat) {
     auto mct = get_int(body, "max_completion_tokens", 1, std::numeric_limits<int64_t>::max());
     if (mt && mct && *mt != *mct) {
-      bad_request("max_completion_tokens", "max_tokens ({}) and max_completion_tokens ({}) disagree; give one", *mt, *mct);
+      bad_request("max_completion_tokens",
+                  "max_tokens ({}) and max_completion_tokens ({}) disagree; give one", *mt, *mct);
     }
     if (mct) mt = mct;
   }
@@ -244,11 +305,13 @@ void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r, 
 void check_context(const ServeRequest& r, const ServeLimits& limits, const char* param) {
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   if (n + 1 > limits.context) {
-    throw ApiError(400,
-                   fmt::format("This model's context is {} tokens, but the prompt has {} tokens (it must leave room "
-                               "for at least one generated token)",
-                               limits.context, n),
-                   "invalid_request_error", param, "context_length_exceeded");
+    throw ApiError(
+        400,
+        fmt::format(
+            "This model's context is {} tokens, but the prompt has {} tokens (it must leave room "
+            "for at least one generated token)",
+            limits.context, n),
+        "invalid_request_error", param, "context_length_exceeded");
   }
 }
 
@@ -262,15 +325,17 @@ std::string param_of(const std::string& msg) {
 }
 
 void check_messages(const json& msgs) {
-  static const std::set<std::string> known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content",
-                                              "reasoning", "tools", "tool", "id", "refusal", "audio", "function_call",
-                                              "annotations"};
-  if (!msgs.is_array()) bad_request("messages", "messages: expected an array of messages, got {}", type_name(msgs));
+  static const std::set<std::string> known = {
+      "role",  "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
+      "tools", "tool",    "id",   "refusal",    "audio",        "function_call",     "annotations"};
+  if (!msgs.is_array())
+    bad_request("messages", "messages: expected an array of messages, got {}", type_name(msgs));
   if (msgs.empty()) bad_request("messages", "messages: must not be empty");
   for (size_t i = 0; i < msgs.size(); ++i) {
     const json& m = msgs[i];
     const std::string path = fmt::format("messages[{}]", i);
-    if (!m.is_object()) bad_request(path, "{}: expected a message object, got {}", path, type_name(m));
+    if (!m.is_object())
+      bad_request(path, "{}: expected a message object, got {}", path, type_name(m));
     for (const auto& [k, v] : m.items()) {
       if (known.count(k) == 0) bad_request(path + "." + k, "{}.{} is not supported", path, k);
       if ((k == "refusal" || k == "audio" || k == "function_call") && !v.is_null()) {
@@ -285,11 +350,14 @@ void check_messages(const json& msgs) {
     for (size_t j = 0; j < c->size(); ++j) {
       const json& part = (*c)[j];
       const std::string pp = fmt::format("{}.content[{}]", path, j);
-      if (!part.is_object()) bad_request(pp, "{}: expected a content part object, got {}", pp, type_name(part));
+      if (!part.is_object())
+        bad_request(pp, "{}: expected a content part object, got {}", pp, type_name(part));
       const json* t = field(part, "type");
       if (t != nullptr && (!t->is_string() || *t != "text")) {
-        bad_request(pp, "{}: only text content is supported (this server runs the K3 text model), got a {} part", pp,
-                    t->dump());
+        bad_request(pp,
+                    "{}: only text content is supported (this server runs the K3 text model), got "
+                    "a {} part",
+                    pp, t->dump());
       }
     }
   }
@@ -298,15 +366,18 @@ void check_messages(const json& msgs) {
 void check_tools(const json& body) {
   const json* tools = field(body, "tools");
   if (tools == nullptr) return;
-  if (!tools->is_array()) bad_request("tools", "tools: expected an array, got {}", type_name(*tools));
+  if (!tools->is_array())
+    bad_request("tools", "tools: expected an array, got {}", type_name(*tools));
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
     const std::string p = fmt::format("tools[{}]", i);
     if (!t.is_object()) bad_request(p, "{}: expected a tool object, got {}", p, type_name(t));
     const json* type = field(t, "type");
-    if (type == nullptr || *type != "function") bad_request(p + ".type", "{}.type: only \"function\" tools are supported", p);
+    if (type == nullptr || *type != "function")
+      bad_request(p + ".type", "{}.type: only \"function\" tools are supported", p);
     const json* fn = field(t, "function");
-    if (fn == nullptr || !fn->is_object()) bad_request(p + ".function", "{}.function: expected an object", p);
+    if (fn == nullptr || !fn->is_object())
+      bad_request(p + ".function", "{}.function: expected an object", p);
     const json* name = field(*fn, "name");
     if (name == nullptr || !name->is_string() || name->get_ref<const std::string&>().empty()) {
       bad_request(p + ".function.name", "{}.function.name: expected a non-empty string", p);
@@ -323,14 +394,19 @@ json parse_body(const std::string& body, size_t max_depth) {
   bool in_string = false, escaped = false;
   for (const char c : body) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '[' || c == '{') {
-      if (++depth > max_depth) bad_request("", "the request nests deeper than {} levels", max_depth);
+      if (++depth > max_depth)
+        bad_request("", "the request nests deeper than {} levels", max_depth);
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
@@ -370,15 +446,19 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   require_default(body, "audio", nullptr, "text output only");
   require_default(body, "prediction", nullptr, "predicted outputs are not implemented");
   if (field(body, "functions") != nullptr || field(body, "function_call") != nullptr) {
-    bad_request(field(body, "functions") ? "functions" : "function_call",
-                "functions / function_call (the legacy API) are not supported; use tools and tool_choice");
+    bad_request(
+        field(body, "functions") ? "functions" : "function_call",
+        "functions / function_call (the legacy API) are not supported; use tools and tool_choice");
   }
   if (auto ptc = get_bool(body, "parallel_tool_calls"); ptc && !*ptc) {
-    bad_request("parallel_tool_calls", "parallel_tool_calls: false is not supported (K3 may call several tools in one turn)");
+    bad_request(
+        "parallel_tool_calls",
+        "parallel_tool_calls: false is not supported (K3 may call several tools in one turn)");
   }
   if (const json* tc = field(body, "tool_choice"); tc != nullptr && tc->is_object()) {
     bad_request("tool_choice",
-                "tool_choice: naming one function is not supported by the K3 format; use \"auto\", \"required\" or \"none\"");
+                "tool_choice: naming one function is not supported by the K3 format; use \"auto\", "
+                "\"required\" or \"none\"");
   }
   check_tools(body);
   const json* msgs = field(body, "messages");
@@ -388,19 +468,27 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   // The K3 renderer takes low/high/max; OpenAI's minimal and medium map to low and high.
   json b = body;
   if (const json* e = field(body, "reasoning_effort")) {
-    if (!e->is_string()) bad_request("reasoning_effort", "reasoning_effort: expected a string, got {}", type_name(*e));
+    if (!e->is_string())
+      bad_request("reasoning_effort", "reasoning_effort: expected a string, got {}", type_name(*e));
     const std::string v = e->get<std::string>();
     std::string mapped = v == "minimal" ? "low" : v == "medium" ? "high" : v;
     if (mapped != "low" && mapped != "high" && mapped != "max") {
-      bad_request("reasoning_effort", "reasoning_effort: \"{}\" is not supported (minimal, low, medium, high or max)", v);
+      bad_request("reasoning_effort",
+                  "reasoning_effort: \"{}\" is not supported (minimal, low, medium, high or max)",
+                  v);
     }
     b["reasoning_effort"] = mapped;
   }
   if (const json* k = field(body, "chat_template_kwargs")) {
-    if (!k->is_object()) bad_request("chat_template_kwargs", "chat_template_kwargs: expected an object");
+    if (!k->is_object())
+      bad_request("chat_template_kwargs", "chat_template_kwargs: expected an object");
     for (const auto& [key, v] : k->items()) {
-      if (key != "thinking") bad_request("chat_template_kwargs", "chat_template_kwargs.{} is not supported (only thinking)", key);
-      if (!v.is_boolean()) bad_request("chat_template_kwargs", "chat_template_kwargs.thinking: expected true or false");
+      if (key != "thinking")
+        bad_request("chat_template_kwargs",
+                    "chat_template_kwargs.{} is not supported (only thinking)", key);
+      if (!v.is_boolean())
+        bad_request("chat_template_kwargs",
+                    "chat_template_kwargs.thinking: expected true or false");
       if (field(body, "thinking") != nullptr && b["thinking"] != v) {
         bad_request("thinking", "thinking and chat_template_kwargs.thinking disagree");
       }
@@ -420,11 +508,13 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   return r;
 }
 
-ServeRequest parse_completion_request(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+ServeRequest parse_completion_request(const json& body, const ServeLimits& limits,
+                                      const Tokenizer& tok) {
   ServeRequest r;
   r.endpoint = Endpoint::completions;
   check_known_fields(body, Endpoint::completions);
-  parse_common(body, limits, r, std::min<int64_t>(16, limits.max_tokens));  // OpenAI's default is 16
+  parse_common(body, limits, r,
+               std::min<int64_t>(16, limits.max_tokens));  // OpenAI's default is 16
   if (auto lp = get_int(body, "logprobs", 0, 20)) {
     r.logprobs = true;
     r.top_logprobs = static_cast<int>(*lp);
@@ -439,15 +529,19 @@ ServeRequest parse_completion_request(const json& body, const ServeLimits& limit
   }
 
   const json* p = field(body, "prompt");
-  if (p == nullptr) bad_request("prompt", "prompt: missing (expected a string or a list of token ids)");
+  if (p == nullptr)
+    bad_request("prompt", "prompt: missing (expected a string or a list of token ids)");
   auto ids_of = [&](const json& arr) {
     std::vector<int32_t> ids;
     for (const auto& x : arr) {
       if (!x.is_number_integer() && !x.is_number_unsigned()) {
-        bad_request("prompt", "prompt: a token-id list must hold integers only, got {}", type_name(x));
+        bad_request("prompt", "prompt: a token-id list must hold integers only, got {}",
+                    type_name(x));
       }
-      const int64_t id = x.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(x.get<uint64_t>(), INT64_MAX))
-                                                : x.get<int64_t>();
+      const int64_t id =
+          x.is_number_unsigned()
+              ? static_cast<int64_t>(std::min<uint64_t>(x.get<uint64_t>(), INT64_MAX))
+              : x.get<int64_t>();
       if (id < 0 || id >= std::min<int64_t>(limits.vocab, tok.vocab_size())) {
         bad_request("prompt", "prompt: token id {} is out of range (expected 0 to {})", id,
                     std::min<int64_t>(limits.vocab, tok.vocab_size()) - 1);
@@ -470,10 +564,12 @@ ServeRequest parse_completion_request(const json& body, const ServeLimits& limit
     } else if (first.is_array()) {
       r.prompt = ids_of(first);
     } else {
-      bad_request("prompt", "prompt: expected a string or a list of token ids, got a list of {}", type_name(first));
+      bad_request("prompt", "prompt: expected a string or a list of token ids, got a list of {}",
+                  type_name(first));
     }
   } else {
-    bad_request("prompt", "prompt: expected a string or a list of token ids, got {}", type_name(*p));
+    bad_request("prompt", "prompt: expected a string or a list of token ids, got {}",
+                type_name(*p));
   }
   if (r.prompt.empty()) bad_request("prompt", "prompt: must not be empty");
   r.params.chat = false;

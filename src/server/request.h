@@ -40,13 +40,13 @@ struct ServeRequest {
   Endpoint endpoint = Endpoint::chat;
   bool stream = false;
   bool include_usage = false;
-  bool logprobs = false;      // chat: logprobs; completions: logprobs given (>= 0)
-  int top_logprobs = 0;       // alternatives per token
+  bool logprobs = false;            // chat: logprobs; completions: logprobs given (>= 0)
+  int top_logprobs = 0;             // alternatives per token
   std::optional<ChatRequest> chat;  // chat: the parsed conversation (reused for the kept state)
   std::vector<int32_t> prompt;      // the full prompt ids
   GenerationParams params;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
-  bool max_tokens_capped = false;  // the client asked for more than the ceiling
+  bool max_tokens_capped = false;                     // the client asked for more than the ceiling
 };
 
 // Parses a body (JSON text) with the depth limit; throws ApiError 400 for invalid JSON, a body
@@ -57,7 +57,8 @@ nlohmann::ordered_json parse_body(const std::string& body, size_t max_depth);
 bool model_matches(const ServeLimits& limits, const std::string& name);
 
 // Validates a /v1/chat/completions or /v1/completions body. Throws ApiError.
-ServeRequest parse_chat_request(const nlohmann::ordered_json& body, const ServeLimits& limits, const Tokenizer& tok);
+ServeRequest parse_chat_request(const nlohmann::ordered_json& body, const ServeLimits& limits,
+                                const Tokenizer& tok);
 ServeRequest parse_completion_request(const nlohmann::ordered_json& body, const ServeLimits& limits,
                                       const Tokenizer& tok);
 

@@ -11,8 +11,10 @@ using json = nlohmann::ordered_json;
 std::string finish_reason(StopReason stop, bool tool_calls) {
   switch (stop) {
     case StopReason::kLength:
-    case StopReason::kContext: return "length";
-    default: return tool_calls ? "tool_calls" : "stop";
+    case StopReason::kContext:
+      return "length";
+    default:
+      return tool_calls ? "tool_calls" : "stop";
   }
 }
 
@@ -34,14 +36,24 @@ std::string random_id(const std::string& prefix, size_t chars) {
   return s;
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
-std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+std::string sse(const json& j) {
+  return "data: " + dump(j) + "\n\n";
+}
 
-ResponseBuilder::ResponseBuilder(const Tokenizer& tok, Endpoint endpoint, std::string id, int64_t created,
-                                 std::string model, bool logprobs, bool include_usage)
-    : tok_(tok), endpoint_(endpoint), id_(std::move(id)), model_(std::move(model)), created_(created),
-      logprobs_(logprobs), include_usage_(include_usage) {}
+ResponseBuilder::ResponseBuilder(const Tokenizer& tok, Endpoint endpoint, std::string id,
+                                 int64_t created, std::string model, bool logprobs,
+                                 bool include_usage)
+    : tok_(tok),
+      endpoint_(endpoint),
+      id_(std::move(id)),
+      model_(std::move(model)),
+      created_(created),
+      logprobs_(logprobs),
+      include_usage_(include_usage) {}
 
 json ResponseBuilder::head(const char* chat_object) const {
   json j;
@@ -131,7 +143,8 @@ std::vector<json> ResponseBuilder::add(const StepUpdate& u) {
     json choice;
     choice["text"] = text;
     choice["index"] = 0;
-    choice["logprobs"] = logprobs_ ? completion_logprobs(first_token, tokens_.size()) : json(nullptr);
+    choice["logprobs"] =
+        logprobs_ ? completion_logprobs(first_token, tokens_.size()) : json(nullptr);
     choice["finish_reason"] = nullptr;
     out.push_back(chunk(choice));
     return out;

@@ -45,8 +45,8 @@ std::string random_id(const std::string& prefix, size_t chars = 24);
 
 class ResponseBuilder {
  public:
-  ResponseBuilder(const Tokenizer& tok, Endpoint endpoint, std::string id, int64_t created, std::string model,
-                  bool logprobs, bool include_usage);
+  ResponseBuilder(const Tokenizer& tok, Endpoint endpoint, std::string id, int64_t created,
+                  std::string model, bool logprobs, bool include_usage);
 
   // Streaming: the first chunk (chat: the assistant role with empty content; completions: none).
   std::vector<nlohmann::ordered_json> begin();

@@ -31,7 +31,8 @@ Usage Job::usage() const {
   return usage_;
 }
 
-Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions& options, Metrics& metrics)
+Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions& options,
+                     Metrics& metrics)
     : model_(model), tok_(tok), opt_(options), metrics_(metrics), cache_(options.cache) {
   opt_.parallel = std::max(1, opt_.parallel);
   opt_.queue = std::max(0, opt_.queue);
@@ -39,7 +40,9 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
   thread_ = std::thread([this] { run(); });
 }
 
-Scheduler::~Scheduler() { stop(); }
+Scheduler::~Scheduler() {
+  stop();
+}
 
 void Scheduler::publish_storage() {
   uint64_t hits = 0, requested = 0;
@@ -63,12 +66,14 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> lock(m_);
     if (stop_) {
-      throw ApiError(503, "the server is shutting down", "server_error", std::nullopt, "shutting_down");
+      throw ApiError(503, "the server is shutting down", "server_error", std::nullopt,
+                     "shutting_down");
     }
     const int64_t free_slots = std::max<int64_t>(0, opt_.parallel - active_count_.load());
     if (static_cast<int64_t>(queue_.size()) >= opt_.queue + free_slots) {
       throw ApiError(429,
-                     fmt::format("the server is busy: {} requests running and {} waiting (the queue holds {}); retry later",
+                     fmt::format("the server is busy: {} requests running and {} waiting (the "
+                                 "queue holds {}); retry later",
                                  active_count_.load(), queue_.size(), opt_.queue),
                      "rate_limit_error", std::nullopt, "queue_full")
           .with_retry_after(1);
@@ -91,7 +96,9 @@ void Scheduler::cancel(const std::shared_ptr<Job>& job) {
       metrics_.set_gauges(static_cast<int64_t>(queue_.size()), active_count_.load());
     }
   }
-  if (removed) fail(job, ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
+  if (removed)
+    fail(job,
+         ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
   cv_.notify_all();
 }
 
@@ -119,9 +126,11 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     if (r.chat && opt_.cache > 0) {
       if (auto kept = cache_.take(r.prompt)) {
         std::vector<int32_t> input = kept->feed;
-        input.insert(input.end(), r.prompt.begin() + static_cast<ptrdiff_t>(kept->canon.size()), r.prompt.end());
+        input.insert(input.end(), r.prompt.begin() + static_cast<ptrdiff_t>(kept->canon.size()),
+                     r.prompt.end());
         try {
-          slot.gen = std::make_unique<Generation>(input, r.params, &tok_, vocab, kept->state.position());
+          slot.gen =
+              std::make_unique<Generation>(input, r.params, &tok_, vocab, kept->state.position());
           slot.state = std::move(kept->state);
           slot.seen = std::move(kept->seen);
           slot.input = std::move(input);
@@ -141,7 +150,8 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     fail(job, ApiError(400, e.what(), "invalid_request_error"));
     return false;
   } catch (const std::exception& e) {
-    fail(job, ApiError(500, fmt::format("could not start the generation: {}", e.what()), "server_error"));
+    fail(job, ApiError(500, fmt::format("could not start the generation: {}", e.what()),
+                       "server_error"));
     return false;
   }
   {
@@ -198,13 +208,15 @@ void Scheduler::step() {
     Slot& s = active_[i];
     if (s.job->cancelled()) {
       s.gen->cancel();
-      fail(s.job, ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
+      fail(s.job,
+           ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
       drop[i] = true;
     } else if (now > s.job->deadline) {
       s.gen->cancel();
       post(s);
-      fail(s.job, ApiError(504, "the request did not finish within the server's time limit (--timeout)", "timeout_error",
-                           std::nullopt, "timeout"));
+      fail(s.job,
+           ApiError(504, "the request did not finish within the server's time limit (--timeout)",
+                    "timeout_error", std::nullopt, "timeout"));
       drop[i] = true;
     }
   }
@@ -235,7 +247,8 @@ void Scheduler::step() {
       log_warn("forward pass over {} sequences failed: {}", seqs.size(), e.what());
       for (size_t i : in_pass) {
         active_[i].gen->abort();
-        fail(active_[i].job, ApiError(500, fmt::format("the forward pass failed: {}", e.what()), "server_error"));
+        fail(active_[i].job,
+             ApiError(500, fmt::format("the forward pass failed: {}", e.what()), "server_error"));
         drop[i] = true;
       }
     }
@@ -245,14 +258,16 @@ void Scheduler::step() {
       const int64_t vocab = model_.config().vocab;
       for (size_t k = 0; k < in_pass.size(); ++k) {
         Slot& s = active_[in_pass[k]];
-        std::span<float> l(logits.data() + static_cast<ptrdiff_t>(k) * vocab, static_cast<size_t>(vocab));
+        std::span<float> l(logits.data() + static_cast<ptrdiff_t>(k) * vocab,
+                           static_cast<size_t>(vocab));
         for (const auto& [id, bias] : s.job->req.logit_bias) l[static_cast<size_t>(id)] += bias;
         const size_t before = s.gen->tokens().size();
         try {
           s.gen->on_logits(l);
         } catch (const std::exception& e) {
           s.gen->abort();
-          fail(s.job, ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
+          fail(s.job,
+               ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
           drop[in_pass[k]] = true;
           continue;
         }
@@ -290,18 +305,21 @@ void Scheduler::run() {
           ++it;
         }
       }
-      while (static_cast<int>(active_.size() + admitted.size()) < opt_.parallel && !queue_.empty()) {
+      while (static_cast<int>(active_.size() + admitted.size()) < opt_.parallel &&
+             !queue_.empty()) {
         admitted.push_back(queue_.front());
         queue_.pop_front();
       }
     }
     for (auto& j : expired) {
-      fail(j, ApiError(504, "the request waited in the queue past the server's time limit (--timeout)", "timeout_error",
-                       std::nullopt, "timeout"));
+      fail(j,
+           ApiError(504, "the request waited in the queue past the server's time limit (--timeout)",
+                    "timeout_error", std::nullopt, "timeout"));
     }
     for (auto& j : admitted) {
       if (j->cancelled()) {
-        fail(j, ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
+        fail(j,
+             ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
         continue;
       }
       Slot s;
@@ -311,7 +329,8 @@ void Scheduler::run() {
     step();
     update_gauges();
   }
-  const ApiError down(503, "the server is shutting down", "server_error", std::nullopt, "shutting_down");
+  const ApiError down(503, "the server is shutting down", "server_error", std::nullopt,
+                      "shutting_down");
   for (auto& s : active_) fail(s.job, down);
   active_.clear();
   std::deque<std::shared_ptr<Job>> queued;
@@ -336,24 +355,28 @@ bool Scheduler::publish(Job& job, const ResponseBuilder& response) {
     stop = job.stop_;
   }
   bool kept = false;
-  if (stop == StopReason::kEndOfTurn || stop == StopReason::kStopToken || stop == StopReason::kLength ||
-      stop == StopReason::kContext) {
+  if (stop == StopReason::kEndOfTurn || stop == StopReason::kStopToken ||
+      stop == StopReason::kLength || stop == StopReason::kContext) {
     try {
       // The answer as a client sends it back.
       json msg;
       msg["role"] = "assistant";
       msg["content"] = response.content();
-      if (job.req.chat->thinking && !response.reasoning().empty()) msg["reasoning_content"] = response.reasoning();
+      if (job.req.chat->thinking && !response.reasoning().empty())
+        msg["reasoning_content"] = response.reasoning();
       if (!response.tool_calls().empty()) {
         json calls = json::array();
         for (const auto& c : response.tool_calls()) {
-          calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+          calls.push_back({{"id", c.id},
+                           {"type", "function"},
+                           {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
         }
         msg["tool_calls"] = calls;
       }
       ChatRequest conv = *job.req.chat;
       conv.add_generation_prompt = false;
-      conv.messages.push_back(ChatRequest::from_json(json{{"messages", json::array({msg})}}).messages.at(0));
+      conv.messages.push_back(
+          ChatRequest::from_json(json{{"messages", json::array({msg})}}).messages.at(0));
       std::vector<int32_t> canon = render(conv, tok_).ids;
       if (auto feed = segment_completion(tok_, history, canon)) {
         cache_.put({std::move(canon), std::move(*state), std::move(history), std::move(*feed)});

@@ -22,18 +22,30 @@ std::optional<DType> parse_dtype(std::string_view n) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF64: return "F64";
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kI16: return "I16";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kF8E5M2: return "F8_E5M2";
+    case DType::kF64:
+      return "F64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI16:
+      return "I16";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
   }
   return "?";
 }
@@ -41,17 +53,21 @@ const char* dtype_name(DType t) {
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kF16:
     case DType::kBF16:
-    case DType::kI16: return 2;
+    case DType::kI16:
+      return 2;
     case DType::kI8:
     case DType::kU8:
     case DType::kBool:
     case DType::kF8E4M3:
-    case DType::kF8E5M2: return 1;
+    case DType::kF8E5M2:
+      return 1;
   }
   return 1;
 }
@@ -76,7 +92,7 @@ uint16_t f32_to_f16(float f) {
   uint32_t absx = x & 0x7fffffffu;
   if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absx < 0x38800000u) {                                                 // subnormal or zero
+  if (absx < 0x38800000u) {                                               // subnormal or zero
     float a;
     std::memcpy(&a, &absx, sizeof a);
     // round(a * 2^24) with ties to even

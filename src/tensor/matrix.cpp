@@ -20,14 +20,20 @@ struct E8M0Table {
 const E8M0Table kE8M0;
 }  // namespace
 
-float e8m0_to_float(uint8_t e) { return kE8M0.v[e]; }
+float e8m0_to_float(uint8_t e) {
+  return kE8M0.v[e];
+}
 
 const char* weight_format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kBF16: return "bf16";
-    case WeightFormat::kMXFP4: return "mxfp4";
-    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kF32:
+      return "f32";
+    case WeightFormat::kBF16:
+      return "bf16";
+    case WeightFormat::kMXFP4:
+      return "mxfp4";
+    case WeightFormat::kInt8:
+      return "int8";
   }
   return "?";
 }

@@ -27,18 +27,25 @@ struct Matrix {
   // Bytes per row of `data` (packed, no padding).
   int64_t row_bytes() const {
     switch (format) {
-      case WeightFormat::kF32: return cols * 4;
-      case WeightFormat::kBF16: return cols * 2;
-      case WeightFormat::kMXFP4: return cols / 2;
-      case WeightFormat::kInt8: return cols;
+      case WeightFormat::kF32:
+        return cols * 4;
+      case WeightFormat::kBF16:
+        return cols * 2;
+      case WeightFormat::kMXFP4:
+        return cols / 2;
+      case WeightFormat::kInt8:
+        return cols;
     }
     return 0;
   }
   int64_t scale_row_bytes() const {
     switch (format) {
-      case WeightFormat::kMXFP4: return cols / 32;
-      case WeightFormat::kInt8: return 2;
-      default: return 0;
+      case WeightFormat::kMXFP4:
+        return cols / 32;
+      case WeightFormat::kInt8:
+        return 2;
+      default:
+        return 0;
     }
   }
   // All bytes a pass over this matrix reads.

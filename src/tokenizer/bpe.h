@@ -110,7 +110,8 @@ void merge_heap(std::string_view piece, const RankFn& rank, std::vector<int32_t>
     if (prev[i] >= 0) push(prev[i]);
   }
   for (int32_t i = 0; i < n; i = next[i]) {
-    out.push_back(rank(piece.substr(static_cast<std::size_t>(i), static_cast<std::size_t>(next[i] - i))));
+    out.push_back(
+        rank(piece.substr(static_cast<std::size_t>(i), static_cast<std::size_t>(next[i] - i))));
   }
 }
 

@@ -29,15 +29,22 @@ const json* find(const json& obj, const char* key) {
 
 const char* type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "an array";
-    case json::value_t::string: return "a string";
-    case json::value_t::boolean: return "a boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
     case json::value_t::number_integer:
     case json::value_t::number_unsigned:
-    case json::value_t::number_float: return "a number";
-    default: return "an unsupported value";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
   }
 }
 
@@ -45,25 +52,37 @@ const char* type_name(const json& v) {
 // names. Objects and arrays are rejected.
 std::string py_str(const json& v, const std::string& path) {
   switch (v.type()) {
-    case json::value_t::string: return v.get<std::string>();
-    case json::value_t::boolean: return v.get<bool>() ? "True" : "False";
-    case json::value_t::number_integer: return std::to_string(v.get<int64_t>());
-    case json::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
-    case json::value_t::number_float: return python_float_repr(v.get<double>());
-    default: fail_arg("{}: expected a string, got {}", path, type_name(v));
+    case json::value_t::string:
+      return v.get<std::string>();
+    case json::value_t::boolean:
+      return v.get<bool>() ? "True" : "False";
+    case json::value_t::number_integer:
+      return std::to_string(v.get<int64_t>());
+    case json::value_t::number_unsigned:
+      return std::to_string(v.get<uint64_t>());
+    case json::value_t::number_float:
+      return python_float_repr(v.get<double>());
+    default:
+      fail_arg("{}: expected a string, got {}", path, type_name(v));
   }
 }
 
 // Jinja/Python truthiness of a scalar name: "", 0, false and null mean "no name".
 bool truthy_scalar(const json& v, const std::string& path) {
   switch (v.type()) {
-    case json::value_t::null: return false;
-    case json::value_t::string: return !v.get_ref<const std::string&>().empty();
-    case json::value_t::boolean: return v.get<bool>();
+    case json::value_t::null:
+      return false;
+    case json::value_t::string:
+      return !v.get_ref<const std::string&>().empty();
+    case json::value_t::boolean:
+      return v.get<bool>();
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return v.get<int64_t>() != 0;
-    case json::value_t::number_float: return v.get<double>() != 0.0;
-    default: fail_arg("{}: expected a string, got {}", path, type_name(v));
+    case json::value_t::number_unsigned:
+      return v.get<int64_t>() != 0;
+    case json::value_t::number_float:
+      return v.get<double>() != 0.0;
+    default:
+      fail_arg("{}: expected a string, got {}", path, type_name(v));
   }
 }
 
@@ -80,10 +99,12 @@ std::string parse_content(const json& msg, const std::string& path) {
   for (std::size_t i = 0; i < c->size(); ++i) {
     const json& part = (*c)[i];
     const std::string ppath = fmt::format("{}.content[{}]", path, i);
-    if (!part.is_object()) fail_arg("{}: expected a content part object, got {}", ppath, type_name(part));
-    if (const json* t = find(part, "type"); t != nullptr && t->is_string() &&
-                                           (*t == "image" || *t == "image_url")) {
-      fail_arg("{}: image parts are not supported (this engine runs the K3 text model only)", ppath);
+    if (!part.is_object())
+      fail_arg("{}: expected a content part object, got {}", ppath, type_name(part));
+    if (const json* t = find(part, "type");
+        t != nullptr && t->is_string() && (*t == "image" || *t == "image_url")) {
+      fail_arg("{}: image parts are not supported (this engine runs the K3 text model only)",
+               ppath);
     }
     const json* t = find(part, "text");
     if (t == nullptr || !t->is_string()) fail_arg("{}.text: expected a string", ppath);
@@ -92,7 +113,8 @@ std::string parse_content(const json& msg, const std::string& path) {
   return text;
 }
 
-std::optional<std::string> optional_text(const json& msg, const char* key, const std::string& path) {
+std::optional<std::string> optional_text(const json& msg, const char* key,
+                                         const std::string& path) {
   const json* v = find(msg, key);
   if (v == nullptr || v->is_null()) return std::nullopt;
   return py_str(*v, path + "." + key);
@@ -101,13 +123,15 @@ std::optional<std::string> optional_text(const json& msg, const char* key, const
 ChatToolCall parse_tool_call(const json& tc, const std::string& path) {
   if (!tc.is_object()) fail_arg("{}: Kimi K3 tool calls must be mappings.", path);
   ChatToolCall call;
-  if (const json* id = find(tc, "id"); id != nullptr && !id->is_null()) call.id = py_str(*id, path + ".id");
+  if (const json* id = find(tc, "id"); id != nullptr && !id->is_null())
+    call.id = py_str(*id, path + ".id");
   const json* fnp = find(tc, "function");
   const bool nested = fnp != nullptr && fnp->is_object();
   const json& fn = nested ? *fnp : tc;
   const std::string fpath = nested ? path + ".function" : path;
   const json* name = find(fn, "name");
-  if (name == nullptr || name->is_null()) fail_arg("{}.name: Kimi K3 tool calls require a function name.", fpath);
+  if (name == nullptr || name->is_null())
+    fail_arg("{}.name: Kimi K3 tool calls require a function name.", fpath);
   call.name = py_str(*name, fpath + ".name");
 
   if (const json* block = find(fn, "_xtml_json_block"); block != nullptr && !block->is_null()) {
@@ -140,7 +164,8 @@ ChatToolCall parse_tool_call(const json& tc, const std::string& path) {
     }
     return call;
   }
-  fail_arg("{}.arguments: Kimi K3 tool call arguments must be a mapping or a JSON object string.", fpath);
+  fail_arg("{}.arguments: Kimi K3 tool call arguments must be a mapping or a JSON object string.",
+           fpath);
 }
 
 ChatMessage parse_message(const json& m, const std::string& path) {
@@ -150,11 +175,17 @@ ChatMessage parse_message(const json& m, const std::string& path) {
   if (!role->is_string()) fail_arg("{}.role: expected a string, got {}", path, type_name(*role));
   ChatMessage msg;
   const std::string& r = role->get_ref<const std::string&>();
-  if (r == "system") msg.role = ChatMessage::Role::system;
-  else if (r == "user") msg.role = ChatMessage::Role::user;
-  else if (r == "assistant") msg.role = ChatMessage::Role::assistant;
-  else if (r == "tool") msg.role = ChatMessage::Role::tool;
-  else fail_arg("{}.role: unsupported role \"{}\" (expected system, user, assistant or tool)", path, r);
+  if (r == "system")
+    msg.role = ChatMessage::Role::system;
+  else if (r == "user")
+    msg.role = ChatMessage::Role::user;
+  else if (r == "assistant")
+    msg.role = ChatMessage::Role::assistant;
+  else if (r == "tool")
+    msg.role = ChatMessage::Role::tool;
+  else
+    fail_arg("{}.role: unsupported role \"{}\" (expected system, user, assistant or tool)", path,
+             r);
 
   if (msg.role == ChatMessage::Role::tool) {
     // `tool` wins when the key is present at all (even if null, which then means "unknown").
@@ -174,7 +205,8 @@ ChatMessage parse_message(const json& m, const std::string& path) {
 
   if (msg.role == ChatMessage::Role::system) {
     if (const json* t = find(m, "tools"); t != nullptr && !t->is_null()) {
-      if (!t->is_array()) fail_arg("{}.tools: expected an array of tools, got {}", path, type_name(*t));
+      if (!t->is_array())
+        fail_arg("{}.tools: expected an array of tools, got {}", path, type_name(*t));
       if (!t->empty()) msg.tools = *t;
     }
   }
@@ -189,9 +221,11 @@ ChatMessage parse_message(const json& m, const std::string& path) {
     }
     msg.reasoning = rc;
     if (const json* tcs = find(m, "tool_calls"); tcs != nullptr && !tcs->is_null()) {
-      if (!tcs->is_array()) fail_arg("{}.tool_calls: expected an array, got {}", path, type_name(*tcs));
+      if (!tcs->is_array())
+        fail_arg("{}.tool_calls: expected an array, got {}", path, type_name(*tcs));
       for (std::size_t i = 0; i < tcs->size(); ++i) {
-        msg.tool_calls.push_back(parse_tool_call((*tcs)[i], fmt::format("{}.tool_calls[{}]", path, i)));
+        msg.tool_calls.push_back(
+            parse_tool_call((*tcs)[i], fmt::format("{}.tool_calls[{}]", path, i)));
       }
     }
   }
@@ -264,9 +298,12 @@ class PromptBuilder {
   static std::string escape_attr(std::string_view v) {
     std::string out;
     for (const char c : v) {
-      if (c == '&') out += "&amp;";
-      else if (c == '"') out += "&quot;";
-      else out += c;
+      if (c == '&')
+        out += "&amp;";
+      else if (c == '"')
+        out += "&quot;";
+      else
+        out += c;
     }
     return out;
   }
@@ -290,9 +327,10 @@ class PromptBuilder {
 void tool_declare(PromptBuilder& b, const json& tools, bool dynamic) {
   b.open("message", {{"role", "system"}, {"type", "tool-declare"}});
   if (dynamic) {
-    b.text("## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
-           "You have access to all existing and extended tools.\n"
-           "Here are the specs for the extended tools.\n\n```json\n");
+    b.text(
+        "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
+        "You have access to all existing and extended tools.\n"
+        "Here are the specs for the extended tools.\n\n```json\n");
   } else {
     b.text("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
   }
@@ -304,14 +342,20 @@ void tool_declare(PromptBuilder& b, const json& tools, bool dynamic) {
 
 const char* xtml_type(const json& v) {
   switch (v.type()) {
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::null: return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::null:
+      return "null";
     case json::value_t::number_integer:
     case json::value_t::number_unsigned:
-    case json::value_t::number_float: return "number";
-    case json::value_t::string: return "string";
-    case json::value_t::object: return "object";
-    default: return "array";
+    case json::value_t::number_float:
+      return "number";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::object:
+      return "object";
+    default:
+      return "array";
   }
 }
 
@@ -355,11 +399,13 @@ void render_tool_result(PromptBuilder& b, const ChatMessage& m, ToolState& st,
                         const std::optional<std::string>& resolved, std::size_t msg_index) {
   ++st.index;
   std::optional<std::string> name = resolved ? resolved : m.tool_name;
-  if (!name && st.calls != nullptr && st.index <= st.calls->size()) name = (*st.calls)[st.index - 1].name;
+  if (!name && st.calls != nullptr && st.index <= st.calls->size())
+    name = (*st.calls)[st.index - 1].name;
   if (!name) {
-    fail_arg("messages[{}]: Kimi K3 tool messages need a resolvable tool name: carry `tool`/`name`, "
-             "or match a preceding assistant tool_call by order.",
-             msg_index);
+    fail_arg(
+        "messages[{}]: Kimi K3 tool messages need a resolvable tool name: carry `tool`/`name`, "
+        "or match a preceding assistant tool_call by order.",
+        msg_index);
   }
   b.open("message", {{"role", "tool"}, {"tool", *name}, {"index", std::to_string(st.index)}});
   b.text(m.content);
@@ -417,7 +463,8 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
         }
         [[fallthrough]];
       case ChatMessage::Role::user: {
-        PromptBuilder::Attrs attrs = {{"role", m.role == ChatMessage::Role::user ? "user" : "system"}};
+        PromptBuilder::Attrs attrs = {
+            {"role", m.role == ChatMessage::Role::user ? "user" : "system"}};
         if (!m.name.empty()) attrs.emplace_back("name", m.name);
         b.open("message", attrs);
         b.text(m.content);
@@ -458,8 +505,9 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
       "Your response must be raw JSON data without markdown code blocks (```json) or any "
       "additional formatting.";
   if (req.response_format == ChatRequest::ResponseFormat::json_object) {
-    b.internal_system("response-format",
-                      "The system is invoked with `response_format=json_object`.\n" + std::string(kRawJson));
+    b.internal_system(
+        "response-format",
+        "The system is invoked with `response_format=json_object`.\n" + std::string(kRawJson));
   } else if (req.response_format == ChatRequest::ResponseFormat::json_schema) {
     b.internal_system("response-format",
                       "The system is invoked with `response_format=json_schema`.\n" +
@@ -491,13 +539,17 @@ ChatRequest ChatRequest::from_json(const json& body) {
     }
   }
   if (const json* e = find(body, "reasoning_effort")) {
-    if (e->is_null()) req.reasoning_effort.reset();
-    else if (e->is_string()) req.reasoning_effort = e->get<std::string>();
-    else fail_arg("reasoning_effort: expected a string (low, high or max), got {}", type_name(*e));
+    if (e->is_null())
+      req.reasoning_effort.reset();
+    else if (e->is_string())
+      req.reasoning_effort = e->get<std::string>();
+    else
+      fail_arg("reasoning_effort: expected a string (low, high or max), got {}", type_name(*e));
   }
   check_effort(req);  // the reference checks this before anything else
   if (const json* g = find(body, "add_generation_prompt"); g != nullptr && !g->is_null()) {
-    if (!g->is_boolean()) fail_arg("add_generation_prompt: expected true or false, got {}", type_name(*g));
+    if (!g->is_boolean())
+      fail_arg("add_generation_prompt: expected true or false, got {}", type_name(*g));
     req.add_generation_prompt = g->get<bool>();
   }
   if (const json* t = find(body, "tools"); t != nullptr && !t->is_null()) {
@@ -514,8 +566,10 @@ ChatRequest ChatRequest::from_json(const json& body) {
     } else if (tc->is_string() && *tc == "required") {
       req.tool_choice = ToolChoice::required;
     } else {
-      fail_arg("tool_choice: expected \"auto\", \"none\", \"required\" or a named-function object, got {}",
-               tc->dump());
+      fail_arg(
+          "tool_choice: expected \"auto\", \"none\", \"required\" or a named-function object, got "
+          "{}",
+          tc->dump());
     }
   }
   if (const json* rf = find(body, "response_format"); rf != nullptr && !rf->is_null()) {
@@ -524,7 +578,8 @@ ChatRequest ChatRequest::from_json(const json& body) {
       type = rf->get<std::string>();
     } else if (rf->is_object()) {
       if (const json* t = find(*rf, "type"); t != nullptr && !t->is_null()) {
-        if (!t->is_string()) fail_arg("response_format.type: expected a string, got {}", type_name(*t));
+        if (!t->is_string())
+          fail_arg("response_format.type: expected a string, got {}", type_name(*t));
         type = t->get<std::string>();
       }
     } else {
@@ -537,18 +592,25 @@ ChatRequest ChatRequest::from_json(const json& body) {
     } else if (type == "json_schema") {
       req.response_format = ResponseFormat::json_schema;
       // schema = json_schema.schema, else json_schema.json_schema, else json_schema itself.
-      if (const json* w = rf->is_object() ? find(*rf, "json_schema") : nullptr; w != nullptr && !w->is_null()) {
-        if (w->is_object() && w->contains("schema")) req.response_schema = (*w)["schema"];
-        else if (w->is_object() && w->contains("json_schema")) req.response_schema = (*w)["json_schema"];
-        else req.response_schema = *w;
+      if (const json* w = rf->is_object() ? find(*rf, "json_schema") : nullptr;
+          w != nullptr && !w->is_null()) {
+        if (w->is_object() && w->contains("schema"))
+          req.response_schema = (*w)["schema"];
+        else if (w->is_object() && w->contains("json_schema"))
+          req.response_schema = (*w)["json_schema"];
+        else
+          req.response_schema = *w;
       }
     } else {
-      fail_arg("response_format.type: unsupported \"{}\" (expected text, json_object or json_schema)", type);
+      fail_arg(
+          "response_format.type: unsupported \"{}\" (expected text, json_object or json_schema)",
+          type);
     }
   }
   const json* msgs = find(body, "messages");
   if (msgs == nullptr) fail_arg("messages: missing (expected an array of messages)");
-  if (!msgs->is_array()) fail_arg("messages: expected an array of messages, got {}", type_name(*msgs));
+  if (!msgs->is_array())
+    fail_arg("messages: expected an array of messages, got {}", type_name(*msgs));
   for (std::size_t i = 0; i < msgs->size(); ++i) {
     req.messages.push_back(parse_message((*msgs)[i], fmt::format("messages[{}]", i)));
   }
@@ -559,7 +621,9 @@ RenderedPrompt render(const ChatRequest& request, const Tokenizer& tokenizer) {
   return render_with(request, &tokenizer);
 }
 
-std::string render_text(const ChatRequest& request) { return render_with(request, nullptr).text; }
+std::string render_text(const ChatRequest& request) {
+  return render_with(request, nullptr).text;
+}
 
 RenderedPrompt render_json(const json& body, const Tokenizer& tokenizer) {
   return render(ChatRequest::from_json(body), tokenizer);

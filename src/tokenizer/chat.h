@@ -13,9 +13,8 @@
 // reference's reason (prefixed with the message's path where there is one).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,14 +33,14 @@ struct ChatToolCall {
   };
   Args args_kind = Args::none;
   nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // when object
-  std::string json_block;                                              // when json_block
+  std::string json_block;                                               // when json_block
 };
 
 struct ChatMessage {
   enum class Role { system, user, assistant, tool };
   Role role = Role::user;
-  std::string name;     // `name` attribute of system/user/assistant; empty = none
-  std::string content;  // text, or text parts joined with nothing between them
+  std::string name;                      // `name` attribute of system/user/assistant; empty = none
+  std::string content;                   // text, or text parts joined with nothing between them
   std::optional<std::string> reasoning;  // assistant: `reasoning_content`, else `reasoning`
   std::vector<ChatToolCall> tool_calls;  // assistant
   // system: a non-empty `tools` array makes this a dynamic tool declaration (content unused).

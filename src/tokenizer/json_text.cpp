@@ -18,7 +18,8 @@ void write(std::string& out, const nlohmann::ordered_json& v, JsonStyle style) {
   switch (v.type()) {
     case nlohmann::ordered_json::value_t::object: {
       std::vector<const nlohmann::ordered_json::object_t::value_type*> items;
-      for (const auto& kv : v.get_ref<const nlohmann::ordered_json::object_t&>()) items.push_back(&kv);
+      for (const auto& kv : v.get_ref<const nlohmann::ordered_json::object_t&>())
+        items.push_back(&kv);
       if (sorted) {
         std::stable_sort(items.begin(), items.end(),
                          [](const auto* a, const auto* b) { return a->first < b->first; });
@@ -72,13 +73,27 @@ void append_json_string(std::string& out, std::string_view s) {
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";

@@ -5,7 +5,6 @@
 #include "tokenizer/output_parser.h"
 
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <utility>
 
@@ -194,7 +193,8 @@ bool OutputParser::in_call_states() const {
          state_ == State::json_block;
 }
 
-void OutputParser::emit_text(std::string_view bytes, bool malformed, std::vector<ParserEvent>& out) {
+void OutputParser::emit_text(std::string_view bytes, bool malformed,
+                             std::vector<ParserEvent>& out) {
   const bool reasoning = state_ == State::think;
   IncrementalDecoder& dec = reasoning ? reasoning_dec_ : content_dec_;
   std::string s = dec.push_bytes(bytes);
@@ -238,7 +238,8 @@ void OutputParser::handle_text(int32_t id, std::vector<ParserEvent>& out) {
       return;
     case State::argument:
       if (arg_streaming_) {
-        if (std::string s = arg_dec_.push_bytes(bytes); !s.empty()) delta(json_escape_inner(s), out);
+        if (std::string s = arg_dec_.push_bytes(bytes); !s.empty())
+          delta(json_escape_inner(s), out);
       } else {
         arg_value_ += bytes;
       }
@@ -279,7 +280,9 @@ void OutputParser::handle_tag(std::vector<ParserEvent>& out) {
   const auto is_close = [&](std::string_view name) { return !open && header == name; };
   const std::optional<TagHeader> tag = open ? parse_header(header) : std::nullopt;
   const auto is_open = [&](std::string_view name) { return tag && tag->name == name; };
-  const auto is_open_bare = [&](std::string_view name) { return is_open(name) && tag->attrs.empty(); };
+  const auto is_open_bare = [&](std::string_view name) {
+    return is_open(name) && tag->attrs.empty();
+  };
 
   switch (state_) {
     case State::think:
@@ -335,7 +338,8 @@ void OutputParser::handle_tag(std::vector<ParserEvent>& out) {
       if (is_close("json")) {
         const auto parsed = nlohmann::ordered_json::parse(arg_value_, nullptr, false);
         if (parsed.is_object()) {
-          for (const auto& [k, v] : parsed.items()) add_member(json_string(k) + ":" + compact_json(v), out);
+          for (const auto& [k, v] : parsed.items())
+            add_member(json_string(k) + ":" + compact_json(v), out);
         } else {  // not a JSON object: the text goes to the content channel
           call_malformed_ = true;
           malformed_ = true;
@@ -436,7 +440,8 @@ void OutputParser::degrade(std::string raw, std::vector<ParserEvent>& out) {
     prefix = std::move(arg_value_);
     arg_value_.clear();
   }
-  if (state_ == State::call || state_ == State::argument || state_ == State::json_block) end_call(true, out);
+  if (state_ == State::call || state_ == State::argument || state_ == State::json_block)
+    end_call(true, out);
   state_ = State::degraded;
   malformed_ = true;
   emit_text(prefix + raw, true, out);
@@ -451,14 +456,21 @@ ParsedTurn parse_all(const Tokenizer& tokenizer, std::span<const int32_t> ids, C
   for (auto& ev : events) {
     turn.malformed = turn.malformed || ev.malformed;
     switch (ev.kind) {
-      case ParserEvent::Kind::reasoning: turn.reasoning += ev.text; break;
-      case ParserEvent::Kind::content: turn.content += ev.text; break;
+      case ParserEvent::Kind::reasoning:
+        turn.reasoning += ev.text;
+        break;
+      case ParserEvent::Kind::content:
+        turn.content += ev.text;
+        break;
       case ParserEvent::Kind::tool_call_end:
         turn.tool_calls.push_back({ev.name, ev.text, ev.malformed});
         break;
-      case ParserEvent::Kind::end_of_turn: turn.ended = true; break;
+      case ParserEvent::Kind::end_of_turn:
+        turn.ended = true;
+        break;
       case ParserEvent::Kind::tool_call_begin:
-      case ParserEvent::Kind::tool_call_delta: break;
+      case ParserEvent::Kind::tool_call_delta:
+        break;
     }
   }
   turn.malformed = turn.malformed || parser.malformed();

@@ -41,12 +41,19 @@ namespace deltafin {
 enum class Channel { think, response };
 
 struct ParserEvent {
-  enum class Kind { reasoning, content, tool_call_begin, tool_call_delta, tool_call_end, end_of_turn };
+  enum class Kind {
+    reasoning,
+    content,
+    tool_call_begin,
+    tool_call_delta,
+    tool_call_end,
+    end_of_turn
+  };
   Kind kind;
-  std::string text;      // reasoning/content: the delta; tool_call_delta: arguments fragment;
-                         // tool_call_end: the complete arguments JSON
-  int index = -1;        // tool calls: 0-based position of the call in this turn
-  std::string name;      // tool_call_begin / tool_call_end: the tool name
+  std::string text;  // reasoning/content: the delta; tool_call_delta: arguments fragment;
+                     // tool_call_end: the complete arguments JSON
+  int index = -1;    // tool calls: 0-based position of the call in this turn
+  std::string name;  // tool_call_begin / tool_call_end: the tool name
   bool malformed = false;
 };
 
@@ -83,7 +90,16 @@ class OutputParser {
 
  private:
   enum class State {
-    think, response, between, tools, call, argument, json_block, after_message, degraded, ended,
+    think,
+    response,
+    between,
+    tools,
+    call,
+    argument,
+    json_block,
+    after_message,
+    degraded,
+    ended,
   };
   enum class TagKind { open, close };
 

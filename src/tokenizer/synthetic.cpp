@@ -7,15 +7,15 @@
 // no pair left that occurs twice, the remaining ranks are deterministic filler strings of
 // printable ASCII. The special tokens sit at the offsets they have in the real K3 release
 // (K3 id - 163584), so code that looks them up by name works unchanged.
-#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
-#include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
@@ -29,7 +29,8 @@ namespace {
 
 // Written for this project: some English prose, a little C++, Python, JSON and shell, so the
 // learned merges look like a small real vocabulary.
-constexpr std::string_view kSample = R"SAMPLE(The quick brown fox jumps over the lazy dog. A tokenizer turns text into numbers
+constexpr std::string_view kSample =
+    R"SAMPLE(The quick brown fox jumps over the lazy dog. A tokenizer turns text into numbers
 that a language model can read, and it turns the numbers back into text when the model
 answers. Most of the time the words of a sentence become one token each: the, and, of, to,
 in, is, that, for, with, as, on, was, this, are, be, by, it, at, from, have, not, or, an.
@@ -108,14 +109,22 @@ struct NamedOffset {
 
 // K3 ids minus 163584 (K3-SPEC §5.1).
 constexpr NamedOffset kK3Specials[] = {
-    {0, "[BOS]"},           {1, "[EOS]"},
-    {2, "<|end_of_msg|>"},  {3, "<|open|>"},
-    {4, "<|close|>"},       {5, "<|sep|>"},
-    {6, "[start_header_id]"}, {7, "[end_header_id]"},
-    {9, "[EOT]"},           {18, "<|media_begin|>"},
-    {19, "<|media_content|>"}, {20, "<|media_end|>"},
-    {21, "<|media_pad|>"},  {65, "<osagent_mode>"},
-    {254, "[UNK]"},         {255, "[PAD]"},
+    {0, "[BOS]"},
+    {1, "[EOS]"},
+    {2, "<|end_of_msg|>"},
+    {3, "<|open|>"},
+    {4, "<|close|>"},
+    {5, "<|sep|>"},
+    {6, "[start_header_id]"},
+    {7, "[end_header_id]"},
+    {9, "[EOT]"},
+    {18, "<|media_begin|>"},
+    {19, "<|media_content|>"},
+    {20, "<|media_end|>"},
+    {21, "<|media_pad|>"},
+    {65, "<osagent_mode>"},
+    {254, "[UNK]"},
+    {255, "[PAD]"},
 };
 
 std::vector<std::string> train_ranks(std::size_t n_ranks) {
@@ -138,11 +147,14 @@ std::vector<std::string> train_ranks(std::size_t n_ranks) {
     for (const char c : text) w.syms.push_back(static_cast<unsigned char>(c));
     words.push_back(std::move(w));
   }
-  const auto key = [](int32_t a, int32_t b) { return (static_cast<int64_t>(a) << 32) | static_cast<uint32_t>(b); };
+  const auto key = [](int32_t a, int32_t b) {
+    return (static_cast<int64_t>(a) << 32) | static_cast<uint32_t>(b);
+  };
   while (tokens.size() < n_ranks) {
     std::unordered_map<int64_t, int64_t> pairs;
     for (const auto& w : words) {
-      for (std::size_t i = 0; i + 1 < w.syms.size(); ++i) pairs[key(w.syms[i], w.syms[i + 1])] += w.count;
+      for (std::size_t i = 0; i + 1 < w.syms.size(); ++i)
+        pairs[key(w.syms[i], w.syms[i + 1])] += w.count;
     }
     int64_t best_key = -1, best_count = 1;
     for (const auto& [k, c] : pairs) {
@@ -221,9 +233,10 @@ void write_atomically(const std::filesystem::path& path, const std::string& data
 
 void write_synthetic_tokenizer(const std::string& dir, int32_t vocab_size) {
   if (vocab_size < 2 * Tokenizer::kNumSpecial || vocab_size > (1 << 20)) {
-    fail_arg("synthetic tokenizer: vocab_size {} must be in [512, 1048576] (256 bytes + 256 "
-             "special tokens at least)",
-             vocab_size);
+    fail_arg(
+        "synthetic tokenizer: vocab_size {} must be in [512, 1048576] (256 bytes + 256 "
+        "special tokens at least)",
+        vocab_size);
   }
   const auto n_ranks = static_cast<std::size_t>(vocab_size - Tokenizer::kNumSpecial);
   const std::vector<std::string> tokens = train_ranks(n_ranks);
@@ -238,16 +251,14 @@ void write_synthetic_tokenizer(const std::string& dir, int32_t vocab_size) {
   nlohmann::ordered_json added = nlohmann::ordered_json::object();
   for (const auto& s : kK3Specials) {
     added[std::to_string(n_ranks + static_cast<std::size_t>(s.offset))] = {
-        {"content", s.name}, {"lstrip", false}, {"normalized", false},
+        {"content", s.name}, {"lstrip", false},      {"normalized", false},
         {"rstrip", false},   {"single_word", false}, {"special", true}};
   }
-  nlohmann::ordered_json cfg = {{"added_tokens_decoder", added},
-                                {"bos_token", "[BOS]"},
-                                {"eos_token", "[EOS]"},
-                                {"pad_token", "[PAD]"},
-                                {"unk_token", "[UNK]"},
-                                {"tokenizer_class", "TikTokenTokenizer"},
-                                {"model_max_length", 1048576}};
+  nlohmann::ordered_json cfg = {
+      {"added_tokens_decoder", added}, {"bos_token", "[BOS]"},
+      {"eos_token", "[EOS]"},          {"pad_token", "[PAD]"},
+      {"unk_token", "[UNK]"},          {"tokenizer_class", "TikTokenTokenizer"},
+      {"model_max_length", 1048576}};
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) fail("cannot create folder {}: {}", dir, ec.message());

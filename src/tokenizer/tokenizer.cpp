@@ -9,8 +9,6 @@
 // in O(n log n).
 #include "tokenizer/tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <bitset>
@@ -20,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
 
@@ -72,7 +71,8 @@ struct Tokenizer::Impl {
     }
   }
 
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out, bpe::Scratch& scratch) const {
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out,
+                    bpe::Scratch& scratch) const {
     if (piece.size() == 1) {
       out.push_back(byte_rank[static_cast<unsigned char>(piece[0])]);
       return;
@@ -139,13 +139,15 @@ std::string read_file(const std::filesystem::path& path) {
   return ss.str();
 }
 
-std::string reserved_name(int32_t id) { return fmt::format("<|reserved_token_{}|>", id); }
+std::string reserved_name(int32_t id) {
+  return fmt::format("<|reserved_token_{}|>", id);
+}
 
 std::shared_ptr<Tokenizer::Impl> build_impl(std::vector<std::string> ranks,
-                                           const std::vector<int64_t>& line_of_rank,
-                                           const std::map<int32_t, std::string>& special_names,
-                                           const std::string& rank_origin,
-                                           const std::string& special_origin) {
+                                            const std::vector<int64_t>& line_of_rank,
+                                            const std::map<int32_t, std::string>& special_names,
+                                            const std::string& rank_origin,
+                                            const std::string& special_origin) {
   auto impl = std::make_shared<Tokenizer::Impl>();
   const auto where = [&](std::size_t r) {
     return line_of_rank.empty() ? fmt::format("{} rank {}", rank_origin, r)
@@ -155,12 +157,14 @@ std::shared_ptr<Tokenizer::Impl> build_impl(std::vector<std::string> ranks,
     fail("{}: {} ranks, but a byte-level BPE needs at least the 256 single bytes", rank_origin,
          ranks.size());
   }
-  if (ranks.size() > static_cast<std::size_t>(std::numeric_limits<int32_t>::max() - 2 * Tokenizer::kNumSpecial)) {
+  if (ranks.size() >
+      static_cast<std::size_t>(std::numeric_limits<int32_t>::max() - 2 * Tokenizer::kNumSpecial)) {
     fail("{}: {} ranks is too many for 32-bit token ids", rank_origin, ranks.size());
   }
   std::size_t total = 0;
   for (const auto& r : ranks) total += r.size();
-  if (total > std::numeric_limits<uint32_t>::max()) fail("{}: rank bytes exceed 4 GiB", rank_origin);
+  if (total > std::numeric_limits<uint32_t>::max())
+    fail("{}: rank bytes exceed 4 GiB", rank_origin);
   impl->arena.reserve(total);
   impl->offsets.reserve(ranks.size() + 1);
   impl->offsets.push_back(0);
@@ -180,7 +184,8 @@ std::shared_ptr<Tokenizer::Impl> build_impl(std::vector<std::string> ranks,
       fail("{}: duplicate token (same bytes as rank {}, {})", where(r), dup,
            where(static_cast<std::size_t>(dup)));
     }
-    if (ranks[r].size() == 1) impl->byte_rank[static_cast<unsigned char>(ranks[r][0])] = static_cast<int32_t>(r);
+    if (ranks[r].size() == 1)
+      impl->byte_rank[static_cast<unsigned char>(ranks[r][0])] = static_cast<int32_t>(r);
   }
   for (int b = 0; b < 256; ++b) {
     if (impl->byte_rank[b] < 0) {
@@ -205,8 +210,9 @@ std::shared_ptr<Tokenizer::Impl> build_impl(std::vector<std::string> ranks,
     impl->special_lengths.push_back(name.size());
   }
   std::sort(impl->special_lengths.begin(), impl->special_lengths.end(), std::greater<>());
-  impl->special_lengths.erase(std::unique(impl->special_lengths.begin(), impl->special_lengths.end()),
-                              impl->special_lengths.end());
+  impl->special_lengths.erase(
+      std::unique(impl->special_lengths.begin(), impl->special_lengths.end()),
+      impl->special_lengths.end());
   return impl;
 }
 
@@ -234,15 +240,17 @@ std::vector<std::string> parse_rank_file(const std::string& text, const std::str
     auto bytes = base64::decode(b64);
     if (!bytes) fail("{} line {}: invalid base64 \"{}\"", origin, line_no, b64);
     int64_t rank = -1;
-    const auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    const auto [end, ec] =
+        std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     if (ec != std::errc() || end != rank_text.data() + rank_text.size() || rank < 0) {
       fail("{} line {}: invalid rank \"{}\" (expected a non-negative integer)", origin, line_no,
            rank_text);
     }
     if (rank != static_cast<int64_t>(ranks.size())) {
-      fail("{} line {}: rank {} where {} was expected (ranks must be contiguous from 0, in file "
-           "order)",
-           origin, line_no, rank, ranks.size());
+      fail(
+          "{} line {}: rank {} where {} was expected (ranks must be contiguous from 0, in file "
+          "order)",
+          origin, line_no, rank, ranks.size());
     }
     ranks.push_back(std::move(*bytes));
     line_of_rank.push_back(line_no);
@@ -262,7 +270,8 @@ std::map<int32_t, std::string> parse_config(const std::string& text, const std::
   if (!cfg.is_object()) fail("{}: expected a JSON object at the top level", origin);
   const auto it = cfg.find("added_tokens_decoder");
   if (it == cfg.end()) fail("{}: missing \"added_tokens_decoder\"", origin);
-  if (!it->is_object()) fail("{}: \"added_tokens_decoder\" must be an object of id -> token", origin);
+  if (!it->is_object())
+    fail("{}: \"added_tokens_decoder\" must be an object of id -> token", origin);
   std::map<int32_t, std::string> names;
   for (const auto& [key, value] : it->items()) {
     int64_t id = -1;
@@ -271,9 +280,10 @@ std::map<int32_t, std::string> parse_config(const std::string& text, const std::
       fail("{}: added_tokens_decoder key \"{}\" is not a token id", origin, key);
     }
     if (id < first_special || id >= static_cast<int64_t>(first_special) + Tokenizer::kNumSpecial) {
-      fail("{}: added_tokens_decoder id {} is outside the special range [{}, {}) that follows the "
-           "{} ranks",
-           origin, id, first_special, first_special + Tokenizer::kNumSpecial, first_special);
+      fail(
+          "{}: added_tokens_decoder id {} is outside the special range [{}, {}) that follows the "
+          "{} ranks",
+          origin, id, first_special, first_special + Tokenizer::kNumSpecial, first_special);
     }
     if (!value.is_object() || !value.contains("content") || !value["content"].is_string()) {
       fail("{}: added_tokens_decoder[\"{}\"] must be an object with a string \"content\"", origin,
@@ -293,10 +303,13 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   const fs::path rank_path = fs::path(dir) / kRankFile;
   const fs::path cfg_path = fs::path(dir) / kConfigFile;
   std::vector<int64_t> line_of_rank;
-  std::vector<std::string> ranks = parse_rank_file(read_file(rank_path), rank_path.string(), line_of_rank);
-  const auto first_special = static_cast<int32_t>(std::min<std::size_t>(ranks.size(), std::numeric_limits<int32_t>::max()));
+  std::vector<std::string> ranks =
+      parse_rank_file(read_file(rank_path), rank_path.string(), line_of_rank);
+  const auto first_special = static_cast<int32_t>(
+      std::min<std::size_t>(ranks.size(), std::numeric_limits<int32_t>::max()));
   const auto names = parse_config(read_file(cfg_path), cfg_path.string(), first_special);
-  return Tokenizer(build_impl(std::move(ranks), line_of_rank, names, rank_path.string(), cfg_path.string()));
+  return Tokenizer(
+      build_impl(std::move(ranks), line_of_rank, names, rank_path.string(), cfg_path.string()));
 }
 
 Tokenizer Tokenizer::from_ranks(std::vector<std::string> ranks,
@@ -319,14 +332,16 @@ std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
 void Tokenizer::encode_ordinary_append(std::string_view text, std::vector<int32_t>& out) const {
   out.reserve(out.size() + text.size() / 4 + 1);
   bpe::Scratch scratch;
-  for_each_guard_chunk(text, [&](std::string_view chunk) { impl_->encode_ordinary_chunk(chunk, out, scratch); });
+  for_each_guard_chunk(
+      text, [&](std::string_view chunk) { impl_->encode_ordinary_chunk(chunk, out, scratch); });
 }
 
 std::vector<int32_t> Tokenizer::encode_with_special(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 4 + 1);
   bpe::Scratch scratch;
-  for_each_guard_chunk(text, [&](std::string_view chunk) { impl_->encode_special_chunk(chunk, out, scratch); });
+  for_each_guard_chunk(
+      text, [&](std::string_view chunk) { impl_->encode_special_chunk(chunk, out, scratch); });
   return out;
 }
 
@@ -362,13 +377,21 @@ std::optional<int32_t> Tokenizer::rank_of(std::string_view bytes) const {
   return r;
 }
 
-bool Tokenizer::is_special(int32_t id) const { return id >= impl_->n_ranks() && id < vocab_size(); }
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= impl_->n_ranks() && id < vocab_size();
+}
 
-int32_t Tokenizer::vocab_size() const { return impl_->n_ranks() + kNumSpecial; }
+int32_t Tokenizer::vocab_size() const {
+  return impl_->n_ranks() + kNumSpecial;
+}
 
-int32_t Tokenizer::n_ranks() const { return impl_->n_ranks(); }
+int32_t Tokenizer::n_ranks() const {
+  return impl_->n_ranks();
+}
 
-std::string IncrementalDecoder::push(int32_t id) { return push_bytes(tokenizer_->token_bytes(id)); }
+std::string IncrementalDecoder::push(int32_t id) {
+  return push_bytes(tokenizer_->token_bytes(id));
+}
 
 std::string IncrementalDecoder::push_bytes(std::string_view bytes) {
   held_.append(bytes);

@@ -8,9 +8,9 @@ namespace deltafin::utf8 {
 namespace {
 
 struct Lead {
-  int len;              // total sequence length, 0 for an invalid lead byte
+  int len;               // total sequence length, 0 for an invalid lead byte
   unsigned char lo, hi;  // allowed range of the second byte
-  char32_t bits;        // payload bits of the lead byte
+  char32_t bits;         // payload bits of the lead byte
 };
 
 Lead lead_info(unsigned char b) {
@@ -50,7 +50,13 @@ bool py_isspace(char32_t cp) {
   if (cp >= 0x09 && cp <= 0x0D) return true;
   if (cp >= 0x1C && cp <= 0x20) return true;
   switch (cp) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
     case 0x3000:
       return true;
     default:

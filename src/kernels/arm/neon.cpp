@@ -19,7 +19,7 @@ struct Neon {
   static constexpr int L = 4;
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
-  static constexpr int kNB = 32;              // panel rows (decoded weights)
+  static constexpr int kNB = 32;  // panel rows (decoded weights)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 512;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 16 columns
@@ -51,7 +51,9 @@ struct Neon {
     float32x2_t t = vadd_f32(vget_low_f32(v), vget_high_f32(v));
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
   }
-  DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+  DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+  }
   DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
     uint32_t four;
     std::memcpy(&four, p, 4);
@@ -63,14 +65,16 @@ struct Neon {
   static constexpr bool kMxPermuted = false;
   static constexpr int mx_column(int v, int l) { return 4 * v + l; }
   DF_ALWAYS_INLINE static F mx_scales_f(const float* s) { return vdupq_n_f32(s[0]); }
-  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) { return vld1q_dup_f32(&kHalfScale.v[e[0]]); }
+  DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) {
+    return vld1q_dup_f32(&kHalfScale.v[e[0]]);
+  }
   // 16 packed bytes (32 columns) -> 8 vectors of doubled E2M1 values in column order.
   DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
     const int8x16_t lut = vld1q_s8(kE2M1x2);
     uint8x16_t b = vld1q_u8(p);
     int8x16_t lo = vqtbl1q_s8(lut, vandq_u8(b, vdupq_n_u8(0x0F)));  // even columns
-    int8x16_t hi = vqtbl1q_s8(lut, vshrq_n_u8(b, 4));                // odd columns
-    int8x16_t e[2] = {vzip1q_s8(lo, hi), vzip2q_s8(lo, hi)};         // columns 0..15, 16..31
+    int8x16_t hi = vqtbl1q_s8(lut, vshrq_n_u8(b, 4));               // odd columns
+    int8x16_t e[2] = {vzip1q_s8(lo, hi), vzip2q_s8(lo, hi)};        // columns 0..15, 16..31
     for (int j = 0; j < 2; ++j) {
       int16x8_t h0 = vmovl_s8(vget_low_s8(e[j]));
       int16x8_t h1 = vmovl_high_s8(e[j]);

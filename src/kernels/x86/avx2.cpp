@@ -1,10 +1,10 @@
 // AVX2 + FMA kernels (x86-64), compiled with -mavx2 -mfma -mf16c for this file only. The
 // algorithms live in kernels/simd_impl.h (shared with AVX-512 and NEON); this file supplies the
 // 8-lane vector traits: bf16 -> f32 by zero-extension and a 16-bit shift, int8 by sign-extension
-// and conversion, MXFP4 by pshufb lookups of the bf16 bytes of doubled E2M1 values, two groups per 256-bit vector
-// in an order that needs no lane-crossing shuffle (x is permuted to match; see mx_decode). The
-// register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel and for
-// the MXFP4 half sums (the MXFP4 accumulators live in L1).
+// and conversion, MXFP4 by pshufb lookups of the bf16 bytes of doubled E2M1 values, two groups per
+// 256-bit vector in an order that needs no lane-crossing shuffle (x is permuted to match; see
+// mx_decode). The register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain
+// micro-kernel and for the MXFP4 half sums (the MXFP4 accumulators live in L1).
 #include <immintrin.h>
 
 #include "kernels/kernels.h"
@@ -36,12 +36,17 @@ struct Avx2 {
   DF_ALWAYS_INLINE static F load(const float* p) { return _mm256_loadu_ps(p); }
   DF_ALWAYS_INLINE static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   DF_ALWAYS_INLINE static __m256i tail_mask(int n) {
-    alignas(32) static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    alignas(32) static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                              0,  0,  0,  0,  0,  0,  0,  0};
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + 8 - n));
   }
   // Lanes [0, n) from p, zeros elsewhere; nothing past p + n is touched.
-  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) { return _mm256_maskload_ps(p, tail_mask(n)); }
-  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) { _mm256_maskstore_ps(p, tail_mask(n), v); }
+  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) {
+    return _mm256_maskload_ps(p, tail_mask(n));
+  }
+  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) {
+    _mm256_maskstore_ps(p, tail_mask(n), v);
+  }
   DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   DF_ALWAYS_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   DF_ALWAYS_INLINE static F add(F a, F b) { return _mm256_add_ps(a, b); }
@@ -76,12 +81,14 @@ struct Avx2 {
   }
   DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
     // bf16 of 0, 1, 2, 3, 4, 6, 8, 12, then the negatives (code 8, "-0", decodes as +0).
-    alignas(32) static constexpr uint8_t kHi[32] = {
-        0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1,
-        0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1};
-    alignas(32) static constexpr uint8_t kLo[32] = {
-        0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40, 0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
-        0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40, 0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40};
+    alignas(32) static constexpr uint8_t kHi[32] = {0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41,
+                                                    0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1,
+                                                    0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41,
+                                                    0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1};
+    alignas(32) static constexpr uint8_t kLo[32] = {0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
+                                                    0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
+                                                    0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
+                                                    0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40};
     const __m256i hi_lut = _mm256_load_si256(reinterpret_cast<const __m256i*>(kHi));
     const __m256i lo_lut = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLo));
     const __m256i nib = _mm256_set1_epi8(0x0F);

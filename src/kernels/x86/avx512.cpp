@@ -26,7 +26,7 @@ struct Avx512 {
   static constexpr int L = 16;
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
-  static constexpr int kNB = 32;              // panel rows (decoded weights)
+  static constexpr int kNB = 32;  // panel rows (decoded weights)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 512;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 64 columns
@@ -41,10 +41,16 @@ struct Avx512 {
   DF_ALWAYS_INLINE static F set1(float v) { return _mm512_set1_ps(v); }
   DF_ALWAYS_INLINE static F load(const float* p) { return _mm512_loadu_ps(p); }
   DF_ALWAYS_INLINE static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  DF_ALWAYS_INLINE static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  DF_ALWAYS_INLINE static __mmask16 tail_mask(int n) {
+    return static_cast<__mmask16>((1u << n) - 1u);
+  }
   // Lanes [0, n) from p, zeros elsewhere; masked-off lanes are not accessed.
-  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
-  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+  DF_ALWAYS_INLINE static F load_partial(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(tail_mask(n), p);
+  }
+  DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) {
+    _mm512_mask_storeu_ps(p, tail_mask(n), v);
+  }
   DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   DF_ALWAYS_INLINE static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   DF_ALWAYS_INLINE static F add(F a, F b) { return _mm512_add_ps(a, b); }
@@ -77,8 +83,8 @@ struct Avx512 {
     return 32 * (l / 4) + (v / 4) + 8 * (v % 4) + 2 * (l % 4);
   }
   DF_ALWAYS_INLINE static void mx_decode(const uint8_t* p, F out[8]) {
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11,
-                                                             10, 9, 8, 6, 4, 0));
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     const __m512i nib = _mm512_set1_epi8(0x0F);
     const __m512i zero = _mm512_setzero_si512();
     const __m512i magic = _mm512_set1_epi16(0x4B00);
