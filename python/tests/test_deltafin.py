@@ -1,0 +1,243 @@
+# The Python package against the CLI: the same ids as `deltafin run --json`, the same logits
+# bytes as `deltafin logits`, streamed chunks that add up to the non-streamed response, the
+# server's chat shapes, chat-state reuse, errors as exceptions, threads and Ctrl-C.
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import deltafin
+from conftest import OPTIONS
+
+
+def run_json(binary, model_dir, *args):
+    r = subprocess.run([binary, "run", "--json", "--model", model_dir, "--threads", "1", *args],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def test_version_and_help():
+    assert deltafin.abi_version() == 1
+    assert deltafin.__version__
+    assert "create_chat_completion" in deltafin.Model.__doc__ or deltafin.Model.__init__.__doc__ is None
+    assert "server" in deltafin.Model.create_chat_completion.__doc__
+
+
+def test_tokenize_round_trip(model, binary, model_dir):
+    ids = model.tokenize("Hello, world")
+    r = subprocess.run([binary, "tokenize", "--model", model_dir, "--text", "Hello, world"],
+                       capture_output=True, text=True, check=True)
+    assert ids == json.loads(r.stdout)
+    assert model.detokenize(ids) == "Hello, world"
+    # Special strings are text unless asked for.
+    assert len(model.tokenize("<|end_of_msg|>", special=True)) == 1
+    assert len(model.tokenize("<|end_of_msg|>")) > 1
+    assert model.tokenize("") == []
+
+
+def test_greedy_completion_matches_run_json(model, binary, model_dir):
+    cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "10")
+    out = model.create_completion(prompt="Once upon a time", max_tokens=10, temperature=0)
+    assert out["object"] == "text_completion"
+    ids = model.tokenize(out["choices"][0]["text"])
+    assert out["usage"]["completion_tokens"] == 10
+    assert out["choices"][0]["text"] == cli["text"]
+    # The token ids themselves, through the low-level session.
+    with model.session() as s:
+        res = s.generate(cli["prompt_ids"], max_new_tokens=10)
+    assert res["completion_ids"] == cli["completion_ids"]
+    assert ids  # text decodes to something tokenizable
+
+
+def test_logits_equal_cli_bit_for_bit(model, binary, model_dir, tmp_path):
+    ids = model.tokenize("The capital of France is")
+    got = model.logits(ids)
+    assert got.dtype == np.float32 and got.shape == (len(ids), model.vocab)
+    out = tmp_path / "l.f32"
+    subprocess.run([binary, "logits", "--model", model_dir, "--threads", "1", "--tokens",
+                    ",".join(map(str, ids)), "--out", str(out)], check=True)
+    want = np.fromfile(out, dtype="<f4").reshape(len(ids), model.vocab)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_stream_concatenates_to_non_stream(model):
+    kw = dict(prompt="In a hole in the ground", max_tokens=12, temperature=0.8, seed=7)
+    whole = model.create_completion(**kw)
+    chunks = list(model.create_completion(stream=True, **kw))
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    whole = model.create_chat_completion(messages=msgs, max_tokens=16, temperature=0)
+    chunks = list(model.create_chat_completion(messages=msgs, max_tokens=16, temperature=0,
+                                               stream=True))
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or ""
+                        for c in chunks)
+    msg = whole["choices"][0]["message"]
+    assert content == (msg.get("content") or "")
+    assert reasoning == (msg.get("reasoning_content") or "")
+
+
+def test_chat_completion_has_the_server_shape(model):
+    out = model.create_chat_completion(
+        messages=[{"role": "user", "content": "What is the weather?"}],
+        tools=[{"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}],
+        reasoning_effort="low", max_tokens=8, temperature=0)
+    assert out["object"] == "chat.completion"
+    assert out["id"].startswith("chatcmpl-")
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert "content" in choice["message"]
+    assert choice["finish_reason"] in ("stop", "length", "tool_calls")
+    assert set(out["usage"]) >= {"prompt_tokens", "completion_tokens", "total_tokens"}
+    # The prompt is the server's rendering.
+    ids = model.render_chat([{"role": "user", "content": "What is the weather?"}],
+                            reasoning_effort="low", tools=[{"type": "function", "function": {
+                                "name": "get_weather",
+                                "parameters": {"type": "object", "properties": {}}}}])
+    assert out["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_breaking_out_of_a_stream_stops_it(model):
+    it = model.create_completion(prompt="Count", max_tokens=200, temperature=0, stream=True)
+    first = next(it)
+    assert first["object"] == "text_completion"
+    it.close()  # what `break` does; the stream is freed and the model is free for the next call
+    out = model.create_completion(prompt="Count", max_tokens=3, temperature=0)
+    assert out["usage"]["completion_tokens"] == 3
+
+
+def test_chat_session_reuses_state(model):
+    with model.chat(thinking=False) as chat:
+        a = chat.send("First question", max_tokens=6, temperature=0)
+        assert chat.last_stats["reused_prompt_tokens"] == 0
+        b = chat.send("Second question", max_tokens=6, temperature=0)
+        reused = chat.last_stats["reused_prompt_tokens"]
+        assert reused > 0
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == reused
+        assert chat.last_stats["prompt_tokens"] < b["usage"]["prompt_tokens"]
+        streamed = list(chat.send("Third", max_tokens=4, temperature=0, stream=True))
+        assert streamed[-1]["choices"][0]["finish_reason"] is not None
+        assert chat.last_stats["reused_prompt_tokens"] > reused
+        assert len(chat.history()["messages"]) == 6
+        assert a["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_errors(model, model_dir, tmp_path):
+    with pytest.raises(deltafin.Error, match="does not exist"):
+        deltafin.Model(str(tmp_path / "missing"))
+    bad = tmp_path / "corrupt"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(deltafin.Error, match="config.json"):
+        deltafin.Model(str(bad))
+    # A checkpoint whose shard is cut short.
+    trunc = tmp_path / "truncated"
+    subprocess.run(["cp", "-r", model_dir, str(trunc)], check=True)
+    shard = sorted(p for p in os.listdir(trunc) if p.endswith(".safetensors"))[0]
+    with open(trunc / shard, "r+b") as f:
+        f.truncate(4096)
+    with pytest.raises(deltafin.Error):
+        deltafin.Model(str(trunc), **OPTIONS)
+    with pytest.raises(TypeError, match="threads"):
+        deltafin.Model(model_dir, threads="2")
+    with pytest.raises(TypeError, match="path"):
+        deltafin.Model(42)
+    with pytest.raises(ValueError, match="memory_budget"):
+        deltafin.Model(model_dir, memory_budget="lots")
+    with pytest.raises(ValueError, match="fp8"):
+        deltafin.Model(model_dir, trunk="fp8")
+    with pytest.raises(TypeError):
+        model.tokenize(123)
+    with pytest.raises(TypeError):
+        model.logits("not ids")
+    with pytest.raises(ValueError, match="out of range"):
+        model.logits([1, model.vocab + 5])
+    with pytest.raises(deltafin.ArgumentError, match="frobnicate"):
+        model.create_completion(prompt="x", frobnicate=1)
+    with pytest.raises(deltafin.ArgumentError, match="temperature"):
+        model.create_completion(prompt="x", temperature=5)
+    with pytest.raises(deltafin.ContextLengthError, match="context"):
+        model.create_completion(prompt=[65] * 600, max_tokens=1)
+    with pytest.raises(deltafin.ContextLengthError):
+        model.logits([65] * 600)
+    with pytest.raises(TypeError):
+        model.create_chat_completion(messages="hi")
+    with pytest.raises(deltafin.ArgumentError, match="messages"):
+        model.create_chat_completion(messages=[{"role": "wizard", "content": "x"}])
+    # The model still works after all of that.
+    assert model.create_completion(prompt="ok", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_two_models_in_two_threads(model_dir):
+    a = deltafin.Model(model_dir, **OPTIONS)
+    b = deltafin.Model(model_dir, **OPTIONS)
+    want = a.create_completion(prompt="Parallel", max_tokens=8, temperature=0)["choices"][0]
+    got = {}
+
+    def work(name, m):
+        got[name] = m.create_completion(prompt="Parallel", max_tokens=8,
+                                        temperature=0)["choices"][0]
+
+    ts = [threading.Thread(target=work, args=(n, m)) for n, m in (("a", a), ("b", b))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got["a"]["text"] == want["text"] == got["b"]["text"]
+    a.close()
+    assert b.create_completion(prompt="Parallel", max_tokens=8,
+                               temperature=0)["choices"][0]["text"] == want["text"]
+    b.close()
+
+
+def test_ctrl_c_raises_keyboard_interrupt_promptly(model_dir):
+    script = textwrap.dedent(f"""
+        import sys, time, deltafin
+        m = deltafin.Model({model_dir!r}, threads=1, memory_budget="1G", ctx=4096)
+        print("ready", flush=True)
+        try:
+            for chunk in m.create_completion(prompt="go", max_tokens=4000, temperature=0,
+                                             stream=True):
+                pass
+            print("finished", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", time.monotonic(), flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert out.startswith("interrupted"), out
+    assert p.returncode == 0
+
+
+def test_callback_generation_stops_and_interrupts(model):
+    seen = []
+    with model.session() as s:
+        res = s.generate(model.tokenize("Stop early"), max_new_tokens=50,
+                         on_token=lambda i, t: seen.append(i) or len(seen) >= 4)
+    assert res["completion_ids"] == seen and len(seen) == 4
+    assert res["stop_reason"] == "cancelled"
+
+    def boom(i, t):
+        raise KeyboardInterrupt
+    with model.session() as s, pytest.raises(KeyboardInterrupt):
+        s.generate(model.tokenize("x"), max_new_tokens=50, on_token=boom)
+
+
+def test_info_plan_stats(model):
+    assert model.info["vocab"] == model.vocab
+    assert model.memory_plan["context"] == 512
+    assert model.stats["passes"] > 0
