@@ -8,7 +8,8 @@
 set -euo pipefail
 root=$1 lib=$2 bin=$3 parent=$4
 mkdir -p "$parent"
-tmp=$(mktemp -d "$parent/pytest.XXXXXX")
+tmp=$(realpath "$(mktemp -d "$parent/pytest.XXXXXX")")
+lib=$(realpath "$lib") bin=$(realpath "$bin")
 trap 'rm -rf "$tmp"' EXIT
 cp -r "$root/python" "$tmp/src"
 rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info "$tmp/src/deltafin/libdeltafin.so"

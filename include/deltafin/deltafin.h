@@ -241,8 +241,9 @@ DELTAFIN_API deltafin_status deltafin_stream_next(deltafin_stream* stream, char*
 /* Runs the stream to its end (if it is not there yet) and returns the whole non-streamed
  * response (`chat.completion` / `text_completion`), with the text of every chunk. */
 DELTAFIN_API deltafin_status deltafin_stream_response(deltafin_stream* stream, char** out_json);
-/* The generation's statistics (the stats fields of `run --json`: prompt_tokens,
- * reused_prompt_tokens, completion_tokens, timings, expert counters, stop_reason). */
+/* Once the stream has ended: {"prompt_ids" (the ids fed; for a chat turn only the new ones),
+ * "completion_ids", and the stats fields of `run --json`: prompt_tokens, reused_prompt_tokens,
+ * completion_tokens, timings, expert counters, stop_reason}. */
 DELTAFIN_API deltafin_status deltafin_stream_stats_json(deltafin_stream* stream, char** out_json);
 /* Stops the generation if it is still running and frees it. */
 DELTAFIN_API void deltafin_stream_free(deltafin_stream* stream);

@@ -16,6 +16,7 @@ import ctypes
 import json
 import os
 import re
+import threading
 from ctypes import POINTER, byref, c_char_p, c_int, c_int32, c_size_t, c_void_p
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -206,6 +207,7 @@ class Model:
         self._heat = None if heat_file is None else _str("heat_file", heat_file).encode()
         p.heat_file = self._heat
         self.path = os.fspath(path)
+        self._local = threading.local()
         check(lib.deltafin_model_load(self.path.encode(), byref(p), byref(self._h)))
         self.vocab: int = lib.deltafin_model_vocab(self._h)
         """Vocabulary size (the length of a logits row)."""
@@ -343,11 +345,25 @@ class Model:
                       stream=_bool("stream", stream) or None)
         return self._run(_body(fields, extra), 1, stream)
 
+    @property
+    def last_stats(self) -> dict | None:
+        """Of the last create_completion / create_chat_completion this thread finished on this
+        model: prompt_ids, completion_ids and the stats fields of `deltafin run --json`."""
+        return getattr(self._local, "stats", None)
+
     def _run(self, body: bytes, chat: int, stream: bool) -> dict | Iterator[dict]:
         h = c_void_p()
         check(lib.deltafin_stream_start(self._handle(), body, chat, byref(h)))
         s = _Stream(h)
-        return s.chunks() if stream else s.response()
+        if not stream:
+            out = s.response()
+            self._local.stats = s.stats
+            return out
+
+        def chunks() -> Iterator[dict]:
+            yield from s.chunks()
+            self._local.stats = s.stats
+        return chunks()
 
     def chat(self, *, system: str | None = None, reasoning_effort: str | None = None,
              thinking: bool | None = None) -> "Chat":

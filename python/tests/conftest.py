@@ -22,7 +22,7 @@ def model_dir(binary, tmp_path_factory):
     return str(d)
 
 
-OPTIONS = dict(threads=1, memory_budget="1G", ctx=512)
+OPTIONS = dict(threads=1, memory_budget="1G", ctx=2048)
 
 
 @pytest.fixture(scope="session")

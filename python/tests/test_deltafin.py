@@ -3,12 +3,14 @@
 # server's chat shapes, chat-state reuse, errors as exceptions, threads and Ctrl-C.
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -46,14 +48,17 @@ def test_greedy_completion_matches_run_json(model, binary, model_dir):
     cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "10")
     out = model.create_completion(prompt="Once upon a time", max_tokens=10, temperature=0)
     assert out["object"] == "text_completion"
-    ids = model.tokenize(out["choices"][0]["text"])
     assert out["usage"]["completion_tokens"] == 10
     assert out["choices"][0]["text"] == cli["text"]
-    # The token ids themselves, through the low-level session.
+    assert model.last_stats["prompt_ids"] == cli["prompt_ids"]
+    assert model.last_stats["completion_ids"] == cli["completion_ids"]
+    # Streamed, and through the low-level session: the same ids.
+    list(model.create_completion(prompt=cli["prompt_ids"], max_tokens=10, temperature=0,
+                                 stream=True))
+    assert model.last_stats["completion_ids"] == cli["completion_ids"]
     with model.session() as s:
         res = s.generate(cli["prompt_ids"], max_new_tokens=10)
     assert res["completion_ids"] == cli["completion_ids"]
-    assert ids  # text decodes to something tokenizable
 
 
 def test_logits_equal_cli_bit_for_bit(model, binary, model_dir, tmp_path):
@@ -106,6 +111,60 @@ def test_chat_completion_has_the_server_shape(model):
                                 "name": "get_weather",
                                 "parameters": {"type": "object", "properties": {}}}}])
     assert out["usage"]["prompt_tokens"] == len(ids)
+
+
+@pytest.fixture()
+def server(binary, model_dir):
+    """`deltafin serve` on the same model, for comparing response shapes."""
+    p = subprocess.Popen([binary, "serve", "--model", model_dir, "--port", "0", "--threads", "1",
+                          "--memory-budget", "1G", "--ctx", "2048"],
+                         stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        m = re.search(r"listening on http://127.0.0.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+        if "ready:" in line:
+            break
+    assert port, "the server did not start"
+    yield f"http://127.0.0.1:{port}"
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_chat_completion_parses_like_the_server(model, server):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    for req in ({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 24},
+                {"messages": [{"role": "user", "content": "Weather?"}], "tools": tools,
+                 "reasoning_effort": "low", "max_tokens": 24},
+                {"messages": [{"role": "user", "content": "No thinking"}], "thinking": False,
+                 "max_tokens": 16}):
+        req = dict(req, temperature=0)
+        want = post(server + "/v1/chat/completions", req)
+        got = model.create_chat_completion(**req)
+        for k in ("object", "model"):
+            assert (k in got) == (k in want)
+        assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"]
+        gm, wm = got["choices"][0]["message"], want["choices"][0]["message"]
+        assert gm.get("content") == wm.get("content")
+        assert gm.get("reasoning_content") == wm.get("reasoning_content")
+        strip = lambda calls: [(c["type"], c["function"]) for c in calls or []]  # noqa: E731
+        assert strip(gm.get("tool_calls")) == strip(wm.get("tool_calls"))
+        assert got["usage"] == want["usage"]
+    want = post(server + "/v1/completions", {"prompt": "Abc", "max_tokens": 9, "temperature": 0})
+    got = model.create_completion(prompt="Abc", max_tokens=9, temperature=0)
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["usage"] == want["usage"]
 
 
 def test_breaking_out_of_a_stream_stops_it(model):
@@ -168,9 +227,9 @@ def test_errors(model, model_dir, tmp_path):
     with pytest.raises(deltafin.ArgumentError, match="temperature"):
         model.create_completion(prompt="x", temperature=5)
     with pytest.raises(deltafin.ContextLengthError, match="context"):
-        model.create_completion(prompt=[65] * 600, max_tokens=1)
+        model.create_completion(prompt=[65] * 2100, max_tokens=1)
     with pytest.raises(deltafin.ContextLengthError):
-        model.logits([65] * 600)
+        model.logits([65] * 2100)
     with pytest.raises(TypeError):
         model.create_chat_completion(messages="hi")
     with pytest.raises(deltafin.ArgumentError, match="messages"):
@@ -239,5 +298,5 @@ def test_callback_generation_stops_and_interrupts(model):
 
 def test_info_plan_stats(model):
     assert model.info["vocab"] == model.vocab
-    assert model.memory_plan["context"] == 512
+    assert model.memory_plan["context"] == 2048
     assert model.stats["passes"] > 0

@@ -59,7 +59,8 @@ struct deltafin_stream {
   std::unique_ptr<deltafin::StatsRecorder> rec;
   std::deque<std::string> pending;  // chunks produced, not returned yet
   size_t sent = 0;                  // tokens folded into the builder
-  int64_t input_tokens = 0, cached = 0;
+  std::vector<int32_t> input;       // what the generation was fed before sampling
+  int64_t cached = 0;
   bool begun = false, ended = false;
   deltafin::server::Usage usage;
   std::optional<deltafin::RunStats> stats;

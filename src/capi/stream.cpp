@@ -36,7 +36,7 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
       tok, r.endpoint, server::random_id(chat ? "chatcmpl-" : "cmpl-"),
       static_cast<int64_t>(std::time(nullptr)), m.limits.model_id, r.logprobs, r.include_usage);
   s->rec = std::make_unique<StatsRecorder>(*m.model);
-  s->input_tokens = static_cast<int64_t>(input.size());
+  s->input = input;
   s->cached = cached;
   return s;
 }
@@ -49,7 +49,7 @@ void push(deltafin_stream& s, const std::vector<json>& chunks) {
 void finish(deltafin_stream& s) {
   const Generation& g = *s.gen;
   s.usage.cached_tokens = s.cached;
-  s.usage.prompt_tokens = s.cached + s.input_tokens;
+  s.usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
   s.usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
   push(s, s.builder->end(g.stop_reason(), s.usage));
   s.ended = true;
@@ -173,6 +173,8 @@ deltafin_status deltafin_stream_stats_json(deltafin_stream* s, char** out_json) 
     require(out_json, "out_json");
     if (!s->stats) fail_arg("the stream has not finished: its stats are complete at the end");
     nlohmann::json j;
+    j["prompt_ids"] = s->input;  // the ids fed (a chat turn: only the new ones)
+    j["completion_ids"] = s->gen->completion_ids();
     s->stats->to_json(j);
     *out_json = capi::copy_string(j.dump());
   });
