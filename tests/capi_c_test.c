@@ -15,12 +15,12 @@ static int stop_after_three(const deltafin_token_event* ev, void* user) {
   return ev->index >= 2;
 }
 
-#define CHECK(cond)                                                               \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
+#define CHECK(cond)                                                                        \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
       fprintf(stderr, "line %d: %s failed: %s\n", __LINE__, #cond, deltafin_last_error()); \
-      return 1;                                                                   \
-    }                                                                             \
+      return 1;                                                                            \
+    }                                                                                      \
   } while (0)
 
 int main(int argc, char** argv) {

@@ -286,7 +286,25 @@ TEST(CApi, ErrorsAreStatusesWithMessages) {
   EXPECT_EQ(deltafin_chat_send(c, R"({"content":"b","max_tokens":2})", &t2), DELTAFIN_OK)
       << deltafin_last_error();
   deltafin_stream_free(t2);
+  // A conversation that outgrows the context is refused, and the chat is as it was.
+  EXPECT_EQ(deltafin_chat_send(c, R"({"content":"c","max_tokens":2})", &t1), DELTAFIN_ERR_CONTEXT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("context is 512 tokens"), std::string::npos);
+  char* hist = nullptr;
+  ASSERT_EQ(deltafin_chat_history_json(c, &hist), DELTAFIN_OK);
+  EXPECT_EQ(json::parse(take(hist))["messages"].size(), 4u);
   deltafin_chat_free(c);
+  // A turn's stream that outlives its chat fails cleanly.
+  ASSERT_EQ(deltafin_chat_new(m, R"({"thinking":false})", &c), DELTAFIN_OK);
+  ASSERT_EQ(deltafin_chat_send(c, R"({"content":"c","max_tokens":2})", &t1), DELTAFIN_OK)
+      << deltafin_last_error();
+  deltafin_chat_free(c);
+  char* chunk = nullptr;
+  int done = 0;
+  EXPECT_EQ(deltafin_stream_next(t1, &chunk, &done), DELTAFIN_OK);  // the role chunk
+  deltafin_free(chunk);
+  EXPECT_EQ(deltafin_stream_next(t1, &chunk, &done), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("chat"), std::string::npos);
+  deltafin_stream_free(t1);
   deltafin_model_free(m);
 }
 

@@ -276,8 +276,10 @@ typedef struct deltafin_chat deltafin_chat;
  * "thinking": true|false}. */
 DELTAFIN_API deltafin_status deltafin_chat_new(deltafin_model* model, const char* options_json,
                                                deltafin_chat** out);
+/* Frees the chat. A turn's stream that outlives it fails from then on (free it too). */
 DELTAFIN_API void deltafin_chat_free(deltafin_chat* chat);
-/* Forgets the conversation (the next turn prefills from scratch). */
+/* Forgets the conversation (the next turn prefills from scratch); ignored while a turn is in
+ * progress. */
 DELTAFIN_API void deltafin_chat_reset(deltafin_chat* chat);
 /* Starts the next turn: `request_json` is {"content": "the user's message"} plus the
  * server's generation fields (max_tokens, temperature, top_p, top_k, min_p, seed, stop,

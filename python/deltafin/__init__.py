@@ -17,6 +17,7 @@ import json
 import os
 import re
 import threading
+import weakref
 from ctypes import POINTER, byref, c_char_p, c_int, c_int32, c_size_t, c_void_p
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -114,7 +115,44 @@ def _body(fields: Mapping[str, Any], extra: Mapping[str, Any]) -> bytes:
         raise TypeError(f"request: a field is not JSON-serialisable: {e}") from None
 
 
-class _Stream:
+class _Handle:
+    """An owned C handle: freed by close(), a `with` block, or garbage collection."""
+
+    _h: c_void_p | None = None
+    _free: Callable[[c_void_p], None]
+    _children: "weakref.WeakSet[_Handle] | None" = None
+
+    def _adopt(self, child: "_Handle") -> None:
+        # Children (sessions, chats, streams) are closed before their parent is freed, so an
+        # early close() can never leave the library a dangling handle.
+        if self._children is None:
+            self._children = weakref.WeakSet()
+        self._children.add(child)
+
+    def close(self) -> None:
+        """Frees the handle now (and first what was made from it)."""
+        for child in list(self._children or ()):
+            child.close()
+        if self._h is not None and self._h.value:
+            type(self)._free(self._h)
+        self._h = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _handle(self) -> c_void_p:
+        if self._h is None or not self._h.value:
+            raise Error(f"this {type(self).__name__} was closed", 1)
+        return self._h
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Stream(_Handle):
     """Owns a deltafin_stream; iterating yields the server's chunks, one pass per C call."""
 
     def __init__(self, handle: c_void_p):
@@ -125,11 +163,11 @@ class _Stream:
         try:
             while True:
                 chunk, done = c_void_p(), c_int()
-                check(lib.deltafin_stream_next(self._h, byref(chunk), byref(done)))
+                check(lib.deltafin_stream_next(self._handle(), byref(chunk), byref(done)))
                 if chunk.value:
                     yield json.loads(take_bytes(chunk))
                 if done.value:
-                    self.stats = _json_out(lib.deltafin_stream_stats_json, self._h)
+                    self.stats = _json_out(lib.deltafin_stream_stats_json, self._handle())
                     return
         finally:
             self.close()
@@ -138,24 +176,19 @@ class _Stream:
         try:
             while True:  # one pass per call, so Ctrl-C lands between passes
                 chunk, done = c_void_p(), c_int()
-                check(lib.deltafin_stream_next(self._h, byref(chunk), byref(done)))
+                check(lib.deltafin_stream_next(self._handle(), byref(chunk), byref(done)))
                 take_bytes(chunk)
                 if done.value:
                     break
-            self.stats = _json_out(lib.deltafin_stream_stats_json, self._h)
-            return _json_out(lib.deltafin_stream_response, self._h)
+            self.stats = _json_out(lib.deltafin_stream_stats_json, self._handle())
+            return _json_out(lib.deltafin_stream_response, self._handle())
         finally:
             self.close()
 
-    def close(self) -> None:
-        if self._h is not None and self._h.value:
-            lib.deltafin_stream_free(self._h)
-        self._h = None
-
-    __del__ = close
+    _free = lib.deltafin_stream_free
 
 
-class Model:
+class Model(_Handle):
     """A loaded checkpoint. Engine options are the CLI's engine flags (README, "Engine options").
 
     Args:
@@ -209,31 +242,13 @@ class Model:
         self.path = os.fspath(path)
         self._local = threading.local()
         check(lib.deltafin_model_load(self.path.encode(), byref(p), byref(self._h)))
-        self.vocab: int = lib.deltafin_model_vocab(self._h)
+        self.vocab: int = lib.deltafin_model_vocab(self._handle())
         """Vocabulary size (the length of a logits row)."""
-        self.context: int = lib.deltafin_model_context(self._h)
+        self.context: int = lib.deltafin_model_context(self._handle())
         """Positions a sequence may reach."""
 
-    # -- lifetime --
-    def close(self) -> None:
-        """Frees the model now (sessions, chats and iterators made from it must be done)."""
-        if getattr(self, "_h", None) is not None and self._h.value:
-            lib.deltafin_model_free(self._h)
-        self._h = None
-
-    def __del__(self) -> None:
-        self.close()
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def _handle(self) -> c_void_p:
-        if self._h is None:
-            raise Error("this Model was closed", 1)
-        return self._h
+    # close() frees the model now: sessions, chats and iterators made from it must be done.
+    _free = lib.deltafin_model_free
 
     # -- information --
     @property
@@ -355,6 +370,7 @@ class Model:
         h = c_void_p()
         check(lib.deltafin_stream_start(self._handle(), body, chat, byref(h)))
         s = _Stream(h)
+        self._adopt(s)
         if not stream:
             out = s.response()
             self._local.stats = s.stats
@@ -371,41 +387,31 @@ class Model:
         return Chat(self, system=system, reasoning_effort=reasoning_effort, thinking=thinking)
 
 
-class Session:
+class Session(_Handle):
     """One sequence's model state and the ids it consumed (low level: eval and generate)."""
 
     def __init__(self, model: Model):
         self.model = model
         self._h = c_void_p()
         check(lib.deltafin_session_new(model._handle(), byref(self._h)))
+        model._adopt(self)
 
-    def close(self) -> None:
-        if getattr(self, "_h", None) is not None and self._h.value:
-            lib.deltafin_session_free(self._h)
-        self._h = None
-
-    __del__ = close
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    _free = lib.deltafin_session_free
 
     @property
     def position(self) -> int:
         """Tokens in the sequence so far."""
-        return lib.deltafin_session_position(self._h)
+        return lib.deltafin_session_position(self._handle())
 
     def history(self) -> list[int]:
         """Every id of the sequence, in order."""
         out, n = c_void_p(), c_size_t()
-        check(lib.deltafin_session_history(self._h, byref(out), byref(n)))
+        check(lib.deltafin_session_history(self._handle(), byref(out), byref(n)))
         return take_ids(out, n.value)
 
     def reset(self) -> None:
         """Empties the state."""
-        lib.deltafin_session_reset(self._h)
+        lib.deltafin_session_reset(self._handle())
 
     def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Feeds `ids` in one pass; returns the last row's logits [vocab] or, with all_logits,
@@ -416,7 +422,7 @@ class Session:
         all_rows = _bool("all_logits", all_logits)
         out = np.empty((len(arr), self.model.vocab) if all_rows else (self.model.vocab,),
                        dtype=np.float32)
-        check(lib.deltafin_session_eval(self._h, arr, len(arr), int(all_rows),
+        check(lib.deltafin_session_eval(self._handle(), arr, len(arr), int(all_rows),
                                         out.ctypes.data_as(c_void_p)))
         return out
 
@@ -466,7 +472,7 @@ class Session:
 
         cb = TOKEN_CALLBACK(trampoline) if on_token is not None else TOKEN_CALLBACK()
         out = c_void_p()
-        status = lib.deltafin_session_generate(self._h, arr, len(arr), byref(p), cb, None,
+        status = lib.deltafin_session_generate(self._handle(), arr, len(arr), byref(p), cb, None,
                                                byref(out))
         if raised:
             take_bytes(out)
@@ -475,7 +481,7 @@ class Session:
         return json.loads(take_bytes(out))
 
 
-class Chat:
+class Chat(_Handle):
     """A multi-turn conversation over one kept model state (like `deltafin chat`): each turn
     feeds only its new tokens; `last_stats["reused_prompt_tokens"]` and the response's
     usage.prompt_tokens_details.cached_tokens say how many were reused."""
@@ -493,19 +499,9 @@ class Chat:
             opts["thinking"] = _bool("thinking", thinking)
         self._h = c_void_p()
         check(lib.deltafin_chat_new(model._handle(), json.dumps(opts).encode(), byref(self._h)))
+        model._adopt(self)
 
-    def close(self) -> None:
-        if getattr(self, "_h", None) is not None and self._h.value:
-            lib.deltafin_chat_free(self._h)
-        self._h = None
-
-    __del__ = close
-
-    def __enter__(self) -> "Chat":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    _free = lib.deltafin_chat_free
 
     def send(self, content: str, *, stream: bool = False, max_tokens: int | None = None,
              temperature: float | None = None, top_p: float | None = None,
@@ -517,8 +513,9 @@ class Chat:
                       temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                       stream=_bool("stream", stream) or None)
         h = c_void_p()
-        check(lib.deltafin_chat_send(self._h, _body(fields, extra), byref(h)))
+        check(lib.deltafin_chat_send(self._handle(), _body(fields, extra), byref(h)))
         s = _Stream(h)
+        self._adopt(s)
         if not stream:
             out = s.response()
             self.last_stats = s.stats
@@ -531,8 +528,8 @@ class Chat:
 
     def history(self) -> dict:
         """The conversation: {"messages": [...], "thinking": ..., "reasoning_effort": ...}."""
-        return _json_out(lib.deltafin_chat_history_json, self._h)
+        return _json_out(lib.deltafin_chat_history_json, self._handle())
 
     def reset(self) -> None:
         """Forgets the conversation."""
-        lib.deltafin_chat_reset(self._h)
+        lib.deltafin_chat_reset(self._handle())

@@ -234,6 +234,20 @@ def test_errors(model, model_dir, tmp_path):
         model.create_chat_completion(messages="hi")
     with pytest.raises(deltafin.ArgumentError, match="messages"):
         model.create_chat_completion(messages=[{"role": "wizard", "content": "x"}])
+    # Closing a model closes what was made from it; using those then is an error, not a crash.
+    other = deltafin.Model(model_dir, **OPTIONS)
+    chat, session = other.chat(), other.session()
+    it = other.create_completion(prompt="x", max_tokens=50, stream=True)
+    next(it)
+    other.close()
+    with pytest.raises(deltafin.Error, match="closed"):
+        chat.send("hello")
+    with pytest.raises(deltafin.Error, match="closed"):
+        session.eval([1])
+    with pytest.raises(deltafin.Error, match="closed"):
+        next(it)
+    with pytest.raises(deltafin.Error, match="closed"):
+        other.tokenize("x")
     # The model still works after all of that.
     assert model.create_completion(prompt="ok", max_tokens=2)["usage"]["completion_tokens"] == 2
 

@@ -557,19 +557,8 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     if (auto last = gen.unconsumed_token()) session->pending.push_back(*last);
     if (out_result_json != nullptr) {
       RunStats stats = rec.finish(gen);
-      nlohmann::json j;
-      j["model"] = m.path;
-      j["prompt_ids"] = std::vector<int32_t>(prompt, prompt + n);
-      j["completion_ids"] = ids;
-      j["text"] = gen.content();
-      if (gp.chat) {
-        j["reasoning"] = gen.reasoning();
-        nlohmann::json calls = nlohmann::json::array();
-        for (const auto& c : gen.tool_calls())
-          calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
-        j["tool_calls"] = calls;
-      }
-      stats.to_json(j);
+      const nlohmann::json j =
+          run_json(m.path, std::span<const int32_t>(prompt, n), gen, stats, gp.chat);
       *out_result_json =
           capi::copy_string(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     }

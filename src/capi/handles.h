@@ -45,7 +45,7 @@ struct deltafin_session {
 struct deltafin_chat {
   deltafin_model* m = nullptr;
   std::unique_ptr<deltafin::ChatSession> session;
-  bool busy = false;  // a turn's stream is alive
+  deltafin_stream* active = nullptr;  // the turn in progress (its stream uses our state)
 };
 
 // A generation in progress, producing the server's chunks (see stream.cpp).

@@ -58,7 +58,7 @@ void finish(deltafin_stream& s) {
   s.stats = st;
   if (s.chat != nullptr) {
     s.chat->session->end_turn(g);
-    s.chat->busy = false;
+    s.chat->active = nullptr;
     s.chat = nullptr;
   }
 }
@@ -66,6 +66,7 @@ void finish(deltafin_stream& s) {
 // One forward pass (or the end), folding what it produced into chunks.
 void step(deltafin_stream& s) {
   Generation& g = *s.gen;
+  if (s.state == nullptr) fail_arg("the chat this stream belongs to was freed; it cannot go on");
   if (!g.finished()) {
     auto in = g.next_input();
     std::vector<float> logits;
@@ -75,7 +76,7 @@ void step(deltafin_stream& s) {
       g.abort();
       if (s.chat != nullptr) {
         s.chat->session->reset();  // its state is no longer trustworthy
-        s.chat->busy = false;
+        s.chat->active = nullptr;
         s.chat = nullptr;
       }
       throw;
@@ -160,7 +161,7 @@ deltafin_status deltafin_stream_response(deltafin_stream* s, char** out_json) {
     require(s, "stream");
     require(out_json, "out_json");
     s->begun = true;
-    while (!s->ended) step(*s);
+    while (!s->ended) step(*s);  // (a detached stream fails in step)
     s->pending.clear();
     *out_json =
         capi::copy_string(server::dump(s->builder->response(s->gen->stop_reason(), s->usage)));
@@ -183,10 +184,12 @@ deltafin_status deltafin_stream_stats_json(deltafin_stream* s, char** out_json) 
 void deltafin_stream_free(deltafin_stream* s) {
   if (s == nullptr) return;
   try {
-    if (s->chat != nullptr && s->gen && !s->ended) {
-      s->gen->cancel();
-      s->chat->session->end_turn(*s->gen);  // recorded as cancelled: the next turn re-prefills
-      s->chat->busy = false;
+    if (s->chat != nullptr) {
+      if (s->gen && !s->ended) {
+        s->gen->cancel();
+        s->chat->session->end_turn(*s->gen);  // recorded as cancelled: the next turn re-prefills
+      }
+      s->chat->active = nullptr;
     }
   } catch (...) {
   }
@@ -237,11 +240,16 @@ deltafin_status deltafin_chat_new(deltafin_model* model, const char* options_jso
 }
 
 void deltafin_chat_free(deltafin_chat* chat) {
+  if (chat == nullptr) return;
+  if (chat->active != nullptr) {  // its turn's stream outlives it: detach, it fails from now on
+    chat->active->chat = nullptr;
+    chat->active->state = nullptr;
+  }
   delete chat;
 }
 
 void deltafin_chat_reset(deltafin_chat* chat) {
-  if (chat != nullptr && !chat->busy) chat->session->reset();
+  if (chat != nullptr && chat->active == nullptr) chat->session->reset();
 }
 
 deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json,
@@ -250,7 +258,8 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
     require(chat, "chat");
     require(out, "out");
     *out = nullptr;
-    if (chat->busy) fail_arg("this chat already has a turn in progress (free its stream first)");
+    if (chat->active != nullptr)
+      fail_arg("this chat already has a turn in progress (free its stream first)");
     json body = capi::parse_object(request_json, "request_json");
     const json* content = body.contains("content") ? &body["content"] : nullptr;
     if (content == nullptr || !content->is_string())
@@ -281,7 +290,7 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
       }
       auto s = make_stream(m, r, turn.input, &state, turn.reused);
       s->chat = chat;
-      chat->busy = true;
+      chat->active = s.get();
       *out = s.release();
     } catch (...) {
       chat->session->load_json(saved);  // the turn never started: the conversation as it was
