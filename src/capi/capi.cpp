@@ -524,7 +524,9 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     input.insert(input.end(), prompt, prompt + n);
     const int64_t start = session->state.position();
     Generation gen(input, gp, tok, m.model->config().vocab, start);
+    std::unique_lock<std::mutex> counters(m.pass);  // the counters are written by passes
     StatsRecorder rec(*m.model);
+    counters.unlock();
     std::string reasoning;
     while (!gen.finished()) {
       auto in = gen.next_input();
@@ -556,7 +558,9 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     session->history.insert(session->history.end(), ids.begin(), ids.end());
     if (auto last = gen.unconsumed_token()) session->pending.push_back(*last);
     if (out_result_json != nullptr) {
+      std::unique_lock<std::mutex> lock(m.pass);
       RunStats stats = rec.finish(gen);
+      lock.unlock();
       const nlohmann::json j =
           run_json(m.path, std::span<const int32_t>(prompt, n), gen, stats, gp.chat);
       *out_result_json =

@@ -35,7 +35,10 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
   s->builder = std::make_unique<server::ResponseBuilder>(
       tok, r.endpoint, server::random_id(chat ? "chatcmpl-" : "cmpl-"),
       static_cast<int64_t>(std::time(nullptr)), m.limits.model_id, r.logprobs, r.include_usage);
-  s->rec = std::make_unique<StatsRecorder>(*m.model);
+  {
+    std::lock_guard<std::mutex> lock(m.pass);  // the counters are written by passes
+    s->rec = std::make_unique<StatsRecorder>(*m.model);
+  }
   s->input = input;
   s->cached = cached;
   return s;
@@ -53,7 +56,9 @@ void finish(deltafin_stream& s) {
   s.usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
   push(s, s.builder->end(g.stop_reason(), s.usage));
   s.ended = true;
+  std::unique_lock<std::mutex> lock(s.m->pass);
   RunStats st = s.rec->finish(g);
+  lock.unlock();
   st.reused_tokens = s.cached;
   s.stats = st;
   if (s.chat != nullptr) {
