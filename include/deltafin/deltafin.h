@@ -165,8 +165,10 @@ DELTAFIN_API deltafin_status deltafin_session_history(deltafin_session* session,
 
 /* Feeds `n` >= 1 ids in one forward pass and writes logits: with all_logits = 1, n rows of
  * vocab floats (row t = the logits after ids[0..t]); with 0, the last row only. `logits` may be
- * NULL (the state still advances); else it must hold n * vocab (or vocab) floats. A pass that
- * fails leaves the session needing deltafin_session_reset (the message says so). */
+ * NULL (the state still advances); else it must hold n * vocab (or vocab) floats. The last
+ * token a generation sampled is in the history but not yet in the state: it is fed first, in
+ * the same pass (its row is not returned). A pass that fails leaves the session needing
+ * deltafin_session_reset (the message says so). */
 DELTAFIN_API deltafin_status deltafin_session_eval(deltafin_session* session, const int32_t* ids,
                                                    size_t n, int all_logits, float* logits);
 
@@ -208,11 +210,12 @@ typedef struct deltafin_token_event {
 /* Return 0 to go on, anything else to stop generation (stop_reason "cancelled"). */
 typedef int (*deltafin_token_callback)(const deltafin_token_event* event, void* user_data);
 
-/* Generates from the session's current state: feeds `prompt` (n may be 0 only when the session
- * has consumed something), then samples until a stop token (the config's eos and <|end_of_msg|>),
- * max_new_tokens, the context, a stop string, or the callback asks to stop. `callback` may be
- * NULL. *out_result_json (may be NULL) receives the object `deltafin run --json` prints
- * (prompt_ids, completion_ids, text, reasoning, stop_reason, seed and the stats fields). */
+/* Generates from the session's current state: feeds the pending last token of a previous
+ * generation (if any) and `prompt` (n may be 0 only when there is such a token), then samples until
+ * a stop token (the config's eos and <|end_of_msg|>), max_new_tokens, the context, a stop string,
+ * or the callback asks to stop. `callback` may be NULL. *out_result_json (may be NULL) receives the
+ * object `deltafin run --json` prints (prompt_ids, completion_ids, text, reasoning, stop_reason,
+ * seed and the stats fields). */
 DELTAFIN_API deltafin_status deltafin_session_generate(deltafin_session* session,
                                                        const int32_t* prompt, size_t n,
                                                        const deltafin_sampling_params* params,
