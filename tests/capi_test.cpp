@@ -151,6 +151,35 @@ TEST(CApi, CallbackStopsGeneration) {
   deltafin_model_free(m);
 }
 
+TEST(CApi, GenerationContinuesFromThePendingToken) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  const auto prompt = tokenize(m, "Continue me");
+  json whole = greedy(m, prompt, 6);
+  deltafin_session* s = nullptr;
+  ASSERT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+  deltafin_sampling_params sp;
+  deltafin_sampling_params_init(&sp);
+  sp.max_new_tokens = 3;
+  char* out = nullptr;
+  ASSERT_EQ(deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, nullptr, nullptr, &out),
+            DELTAFIN_OK);
+  json first = json::parse(take(out));
+  ASSERT_EQ(deltafin_session_generate(s, nullptr, 0, &sp, nullptr, nullptr, &out), DELTAFIN_OK)
+      << deltafin_last_error();
+  json second = json::parse(take(out));
+  json both = first["completion_ids"];
+  for (const auto& id : second["completion_ids"]) both.push_back(id);
+  EXPECT_EQ(both, whole["completion_ids"]);
+  int32_t* hist = nullptr;
+  size_t n = 0;
+  ASSERT_EQ(deltafin_session_history(s, &hist, &n), DELTAFIN_OK);
+  EXPECT_EQ(n, prompt.size() + 6);
+  deltafin_free(hist);
+  deltafin_session_free(s);
+  deltafin_model_free(m);
+}
+
 TEST(CApi, TwoModelsInOneProcessGenerateInParallel) {
   deltafin_model* a = load(tiny());
   deltafin_model* b = load(tiny());
