@@ -44,7 +44,10 @@ deltafin_status guard(const std::function<void()>& f) {
     return set_error(ctx ? DELTAFIN_ERR_CONTEXT : DELTAFIN_ERR_ARGUMENT, e.what());
   } catch (const InvalidArgument& e) {
     const std::string m = e.what();
-    const bool ctx = m.find("context") != std::string::npos;
+    // The two context refusals below the server's checks: Generation's ("... but the context
+    // is N") and the session's ("... do not fit in the context of N").
+    const bool ctx = m.find("the context is") != std::string::npos ||
+                     m.find("the context of") != std::string::npos;
     return set_error(ctx ? DELTAFIN_ERR_CONTEXT : DELTAFIN_ERR_ARGUMENT, m);
   } catch (const IoError& e) {
     return set_error(DELTAFIN_ERR_IO, e.what());
