@@ -64,6 +64,16 @@ def test_greedy_completion_matches_run_json(model, binary, model_dir):
     assert res["completion_ids"] == cli["completion_ids"]
 
 
+def test_seeded_sampling_matches_run_json(model, binary, model_dir):
+    args = dict(temperature=0.9, top_p=0.95, top_k=50, seed=42)
+    cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "12",
+                   "--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--seed", "42")
+    with model.session() as s:
+        res = s.generate(model.tokenize("Once upon a time"), max_new_tokens=12, **args)
+    assert res["completion_ids"] == cli["completion_ids"]
+    assert res["seed"] == 42
+
+
 def test_logits_equal_cli_bit_for_bit(model, binary, model_dir, tmp_path):
     ids = model.tokenize("The capital of France is")
     got = model.logits(ids)
@@ -151,7 +161,7 @@ def test_chat_completion_parses_like_the_server(model, server):
                 {"messages": [{"role": "user", "content": "Weather?"}], "tools": tools,
                  "reasoning_effort": "low", "max_tokens": 24},
                 {"messages": [{"role": "user", "content": "No thinking"}], "thinking": False,
-                 "max_tokens": 16}):
+                 "max_tokens": 16, "logprobs": True, "top_logprobs": 2}):
         req = dict(req, temperature=0)
         want = post(server + "/v1/chat/completions", req)
         got = model.create_chat_completion(**req)
@@ -164,6 +174,7 @@ def test_chat_completion_parses_like_the_server(model, server):
         strip = lambda calls: [(c["type"], c["function"]) for c in calls or []]  # noqa: E731
         assert strip(gm.get("tool_calls")) == strip(wm.get("tool_calls"))
         assert got["usage"] == want["usage"]
+        assert got["choices"][0].get("logprobs") == want["choices"][0].get("logprobs")
     want = post(server + "/v1/completions", {"prompt": "Abc", "max_tokens": 9, "temperature": 0})
     got = model.create_completion(prompt="Abc", max_tokens=9, temperature=0)
     assert got["choices"][0]["text"] == want["choices"][0]["text"]
