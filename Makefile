@@ -1,14 +1,16 @@
 # Convenience front end over CMake. `make demo` installs what is missing (Debian/Ubuntu),
-# builds, and runs the built-in demo model; `make test` builds and runs the whole test suite.
+# builds, and runs the built-in demo model; `make test` builds and runs the whole test suite;
+# `make python` installs the Python package into .venv.
 BUILD ?= build
 BUILD_TYPE ?= Release
 WERROR ?= OFF
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev \
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev \
-  libedit-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libedit-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  python3-venv python3-numpy python3-pytest python3-wheel
 
-.PHONY: all deps configure build test test-deps demo clean
+.PHONY: all deps configure build test test-deps demo python clean
 
 all: build
 
@@ -40,6 +42,12 @@ test-deps:
 	  echo "installing the openai npm package for the client test"; \
 	  cd $(OPENAI_CLIENT) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
+
+# The Python package (python/, import deltafin) in a virtual environment over Debian's python3
+# (numpy from python3-numpy), with this build's libdeltafin.so bundled in. See docs/PYTHON.md.
+VENV ?= .venv
+python: deps build
+	bash python/install.sh $(VENV) $(BUILD)/src/capi/libdeltafin.so
 
 demo: deps build
 	$(BUILD)/src/cli/deltafin run --prompt "The capital of France is" --max-new 24 --stats

@@ -79,19 +79,7 @@ void run_run(RunArgs& a) {
   printer.finish();
   RunStats stats = rec.finish(gen);
   if (a.json) {
-    nlohmann::json j;
-    j["model"] = a.engine.model;
-    j["prompt_ids"] = prompt;
-    j["completion_ids"] = gen.completion_ids();
-    j["text"] = gen.content();
-    if (a.chat) {
-      j["reasoning"] = gen.reasoning();
-      nlohmann::json calls = nlohmann::json::array();
-      for (const auto& c : gen.tool_calls())
-        calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
-      j["tool_calls"] = calls;
-    }
-    stats.to_json(j);
+    const nlohmann::json j = run_json(a.engine.model, prompt, gen, stats, a.chat);
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   if (a.gen.stats) fmt::print(stderr, "{}\n", stats.summary());

@@ -69,6 +69,24 @@ RunStats StatsRecorder::finish(const Generation& g) const {
   return s;
 }
 
+nlohmann::json run_json(const std::string& model, std::span<const int32_t> prompt,
+                        const Generation& gen, const RunStats& stats, bool chat) {
+  nlohmann::json j;
+  j["model"] = model;
+  j["prompt_ids"] = std::vector<int32_t>(prompt.begin(), prompt.end());
+  j["completion_ids"] = gen.completion_ids();
+  j["text"] = gen.content();
+  if (chat) {
+    j["reasoning"] = gen.reasoning();
+    nlohmann::json calls = nlohmann::json::array();
+    for (const auto& c : gen.tool_calls())
+      calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
+    j["tool_calls"] = calls;
+  }
+  stats.to_json(j);
+  return j;
+}
+
 double RunStats::gb_per_token() const {
   const int64_t n = std::max<int64_t>(1, completion_tokens);
   return static_cast<double>(experts.bytes_read + trunk.bytes_streamed) / 1e9 /

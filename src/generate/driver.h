@@ -42,6 +42,11 @@ struct RunStats {
   std::string summary() const;  // the human `--stats` block
 };
 
+// The object `deltafin run --json` prints (and the C API's generation result): model, prompt
+// and completion ids, text (with `chat`: reasoning and tool calls), then the stats fields.
+nlohmann::json run_json(const std::string& model, std::span<const int32_t> prompt,
+                        const Generation& gen, const RunStats& stats, bool chat);
+
 // Snapshot counters before a run; finish() fills a RunStats from the generation and the deltas.
 class StatsRecorder {
  public:

@@ -79,6 +79,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   m->checkpoint_ = Checkpoint::open(dir);
   m->inventory_ = check_inventory(m->config_, *m->checkpoint_);
   m->plan_ = attn_res_plan(m->config_);
+  if (options.threads >= 0) m->pool_ = std::make_unique<ThreadPool>(options.threads);
   const ModelConfig& c = m->config_;
   const ExpertFormat ef = m->inventory_.expert_format;
   if (options.mmap) {
@@ -145,7 +146,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   Stopwatch sw;
   const ModelConfig& c = config_;
   const int64_t H = c.hidden, V = c.vocab;
-  ThreadPool& pool = global_pool();
+  ThreadPool& pool = pool_ ? *pool_ : global_pool();
 
   // Rows, grouped by sequence.
   std::vector<SeqRows> rows;

@@ -71,6 +71,10 @@ struct LoadOptions {
   bool prefetch = true;     // predict the next layer's experts and read them ahead
   std::string heat_file;    // persisted expert use counts ("" = none)
   bool print_plan = false;  // write the plan to stderr
+  // -1: passes run on the process-wide pool (the CLI sets it with --threads); >= 0: the model
+  // owns a pool of that many threads (0 = one per physical core), so models loaded side by side
+  // in one process (the C API) neither share nor resize each other's threads.
+  int threads = -1;
   // Replaces the default memory-mapped expert provider (the SSD-streaming store, tests).
   std::function<std::unique_ptr<ExpertProvider>(const ModelConfig&, const Checkpoint&,
                                                 ExpertFormat)>
@@ -123,6 +127,7 @@ class Model {
   std::optional<MemoryPlan> plan_mem_;
   bool prefetch_ = false;
   PassStats pass_stats_;
+  std::unique_ptr<ThreadPool> pool_;  // own threads (LoadOptions::threads >= 0), else global
 };
 
 }  // namespace deltafin

@@ -1,0 +1,338 @@
+# The Python package against the CLI: the same ids as `deltafin run --json`, the same logits
+# bytes as `deltafin logits`, streamed chunks that add up to the non-streamed response, the
+# server's chat shapes, chat-state reuse, errors as exceptions, threads and Ctrl-C.
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import deltafin
+from conftest import OPTIONS
+
+
+def run_json(binary, model_dir, *args):
+    r = subprocess.run([binary, "run", "--json", "--model", model_dir, "--threads", "1", *args],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def test_version_and_help():
+    assert deltafin.abi_version() == 1
+    assert deltafin.__version__
+    import pydoc
+    doc = pydoc.render_doc(deltafin.Model)
+    for word in ("memory_budget", "create_chat_completion", "logits", "tokenize", "chat",
+                 "deltafin logits"):
+        assert word in doc
+
+
+def test_tokenize_round_trip(model, binary, model_dir):
+    ids = model.tokenize("Hello, world")
+    r = subprocess.run([binary, "tokenize", "--model", model_dir, "--text", "Hello, world"],
+                       capture_output=True, text=True, check=True)
+    assert ids == json.loads(r.stdout)
+    assert model.detokenize(ids) == "Hello, world"
+    # Special strings are text unless asked for.
+    assert len(model.tokenize("<|end_of_msg|>", special=True)) == 1
+    assert len(model.tokenize("<|end_of_msg|>")) > 1
+    assert model.tokenize("") == []
+
+
+def test_greedy_completion_matches_run_json(model, binary, model_dir):
+    cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "10")
+    out = model.create_completion(prompt="Once upon a time", max_tokens=10, temperature=0)
+    assert out["object"] == "text_completion"
+    assert out["usage"]["completion_tokens"] == 10
+    assert out["choices"][0]["text"] == cli["text"]
+    assert model.last_stats["prompt_ids"] == cli["prompt_ids"]
+    assert model.last_stats["completion_ids"] == cli["completion_ids"]
+    # Streamed, and through the low-level session: the same ids.
+    list(model.create_completion(prompt=cli["prompt_ids"], max_tokens=10, temperature=0,
+                                 stream=True))
+    assert model.last_stats["completion_ids"] == cli["completion_ids"]
+    with model.session() as s:
+        res = s.generate(cli["prompt_ids"], max_new_tokens=10)
+    assert res["completion_ids"] == cli["completion_ids"]
+
+
+def test_seeded_sampling_matches_run_json(model, binary, model_dir):
+    args = dict(temperature=0.9, top_p=0.95, top_k=50, seed=42)
+    cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "12",
+                   "--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--seed", "42")
+    with model.session() as s:
+        res = s.generate(model.tokenize("Once upon a time"), max_new_tokens=12, **args)
+    assert res["completion_ids"] == cli["completion_ids"]
+    assert res["seed"] == 42
+
+
+def test_logits_equal_cli_bit_for_bit(model, binary, model_dir, tmp_path):
+    ids = model.tokenize("The capital of France is")
+    got = model.logits(ids)
+    assert got.dtype == np.float32 and got.shape == (len(ids), model.vocab)
+    out = tmp_path / "l.f32"
+    subprocess.run([binary, "logits", "--model", model_dir, "--threads", "1", "--tokens",
+                    ",".join(map(str, ids)), "--out", str(out)], check=True)
+    want = np.fromfile(out, dtype="<f4").reshape(len(ids), model.vocab)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_stream_concatenates_to_non_stream(model):
+    kw = dict(prompt="In a hole in the ground", max_tokens=12, temperature=0.8, seed=7)
+    whole = model.create_completion(**kw)
+    chunks = list(model.create_completion(stream=True, **kw))
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    whole = model.create_chat_completion(messages=msgs, max_tokens=16, temperature=0)
+    chunks = list(model.create_chat_completion(messages=msgs, max_tokens=16, temperature=0,
+                                               stream=True))
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or ""
+                        for c in chunks)
+    msg = whole["choices"][0]["message"]
+    assert content == (msg.get("content") or "")
+    assert reasoning == (msg.get("reasoning_content") or "")
+
+
+def test_chat_completion_has_the_server_shape(model):
+    out = model.create_chat_completion(
+        messages=[{"role": "user", "content": "What is the weather?"}],
+        tools=[{"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}],
+        reasoning_effort="low", max_tokens=8, temperature=0)
+    assert out["object"] == "chat.completion"
+    assert out["id"].startswith("chatcmpl-")
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert "content" in choice["message"]
+    assert choice["finish_reason"] in ("stop", "length", "tool_calls")
+    assert set(out["usage"]) >= {"prompt_tokens", "completion_tokens", "total_tokens"}
+    # The prompt is the server's rendering.
+    ids = model.render_chat([{"role": "user", "content": "What is the weather?"}],
+                            reasoning_effort="low", tools=[{"type": "function", "function": {
+                                "name": "get_weather",
+                                "parameters": {"type": "object", "properties": {}}}}])
+    assert out["usage"]["prompt_tokens"] == len(ids)
+
+
+@pytest.fixture()
+def server(binary, model_dir):
+    """`deltafin serve` on the same model, for comparing response shapes."""
+    p = subprocess.Popen([binary, "serve", "--model", model_dir, "--port", "0", "--threads", "1",
+                          "--memory-budget", "1G", "--ctx", "2048"],
+                         stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        m = re.search(r"listening on http://127.0.0.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+        if "ready:" in line:
+            break
+    assert port, "the server did not start"
+    yield f"http://127.0.0.1:{port}"
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_chat_completion_parses_like_the_server(model, server):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    for req in ({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 24},
+                {"messages": [{"role": "user", "content": "Weather?"}], "tools": tools,
+                 "reasoning_effort": "low", "max_tokens": 24},
+                {"messages": [{"role": "user", "content": "No thinking"}], "thinking": False,
+                 "max_tokens": 16, "logprobs": True, "top_logprobs": 2}):
+        req = dict(req, temperature=0)
+        want = post(server + "/v1/chat/completions", req)
+        got = model.create_chat_completion(**req)
+        for k in ("object", "model"):
+            assert (k in got) == (k in want)
+        assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"]
+        gm, wm = got["choices"][0]["message"], want["choices"][0]["message"]
+        assert gm.get("content") == wm.get("content")
+        assert gm.get("reasoning_content") == wm.get("reasoning_content")
+        strip = lambda calls: [(c["type"], c["function"]) for c in calls or []]  # noqa: E731
+        assert strip(gm.get("tool_calls")) == strip(wm.get("tool_calls"))
+        assert got["usage"] == want["usage"]
+        assert got["choices"][0].get("logprobs") == want["choices"][0].get("logprobs")
+    want = post(server + "/v1/completions", {"prompt": "Abc", "max_tokens": 9, "temperature": 0})
+    got = model.create_completion(prompt="Abc", max_tokens=9, temperature=0)
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["usage"] == want["usage"]
+
+
+def test_breaking_out_of_a_stream_stops_it(model):
+    it = model.create_completion(prompt="Count", max_tokens=200, temperature=0, stream=True)
+    first = next(it)
+    assert first["object"] == "text_completion"
+    it.close()  # what `break` does; the stream is freed and the model is free for the next call
+    out = model.create_completion(prompt="Count", max_tokens=3, temperature=0)
+    assert out["usage"]["completion_tokens"] == 3
+
+
+def test_chat_session_reuses_state(model):
+    with model.chat(thinking=False) as chat:
+        a = chat.send("First question", max_tokens=6, temperature=0)
+        assert chat.last_stats["reused_prompt_tokens"] == 0
+        b = chat.send("Second question", max_tokens=6, temperature=0)
+        reused = chat.last_stats["reused_prompt_tokens"]
+        assert reused > 0
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == reused
+        assert chat.last_stats["prompt_tokens"] < b["usage"]["prompt_tokens"]
+        streamed = list(chat.send("Third", max_tokens=4, temperature=0, stream=True))
+        assert streamed[-1]["choices"][0]["finish_reason"] is not None
+        assert chat.last_stats["reused_prompt_tokens"] > reused
+        assert len(chat.history()["messages"]) == 6
+        assert a["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_errors(model, model_dir, tmp_path):
+    with pytest.raises(deltafin.Error, match="does not exist"):
+        deltafin.Model(str(tmp_path / "missing"))
+    bad = tmp_path / "corrupt"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(deltafin.Error, match="config.json"):
+        deltafin.Model(str(bad))
+    # A checkpoint whose shard is cut short.
+    trunc = tmp_path / "truncated"
+    subprocess.run(["cp", "-r", model_dir, str(trunc)], check=True)
+    shard = sorted(p for p in os.listdir(trunc) if p.endswith(".safetensors"))[0]
+    with open(trunc / shard, "r+b") as f:
+        f.truncate(4096)
+    with pytest.raises(deltafin.Error):
+        deltafin.Model(str(trunc), **OPTIONS)
+    with pytest.raises(TypeError, match="threads"):
+        deltafin.Model(model_dir, threads="2")
+    with pytest.raises(TypeError, match="path"):
+        deltafin.Model(42)
+    with pytest.raises(ValueError, match="memory_budget"):
+        deltafin.Model(model_dir, memory_budget="lots")
+    with pytest.raises(ValueError, match="fp8"):
+        deltafin.Model(model_dir, trunk="fp8")
+    with pytest.raises(TypeError):
+        model.tokenize(123)
+    with pytest.raises(TypeError):
+        model.logits("not ids")
+    with pytest.raises(ValueError, match="out of range"):
+        model.logits([1, model.vocab + 5])
+    with pytest.raises(deltafin.ArgumentError, match="frobnicate"):
+        model.create_completion(prompt="x", frobnicate=1)
+    with pytest.raises(deltafin.ArgumentError, match="temperature"):
+        model.create_completion(prompt="x", temperature=5)
+    with pytest.raises(deltafin.ContextLengthError, match="context"):
+        model.create_completion(prompt=[65] * 2100, max_tokens=1)
+    with pytest.raises(deltafin.ContextLengthError):
+        model.logits([65] * 2100)
+    with pytest.raises(TypeError):
+        model.create_chat_completion(messages="hi")
+    with pytest.raises(deltafin.ArgumentError, match="messages"):
+        model.create_chat_completion(messages=[{"role": "wizard", "content": "x"}])
+    # Closing a model closes what was made from it; using those then is an error, not a crash.
+    other = deltafin.Model(model_dir, **OPTIONS)
+    chat, session = other.chat(), other.session()
+    it = other.create_completion(prompt="x", max_tokens=50, stream=True)
+    next(it)
+    other.close()
+    with pytest.raises(deltafin.Error, match="closed"):
+        chat.send("hello")
+    with pytest.raises(deltafin.Error, match="closed"):
+        session.eval([1])
+    with pytest.raises(deltafin.Error, match="closed"):
+        next(it)
+    with pytest.raises(deltafin.Error, match="closed"):
+        other.tokenize("x")
+    # The model still works after all of that.
+    assert model.create_completion(prompt="ok", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_two_models_in_two_threads(model_dir):
+    a = deltafin.Model(model_dir, **OPTIONS)
+    b = deltafin.Model(model_dir, **OPTIONS)
+    want = a.create_completion(prompt="Parallel", max_tokens=8, temperature=0)["choices"][0]
+    got = {}
+
+    def work(name, m):
+        got[name] = m.create_completion(prompt="Parallel", max_tokens=8,
+                                        temperature=0)["choices"][0]
+
+    ts = [threading.Thread(target=work, args=(n, m)) for n, m in (("a", a), ("b", b))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got["a"]["text"] == want["text"] == got["b"]["text"]
+    a.close()
+    assert b.create_completion(prompt="Parallel", max_tokens=8,
+                               temperature=0)["choices"][0]["text"] == want["text"]
+    b.close()
+
+
+def test_ctrl_c_raises_keyboard_interrupt_promptly(model_dir):
+    # SIGINT once tokens are flowing: KeyboardInterrupt arrives between two passes, long before
+    # the requested 8000 tokens (the count of chunks received says how far it got).
+    script = textwrap.dedent(f"""
+        import deltafin
+        m = deltafin.Model({model_dir!r}, threads=1, memory_budget="1G", ctx=8192)
+        n = 0
+        try:
+            for chunk in m.create_completion(prompt="go", max_tokens=8000, temperature=0,
+                                             stream=True):
+                n += 1
+                if n == 1:
+                    print("streaming", flush=True)
+            print("finished", n, flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", n, flush=True)
+        # The model is still usable after the interrupted stream.
+        print(m.create_completion(prompt="go", max_tokens=2)["usage"]["completion_tokens"])
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "streaming"
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    lines = out.split()
+    assert lines[0] == "interrupted", out
+    assert int(lines[1]) < 8000
+    assert lines[2] == "2"
+    assert p.returncode == 0
+
+
+def test_callback_generation_stops_and_interrupts(model):
+    seen = []
+    with model.session() as s:
+        res = s.generate(model.tokenize("Stop early"), max_new_tokens=50,
+                         on_token=lambda i, t: seen.append(i) or len(seen) >= 4)
+    assert res["completion_ids"] == seen and len(seen) == 4
+    assert res["stop_reason"] == "cancelled"
+
+    def boom(i, t):
+        raise KeyboardInterrupt
+    with model.session() as s, pytest.raises(KeyboardInterrupt):
+        s.generate(model.tokenize("x"), max_new_tokens=50, on_token=boom)
+
+
+def test_info_plan_stats(model):
+    assert model.info["vocab"] == model.vocab
+    assert model.memory_plan["context"] == 2048
+    assert model.stats["passes"] > 0

@@ -1,0 +1,315 @@
+// OpenAI-shaped generation for the C API: the server's request validation
+// (parse_chat_request / parse_completion_request) and response shapes (ResponseBuilder) around
+// a Generation the caller pulls one forward pass at a time. Pulling, not a callback, is the
+// primitive because it lets a binding stop between any two passes (a Python iterator that is
+// abandoned, Ctrl-C) without threads; the callback calls are a loop over it. Chat turns are
+// the same stream over a ChatSession's kept state.
+#include <ctime>
+
+#include "capi/handles.h"
+#include "core/error.h"
+#include "server/api_error.h"
+
+using namespace deltafin;
+using capi::guard;
+using capi::require;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeRequest& r,
+                                             const std::vector<int32_t>& input, State* state,
+                                             int64_t cached) {
+  auto s = std::make_unique<deltafin_stream>();
+  s->m = &m;
+  const Tokenizer& tok = m.tokenizer("an OpenAI-shaped completion");
+  if (state == nullptr) {
+    s->own_state = m.model->new_state();
+    state = &s->own_state;
+  }
+  s->state = state;
+  s->gen = std::make_unique<Generation>(input, r.params, &tok, m.model->config().vocab,
+                                        state->position());
+  s->logit_bias = r.logit_bias;
+  const bool chat = r.endpoint == server::Endpoint::chat;
+  s->builder = std::make_unique<server::ResponseBuilder>(
+      tok, r.endpoint, server::random_id(chat ? "chatcmpl-" : "cmpl-"),
+      static_cast<int64_t>(std::time(nullptr)), m.limits.model_id, r.logprobs, r.include_usage);
+  {
+    std::lock_guard<std::mutex> lock(m.pass);  // the counters are written by passes
+    s->rec = std::make_unique<StatsRecorder>(*m.model);
+  }
+  s->input = input;
+  s->cached = cached;
+  return s;
+}
+
+void push(deltafin_stream& s, const std::vector<json>& chunks) {
+  for (const auto& c : chunks) s.pending.push_back(server::dump(c));
+}
+
+// After the generation finished: usage, the final chunks, stats, the chat's record.
+void finish(deltafin_stream& s) {
+  const Generation& g = *s.gen;
+  s.usage.cached_tokens = s.cached;
+  s.usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
+  s.usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
+  push(s, s.builder->end(g.stop_reason(), s.usage));
+  s.ended = true;
+  std::unique_lock<std::mutex> lock(s.m->pass);
+  RunStats st = s.rec->finish(g);
+  lock.unlock();
+  st.reused_tokens = s.cached;
+  s.stats = st;
+  if (s.chat != nullptr) {
+    s.chat->session->end_turn(g);
+    s.chat->active = nullptr;
+    s.chat = nullptr;
+  }
+}
+
+// One forward pass (or the end), folding what it produced into chunks.
+void step(deltafin_stream& s) {
+  Generation& g = *s.gen;
+  if (s.state == nullptr) fail_arg("the chat this stream belongs to was freed; it cannot go on");
+  if (!g.finished()) {
+    auto in = g.next_input();
+    std::vector<float> logits;
+    try {
+      logits = s.m->forward(*s.state, in, false);
+    } catch (...) {
+      g.abort();
+      if (s.chat != nullptr) {
+        s.chat->session->reset();  // its state is no longer trustworthy
+        s.chat->active = nullptr;
+        s.chat = nullptr;
+      }
+      throw;
+    }
+    for (const auto& [id, bias] : s.logit_bias) logits[static_cast<size_t>(id)] += bias;
+    g.on_logits(logits);
+    server::StepUpdate u;
+    u.events = g.take_events();
+    const auto& toks = g.tokens();
+    u.tokens.assign(toks.begin() + static_cast<ptrdiff_t>(s.sent), toks.end());
+    s.sent = toks.size();
+    push(s, s.builder->add(u));
+  }
+  if (g.finished() && !s.ended) finish(s);
+}
+
+deltafin_status run_to_end(deltafin_stream* s, deltafin_chunk_callback cb, void* user,
+                           char** out_response) {
+  for (;;) {
+    char* chunk = nullptr;
+    int done = 0;
+    if (auto st = deltafin_stream_next(s, &chunk, &done); st != DELTAFIN_OK) return st;
+    if (chunk != nullptr) {
+      const int stop = cb != nullptr ? cb(chunk, user) : 0;
+      deltafin_free(chunk);
+      if (stop != 0 && !s->gen->finished()) s->gen->cancel();
+    }
+    if (done != 0) break;
+  }
+  return deltafin_stream_response(s, out_response);
+}
+
+deltafin_status create(deltafin_model* model, const char* request_json, int chat,
+                       deltafin_chunk_callback cb, void* user, char** out_response) {
+  deltafin_stream* s = nullptr;
+  if (auto st = deltafin_stream_start(model, request_json, chat, &s); st != DELTAFIN_OK) return st;
+  const deltafin_status st = run_to_end(s, cb, user, out_response);
+  deltafin_stream_free(s);
+  return st;
+}
+
+}  // namespace
+
+extern "C" {
+
+deltafin_status deltafin_stream_start(deltafin_model* model, const char* request_json, int chat,
+                                      deltafin_stream** out) {
+  return guard([&] {
+    require(model, "model");
+    require(out, "out");
+    *out = nullptr;
+    const json body = capi::parse_object(request_json, "request_json");
+    const Tokenizer& tok = model->tokenizer("an OpenAI-shaped completion");
+    server::ServeRequest r = chat != 0 ? server::parse_chat_request(body, model->limits, tok)
+                                       : server::parse_completion_request(body, model->limits, tok);
+    *out = make_stream(*model, r, r.prompt, nullptr, 0).release();
+  });
+}
+
+deltafin_status deltafin_stream_next(deltafin_stream* s, char** out_chunk, int* out_done) {
+  return guard([&] {
+    require(s, "stream");
+    require(out_chunk, "out_chunk");
+    require(out_done, "out_done");
+    *out_chunk = nullptr;
+    *out_done = 0;
+    if (!s->begun) {
+      push(*s, s->builder->begin());
+      s->begun = true;
+    }
+    if (s->pending.empty() && !s->ended) step(*s);
+    if (!s->pending.empty()) {
+      *out_chunk = capi::copy_string(s->pending.front());
+      s->pending.pop_front();
+    }
+    *out_done = s->ended && s->pending.empty() ? 1 : 0;
+  });
+}
+
+deltafin_status deltafin_stream_response(deltafin_stream* s, char** out_json) {
+  return guard([&] {
+    require(s, "stream");
+    require(out_json, "out_json");
+    s->begun = true;
+    while (!s->ended) step(*s);  // (a detached stream fails in step)
+    s->pending.clear();
+    *out_json =
+        capi::copy_string(server::dump(s->builder->response(s->gen->stop_reason(), s->usage)));
+  });
+}
+
+deltafin_status deltafin_stream_stats_json(deltafin_stream* s, char** out_json) {
+  return guard([&] {
+    require(s, "stream");
+    require(out_json, "out_json");
+    if (!s->stats) fail_arg("the stream has not finished: its stats are complete at the end");
+    nlohmann::json j;
+    j["prompt_ids"] = s->input;  // the ids fed (a chat turn: only the new ones)
+    j["completion_ids"] = s->gen->completion_ids();
+    s->stats->to_json(j);
+    *out_json = capi::copy_string(j.dump());
+  });
+}
+
+void deltafin_stream_free(deltafin_stream* s) {
+  if (s == nullptr) return;
+  try {
+    if (s->chat != nullptr) {
+      if (s->gen && !s->ended) {
+        s->gen->cancel();
+        s->chat->session->end_turn(*s->gen);  // recorded as cancelled: the next turn re-prefills
+      }
+      s->chat->active = nullptr;
+    }
+  } catch (...) {
+  }
+  delete s;
+}
+
+deltafin_status deltafin_create_completion(deltafin_model* model, const char* request_json,
+                                           deltafin_chunk_callback callback, void* user_data,
+                                           char** out_response_json) {
+  return create(model, request_json, 0, callback, user_data, out_response_json);
+}
+
+deltafin_status deltafin_create_chat_completion(deltafin_model* model, const char* request_json,
+                                                deltafin_chunk_callback callback, void* user_data,
+                                                char** out_response_json) {
+  return create(model, request_json, 1, callback, user_data, out_response_json);
+}
+
+deltafin_status deltafin_chat_new(deltafin_model* model, const char* options_json,
+                                  deltafin_chat** out) {
+  return guard([&] {
+    require(model, "model");
+    require(out, "out");
+    *out = nullptr;
+    auto c = std::make_unique<deltafin_chat>();
+    c->m = model;
+    c->session = std::make_unique<ChatSession>(*model->model, model->tokenizer("chat"));
+    if (options_json != nullptr) {
+      const json o = capi::parse_object(options_json, "options_json");
+      for (const auto& [k, v] : o.items()) {
+        if (k == "system") {
+          if (!v.is_string()) fail_arg("system: expected a string, got {}", v.type_name());
+          c->session->set_system(v.get<std::string>());
+        } else if (k == "reasoning_effort") {
+          if (!v.is_string())
+            fail_arg("reasoning_effort: expected low, high or max, got {}", v.dump());
+          c->session->set_effort(v.get<std::string>());
+        } else if (k == "thinking") {
+          if (!v.is_boolean()) fail_arg("thinking: expected true or false, got {}", v.dump());
+          c->session->set_thinking(v.get<bool>());
+        } else {
+          fail_arg("{}: unknown chat option (expected system, reasoning_effort, thinking)", k);
+        }
+      }
+    }
+    *out = c.release();
+  });
+}
+
+void deltafin_chat_free(deltafin_chat* chat) {
+  if (chat == nullptr) return;
+  if (chat->active != nullptr) {  // its turn's stream outlives it: detach, it fails from now on
+    chat->active->chat = nullptr;
+    chat->active->state = nullptr;
+  }
+  delete chat;
+}
+
+void deltafin_chat_reset(deltafin_chat* chat) {
+  if (chat != nullptr && chat->active == nullptr) chat->session->reset();
+}
+
+deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json,
+                                   deltafin_stream** out) {
+  return guard([&] {
+    require(chat, "chat");
+    require(out, "out");
+    *out = nullptr;
+    if (chat->active != nullptr)
+      fail_arg("this chat already has a turn in progress (free its stream first)");
+    json body = capi::parse_object(request_json, "request_json");
+    const json* content = body.contains("content") ? &body["content"] : nullptr;
+    if (content == nullptr || !content->is_string())
+      fail_arg("content: expected the user's message as a string");
+    const std::string text = content->get<std::string>();
+    body.erase("content");
+    for (const char* k : {"messages", "tools", "tool_choice", "response_format", "thinking",
+                          "reasoning_effort", "add_generation_prompt"}) {
+      if (body.contains(k))
+        fail_arg("{}: not part of a chat turn (set thinking/effort/system when making the chat)",
+                 k);
+    }
+    body["messages"] = json::array({{{"role", "user"}, {"content", text}}});
+    deltafin_model& m = *chat->m;
+    server::ServeRequest r = server::parse_chat_request(body, m.limits, m.tokenizer("chat"));
+    const json saved = chat->session->to_json();
+    try {
+      ChatTurn turn = chat->session->begin_user_turn(text);
+      r.params.start_channel = turn.start;
+      State& state = chat->session->state();
+      if (state.position() + static_cast<int64_t>(turn.input.size()) + 1 > m.limits.context) {
+        throw server::ApiError(400,
+                               fmt::format("This model's context is {} tokens, but the "
+                                           "conversation needs {} (it must leave room for at "
+                                           "least one generated token)",
+                                           m.limits.context, state.position() + turn.input.size()),
+                               "invalid_request_error", "content", "context_length_exceeded");
+      }
+      auto s = make_stream(m, r, turn.input, &state, turn.reused);
+      s->chat = chat;
+      chat->active = s.get();
+      *out = s.release();
+    } catch (...) {
+      chat->session->load_json(saved);  // the turn never started: the conversation as it was
+      throw;
+    }
+  });
+}
+
+deltafin_status deltafin_chat_history_json(deltafin_chat* chat, char** out_json) {
+  return guard([&] {
+    require(chat, "chat");
+    require(out_json, "out_json");
+    *out_json = capi::copy_string(chat->session->to_json().dump());
+  });
+}
+
+}  // extern "C"

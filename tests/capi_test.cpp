@@ -1,0 +1,341 @@
+// The C API (include/deltafin/deltafin.h) through libdeltafin.so itself: the test binary links
+// the shared library, whose C++ insides are hidden, so these calls go through the exported ABI
+// exactly as another language would. Results are checked against the real `deltafin` binary
+// (run --json ids, logits bytes) and the server's response shapes.
+#include <deltafin/deltafin.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/synthetic.h"
+#include "test_util.h"
+
+namespace deltafin {
+namespace {
+
+using nlohmann::json;
+
+const std::string& tiny() {
+  static const std::string dir = [] {
+    std::string d = test::temp_dir("capi") + "/model";
+    make_model(d, synthetic_preset("tiny"));
+    return d;
+  }();
+  return dir;
+}
+
+deltafin_model* load(const std::string& dir, int threads = 1) {
+  deltafin_model_params p;
+  deltafin_model_params_init(&p);
+  p.threads = threads;
+  p.memory_budget = 1ull << 30;
+  p.ctx = 512;
+  deltafin_model* m = nullptr;
+  EXPECT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_OK) << deltafin_last_error();
+  return m;
+}
+
+std::string take(char* s) {
+  std::string r = s != nullptr ? s : "";
+  deltafin_free(s);
+  return r;
+}
+
+std::vector<int32_t> tokenize(deltafin_model* m, const std::string& text) {
+  int32_t* ids = nullptr;
+  size_t n = 0;
+  EXPECT_EQ(deltafin_tokenize(m, text.data(), text.size(), 0, &ids, &n), DELTAFIN_OK);
+  std::vector<int32_t> v(ids, ids + n);
+  deltafin_free(ids);
+  return v;
+}
+
+json greedy(deltafin_model* m, const std::vector<int32_t>& prompt, int64_t max_new) {
+  deltafin_session* s = nullptr;
+  EXPECT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+  deltafin_sampling_params sp;
+  deltafin_sampling_params_init(&sp);
+  sp.max_new_tokens = max_new;
+  char* out = nullptr;
+  EXPECT_EQ(deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, nullptr, nullptr, &out),
+            DELTAFIN_OK)
+      << deltafin_last_error();
+  deltafin_session_free(s);
+  return json::parse(take(out));
+}
+
+TEST(CApi, VersionAndAbi) {
+  EXPECT_EQ(deltafin_abi_version(), DELTAFIN_ABI_VERSION);
+  EXPECT_STREQ(deltafin_version(), DELTAFIN_VERSION);
+}
+
+TEST(CApi, GreedyGenerationMatchesTheCli) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  const auto prompt = tokenize(m, "Once upon a time");
+  ASSERT_FALSE(prompt.empty());
+  json j = greedy(m, prompt, 10);
+  auto r = test::run_deltafin({"run", "--json", "--model", tiny(), "--prompt", "Once upon a time",
+                               "--max-new", "10", "--threads", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json cli = json::parse(r.out);
+  EXPECT_EQ(j["prompt_ids"], cli["prompt_ids"]);
+  EXPECT_EQ(j["completion_ids"], cli["completion_ids"]);
+  EXPECT_EQ(j["text"], cli["text"]);
+  EXPECT_EQ(j["completion_tokens"], 10);
+  deltafin_model_free(m);
+}
+
+TEST(CApi, LogitsEqualTheCliBitForBit) {
+  const std::string dir = test::data_dir() + "/k3-tiny-mxfp4/model";  // no tokenizer
+  deltafin_model* m = load(dir);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(deltafin_model_has_tokenizer(m), 0);
+  const std::vector<int32_t> ids = {5, 17, 200, 3, 99};
+  const int64_t vocab = deltafin_model_vocab(m);
+  std::vector<float> got(ids.size() * static_cast<size_t>(vocab));
+  deltafin_session* s = nullptr;
+  ASSERT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+  ASSERT_EQ(deltafin_session_eval(s, ids.data(), ids.size(), 1, got.data()), DELTAFIN_OK)
+      << deltafin_last_error();
+  EXPECT_EQ(deltafin_session_position(s), 5);
+  const std::string out = test::temp_dir("capi-logits") + "/l.f32";
+  auto r =
+      test::run_deltafin({"logits", "--model", dir, "--tokens", "5,17,200,3,99", "--out", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string want = test::slurp(out);
+  ASSERT_EQ(want.size(), got.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size()), 0);
+  // Without a tokenizer, text calls say what is missing.
+  int32_t* t = nullptr;
+  size_t n = 0;
+  EXPECT_EQ(deltafin_tokenize(m, "x", 1, 0, &t, &n), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("no tokenizer"), std::string::npos);
+  deltafin_session_free(s);
+  deltafin_model_free(m);
+}
+
+int stop_after_three(const deltafin_token_event* ev, void* user) {
+  auto* seen = static_cast<std::vector<int32_t>*>(user);
+  seen->push_back(ev->id);
+  return ev->index >= 2 ? 1 : 0;
+}
+
+TEST(CApi, CallbackStopsGeneration) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  const auto prompt = tokenize(m, "Hello there");
+  deltafin_session* s = nullptr;
+  ASSERT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+  deltafin_sampling_params sp;
+  deltafin_sampling_params_init(&sp);
+  sp.max_new_tokens = 50;
+  std::vector<int32_t> seen;
+  char* out = nullptr;
+  ASSERT_EQ(deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, stop_after_three, &seen,
+                                      &out),
+            DELTAFIN_OK);
+  json j = json::parse(take(out));
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(j["completion_ids"].size(), 3u);
+  EXPECT_EQ(j["stop_reason"], "cancelled");
+  EXPECT_EQ(j["completion_ids"], json(seen));
+  // The session holds prompt + the three tokens; generation continues from there.
+  EXPECT_EQ(deltafin_session_position(s), static_cast<int64_t>(prompt.size() + 3));
+  deltafin_session_free(s);
+  deltafin_model_free(m);
+}
+
+TEST(CApi, GenerationContinuesFromThePendingToken) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  const auto prompt = tokenize(m, "Continue me");
+  json whole = greedy(m, prompt, 6);
+  deltafin_session* s = nullptr;
+  ASSERT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+  deltafin_sampling_params sp;
+  deltafin_sampling_params_init(&sp);
+  sp.max_new_tokens = 3;
+  char* out = nullptr;
+  ASSERT_EQ(deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, nullptr, nullptr, &out),
+            DELTAFIN_OK);
+  json first = json::parse(take(out));
+  ASSERT_EQ(deltafin_session_generate(s, nullptr, 0, &sp, nullptr, nullptr, &out), DELTAFIN_OK)
+      << deltafin_last_error();
+  json second = json::parse(take(out));
+  json both = first["completion_ids"];
+  for (const auto& id : second["completion_ids"]) both.push_back(id);
+  EXPECT_EQ(both, whole["completion_ids"]);
+  int32_t* hist = nullptr;
+  size_t n = 0;
+  ASSERT_EQ(deltafin_session_history(s, &hist, &n), DELTAFIN_OK);
+  EXPECT_EQ(n, prompt.size() + 6);
+  deltafin_free(hist);
+  deltafin_session_free(s);
+  deltafin_model_free(m);
+}
+
+TEST(CApi, TwoModelsInOneProcessGenerateInParallel) {
+  deltafin_model* a = load(tiny());
+  deltafin_model* b = load(tiny());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const auto prompt = tokenize(a, "Two models");
+  json alone = greedy(a, prompt, 8);
+  json ra, rb;
+  std::thread ta([&] { ra = greedy(a, prompt, 8); });
+  std::thread tb([&] { rb = greedy(b, prompt, 8); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(ra["completion_ids"], alone["completion_ids"]);
+  EXPECT_EQ(rb["completion_ids"], alone["completion_ids"]);
+  deltafin_model_free(a);
+  // b outlives a.
+  EXPECT_EQ(greedy(b, prompt, 8)["completion_ids"], alone["completion_ids"]);
+  deltafin_model_free(b);
+}
+
+int collect(const char* chunk, void* user) {
+  static_cast<std::vector<json>*>(user)->push_back(json::parse(chunk));
+  return 0;
+}
+
+TEST(CApi, ChatCompletionStreamsWhatItReturns) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  const char* req =
+      R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":12,"temperature":0,"stream":true})";
+  std::vector<json> chunks;
+  char* out = nullptr;
+  ASSERT_EQ(deltafin_create_chat_completion(m, req, collect, &chunks, &out), DELTAFIN_OK)
+      << deltafin_last_error();
+  json resp = json::parse(take(out));
+  EXPECT_EQ(resp["object"], "chat.completion");
+  ASSERT_GE(chunks.size(), 2u);
+  std::string content, reasoning;
+  for (const auto& c : chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    const auto& d = c["choices"][0]["delta"];
+    if (d.contains("content") && d["content"].is_string()) content += d["content"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+  }
+  const auto& msg = resp["choices"][0]["message"];
+  EXPECT_EQ(content, msg["content"].is_string() ? msg["content"].get<std::string>() : "");
+  EXPECT_EQ(resp["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "length");
+  deltafin_model_free(m);
+}
+
+TEST(CApi, ChatTurnReusesTheKeptState) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  deltafin_chat* c = nullptr;
+  ASSERT_EQ(deltafin_chat_new(m, R"({"thinking":false})", &c), DELTAFIN_OK)
+      << deltafin_last_error();
+  auto turn = [&](const char* text) {
+    deltafin_stream* s = nullptr;
+    json req = {{"content", text}, {"max_tokens", 6}, {"temperature", 0}};
+    EXPECT_EQ(deltafin_chat_send(c, req.dump().c_str(), &s), DELTAFIN_OK) << deltafin_last_error();
+    char* out = nullptr;
+    EXPECT_EQ(deltafin_stream_response(s, &out), DELTAFIN_OK);
+    json resp = json::parse(take(out));
+    EXPECT_EQ(deltafin_stream_stats_json(s, &out), DELTAFIN_OK);
+    json stats = json::parse(take(out));
+    deltafin_stream_free(s);
+    return std::make_pair(resp, stats);
+  };
+  auto [r1, s1] = turn("First question");
+  EXPECT_EQ(s1["reused_prompt_tokens"], 0);
+  auto [r2, s2] = turn("Second question");
+  EXPECT_GT(s2["reused_prompt_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(r2["usage"]["prompt_tokens_details"]["cached_tokens"], s2["reused_prompt_tokens"]);
+  // Only the new turn was prefilled.
+  EXPECT_LT(s2["prompt_tokens"].get<int64_t>(), r2["usage"]["prompt_tokens"].get<int64_t>());
+  char* hist = nullptr;
+  ASSERT_EQ(deltafin_chat_history_json(c, &hist), DELTAFIN_OK);
+  EXPECT_EQ(json::parse(take(hist))["messages"].size(), 4u);
+  deltafin_chat_free(c);
+  deltafin_model_free(m);
+}
+
+TEST(CApi, ErrorsAreStatusesWithMessages) {
+  deltafin_model* m = nullptr;
+  EXPECT_EQ(deltafin_model_load("/nonexistent/k3", nullptr, &m), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("/nonexistent/k3"), std::string::npos);
+  EXPECT_EQ(m, nullptr);
+  EXPECT_EQ(deltafin_model_load(nullptr, nullptr, &m), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("path"), std::string::npos);
+
+  // A corrupt checkpoint: config.json that is not JSON.
+  const std::string bad = test::temp_dir("capi-bad");
+  test::spit(bad + "/config.json", "{not json");
+  EXPECT_NE(deltafin_model_load(bad.c_str(), nullptr, &m), DELTAFIN_OK);
+  EXPECT_NE(std::string(deltafin_last_error()).find("config.json"), std::string::npos)
+      << deltafin_last_error();
+
+  deltafin_model_params p;
+  deltafin_model_params_init(&p);
+  p.trunk = "fp8";
+  EXPECT_EQ(deltafin_model_load(tiny().c_str(), &p, &m), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("fp8"), std::string::npos);
+
+  m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  char* out = nullptr;
+  EXPECT_EQ(deltafin_create_completion(m, "{bad", nullptr, nullptr, &out), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_EQ(
+      deltafin_create_completion(m, R"({"prompt":"x","frobnicate":1})", nullptr, nullptr, &out),
+      DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("frobnicate"), std::string::npos);
+  // A prompt longer than the context (512 planned).
+  json big = {{"prompt", std::vector<int>(600, 65)}};
+  EXPECT_EQ(deltafin_create_completion(m, big.dump().c_str(), nullptr, nullptr, &out),
+            DELTAFIN_ERR_CONTEXT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("context"), std::string::npos);
+  // Out-of-range ids.
+  deltafin_session* s = nullptr;
+  ASSERT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+  const int32_t ids[] = {1, -4};
+  EXPECT_EQ(deltafin_session_eval(s, ids, 2, 0, nullptr), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("-4"), std::string::npos);
+  deltafin_session_free(s);
+  // A chat takes one turn at a time.
+  deltafin_chat* c = nullptr;
+  ASSERT_EQ(deltafin_chat_new(m, nullptr, &c), DELTAFIN_OK);
+  deltafin_stream* t1 = nullptr;
+  deltafin_stream* t2 = nullptr;
+  ASSERT_EQ(deltafin_chat_send(c, R"({"content":"a","max_tokens":2})", &t1), DELTAFIN_OK);
+  EXPECT_EQ(deltafin_chat_send(c, R"({"content":"b"})", &t2), DELTAFIN_ERR_ARGUMENT);
+  deltafin_stream_free(t1);
+  EXPECT_EQ(deltafin_chat_send(c, R"({"content":"b","max_tokens":2})", &t2), DELTAFIN_OK)
+      << deltafin_last_error();
+  deltafin_stream_free(t2);
+  // A conversation that outgrows the context is refused, and the chat is as it was.
+  EXPECT_EQ(deltafin_chat_send(c, R"({"content":"c","max_tokens":2})", &t1), DELTAFIN_ERR_CONTEXT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("context is 512 tokens"), std::string::npos);
+  char* hist = nullptr;
+  ASSERT_EQ(deltafin_chat_history_json(c, &hist), DELTAFIN_OK);
+  EXPECT_EQ(json::parse(take(hist))["messages"].size(), 4u);
+  deltafin_chat_free(c);
+  // A turn's stream that outlives its chat fails cleanly.
+  ASSERT_EQ(deltafin_chat_new(m, R"({"thinking":false})", &c), DELTAFIN_OK);
+  ASSERT_EQ(deltafin_chat_send(c, R"({"content":"c","max_tokens":2})", &t1), DELTAFIN_OK)
+      << deltafin_last_error();
+  deltafin_chat_free(c);
+  char* chunk = nullptr;
+  int done = 0;
+  EXPECT_EQ(deltafin_stream_next(t1, &chunk, &done), DELTAFIN_OK);  // the role chunk
+  deltafin_free(chunk);
+  EXPECT_EQ(deltafin_stream_next(t1, &chunk, &done), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("chat"), std::string::npos);
+  deltafin_stream_free(t1);
+  deltafin_model_free(m);
+}
+
+}  // namespace
+}  // namespace deltafin
