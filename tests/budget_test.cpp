@@ -7,10 +7,10 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.h"
+#include "engine/synthetic.h"
 #include "model/config.h"
-#include "model/plan.h"
-#include "model/synthetic.h"
+#include "storage/checkpoint.h"
+#include "storage/plan.h"
 #include "test_util.h"
 
 namespace deltafin {

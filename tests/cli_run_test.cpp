@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.h"
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
+#include "storage/checkpoint.h"
 #include "test_util.h"
 
 namespace deltafin {

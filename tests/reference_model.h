@@ -10,14 +10,20 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
 #include "model/config.h"
+#include "storage/checkpoint.h"
 
 namespace deltafin::test {
 
 class ReferenceModel {
  public:
-  explicit ReferenceModel(const std::string& dir);
+  struct Options {
+    // Reads A_log per key channel, broadcast over heads: the reference system's known
+    // misreading, a negative control that proves the golden test catches it. Never right for K3.
+    bool a_log_per_channel = false;
+  };
+  explicit ReferenceModel(const std::string& dir) : ReferenceModel(dir, Options{}) {}
+  ReferenceModel(const std::string& dir, Options options);
   // Logits [T][vocab] for the sequence, row t after tokens[0..t].
   std::vector<double> logits(const std::vector<int32_t>& tokens);
 
@@ -30,6 +36,7 @@ class ReferenceModel {
   const std::vector<double>& vec(const std::string& name);
   std::vector<double> mv(const std::string& name, const std::vector<double>& x);
 
+  Options opt_;
   ModelConfig c_;
   std::unique_ptr<Checkpoint> ck_;
   std::map<std::string, Mat> mats_;

@@ -125,8 +125,7 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       for (int64_t d = 0; d < dk; ++d) {
         const int64_t ch = h * dk + d;
         const float zz = z[static_cast<size_t>(r * Pk + ch)] + w.dt_bias[static_cast<size_t>(ch)];
-        const float a = w.a_exp_channel.empty() ? ae : w.a_exp_channel[static_cast<size_t>(d)];
-        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(a * zz));
+        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(ae * zz));
       }
       beta[static_cast<size_t>(r * nh + h)] = ops::sigmoid(bl[static_cast<size_t>(r * nh + h)]);
     }
@@ -184,6 +183,19 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
     }
   });
   kernels::matmul(w.o, o.data(), R, Pk, y, H, pool);
+}
+
+void kda_begin_pending(const ModelConfig& c, int64_t base, int64_t rows, PendingCommit& pending) {
+  const size_t n = static_cast<size_t>(rows * c.kda.num_heads * c.kda.head_dim);
+  pending.base_position = base;
+  pending.rows = rows;
+  pending.layers.assign(static_cast<size_t>(c.num_kda_layers()), {});
+  for (auto& l : pending.layers) {
+    l.k.resize(n);
+    l.v.resize(n);
+    l.alpha.resize(n);
+    l.beta.resize(static_cast<size_t>(rows * c.kda.num_heads));
+  }
 }
 
 void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,
