@@ -1,4 +1,4 @@
-// Unit tests of the K3 layers and the forward pass's guarantees (K3-SPEC §7's list): router
+// Unit tests of the K3 layers and the forward pass's guarantees (docs/MODEL.md §7's list): router
 // selection vs weighting, AttnRes anchor counts, per-head A_log, chunked vs stepwise KDA,
 // absorbed vs expanded MLA and the latent-norm epsilon, batching several sequences, and state
 // snapshot / restore / deferred commit.

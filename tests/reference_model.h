@@ -1,5 +1,5 @@
-// An independent float64 evaluation of the K3 text model, written straight from K3-SPEC §3 for
-// tests: token by token, stepwise KDA, expanded MLA (keys and values materialised per head), no
+// An independent float64 evaluation of the K3 text model, written straight from docs/MODEL.md §3
+// for tests: token by token, stepwise KDA, expanded MLA (keys and values materialised per head), no
 // batching, no kernels. It shares only config parsing and checkpoint reading with the engine.
 // Slow; meant for the small synthetic checkpoints the shape-variation tests make.
 #pragma once

@@ -1,5 +1,5 @@
 // The tensors a K3 checkpoint must hold, derived from its config: names, shapes and dtypes as in
-// the release (K3-SPEC §2.2). The loader checks a checkpoint against this list before any
+// the release (docs/MODEL.md §2.2). The loader checks a checkpoint against this list before any
 // compute and reports every missing, extra, wrongly-shaped or wrongly-typed tensor in one
 // error; make-model writes exactly this list.
 #pragma once

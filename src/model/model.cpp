@@ -57,7 +57,7 @@ class AttnResidual {
           double d = 0.0;
           for (int64_t i = 0; i < H; ++i)
             d += static_cast<double>(cr[i]) * score[static_cast<size_t>(i)];
-          s[j] = static_cast<float>(d) * ops::inv_rms(cr, H, eps_);
+          s[j] = static_cast<float>(d) * ops::inv_rms(cr, H, eps_);  // the keys' RMSNorm, 1e-5
           mx = std::max(mx, s[j]);
         }
         double sum = 0.0;

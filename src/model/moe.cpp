@@ -1,7 +1,7 @@
 // Dense SiTU MLP (layer 0 and the shared experts) and the latent MoE with its router
-// (K3-SPEC §3.7–3.8). Routing is per row; then every selected expert is fetched once and applied
-// to all the rows that chose it, whichever sequences they belong to, as experts become ready.
-// Each row's expert outputs are summed in ascending expert-id order, so the result does not
+// (docs/MODEL.md §3.7–3.8). Routing is per row; then every selected expert is fetched once and
+// applied to all the rows that chose it, whichever sequences they belong to, as experts become
+// ready. Each row's expert outputs are summed in ascending expert-id order, so the result does not
 // depend on arrival order, batching or thread count.
 #include <algorithm>
 #include <numeric>
@@ -45,6 +45,7 @@ void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k,
   for (int64_t i = 0; i < top_k; ++i) {
     ids[i] = order[i];
     const float s = score[order[i]];
+    // 1e-20 only guards an all-zero selection (the reference's epsilon); it never changes a sum.
     weights[i] = renormalize ? static_cast<float>(s / (sum + 1e-20)) * scaling : s * scaling;
   }
 }
