@@ -175,6 +175,26 @@ PassRows group_rows(const ModelConfig& c, std::span<SequenceInput> inputs) {
   return p;
 }
 
+// §3.9: the mix over every anchor and the final partial, final norm, LM head on the rows whose
+// logits are wanted. `a` is scratch [rows][hidden].
+std::vector<float> head_logits(TrunkProvider& trunk, const LayerContext& ctx,
+                               const AttnResidual& res, const std::vector<int64_t>& logit_rows,
+                               float* a) {
+  const ModelConfig& c = ctx.c;
+  const int64_t H = c.hidden;
+  const HeadLease head(trunk);
+  res.mix(head->out_res_score, a);
+  const int64_t n_out = static_cast<int64_t>(logit_rows.size());
+  std::vector<float> normed(static_cast<size_t>(n_out * H));
+  for (int64_t j = 0; j < n_out; ++j) {
+    ops::rmsnorm(a + logit_rows[static_cast<size_t>(j)] * H, head->final_norm.data(), c.rms_eps, H,
+                 normed.data() + j * H);
+  }
+  std::vector<float> logits(static_cast<size_t>(n_out * c.vocab));
+  kernels::matmul(head->lm_head, normed.data(), n_out, H, logits.data(), c.vocab, ctx.pool);
+  return logits;
+}
+
 }  // namespace
 
 std::vector<AttnResStep> attn_res_plan(const ModelConfig& c) {
@@ -277,19 +297,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     res.add(y);
   }
 
-  // Output: the mix over every anchor and the final partial, final norm, LM head on the rows
-  // whose logits are wanted.
-  const HeadLease head(*trunk_);
-  res.mix(head->out_res_score, a.data());
-  const int64_t n_out = static_cast<int64_t>(rows.logit_rows.size());
-  std::vector<float> normed(static_cast<size_t>(n_out * H));
-  for (int64_t j = 0; j < n_out; ++j) {
-    ops::rmsnorm(a.data() + rows.logit_rows[static_cast<size_t>(j)] * H, head->final_norm.data(),
-                 c.rms_eps, H, normed.data() + j * H);
-  }
-  std::vector<float> logits(static_cast<size_t>(n_out * c.vocab));
-  kernels::matmul(head->lm_head, normed.data(), n_out, H, logits.data(), c.vocab, ctx.pool);
-
+  std::vector<float> logits = head_logits(*trunk_, ctx, res, rows.logit_rows, a.data());
   for (auto& s : rows.seqs) {
     s.state->set_position(s.base + s.count);
     s.state->set_consistent(true);
