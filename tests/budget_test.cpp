@@ -7,10 +7,10 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.h"
+#include "engine/synthetic.h"
 #include "model/config.h"
-#include "model/plan.h"
-#include "model/synthetic.h"
+#include "storage/checkpoint.h"
+#include "storage/plan.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -86,8 +86,9 @@ TEST(Budget, GreedyGenerationIsUnchangedUnderABudget) {
 
 TEST(Budget, RefusedBelowTheMinimumWorkingSet) {
   const std::string m = test::data_dir() + "/k3-tiny-mxfp4/model";
+  const std::string out = test::temp_dir("budget_refused") + "/logits.f32";
   auto r = test::run_deltafin(
-      {"logits", "--model", m, "--tokens", "1", "--out", "/tmp/x", "--memory-budget", "1M"});
+      {"logits", "--model", m, "--tokens", "1", "--out", out, "--memory-budget", "1M"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("is below the minimum working set of"), std::string::npos) << r.err;
 }

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
 #include "test_util.h"
 
 namespace deltafin {

@@ -1,6 +1,6 @@
 // Chat rendering tests: every golden case through `deltafin render` (text and --json, whose ids
 // must be the text encoded with only the structural markers special), pinned exact prompts for
-// the cases issue 3 names, the smaller rules of K3-SPEC §5.3 (tool-result reordering, dynamic
+// the cases issue 3 names, the smaller rules of docs/MODEL.md §5.3 (tool-result reordering, dynamic
 // tool declarations, schemas, text parts, whitespace, key order, Python JSON formatting) and the
 // errors the reference raises.
 #include "tokenizer/chat.h"

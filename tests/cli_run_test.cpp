@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.h"
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
+#include "storage/checkpoint.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -161,6 +161,7 @@ TEST(CliRun, SigintStopsCleanlyWithStats) {
 
 TEST(CliRun, BadArgumentsGiveOneLineErrors) {
   const std::string m = tiny_with_tokenizer(), g = test::data_dir() + "/k3-tiny-mxfp4/model";
+  const std::string out = test::temp_dir("bad_arguments") + "/logits.f32";
   std::vector<std::vector<std::string>> cases = {
       {"run", "--model", m, "--bogus"},
       {"run", "--model", m},
@@ -177,7 +178,7 @@ TEST(CliRun, BadArgumentsGiveOneLineErrors) {
       {"run", "--model", g, "--prompt", "needs a tokenizer"},
       {"run", "--model", m, "--prompt-file", "/nonexistent/file"},
       {"chat", "--model", g},
-      {"logits", "--model", g, "--tokens", "1", "--out", "/tmp/x", "--mode", "split:9"},
+      {"logits", "--model", g, "--tokens", "1", "--out", out, "--mode", "split:9"},
       {"nosuchcommand"},
       {},
   };

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "engine/engine.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -96,7 +97,7 @@ class GoldenGreedy : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenGreedy, ContinuationReproduced) {
   GoldenCase g = load_case(GetParam());
-  auto model = Model::load(g.dir + "/model");
+  auto model = load_model(g.dir + "/model");
   State st = model->new_state();
   auto logits = model->forward(st, g.greedy_prompt);
   std::vector<int32_t> got;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -49,7 +50,7 @@ std::string shard_of(const std::string& dir, const std::string& tensor) {
 
 std::string load_error(const std::string& dir) {
   try {
-    Model::load(dir);
+    load_model(dir);
   } catch (const Error& e) {
     return e.what();
   }

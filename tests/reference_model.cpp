@@ -47,7 +47,7 @@ double situ(double g, double u, double b, double lb) {
 }
 }  // namespace
 
-ReferenceModel::ReferenceModel(const std::string& dir) {
+ReferenceModel::ReferenceModel(const std::string& dir, Options options) : opt_(options) {
   c_ = load_config(dir);
   ck_ = Checkpoint::open(dir);
 }
@@ -211,10 +211,15 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
             k[d] = k[d] / std::sqrt(sk + 1e-6);
           }
           double* Sh = &S[i][h * dk * dk];
+          // exp(A_log) per head; per key channel (padding reads as 0) under the negative control.
+          auto a_log_of = [&](const std::vector<double>& al, int64_t hh, int64_t d) {
+            if (!opt_.a_log_per_channel) return al[static_cast<size_t>(hh)];
+            return d < static_cast<int64_t>(al.size()) ? al[static_cast<size_t>(d)] : 0.0;
+          };
           const double beta = sigmoid(bl[h]);
           for (int64_t d = 0; d < dk; ++d) {
-            double gdec = c.kda.gate_lower_bound *
-                          sigmoid(std::exp(alog[h]) * (z[h * dk + d] + dt[h * dk + d]));
+            double gdec = c.kda.gate_lower_bound * sigmoid(std::exp(a_log_of(alog, h, d)) *
+                                                           (z[h * dk + d] + dt[h * dk + d]));
             double al = std::exp(gdec);
             for (int64_t j = 0; j < dk; ++j) Sh[d * dk + j] *= al;
           }

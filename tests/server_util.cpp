@@ -15,7 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
 #include "test_util.h"
 
 extern char** environ;

@@ -1,8 +1,6 @@
 // The expert store: exact results under a budget that forces evictions every pass, scattered
 // experts, prefetch bookkeeping, and faults (short reads, truncated or replaced shards) that fail
 // the request without harming the store.
-#include "experts/store.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +9,10 @@
 #include <thread>
 
 #include "core/error.h"
+#include "engine/engine.h"
 #include "model/model.h"
+#include "storage/expert_directory.h"
+#include "storage/expert_store.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -62,11 +63,11 @@ const std::vector<int32_t> kToks = {5, 17, 200, 3, 99, 42, 7, 300, 64, 128, 1, 2
 
 TEST(Store, ExactUnderABudgetThatEvictsEveryPass) {
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
-    auto ref = Model::load(test::data_dir() + "/" + name + "/model");
+    auto ref = load_model(test::data_dir() + "/" + name + "/model");
     for (CachePolicy p : {CachePolicy::kLRU, CachePolicy::kLFU}) {
       const bool direct = p == CachePolicy::kLRU && std::string(name) == "k3-tiny-mxfp4";
-      auto m = Model::load(test::data_dir() + "/" + name + "/model",
-                           store_options(4, p, direct));  // top-4: minimum
+      auto m = load_model(test::data_dir() + "/" + name + "/model",
+                          store_options(4, p, direct));  // top-4: minimum
       for (int64_t split : {int64_t{16}, int64_t{6}}) {
         EXPECT_EQ(run(*ref, kToks, split), run(*m, kToks, split)) << name << " split " << split;
       }
@@ -79,7 +80,7 @@ TEST(Store, ExactUnderABudgetThatEvictsEveryPass) {
 }
 
 TEST(Store, MinimumCacheIsEnforced) {
-  EXPECT_THROW(Model::load(test::data_dir() + "/k3-tiny-mxfp4/model", store_options(3)),
+  EXPECT_THROW(load_model(test::data_dir() + "/k3-tiny-mxfp4/model", store_options(3)),
                InvalidArgument);
 }
 
@@ -120,9 +121,11 @@ TEST(Store, ScatteredExpertsReadOneRangeAtATime) {
   for (auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() == ".safetensors") scatter_experts(e.path().string());
   }
-  auto ref = Model::load(test::data_dir() + "/k3-tiny-mxfp4/model");
-  auto m = Model::load(dir, store_options(5));
-  EXPECT_FALSE(m->experts().locate(1, 0).contiguous());
+  auto ref = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+  auto m = load_model(dir, store_options(5));
+  EXPECT_FALSE(ExpertDirectory(m->config(), m->checkpoint(), ExpertFormat::kMXFP4)
+                   .location(1, 0)
+                   .contiguous());
   EXPECT_EQ(run(*ref, kToks, 16), run(*m, kToks, 16));
 }
 

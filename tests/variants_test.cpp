@@ -8,8 +8,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/engine.h"
+#include "engine/synthetic.h"
 #include "model/model.h"
-#include "model/synthetic.h"
 #include "reference_model.h"
 #include "test_util.h"
 
@@ -84,7 +85,7 @@ TEST_P(Variants, MatchFloat64ReferenceInEveryMode) {
   test::ReferenceModel ref(dir);
   std::vector<int32_t> toks = {5, 17, 200, 3, 99, 42, 7, 255, 64, 128, 1, 250};
   auto expect = ref.logits(toks);
-  auto model = Model::load(dir);
+  auto model = load_model(dir);
   const int64_t V = model->config().vocab, T = static_cast<int64_t>(toks.size());
   for (int64_t split : {T, int64_t{0}, int64_t{5}}) {
     State st = model->new_state();
@@ -111,9 +112,9 @@ TEST_P(Variants, MatchFloat64ReferenceInEveryMode) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Variants, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return std::string(info.param.name); });
 
-TEST(Reference, AgreesWithGoldenLogits) {
-  // The reference itself is checked against the golden float64 data.
-  test::ReferenceModel ref(test::data_dir() + "/k3-tiny-mxfp4/model");
+// Largest difference between the reference's logits and the golden float64 data.
+double golden_gap(const test::ReferenceModel::Options& options) {
+  test::ReferenceModel ref(test::data_dir() + "/k3-tiny-mxfp4/model", options);
   std::vector<int32_t> toks = {5, 17, 200, 3, 99};
   auto got = ref.logits(toks);
   std::string raw = test::slurp(test::data_dir() + "/k3-tiny-mxfp4/logits.f32");
@@ -123,7 +124,20 @@ TEST(Reference, AgreesWithGoldenLogits) {
     std::memcpy(&e, raw.data() + 4 * i, 4);
     mx = std::max(mx, std::fabs(got[i] - e));
   }
-  EXPECT_LT(mx, 1e-4);
+  return mx;
+}
+
+TEST(Reference, AgreesWithGoldenLogits) {
+  // The reference itself is checked against the golden float64 data.
+  EXPECT_LT(golden_gap({}), 1e-4);
+}
+
+TEST(Reference, PerChannelALogReadingFailsTheGoldenCase) {
+  // The reference system reads A_log per channel; that runs without error but is another model,
+  // and the golden data must tell them apart.
+  test::ReferenceModel::Options wrong;
+  wrong.a_log_per_channel = true;
+  EXPECT_GT(golden_gap(wrong), 2e-3);
 }
 
 }  // namespace

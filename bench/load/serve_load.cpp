@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
 
 extern char** environ;
 

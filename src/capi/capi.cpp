@@ -1,8 +1,8 @@
 // The C API's models, tokens and sessions (include/deltafin/deltafin.h documents every call).
-// Each entry point is a thin shell: argument checks, then the library's own code (Model::load
+// Each entry point is a thin shell: argument checks, then the library's own code (load_model
 // with the engine options, the Tokenizer, the K3 renderer, Model::forward, Generation) inside
 // guard(), which turns any exception into a status and a message. Model assembly lives in one
-// function, load_engine(), mirroring the CLI's load_model so the two can share a factory later.
+// function, load_engine(), which maps the C options onto the engine factory (engine/engine.h).
 #include <fmt/format.h>
 
 #include <atomic>
@@ -98,7 +98,7 @@ json parse_object(const char* text, const char* what) {
 
 // The engine assembly of the C API: the same steps as the CLI's load_model (src/cli/common.cpp)
 // from the C options. One function, so it can be pointed at a shared factory.
-std::unique_ptr<Model> load_engine(const std::string& dir, const deltafin_model_params& p) {
+std::unique_ptr<LoadedModel> load_engine(const std::string& dir, const deltafin_model_params& p) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(dir, ec)) fail_arg("model folder {} does not exist", dir);
@@ -142,7 +142,7 @@ std::unique_ptr<Model> load_engine(const std::string& dir, const deltafin_model_
   lo.prefetch = p.prefetch != 0;
   lo.print_plan = p.verbose != 0;
   lo.heat_file = p.heat_file != nullptr ? p.heat_file : "";
-  return Model::load(dir, lo);
+  return load_model(dir, lo);
 }
 
 }  // namespace deltafin::capi

@@ -15,17 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "generate/chat_session.h"
 #include "generate/driver.h"
 #include "generate/generation.h"
-#include "model/model.h"
 #include "server/request.h"
 #include "server/response.h"
 #include "tokenizer/tokenizer.h"
 
 struct deltafin_model {
   std::string path;
-  std::unique_ptr<deltafin::Model> model;
+  std::unique_ptr<deltafin::LoadedModel> model;
   std::optional<deltafin::Tokenizer> tok;
   deltafin::server::ServeLimits limits;  // what the server would apply to requests
   std::mutex pass;                       // one forward pass at a time on this model

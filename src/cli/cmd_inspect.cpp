@@ -6,9 +6,10 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
-#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/inventory.h"
+#include "storage/checkpoint.h"
+#include "storage/trunk_units.h"
 
 namespace deltafin::cli {
 

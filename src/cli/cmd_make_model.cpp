@@ -6,7 +6,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
 
 namespace deltafin::cli {
 

@@ -22,9 +22,9 @@
 #include "core/log.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "model/plan.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
+#include "storage/plan.h"
 
 namespace deltafin::cli {
 

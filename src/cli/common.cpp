@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/engine.h"
+#include "engine/synthetic.h"
 #include "kernels/kernels.h"
-#include "model/model.h"
-#include "model/synthetic.h"
 
 namespace deltafin::cli {
 
@@ -81,69 +81,6 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
                   "for resident layers)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "int8"}));
-}
-
-void apply_engine_options(const EngineOptions& o) {
-  set_global_threads(o.threads);
-  if (!o.kernels.empty()) kernels::select(o.kernels.c_str());
-}
-
-std::unique_ptr<Model> load_model(const EngineOptions& o) {
-  apply_engine_options(o);
-  require_model_folder(o.model);
-  LoadOptions lo;
-  lo.mmap = o.mmap;
-  if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "--memory-budget");
-  lo.plan.context = o.ctx;
-  lo.plan.sequences = o.sequences;
-  lo.plan.max_rows = o.max_rows;
-  lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
-  if (o.mmap && o.trunk == "int8") fail_arg("--trunk int8 needs the planned store (drop --mmap)");
-  lo.cache_policy = parse_cache_policy(o.cache_policy);
-  lo.readers = o.readers;
-  lo.direct_io = !o.no_direct_io;
-  lo.prefetch = !o.no_prefetch;
-  lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
-  lo.heat_file = heat_file_for(o.model);
-  if (lo.print_plan)
-    fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
-               kernels::active().name);
-  return Model::load(o.model, lo);
-}
-
-std::string heat_file_for(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::string abs = fs::weakly_canonical(fs::path(model_dir), ec).string();
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : abs) h = (h ^ ch) * 1099511628211ull;
-  const char* env = std::getenv("DELTAFIN_CACHE");
-  const char* home = std::getenv("HOME");
-  if ((env == nullptr || *env == '\0') && (home == nullptr || *home == '\0') &&
-      std::getenv("XDG_CACHE_HOME") == nullptr) {
-    return "";
-  }
-  fs::path dir = fs::path(cache_dir()) / "heat";
-  fs::create_directories(dir, ec);
-  if (ec) return "";
-  return (dir / fmt::format("{:016x}.bin", h)).string();
-}
-
-std::string cache_dir() {
-  if (const char* d = std::getenv("DELTAFIN_CACHE"); d != nullptr && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x)
-    return std::string(x) + "/deltafin";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h)
-    return std::string(h) + "/.cache/deltafin";
-  fail("cannot find a cache folder: set DELTAFIN_CACHE or HOME");
-}
-
-void require_model_folder(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) fail_arg("model folder {} (--model) does not exist", dir);
-  if (!fs::is_directory(dir, ec))
-    fail_arg("--model {} is not a folder (expected a checkpoint folder)", dir);
 }
 
 void require_tokenizer(const std::string& dir, const char* who) {
@@ -228,39 +165,6 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& w
   if (bracket) fail_arg("{}: missing ']'", what);
   if (ids.empty()) fail_arg("{}: no token ids given", what);
   return ids;
-}
-
-uint64_t parse_size(const std::string& text, const std::string& what) {
-  std::string t = text;
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back())) != 0) t.pop_back();
-  if (t.empty()) fail_arg("{}: empty size", what);
-  double mult = static_cast<double>(1ull << 30);  // bare number = GiB
-  char last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
-  if (last == 'B' && t.size() >= 2 && std::isalpha(static_cast<unsigned char>(t[t.size() - 2]))) {
-    t.pop_back();
-    last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
-  }
-  if (last == 'K' || last == 'M' || last == 'G' || last == 'T') {
-    mult = last == 'K'   ? 1024.0
-           : last == 'M' ? 1048576.0
-           : last == 'G' ? 1073741824.0
-                         : 1099511627776.0;
-    t.pop_back();
-  }
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(t, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != t.size() || !(v > 0) || !std::isfinite(v)) {
-    fail_arg(
-        "{}: \"{}\" is not a size (expected a positive number with an optional K, M, G or T "
-        "suffix, powers of 1024; a bare number means GiB)",
-        what, text);
-  }
-  return static_cast<uint64_t>(v * mult);
 }
 
 std::string human_bytes(double b) {

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "experts/provider.h"
 #include "generate/generation.h"
+#include "model/experts.h"
 #include "model/model.h"
 
 namespace deltafin {

@@ -104,11 +104,18 @@ void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, i
       16, kTasksPerThread);
 }
 
+MatmulTFn matmul_t_fn(WeightFormat f) {
+  MatmulTFn fn = active().matmul_t[static_cast<int>(f)];
+  return fn != nullptr ? fn : scalar_table().matmul_t[static_cast<int>(f)];
+}
+
+MatmulFn matmul_fn(WeightFormat f) {
+  return active().matmul[static_cast<int>(f)];
+}
+
 void matmul_t(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
               ThreadPool& pool) {
-  const KernelTable& t = active();
-  MatmulTFn fn = t.matmul_t[static_cast<int>(w.format)];
-  if (fn == nullptr) fn = scalar_table().matmul_t[static_cast<int>(w.format)];
+  MatmulTFn fn = matmul_t_fn(w.format);
   int64_t per_col = std::max<int64_t>(1, w.rows * M);
   int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / per_col);
   pool.parallel_for(

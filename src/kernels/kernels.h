@@ -63,6 +63,12 @@ const KernelTable& active();
 // Forces a table by name ("scalar", "avx2", ...); throws Error if unavailable here.
 void select(const char* name);
 
+// The active table's single-threaded kernels for a weight format, for callers that already
+// split their work over the pool (per-head products). Where the table has no transposed kernel
+// for a format, the scalar one is used: the choice is made here, never in model code.
+MatmulFn matmul_fn(WeightFormat f);
+MatmulTFn matmul_t_fn(WeightFormat f);
+
 // Threaded front ends over the active table: split the output across the pool in chunks that
 // keep each thread's share of W contiguous.
 void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,

@@ -6,7 +6,6 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "model/checkpoint.h"
 
 namespace deltafin {
 
@@ -136,14 +135,19 @@ void append_limited(std::string& msg, const char* title, const std::vector<std::
 }
 }  // namespace
 
-InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck) {
+InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors,
+                                const std::string& dir) {
+  auto find = [&](const std::string& name) -> const TensorInfo* {
+    auto it = tensors.find(name);
+    return it == tensors.end() ? nullptr : &it->second;
+  };
   InventoryReport rep;
   // The expert format follows the config (quantization_config = MXFP4); the tensors must agree.
   rep.expert_format = c.quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16;
   // f_a_proj's rank is whatever the first KDA layer's tensor says; every layer must agree.
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.is_mla(i)) continue;
-    if (const TensorInfo* t = ck.find(layer_prefix(i) + "self_attn.f_a_proj.weight");
+    if (const TensorInfo* t = find(layer_prefix(i) + "self_attn.f_a_proj.weight");
         t != nullptr && t->shape.size() == 2 && t->shape[0] > 0) {
       rep.f_a_rank = t->shape[0];
       break;
@@ -156,7 +160,7 @@ InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck) {
   std::set<std::string> expected_names;
   for (const auto& e : expected) {
     expected_names.insert(e.name);
-    const TensorInfo* t = ck.find(e.name);
+    const TensorInfo* t = find(e.name);
     if (t == nullptr) {
       missing.push_back(fmt::format("{} (expected {} {})", e.name, dtype_name(e.dtype),
                                     shape_to_string(e.shape)));
@@ -178,7 +182,7 @@ InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck) {
                                       dtype_name(t->dtype)));
     }
   }
-  for (const auto& [name, t] : ck.tensors()) {
+  for (const auto& [name, t] : tensors) {
     if (expected_names.count(name)) continue;
     if (ignored_name(name)) {
       ++rep.ignored;
@@ -190,7 +194,7 @@ InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck) {
     std::string msg = fmt::format(
         "{}: the tensors do not match {} ({} routed experts expected, as "
         "the config {} a quantization_config)",
-        ck.dir(), c.path, rep.expert_format == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16",
+        dir, c.path, rep.expert_format == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16",
         c.quantized_experts ? "has" : "has no");
     append_limited(msg, "missing", missing);
     append_limited(msg, "extra", extra);

@@ -1,19 +1,19 @@
 // The tensors a K3 checkpoint must hold, derived from its config: names, shapes and dtypes as in
-// the release (K3-SPEC §2.2). The loader checks a checkpoint against this list before any
+// the release (docs/MODEL.md §2.2). The loader checks a checkpoint against this list before any
 // compute and reports every missing, extra, wrongly-shaped or wrongly-typed tensor in one
 // error; make-model writes exactly this list.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
 #include "tensor/dtype.h"
+#include "tensor/tensor_info.h"
 
 namespace deltafin {
-
-class Checkpoint;
 
 struct ExpectedTensor {
   std::string name;
@@ -45,7 +45,12 @@ struct InventoryReport {
   size_t ignored = 0;  // vision_tower.* / mm_projector.*
 };
 
-// Checks `ck` against the config; throws one Error listing every problem (grouped, with counts).
-InventoryReport check_inventory(const ModelConfig& c, const Checkpoint& ck);
+// A checkpoint's tensors by name.
+using TensorTable = std::map<std::string, TensorInfo>;
+
+// Checks the tensors of the checkpoint in `dir` against the config; throws one Error listing
+// every problem (grouped, with counts).
+InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors,
+                                const std::string& dir);
 
 }  // namespace deltafin

@@ -1,5 +1,5 @@
-// Kimi Delta Attention (K3-SPEC §3.4): projections batched over all rows, then per sequence the
-// causal short convolution (with its carried history) and, per head, the gated delta-rule
+// Kimi Delta Attention (docs/MODEL.md §3.4): projections batched over all rows, then per sequence
+// the causal short convolution (with its carried history) and, per head, the gated delta-rule
 // recurrence run row by row. The stepwise recurrence is the oracle form: a sequence gives
 // bit-identical KDA state whether its rows come in one pass or many, and the deferred-commit
 // replay reproduces it exactly. Passes with many rows of one sequence (prompt prefill) use the
@@ -115,6 +115,7 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
         sq += static_cast<double>(q[d]) * q[d];
         sk += static_cast<double>(k[d]) * k[d];
       }
+      // L2 norm with 1e-6 inside the root (FLA's kernel, §3.1), not max(‖v‖, eps).
       const float iq = static_cast<float>(1.0 / std::sqrt(sq + 1e-6)) * qscale;
       const float ik = static_cast<float>(1.0 / std::sqrt(sk + 1e-6));
       for (int64_t d = 0; d < dk; ++d) {
@@ -125,8 +126,8 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       for (int64_t d = 0; d < dk; ++d) {
         const int64_t ch = h * dk + d;
         const float zz = z[static_cast<size_t>(r * Pk + ch)] + w.dt_bias[static_cast<size_t>(ch)];
-        const float a = w.a_exp_channel.empty() ? ae : w.a_exp_channel[static_cast<size_t>(d)];
-        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(a * zz));
+        // The lower bound scales the sigmoid (g ∈ (lb, 0)); it is not a clamp on g.
+        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(ae * zz));
       }
       beta[static_cast<size_t>(r * nh + h)] = ops::sigmoid(bl[static_cast<size_t>(r * nh + h)]);
     }
@@ -174,7 +175,7 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   });
 
   // Gated output norm per head, then the output projection.
-  const float eps = c.rms_eps;
+  const float eps = c.rms_eps;  // o_norm uses the config's 1e-5 like the other norms (§3.1)
   pool.parallel_for(R * nh, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t idx = b; idx < e; ++idx) {
       float* oh = o.data() + idx * dk;  // rows are [nh][dk], so (r, h) is idx
@@ -184,6 +185,19 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
     }
   });
   kernels::matmul(w.o, o.data(), R, Pk, y, H, pool);
+}
+
+void kda_begin_pending(const ModelConfig& c, int64_t base, int64_t rows, PendingCommit& pending) {
+  const size_t n = static_cast<size_t>(rows * c.kda.num_heads * c.kda.head_dim);
+  pending.base_position = base;
+  pending.rows = rows;
+  pending.layers.assign(static_cast<size_t>(c.num_kda_layers()), {});
+  for (auto& l : pending.layers) {
+    l.k.resize(n);
+    l.v.resize(n);
+    l.alpha.resize(n);
+    l.beta.resize(static_cast<size_t>(rows * c.kda.num_heads));
+  }
 }
 
 void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,

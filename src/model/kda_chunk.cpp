@@ -1,4 +1,4 @@
-// The chunked form of the KDA delta rule (K3-SPEC §3.5), for one head over a run of rows:
+// The chunked form of the KDA delta rule (docs/MODEL.md §3.5), for one head over a run of rows:
 // within a chunk of C rows the recurrence becomes small dense products (the UT/WY form FLA uses):
 //   A[r,i] = Σ_d k_r k_i exp(G_r − G_i)           (i < r)
 //   δ_r    = β_r (v_r − S₀ᵀ(exp(G_r) ⊙ k_r) − Σ_{i<r} A[r,i] δ_i)

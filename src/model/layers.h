@@ -7,15 +7,14 @@
 #include <span>
 #include <vector>
 
-#include "experts/provider.h"
 #include "model/config.h"
+#include "model/experts.h"
 #include "model/state.h"
 #include "model/weights.h"
 
 namespace deltafin {
 
 class ThreadPool;
-struct PassStats;
 
 struct SeqRows {
   int64_t begin = 0;  // first row of this sequence in the batch
@@ -43,6 +42,8 @@ void kda_chunk_head(float* S, int64_t dk, int64_t dv, int64_t T, const float* q,
 // One stepwise delta-rule row for one head (the oracle form; kda.cpp).
 void kda_step_head(float* S, int64_t dk, int64_t dv, const float* q, const float* k, const float* v,
                    const float* alpha, float beta, float* e, float* o);
+// Sizes a deferred pass's records for `rows` rows starting at position `base`.
+void kda_begin_pending(const ModelConfig& c, int64_t base, int64_t rows, PendingCommit& pending);
 // Replays the first `accepted` recorded rows of one KDA layer into its state (deferred commit).
 void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,
                 KdaLayerState& st);
@@ -51,12 +52,23 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
 // y (=|+=) W_down · SiTU(W_gate x, W_up x)
 void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y,
                  bool accumulate);
-// y = latent MoE(x) + shared experts(x)
+// y = latent MoE(x) + shared experts(x); returns the number of distinct experts fetched.
 // `after_request` runs once this layer's expert reads are issued (the model predicts and
 // prefetches the next layer there).
-void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                 int layer, const float* x, float* y, PassStats& stats,
-                 const std::function<void()>& after_request = {});
+int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
+                    int layer, const float* x, float* y,
+                    const std::function<void()>& after_request = {});
+
+// The router's choice for every row of `x` (normed MLP inputs): the one top-k shared by the
+// MoE and by routing prediction. ids/weights are [rows][top_k], ascending ids per row;
+// `experts` is the union over rows, ascending.
+struct Routing {
+  std::vector<int> ids;
+  std::vector<float> weights;
+  std::vector<int> experts;
+};
+Routing route_rows(const LayerContext& ctx, const Matrix& router,
+                   const std::vector<float>& score_bias, const float* x);
 
 // Router selection for one row (exposed for tests): top-k by score + bias (ties: lower id),
 // weights = the unbiased sigmoid scores renormalised over the selection, times the scaling

@@ -1,4 +1,4 @@
-// Gated NoPE multi-head latent attention (K3-SPEC §3.6) in the absorbed form: the cache holds
+// Gated NoPE multi-head latent attention (docs/MODEL.md §3.6) in the absorbed form: the cache holds
 // one latent row per position (the normed kv_lora latent c and the shared k_pe slice, never
 // rotated); each head's query is mapped into latent space (q̃ = Wk_hᵀ q_nope), scored against
 // [c | k_pe] with scale 1/sqrt(nope + rope), the softmax-weighted latent is mapped out by Wv_h,
@@ -59,7 +59,8 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
   std::vector<float> o(static_cast<size_t>(R * nH * dv));
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
   const auto& K = kernels::active();
-  const int fmt = static_cast<int>(w.kv_b.format);
+  const kernels::MatmulFn mm = kernels::matmul_fn(w.kv_b.format);
+  const kernels::MatmulTFn mt = kernels::matmul_t_fn(w.kv_b.format);
   const int64_t n_tasks = static_cast<int64_t>(ctx.seqs.size()) * nH;
   pool.run(static_cast<int>(n_tasks), [&](int task, int) {
     const SeqRows& s = ctx.seqs[static_cast<size_t>(task / nH)];
@@ -69,7 +70,6 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
     const Matrix wv = w.kv_b.row_slice(h * kvb_stride + dn, (h + 1) * kvb_stride);
     // q̃ rows: [Wk_hᵀ q_nope | q_pe] per new row.
     std::vector<float> qt(static_cast<size_t>(s.count * cw), 0.0f);
-    auto mt = K.matmul_t[fmt] != nullptr ? K.matmul_t[fmt] : kernels::scalar_table().matmul_t[fmt];
     mt(wk, 0, dc, q.data() + s.begin * qw + h * (dn + dr), s.count, qw, qt.data(), cw);
     for (int64_t t = 0; t < s.count; ++t) {
       std::memcpy(qt.data() + t * cw + dc, q.data() + (s.begin + t) * qw + h * (dn + dr) + dn,
@@ -94,8 +94,7 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
       float* ob = obar.data() + t * dc;
       for (int64_t j = 0; j < n; ++j) K.axpy(scores[j] * inv, cache.rows.data() + j * cw, ob, dc);
     }
-    K.matmul[fmt](wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv,
-                  nH * dv, false);
+    mm(wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv, nH * dv, false);
   });
 
   if (m.output_gate) {

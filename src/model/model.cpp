@@ -1,7 +1,11 @@
-// The decoder loop with Attention Residuals (K3-SPEC §3.3) over a batch of rows, and loading.
+// The decoder loop with Attention Residuals (docs/MODEL.md §3.3) over a batch of rows. The loop
+// in Model::forward is the spec's loop; what a batch of sequences adds around it (grouping and
+// checking rows, deferred-commit records, routing prediction for the expert provider, the trunk
+// leases) lives in the named helpers above it.
 #include "model/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -10,42 +14,10 @@
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"
-#include "model/streaming_trunk.h"
 
 namespace deltafin {
 
 namespace {
-
-// MIX(cands, score): softmax over candidates of (score · c_j / rms(c_j)), applied to the raw
-// candidates. `cands` are [R][H] buffers (anchors, then the live partial). Writes `out`.
-void attn_res_mix(const std::vector<const float*>& cands, const std::vector<float>& score,
-                  float eps, int64_t R, int64_t H, ThreadPool& pool, float* out) {
-  const size_t n = cands.size();
-  pool.parallel_for(R, 1, [&](int64_t b, int64_t e, int) {
-    std::vector<float> s(n);
-    for (int64_t r = b; r < e; ++r) {
-      float mx = -INFINITY;
-      for (size_t j = 0; j < n; ++j) {
-        const float* cr = cands[j] + r * H;
-        double d = 0.0;
-        for (int64_t i = 0; i < H; ++i)
-          d += static_cast<double>(cr[i]) * score[static_cast<size_t>(i)];
-        s[j] = static_cast<float>(d) * ops::inv_rms(cr, H, eps);
-        mx = std::max(mx, s[j]);
-      }
-      double sum = 0.0;
-      for (size_t j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - mx);
-        sum += s[j];
-      }
-      float* o = out + r * H;
-      std::fill(o, o + H, 0.0f);
-      for (size_t j = 0; j < n; ++j) {
-        kernels::active().axpy(static_cast<float>(s[j] / sum), cands[j] + r * H, o, H);
-      }
-    }
-  });
-}
 
 // Passes with more rows than this skip routing prediction: their union covers most experts.
 constexpr int64_t kMaxPredictRows = 16;
@@ -53,6 +25,174 @@ constexpr int64_t kMaxPredictRows = 16;
 void rmsnorm_rows(const float* x, const std::vector<float>& w, float eps, int64_t R, int64_t H,
                   float* out) {
   for (int64_t r = 0; r < R; ++r) ops::rmsnorm(x + r * H, w.data(), eps, H, out + r * H);
+}
+
+// The residual state carried through depth (§3.3): the banked anchors and the running partial
+// sum p, which is "empty" right after a bank until the next sub-layer output lands in it.
+class AttnResidual {
+ public:
+  AttnResidual(int64_t R, int64_t H, float eps, ThreadPool& pool)
+      : R_(R), H_(H), eps_(eps), pool_(pool), partial_(static_cast<size_t>(R * H)) {}
+
+  float* partial() { return partial_.data(); }
+
+  // MIX(anchors ++ [p]): softmax over candidates of (score · c_j / rms(c_j)), applied to the
+  // raw candidates. Before the first bank there is nothing to mix with: out = p.
+  void mix(const std::vector<float>& score, float* out) const {
+    if (anchors_.empty()) {
+      std::copy(partial_.begin(), partial_.end(), out);
+      return;
+    }
+    std::vector<const float*> cands;
+    for (const auto& an : anchors_) cands.push_back(an.data());
+    cands.push_back(partial_.data());
+    const size_t n = cands.size();
+    const int64_t H = H_;
+    pool_.parallel_for(R_, 1, [&](int64_t b, int64_t e, int) {
+      std::vector<float> s(n);
+      for (int64_t r = b; r < e; ++r) {
+        float mx = -INFINITY;
+        for (size_t j = 0; j < n; ++j) {
+          const float* cr = cands[j] + r * H;
+          double d = 0.0;
+          for (int64_t i = 0; i < H; ++i)
+            d += static_cast<double>(cr[i]) * score[static_cast<size_t>(i)];
+          s[j] = static_cast<float>(d) * ops::inv_rms(cr, H, eps_);  // the keys' RMSNorm, 1e-5
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0.0;
+        for (size_t j = 0; j < n; ++j) {
+          s[j] = std::exp(s[j] - mx);
+          sum += s[j];
+        }
+        float* o = out + r * H;
+        std::fill(o, o + H, 0.0f);
+        for (size_t j = 0; j < n; ++j) {
+          kernels::active().axpy(static_cast<float>(s[j] / sum), cands[j] + r * H, o, H);
+        }
+      }
+    });
+  }
+
+  // Banks the raw incoming partial as an anchor and resets the partial to empty.
+  void bank() {
+    anchors_.push_back(std::move(partial_));
+    partial_.assign(static_cast<size_t>(R_ * H_), 0.0f);
+    empty_ = true;
+  }
+
+  // p = (p empty) ? y : p + y. `y` may be swapped out (it stays a buffer of the same size).
+  void add(std::vector<float>& y) {
+    if (empty_) {
+      partial_.swap(y);
+      empty_ = false;
+      return;
+    }
+    for (size_t j = 0; j < partial_.size(); ++j) partial_[j] += y[j];
+  }
+
+ private:
+  int64_t R_, H_;
+  float eps_;
+  ThreadPool& pool_;
+  std::vector<std::vector<float>> anchors_;
+  std::vector<float> partial_;
+  bool empty_ = false;
+};
+
+// A trunk layer (or the head) held for the duration of its compute, released even on a throw.
+class LayerLease {
+ public:
+  LayerLease(TrunkProvider& t, int layer) : t_(t), layer_(layer), w_(t.acquire(layer)) {}
+  ~LayerLease() { t_.release(layer_); }
+  const LayerWeights* operator->() const { return &w_; }
+
+ private:
+  TrunkProvider& t_;
+  int layer_;
+  const LayerWeights& w_;
+};
+
+class HeadLease {
+ public:
+  explicit HeadLease(TrunkProvider& t) : t_(t), w_(t.acquire_head()) {}
+  ~HeadLease() { t_.release_head(); }
+  const HeadWeights* operator->() const { return &w_; }
+
+ private:
+  TrunkProvider& t_;
+  const HeadWeights& w_;
+};
+
+// The pass's rows, grouped by sequence, after checking every input.
+struct PassRows {
+  std::vector<SeqRows> seqs;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> logit_rows;  // rows whose logits are returned, in output order
+  int64_t count() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+void check_input(const ModelConfig& c, const SequenceInput& s, const std::vector<SeqRows>& seen) {
+  if (s.state == nullptr || s.tokens.empty())
+    fail("forward: every sequence needs a state and at least one token");
+  if (s.state->kda().size() != static_cast<size_t>(c.num_kda_layers()) ||
+      s.state->mla().size() != static_cast<size_t>(c.num_mla_layers())) {
+    fail("forward: state was made for a different model");
+  }
+  for (const auto& r : seen) {
+    if (r.state == s.state) fail("forward: the same state appears twice in one pass");
+  }
+  if (!s.state->consistent())
+    fail("forward: the state was left half-updated by a failed pass; reset it first");
+  const int64_t end = s.state->position() + static_cast<int64_t>(s.tokens.size());
+  if (end > c.max_positions)
+    fail("sequence of {} tokens exceeds the model's context of {} positions", end, c.max_positions);
+  for (int32_t t : s.tokens) {
+    if (t < 0 || t >= c.vocab)
+      fail("token id {} is outside the vocabulary (0..{})", t, c.vocab - 1);
+  }
+}
+
+PassRows group_rows(const ModelConfig& c, std::span<SequenceInput> inputs) {
+  PassRows p;
+  for (auto& s : inputs) {
+    check_input(c, s, p.seqs);
+    SeqRows r;
+    r.begin = p.count();
+    r.count = static_cast<int64_t>(s.tokens.size());
+    r.state = s.state;
+    r.pending = s.pending;
+    r.base = s.state->position();
+    p.tokens.insert(p.tokens.end(), s.tokens.begin(), s.tokens.end());
+    if (s.pending != nullptr) kda_begin_pending(c, r.base, r.count, *s.pending);
+    if (s.all_logits) {
+      for (int64_t t = 0; t < r.count; ++t) p.logit_rows.push_back(r.begin + t);
+    } else {
+      p.logit_rows.push_back(r.begin + r.count - 1);
+    }
+    p.seqs.push_back(r);
+  }
+  return p;
+}
+
+// §3.9: the mix over every anchor and the final partial, final norm, LM head on the rows whose
+// logits are wanted. `a` is scratch [rows][hidden].
+std::vector<float> head_logits(TrunkProvider& trunk, const LayerContext& ctx,
+                               const AttnResidual& res, const std::vector<int64_t>& logit_rows,
+                               float* a) {
+  const ModelConfig& c = ctx.c;
+  const int64_t H = c.hidden;
+  const HeadLease head(trunk);
+  res.mix(head->out_res_score, a);
+  const int64_t n_out = static_cast<int64_t>(logit_rows.size());
+  std::vector<float> normed(static_cast<size_t>(n_out * H));
+  for (int64_t j = 0; j < n_out; ++j) {
+    ops::rmsnorm(a + logit_rows[static_cast<size_t>(j)] * H, head->final_norm.data(), c.rms_eps, H,
+                 normed.data() + j * H);
+  }
+  std::vector<float> logits(static_cast<size_t>(n_out * c.vocab));
+  kernels::matmul(head->lm_head, normed.data(), n_out, H, logits.data(), c.vocab, ctx.pool);
+  return logits;
 }
 
 }  // namespace
@@ -71,67 +211,21 @@ std::vector<AttnResStep> attn_res_plan(const ModelConfig& c) {
   return plan;
 }
 
-Model::~Model() = default;
-
-std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& options) {
-  auto m = std::unique_ptr<Model>(new Model());
-  m->config_ = load_config(dir);
-  m->checkpoint_ = Checkpoint::open(dir);
-  m->inventory_ = check_inventory(m->config_, *m->checkpoint_);
-  m->plan_ = attn_res_plan(m->config_);
-  if (options.threads >= 0) m->pool_ = std::make_unique<ThreadPool>(options.threads);
-  const ModelConfig& c = m->config_;
-  const ExpertFormat ef = m->inventory_.expert_format;
-  if (options.mmap) {
-    m->trunk_ = std::make_unique<ResidentTrunk>(c, *m->checkpoint_, options.bind);
-  } else {
-    PlanOptions po = options.plan;
-    po.prefetch = options.prefetch;
-    if (c.num_moe_layers() > 0)
-      po.expert_slot_bytes =
-          ExpertStore::slot_bytes_for(ExpertDirectory(c, *m->checkpoint_, ef), c);
-    m->plan_mem_ = plan_memory(c, *m->checkpoint_, po);
-    if (options.print_plan) fmt::print(stderr, "{}\n", m->plan_mem_->describe());
-    m->trunk_ = std::make_unique<StreamingTrunk>(c, *m->checkpoint_, *m->plan_mem_, options.bind,
-                                                 options.readers, options.direct_io);
-  }
-  if (options.make_experts) {
-    m->experts_ = options.make_experts(c, *m->checkpoint_, ef);
-  } else if (options.mmap || c.num_moe_layers() == 0) {
-    m->experts_ = std::make_unique<MmapExpertProvider>(c, *m->checkpoint_, ef);
-  } else {
-    StoreOptions so;
-    so.cache_bytes = m->plan_mem_->expert_cache_bytes;
-    so.readers = options.readers;
-    so.direct_io = options.direct_io;
-    so.policy = options.cache_policy;
-    so.heat_file = options.heat_file;
-    auto store = std::make_unique<ExpertStore>(c, *m->checkpoint_, ef, so);
-    store->set_prefetch(options.prefetch);
-    m->experts_ = std::move(store);
-  }
-  if (m->config_.num_moe_layers() > 0) {
-    m->expert_bytes_ = m->experts_->locate(static_cast<int>(m->config_.first_k_dense), 0).bytes;
-  }
-  return m;
+Model::Model(ModelParts parts)
+    : keep_alive_(std::move(parts.keep_alive)),
+      pool_(std::move(parts.pool)),
+      config_(std::move(parts.config)),
+      trunk_(std::move(parts.trunk)),
+      experts_(std::move(parts.experts)),
+      trunk_bytes_per_pass_(parts.trunk_bytes_per_pass),
+      plan_(attn_res_plan(config_)) {
+  if (!trunk_ || !experts_) fail("internal: a model needs a trunk and an expert provider");
 }
+
+Model::~Model() = default;
 
 std::string Model::describe() const {
   return fmt::format("trunk: {}; experts: {}", trunk_->describe(), experts_->describe());
-}
-
-std::vector<LayerRecall> Model::prefetch_recall() const {
-  if (auto* s = dynamic_cast<const ExpertStore*>(experts_.get())) return s->recall();
-  return {};
-}
-
-uint64_t Model::trunk_bytes_per_pass() const {
-  uint64_t n = 0;
-  for (int i = 0; i < config_.num_layers; ++i) n += layer_trunk_bytes(config_, i, *checkpoint_);
-  const int64_t H = config_.hidden;
-  n += static_cast<uint64_t>(config_.vocab * H * 2);  // lm_head
-  n += static_cast<uint64_t>(H * 2);                  // one embedding row
-  return n;
 }
 
 std::vector<float> Model::forward(State& state, std::span<const int32_t> tokens, bool all_logits) {
@@ -142,170 +236,72 @@ std::vector<float> Model::forward(State& state, std::span<const int32_t> tokens,
   return forward(std::span<SequenceInput>(&in, 1));
 }
 
+// Routing prediction for the expert provider: the next MoE layer's router applied to this
+// layer's MLP-side mix `m`, read ahead while this layer computes. It only schedules reads; the
+// real router always decides.
+class Model::Predictor {
+ public:
+  Predictor(Model& m, const LayerContext& ctx) : m_(m), ctx_(ctx) {
+    predict_ = m.experts_->wants_prefetch() && ctx.rows <= kMaxPredictRows;
+  }
+  void prefetch_after(int layer, const float* m) const {
+    const int next = layer + 1;
+    if (!predict_ || next >= ctx_.c.num_layers || ctx_.c.is_dense(next)) return;
+    const RouterWeights* rw = m_.trunk_->router(next);
+    if (rw == nullptr) return;
+    std::vector<float> normed(static_cast<size_t>(ctx_.rows * ctx_.c.hidden));
+    rmsnorm_rows(m, rw->post_norm, ctx_.c.rms_eps, ctx_.rows, ctx_.c.hidden, normed.data());
+    const Routing r = route_rows(ctx_, rw->router, rw->score_bias, normed.data());
+    m_.experts_->prefetch(next, r.experts);
+  }
+
+ private:
+  Model& m_;
+  const LayerContext& ctx_;
+  bool predict_ = false;
+};
+
 std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   Stopwatch sw;
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden, V = c.vocab;
-  ThreadPool& pool = pool_ ? *pool_ : global_pool();
+  const int64_t H = c.hidden;
+  PassRows rows = group_rows(c, seqs);
+  const int64_t R = rows.count();
+  const LayerContext ctx{c, pool_ ? *pool_ : global_pool(), rows.seqs, R};
+  const Predictor predictor(*this, ctx);
+  for (auto& s : rows.seqs) s.state->set_consistent(false);  // until the pass completes
 
-  // Rows, grouped by sequence.
-  std::vector<SeqRows> rows;
-  std::vector<int32_t> tokens;
-  for (auto& s : seqs) {
-    if (s.state == nullptr || s.tokens.empty())
-      fail("forward: every sequence needs a state and at least one token");
-    if (s.state->kda().size() != static_cast<size_t>(c.num_kda_layers()) ||
-        s.state->mla().size() != static_cast<size_t>(c.num_mla_layers())) {
-      fail("forward: state was made for a different model");
-    }
-    for (const auto& r : rows) {
-      if (r.state == s.state) fail("forward: the same state appears twice in one pass");
-    }
-    if (!s.state->consistent())
-      fail("forward: the state was left half-updated by a failed pass; reset it first");
-    SeqRows r;
-    r.begin = static_cast<int64_t>(tokens.size());
-    r.count = static_cast<int64_t>(s.tokens.size());
-    r.state = s.state;
-    r.pending = s.pending;
-    r.base = s.state->position();
-    if (r.base + r.count > c.max_positions) {
-      fail("sequence of {} tokens exceeds the model's context of {} positions", r.base + r.count,
-           c.max_positions);
-    }
-    for (int32_t t : s.tokens) {
-      if (t < 0 || t >= V) fail("token id {} is outside the vocabulary (0..{})", t, V - 1);
-      tokens.push_back(t);
-    }
-    if (s.pending != nullptr) {
-      const int64_t nh = c.kda.num_heads, dk = c.kda.head_dim, T = r.count;
-      s.pending->base_position = r.base;
-      s.pending->rows = T;
-      s.pending->layers.assign(static_cast<size_t>(c.num_kda_layers()), {});
-      for (auto& l : s.pending->layers) {
-        l.k.resize(static_cast<size_t>(T * nh * dk));
-        l.v.resize(static_cast<size_t>(T * nh * dk));
-        l.alpha.resize(static_cast<size_t>(T * nh * dk));
-        l.beta.resize(static_cast<size_t>(T * nh));
-      }
-    }
-    rows.push_back(r);
-  }
-  const int64_t R = static_cast<int64_t>(tokens.size());
-  LayerContext ctx{c, pool, rows, R};
-  // Until the pass completes, the states are half-updated.
-  for (auto& r : rows) r.state->set_consistent(false);
-  struct Release {  // gives a trunk unit back even when the layer throws
-    TrunkProvider& t;
-    int unit;
-    ~Release() { unit < 0 ? t.release_head() : t.release(unit); }
-  };
-
-  // h0: embedding rows, decoded from BF16 exactly.
-  std::vector<float> p(static_cast<size_t>(R * H));
-  trunk_->embed(tokens, p.data());
-  bool p_empty = false;
-  std::vector<std::vector<float>> anchors;
-  std::vector<float> a(static_cast<size_t>(R * H)), u(static_cast<size_t>(R * H)),
-      y(static_cast<size_t>(R * H));
-  auto candidates = [&]() {
-    std::vector<const float*> v;
-    for (const auto& an : anchors) v.push_back(an.data());
-    v.push_back(p.data());
-    return v;
-  };
-
-  // Routing prediction for the expert store: the next layer's router applied to this layer's
-  // MLP-side input, read ahead while this layer computes. It only schedules reads.
-  const bool predict = experts_->wants_prefetch() && R <= kMaxPredictRows;
-  auto predict_next = [&](int i) {
-    const int nxt = i + 1;
-    if (!predict || nxt >= c.num_layers || c.is_dense(nxt)) return;
-    const RouterWeights* rw = trunk_->router(nxt);
-    if (rw == nullptr) return;
-    std::vector<float> un(static_cast<size_t>(R * H)),
-        lg(static_cast<size_t>(R * c.moe.num_experts));
-    rmsnorm_rows(a.data(), rw->post_norm, c.rms_eps, R, H, un.data());
-    kernels::matmul(rw->router, un.data(), R, H, lg.data(), c.moe.num_experts, pool);
-    std::vector<int> ids(static_cast<size_t>(c.moe.top_k));
-    std::vector<float> w(static_cast<size_t>(c.moe.top_k));
-    std::vector<char> chosen(static_cast<size_t>(c.moe.num_experts), 0);
-    for (int64_t r = 0; r < R; ++r) {
-      route_row(lg.data() + r * c.moe.num_experts, rw->score_bias.data(), c.moe.num_experts,
-                c.moe.top_k, c.moe.renormalize, c.moe.routed_scaling_factor, ids.data(), w.data());
-      for (int e : ids) chosen[static_cast<size_t>(e)] = 1;
-    }
-    std::vector<int> want;
-    for (int e = 0; e < c.moe.num_experts; ++e) {
-      if (chosen[static_cast<size_t>(e)]) want.push_back(e);
-    }
-    experts_->prefetch(nxt, want);
-  };
-
+  AttnResidual res(R, H, c.rms_eps, ctx.pool);
+  trunk_->embed(rows.tokens, res.partial());  // p = h0, decoded from BF16 exactly
+  std::vector<float> a(static_cast<size_t>(R * H)), u(a.size()), y(a.size());
   for (int i = 0; i < c.num_layers; ++i) {
-    const LayerWeights& lw = trunk_->acquire(i);
-    Release release{*trunk_, i};
-    // Attention-side input: the mixture of anchors and the partial (just the partial at first).
-    if (anchors.empty()) {
-      a = p;
-    } else {
-      attn_res_mix(candidates(), lw.attn_res_score, c.rms_eps, R, H, pool, a.data());
-    }
-    if (plan_[static_cast<size_t>(i)].bank) {  // bank the raw incoming partial, then reset it
-      anchors.push_back(std::move(p));
-      p.assign(static_cast<size_t>(R * H), 0.0f);
-      p_empty = true;
-    }
-    rmsnorm_rows(a.data(), lw.input_norm, c.rms_eps, R, H, u.data());
+    const LayerLease w(*trunk_, i);
+    res.mix(w->attn_res_score, a.data());
+    if (plan_[static_cast<size_t>(i)].bank) res.bank();  // the raw incoming partial
+    rmsnorm_rows(a.data(), w->input_norm, c.rms_eps, R, H, u.data());
     if (c.is_mla(i)) {
-      mla_forward(ctx, lw.mla, i, u.data(), y.data());
+      mla_forward(ctx, w->mla, i, u.data(), y.data());
     } else {
-      kda_forward(ctx, lw.kda, i, u.data(), y.data());
+      kda_forward(ctx, w->kda, i, u.data(), y.data());
     }
-    if (p_empty) {
-      p.swap(y);
-      y.resize(static_cast<size_t>(R * H));
-      p_empty = false;
-    } else {
-      for (size_t j = 0; j < p.size(); ++j) p[j] += y[j];
-    }
-    attn_res_mix(candidates(), lw.mlp_res_score, c.rms_eps, R, H, pool, a.data());
-    rmsnorm_rows(a.data(), lw.post_norm, c.rms_eps, R, H, u.data());
+    res.add(y);
+    res.mix(w->mlp_res_score, a.data());  // anchors are never empty here
+    rmsnorm_rows(a.data(), w->post_norm, c.rms_eps, R, H, u.data());
     if (c.is_dense(i)) {
-      predict_next(i);
-      mlp_forward(ctx, lw.dense, u.data(), y.data(), false);
+      predictor.prefetch_after(i, a.data());
+      mlp_forward(ctx, w->dense, u.data(), y.data(), false);
     } else {
-      moe_forward(ctx, lw.moe, *experts_, i, u.data(), y.data(), pass_stats_,
-                  [&] { predict_next(i); });
+      pass_stats_.expert_uses += R * c.moe.top_k;
+      pass_stats_.expert_fetches += moe_forward(ctx, w->moe, *experts_, i, u.data(), y.data(),
+                                                [&] { predictor.prefetch_after(i, a.data()); });
     }
-    for (size_t j = 0; j < p.size(); ++j) p[j] += y[j];
+    res.add(y);
   }
 
-  // Output mixture over every anchor and the final partial, final norm, LM head on the rows
-  // whose logits are wanted.
-  std::vector<int64_t> out_rows;
-  for (size_t s = 0; s < rows.size(); ++s) {
-    if (seqs[s].all_logits) {
-      for (int64_t t = 0; t < rows[s].count; ++t) out_rows.push_back(rows[s].begin + t);
-    } else {
-      out_rows.push_back(rows[s].begin + rows[s].count - 1);
-    }
-  }
-  const HeadWeights& g = trunk_->acquire_head();
-  Release release_head{*trunk_, -1};
-  attn_res_mix(candidates(), g.out_res_score, c.rms_eps, R, H, pool, a.data());
-  const int64_t n_out = static_cast<int64_t>(out_rows.size());
-  std::vector<float> normed(static_cast<size_t>(n_out * H));
-  for (int64_t j = 0; j < n_out; ++j) {
-    ops::rmsnorm(a.data() + out_rows[static_cast<size_t>(j)] * H, g.final_norm.data(), c.rms_eps, H,
-                 normed.data() + j * H);
-  }
-  std::vector<float> logits(static_cast<size_t>(n_out * V));
-  kernels::matmul(g.lm_head, normed.data(), n_out, H, logits.data(), V, pool);
-
-  for (auto& r : rows) {
-    r.state->set_position(r.base + r.count);
-    r.state->set_consistent(true);
+  std::vector<float> logits = head_logits(*trunk_, ctx, res, rows.logit_rows, a.data());
+  for (auto& s : rows.seqs) {
+    s.state->set_position(s.base + s.count);
+    s.state->set_consistent(true);
   }
   pass_stats_.passes++;
   pass_stats_.rows += R;

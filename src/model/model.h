@@ -1,9 +1,14 @@
-// The K3 text model: rows in, logits out, one layer after another (K3-SPEC §3). A pass takes a
-// batch of rows grouped by sequence — a prompt chunk, a block of drafted tokens, the current
-// token of several clients, or any mix — and each sequence brings its own State. Per-row math
-// (projections, AttnRes, MoE) is batched over all rows; the recurrent parts (KDA conv and
-// delta-rule state, MLA attention over the cache) run per sequence. In the MoE each selected
-// expert is fetched and applied once for all the rows that chose it.
+// The K3 text model: rows in, logits out, one layer after another (docs/MODEL.md §3). A pass
+// takes a batch of rows grouped by sequence — a prompt chunk, a block of drafted tokens, the
+// current token of several clients, or any mix — and each sequence brings its own State.
+// Per-row math (projections, AttnRes, MoE) is batched over all rows; the recurrent parts (KDA
+// conv and delta-rule state, MLA attention over the cache) run per sequence. In the MoE each
+// selected expert is fetched and applied once for all the rows that chose it.
+//
+// The model computes; it does not store. It reaches weights only through two narrow interfaces
+// (TrunkProvider: a layer's weights; ExpertProvider: the experts of a pass, with the predictor
+// hook), which the engine (engine/engine.h) builds from the checkpoint and the options. So this
+// folder holds no files, descriptors or reader threads.
 //
 // Exactness: activations are fp32 throughout, weights are used as released (BF16 decoded in
 // the kernels, MXFP4 decoded exactly), all routed experts are applied. Splitting a sequence's
@@ -13,23 +18,17 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "experts/provider.h"
-#include "experts/store.h"
-#include "model/checkpoint.h"
+#include "core/thread_pool.h"
 #include "model/config.h"
-#include "model/inventory.h"
-#include "model/plan.h"
+#include "model/experts.h"
 #include "model/state.h"
 #include "model/weights.h"
 
 namespace deltafin {
-
-class ThreadPool;
 
 struct SequenceInput {
   State* state = nullptr;
@@ -50,9 +49,9 @@ struct PassStats {
   double seconds = 0;
 };
 
-// Attention Residuals bookkeeping per layer (K3-SPEC §3.3): how many banked anchors the
-// attention-side mix sees, whether the layer banks its incoming partial sum, and how many anchors
-// the MLP-side mix (and the output mix, after the last layer) sees.
+// Attention Residuals bookkeeping per layer (docs/MODEL.md §3.3): how many banked anchors the
+// attention-side mix sees, whether the layer banks its incoming partial sum, and how many
+// anchors the MLP-side mix (and the output mix, after the last layer) sees.
 struct AttnResStep {
   int anchors_before = 0;
   bool bank = false;
@@ -60,44 +59,33 @@ struct AttnResStep {
 };
 std::vector<AttnResStep> attn_res_plan(const ModelConfig& c);
 
-struct LoadOptions {
-  BindOptions bind;
-  // Plain mmap paging of the shards (no budget, no store): the page cache does all I/O.
-  bool mmap = false;
-  PlanOptions plan;  // memory budget and what it must hold
-  CachePolicy cache_policy = CachePolicy::kLRU;
-  int readers = 4;
-  bool direct_io = true;
-  bool prefetch = true;     // predict the next layer's experts and read them ahead
-  std::string heat_file;    // persisted expert use counts ("" = none)
-  bool print_plan = false;  // write the plan to stderr
-  // -1: passes run on the process-wide pool (the CLI sets it with --threads); >= 0: the model
-  // owns a pool of that many threads (0 = one per physical core), so models loaded side by side
-  // in one process (the C API) neither share nor resize each other's threads.
-  int threads = -1;
-  // Replaces the default memory-mapped expert provider (the SSD-streaming store, tests).
-  std::function<std::unique_ptr<ExpertProvider>(const ModelConfig&, const Checkpoint&,
-                                                ExpertFormat)>
-      make_experts;
+// What a model computes with, as the engine assembles it.
+struct ModelParts {
+  ModelConfig config;
+  std::unique_ptr<TrunkProvider> trunk;
+  std::unique_ptr<ExpertProvider> experts;
+  uint64_t trunk_bytes_per_pass = 0;  // weight bytes a decode pass reads besides experts
+  // What the providers read from (the opened checkpoint); released after them.
+  std::shared_ptr<const void> keep_alive;
+  // The model's own compute threads; null = the process-wide pool (the CLI's --threads). Models
+  // loaded side by side in one process (the C API) neither share nor resize each other's.
+  std::unique_ptr<ThreadPool> pool;
 };
 
 class Model {
  public:
-  // Opens a checkpoint folder: config, shards, inventory check, weight binding. Throws Error.
-  static std::unique_ptr<Model> load(const std::string& dir, const LoadOptions& options = {});
-  ~Model();
+  explicit Model(ModelParts parts);
+  virtual ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
-  const Checkpoint& checkpoint() const { return *checkpoint_; }
-  const InventoryReport& inventory() const { return inventory_; }
   ExpertProvider& experts() { return *experts_; }
   const PassStats& pass_stats() const { return pass_stats_; }
   TrunkStats trunk_stats() const { return trunk_->stats(); }
-  // The memory plan (absent in mmap mode).
-  const std::optional<MemoryPlan>& plan() const { return plan_mem_; }
   std::string describe() const;
-  // Per-layer prefetch recall (empty unless the expert store predicts).
-  std::vector<LayerRecall> prefetch_recall() const;
+  // Per-layer prefetch recall (empty unless the expert provider predicts).
+  std::vector<LayerRecall> prefetch_recall() const { return experts_->recall(); }
 
   State new_state() const { return State(config_); }
 
@@ -112,22 +100,19 @@ class Model {
   void commit(State& state, const PendingCommit& pending, int64_t accepted) const;
 
   // Weight bytes a decode step streams, excluding routed experts: the trunk once per pass.
-  uint64_t trunk_bytes_per_pass() const;
-  uint64_t expert_bytes() const { return expert_bytes_; }
+  uint64_t trunk_bytes_per_pass() const { return trunk_bytes_per_pass_; }
+  uint64_t expert_bytes() const { return experts_->expert_bytes(); }
 
  private:
-  Model() = default;
+  class Predictor;
+  std::shared_ptr<const void> keep_alive_;  // first member: destroyed after the providers
+  std::unique_ptr<ThreadPool> pool_;        // own threads, else the global pool
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;
-  InventoryReport inventory_;
   std::unique_ptr<TrunkProvider> trunk_;
   std::unique_ptr<ExpertProvider> experts_;
-  uint64_t expert_bytes_ = 0;
+  uint64_t trunk_bytes_per_pass_ = 0;
   std::vector<AttnResStep> plan_;
-  std::optional<MemoryPlan> plan_mem_;
-  bool prefetch_ = false;
   PassStats pass_stats_;
-  std::unique_ptr<ThreadPool> pool_;  // own threads (LoadOptions::threads >= 0), else global
 };
 
 }  // namespace deltafin

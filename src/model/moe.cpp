@@ -1,7 +1,7 @@
 // Dense SiTU MLP (layer 0 and the shared experts) and the latent MoE with its router
-// (K3-SPEC §3.7–3.8). Routing is per row; then every selected expert is fetched once and applied
-// to all the rows that chose it, whichever sequences they belong to, as experts become ready.
-// Each row's expert outputs are summed in ascending expert-id order, so the result does not
+// (docs/MODEL.md §3.7–3.8). Routing is per row; then every selected expert is fetched once and
+// applied to all the rows that chose it, whichever sequences they belong to, as experts become
+// ready. Each row's expert outputs are summed in ascending expert-id order, so the result does not
 // depend on arrival order, batching or thread count.
 #include <algorithm>
 #include <numeric>
@@ -10,7 +10,6 @@
 #include "core/timer.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
-#include "model/model.h"
 #include "model/ops.h"
 
 namespace deltafin {
@@ -46,27 +45,44 @@ void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k,
   for (int64_t i = 0; i < top_k; ++i) {
     ids[i] = order[i];
     const float s = score[order[i]];
+    // 1e-20 only guards an all-zero selection (the reference's epsilon); it never changes a sum.
     weights[i] = renormalize ? static_cast<float>(s / (sum + 1e-20)) * scaling : s * scaling;
   }
 }
 
-void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                 int layer, const float* x, float* y, PassStats& stats,
-                 const std::function<void()>& after_request) {
+Routing route_rows(const LayerContext& ctx, const Matrix& router,
+                   const std::vector<float>& score_bias, const float* x) {
+  const ModelConfig& c = ctx.c;
+  const int64_t R = ctx.rows, E = c.moe.num_experts, k = c.moe.top_k;
+  std::vector<float> logits(static_cast<size_t>(R * E));
+  kernels::matmul(router, x, R, c.hidden, logits.data(), E, ctx.pool);  // fp32
+  Routing out;
+  out.ids.resize(static_cast<size_t>(R * k));
+  out.weights.resize(static_cast<size_t>(R * k));
+  std::vector<bool> chosen(static_cast<size_t>(E), false);
+  for (int64_t r = 0; r < R; ++r) {
+    route_row(logits.data() + r * E, score_bias.data(), E, k, c.moe.renormalize,
+              c.moe.routed_scaling_factor, out.ids.data() + r * k, out.weights.data() + r * k);
+    for (int64_t s = 0; s < k; ++s) chosen[static_cast<size_t>(out.ids[r * k + s])] = true;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (chosen[static_cast<size_t>(e)]) out.experts.push_back(static_cast<int>(e));
+  }
+  return out;
+}
+
+int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
+                    int layer, const float* x, float* y,
+                    const std::function<void()>& after_request) {
   const ModelConfig& c = ctx.c;
   const int64_t R = ctx.rows, H = c.hidden, E = c.moe.num_experts, k = c.moe.top_k;
   const int64_t Hl = c.moe.latent_dim, I = c.moe.intermediate;
   ThreadPool& pool = ctx.pool;
 
-  // Router (fp32) and selection.
-  std::vector<float> logits(static_cast<size_t>(R * E));
-  kernels::matmul(w.router, x, R, H, logits.data(), E, pool);
-  std::vector<int> ids(static_cast<size_t>(R * k));
-  std::vector<float> wts(static_cast<size_t>(R * k));
-  for (int64_t r = 0; r < R; ++r) {
-    route_row(logits.data() + r * E, w.score_bias.data(), E, k, c.moe.renormalize,
-              c.moe.routed_scaling_factor, ids.data() + r * k, wts.data() + r * k);
-  }
+  const Routing routing = route_rows(ctx, w.router, w.score_bias, x);
+  const std::vector<int>& ids = routing.ids;
+  const std::vector<float>& wts = routing.weights;
+  const std::vector<int>& wanted = routing.experts;
 
   // Latent input and the expert -> (row, slot) lists.
   std::vector<float> xi(static_cast<size_t>(R * Hl));
@@ -75,12 +91,6 @@ void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvid
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t s = 0; s < k; ++s) users[static_cast<size_t>(ids[r * k + s])].push_back(r * k + s);
   }
-  std::vector<int> wanted;
-  for (int64_t e = 0; e < E; ++e) {
-    if (!users[static_cast<size_t>(e)].empty()) wanted.push_back(static_cast<int>(e));
-  }
-  stats.expert_uses += R * k;
-  stats.expert_fetches += static_cast<int64_t>(wanted.size());
 
   // Apply each expert to its rows as it arrives; outputs land in their (row, slot).
   std::vector<float> slot_out(static_cast<size_t>(R * k * Hl));
@@ -122,6 +132,7 @@ void moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvid
   }
   kernels::matmul(w.up, ybar.data(), R, Hl, y, H, pool);
   if (c.moe.num_shared_experts > 0) mlp_forward(ctx, w.shared, x, y, /*accumulate=*/true);
+  return static_cast<int64_t>(wanted.size());
 }
 
 }  // namespace deltafin

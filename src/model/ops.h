@@ -13,7 +13,8 @@ inline float silu(float x) {
   return x * sigmoid(x);
 }
 
-// SiTU(g, u) = [beta * tanh(g / beta) * sigmoid(g)] * [lbeta * tanh(u / lbeta)]  (K3-SPEC §3.7)
+// SiTU(g, u) = [beta * tanh(g / beta) * sigmoid(g)] * [lbeta * tanh(u / lbeta)]  (docs/MODEL.md
+// §3.7)
 inline float situ(float g, float u, float beta, float lbeta) {
   return beta * std::tanh(g / beta) * sigmoid(g) * (lbeta * std::tanh(u / lbeta));
 }

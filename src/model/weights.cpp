@@ -5,14 +5,12 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "model/checkpoint.h"
 #include "model/inventory.h"
+#include "tensor/tensor_info.h"
 
 namespace deltafin {
 
-namespace {
-
-Matrix as_matrix(const TensorInfo& t, const uint8_t* bytes) {
+Matrix weight_matrix(const TensorInfo& t, const uint8_t* bytes) {
   if (t.shape.size() != 2)
     fail("tensor {}: expected a matrix, found shape {}", t.name, t.shape_string());
   Matrix m;
@@ -40,6 +38,8 @@ Matrix as_matrix(const TensorInfo& t, const uint8_t* bytes) {
   return m;
 }
 
+namespace {
+
 std::vector<float> as_floats(const TensorInfo& t, const uint8_t* bytes) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   if (t.dtype == DType::kF32) {
@@ -61,7 +61,7 @@ struct Binder {
   const TensorLookup& lookup;
   Matrix matrix(const std::string& name) const {
     auto [t, b] = lookup(name);
-    return as_matrix(*t, b);
+    return weight_matrix(*t, b);
   }
   std::vector<float> floats(const std::string& name) const {
     auto [t, b] = lookup(name);
@@ -79,8 +79,7 @@ struct Binder {
 
 }  // namespace
 
-LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup,
-                        const BindOptions& options) {
+LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup) {
   Binder b{lookup};
   LayerWeights w;
   w.layer = layer;
@@ -120,12 +119,6 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
     }
     k.a_exp.resize(static_cast<size_t>(c.kda.num_heads));
     for (int64_t h = 0; h < c.kda.num_heads; ++h) k.a_exp[h] = std::exp(a_log[h]);
-    if (options.a_log_per_channel) {
-      k.a_exp_channel.resize(static_cast<size_t>(c.kda.head_dim));
-      for (int64_t d = 0; d < c.kda.head_dim; ++d) {
-        k.a_exp_channel[d] = d < static_cast<int64_t>(a_log.size()) ? std::exp(a_log[d]) : 1.0f;
-      }
-    }
     k.b = b.matrix(A + "b_proj.weight");
     k.g = b.matrix(A + "g_proj.weight");
     k.o_norm = b.floats(A + "o_norm.weight");
@@ -241,50 +234,6 @@ void quantize_layer_int8(LayerWeights& w, std::vector<std::vector<uint8_t>>& st)
 
 void quantize_head_int8(HeadWeights& w, std::vector<std::vector<uint8_t>>& st) {
   quantize_into(w.lm_head, st);
-}
-
-std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
-                                             const Checkpoint& ck) {
-  (void)c;
-  std::vector<std::string> names;
-  const std::string P = layer_prefix(layer);
-  const std::string E = P + "block_sparse_moe.experts.";
-  const auto& all = ck.tensors();
-  for (auto it = all.lower_bound(P); it != all.end() && it->first.rfind(P, 0) == 0; ++it) {
-    if (it->first.rfind(E, 0) != 0) names.push_back(it->first);
-  }
-  return names;
-}
-
-uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck) {
-  uint64_t n = 0;
-  for (const auto& name : layer_trunk_tensors(c, layer, ck)) n += ck.get(name).nbytes;
-  return n;
-}
-
-TensorLookup checkpoint_lookup(const Checkpoint& ck) {
-  return [&ck](const std::string& name) -> std::pair<const TensorInfo*, const uint8_t*> {
-    const TensorInfo& t = ck.get(name);
-    return {&t, t.data};
-  };
-}
-
-void ResidentTrunk::embed(std::span<const int32_t> tokens, float* out) {
-  for (size_t r = 0; r < tokens.size(); ++r) {
-    const Matrix row = embed_.row_slice(tokens[r], tokens[r] + 1);
-    for (int64_t i = 0; i < hidden_; ++i)
-      out[static_cast<int64_t>(r) * hidden_ + i] = matrix_element(row, 0, i);
-  }
-}
-
-ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck,
-                             const BindOptions& options) {
-  auto lookup = checkpoint_lookup(ck);
-  auto [t, b] = lookup("language_model.model.embed_tokens.weight");
-  embed_ = as_matrix(*t, b);
-  hidden_ = c.hidden;
-  head_ = bind_head(c, lookup);
-  for (int i = 0; i < c.num_layers; ++i) layers_.push_back(bind_layer(c, i, lookup, options));
 }
 
 }  // namespace deltafin

@@ -21,7 +21,6 @@
 
 namespace deltafin {
 
-class Checkpoint;
 struct TensorInfo;
 
 struct KdaWeights {
@@ -29,10 +28,7 @@ struct KdaWeights {
   std::vector<float> q_conv, k_conv, v_conv;  // [proj_dim][conv_kernel], tap 0 = oldest
   std::vector<float> dt_bias;                 // [proj_dim]
   std::vector<float> a_exp;                   // exp(A_log[h]) for the num_heads real entries
-  // Only with BindOptions::a_log_per_channel: exp(A_log[d]) per key channel, broadcast over
-  // heads — the reference system's known misreading, kept to prove the golden test catches it.
-  std::vector<float> a_exp_channel;
-  std::vector<float> o_norm;  // [head_dim]
+  std::vector<float> o_norm;                  // [head_dim]
 };
 
 struct MlaWeights {
@@ -79,12 +75,9 @@ struct RouterWeights {
 using TensorLookup =
     std::function<std::pair<const TensorInfo*, const uint8_t*>(const std::string&)>;
 
-struct BindOptions {
-  bool a_log_per_channel = false;  // negative control for tests; never right for K3
-};
-
-LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup,
-                        const BindOptions& options = {});
+// A weight matrix viewing `bytes` (BF16 or F32, checked; throws naming the tensor).
+Matrix weight_matrix(const TensorInfo& t, const uint8_t* bytes);
+LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup);
 HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup);
 RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& lookup);
 // The tensor names of the head unit (lm_head, or the embedding when tied, and the output norms).
@@ -99,10 +92,6 @@ void quantize_layer_int8(LayerWeights& w, std::vector<std::vector<uint8_t>>& sto
 void quantize_head_int8(HeadWeights& w, std::vector<std::vector<uint8_t>>& storage);
 // Bytes a matrix of this shape takes in int8 (data + scales).
 uint64_t int8_bytes(int64_t rows, int64_t cols);
-// Bytes of the layer's trunk tensors (what a pass over the layer reads).
-uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck);
-// The names of one layer's trunk tensors.
-std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck);
 
 struct TrunkStats {
   uint64_t bytes_streamed = 0;  // trunk bytes read per pass (layers that are not resident)
@@ -128,27 +117,5 @@ class TrunkProvider {
   virtual TrunkStats stats() const { return {}; }
   virtual std::string describe() const = 0;
 };
-
-// Every layer bound once to the mapped checkpoint (the plain mmap mode: the page cache does
-// any I/O, as llama.cpp runs a model larger than RAM).
-class ResidentTrunk : public TrunkProvider {
- public:
-  ResidentTrunk(const ModelConfig& c, const Checkpoint& ck, const BindOptions& options = {});
-  void embed(std::span<const int32_t> tokens, float* out) override;
-  const LayerWeights& acquire(int layer) override { return layers_[static_cast<size_t>(layer)]; }
-  void release(int) override {}
-  const HeadWeights& acquire_head() override { return head_; }
-  void release_head() override {}
-  std::string describe() const override { return "memory-mapped (page cache)"; }
-
- private:
-  Matrix embed_;
-  int64_t hidden_ = 0;
-  HeadWeights head_;
-  std::vector<LayerWeights> layers_;
-};
-
-// Lookup over a mapped checkpoint.
-TensorLookup checkpoint_lookup(const Checkpoint& ck);
 
 }  // namespace deltafin

@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-#include "experts/provider.h"
+#include "model/experts.h"
 #include "model/weights.h"
 
 namespace deltafin::server {

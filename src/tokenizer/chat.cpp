@@ -1,4 +1,4 @@
-// K3 chat rendering (K3-SPEC §5.3). The rules mirror llama.cpp's Kimi-K3 template, which was
+// K3 chat rendering (docs/MODEL.md §5.3). The rules mirror llama.cpp's Kimi-K3 template, which was
 // written to match Moonshot's `encoding_k3.py`; where the template is loose (it silently skips
 // non-object messages and unknown roles) the request is rejected instead, by field path.
 //

@@ -2,7 +2,7 @@
 //
 // Two steps, so the server can validate a request before queueing it and reuse the parsed
 // form: ChatRequest::from_json() checks every field and reports the first problem by its path
-// (`messages[2].content`); render() lays the prompt out as K3-SPEC §5.3 and llama.cpp's
+// (`messages[2].content`); render() lays the prompt out as docs/MODEL.md §5.3 and llama.cpp's
 // Kimi-K3 template (which reproduces the reference encoder's gold strings) do.
 //
 // Injection safety: the prompt is built from segments. Only the renderer's own structure emits

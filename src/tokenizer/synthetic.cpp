@@ -107,7 +107,7 @@ struct NamedOffset {
   const char* name;
 };
 
-// K3 ids minus 163584 (K3-SPEC §5.1).
+// K3 ids minus 163584 (docs/MODEL.md §5.1).
 constexpr NamedOffset kK3Specials[] = {
     {0, "[BOS]"},
     {1, "[EOS]"},

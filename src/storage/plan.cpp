@@ -1,4 +1,4 @@
-#include "model/plan.h"
+#include "storage/plan.h"
 
 #include <fmt/format.h>
 
@@ -6,9 +6,10 @@
 
 #include "core/error.h"
 #include "core/sysinfo.h"
-#include "model/checkpoint.h"
 #include "model/inventory.h"
 #include "model/weights.h"
+#include "storage/checkpoint.h"
+#include "storage/trunk_units.h"
 
 namespace deltafin {
 

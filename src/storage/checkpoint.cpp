@@ -1,4 +1,4 @@
-#include "model/checkpoint.h"
+#include "storage/checkpoint.h"
 
 #include <fmt/ranges.h>
 
@@ -14,14 +14,6 @@ namespace deltafin {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string shape_to_string(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-std::string TensorInfo::shape_string() const {
-  return shape_to_string(shape);
-}
 
 std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t size,
                                                  const std::string& file) {

@@ -1,23 +1,23 @@
 // The trunk under a memory budget: the units the plan keeps resident are read once into owned
 // RAM (not mmap: the budget is honest, and a shard truncated under us is a read error, not a
 // SIGBUS); the others are streamed every pass through two buffers — while layer L computes,
-// the next streamed unit is read into the other buffer. Reads are widened to the 4 KiB grid,
-// O_DIRECT where possible, split into chunks read by a few threads. Embedding rows are read on
+// the next streamed unit is read into the other buffer. Reads go through ShardFiles (4 KiB
+// grid, O_DIRECT where possible) in chunks served by a ReaderPool. Embedding rows are read on
 // demand (one small buffered read per token). With --trunk int8 the resident units' BF16
 // matrices are quantised once at load; streamed units are used as read (BF16).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "model/plan.h"
 #include "model/weights.h"
+#include "storage/plan.h"
+#include "storage/reader_pool.h"
+#include "storage/shard_files.h"
 
 namespace deltafin {
 
@@ -27,7 +27,7 @@ struct TensorInfo;
 class StreamingTrunk : public TrunkProvider {
  public:
   StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan,
-                 const BindOptions& bind, int readers = 4, bool direct_io = true);
+                 int readers = 4, bool direct_io = true);
   ~StreamingTrunk() override;
 
   void embed(std::span<const int32_t> tokens, float* out) override;
@@ -60,7 +60,6 @@ class StreamingTrunk : public TrunkProvider {
   };
   struct Buffer {
     uint8_t* mem = nullptr;
-    uint64_t size = 0;
     int unit = -1;        // -1: free
     bool bound = false;   // weights bound for this unit
     bool in_use = false;  // between acquire and release
@@ -68,48 +67,37 @@ class StreamingTrunk : public TrunkProvider {
     LayerWeights layer;
     HeadWeights head;
   };
-  struct Job {
-    uint8_t* dest;
-    Span span;
-    Completion* done;
-  };
 
   UnitLayout layout_for(int unit) const;
-  void read_into(const UnitLayout& l, uint8_t* mem);  // synchronous, using the reader pool
+  void read_resident_units();
+  void read_routers();
+  void make_stream_buffers();
   void bind_unit(int unit, const uint8_t* mem, LayerWeights* lw, HeadWeights* hw);
   void submit_locked(const UnitLayout& l, uint8_t* mem, Completion& done);
   void issue_locked(int unit);        // start reading into a free buffer
   int next_streamed(int unit) const;  // in pass order, wrapping
   int wait_unit(int unit);            // returns the buffer index
-  void reader_loop();
-  void check_files();
 
-  const ModelConfig& c_;
+  const ModelConfig c_;  // a copy: the engine moves its config into the Model
   const Checkpoint& ck_;
   MemoryPlan plan_;
-  BindOptions bind_;
-  std::vector<int> fds_;
-  std::vector<int> buffered_fds_;
-  bool direct_ok_ = true;
+  ShardFiles files_;
   std::vector<UnitLayout> layouts_;
   // Resident units.
   std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> resident_mem_;
   std::vector<LayerWeights> resident_layers_;
   HeadWeights resident_head_;
   std::vector<std::vector<uint8_t>> int8_store_;
-  // Router roster for prediction: bound to resident memory or to copies.
+  // Router roster for prediction: copies, so they survive int8 and streaming.
   std::vector<RouterWeights> routers_;
   std::vector<std::vector<uint8_t>> router_mem_;
   // Streaming.
   mutable std::mutex mu_;
-  std::condition_variable cv_, work_cv_;
+  std::condition_variable cv_;
   Buffer buffers_[2];
-  std::deque<Job> jobs_;
-  std::vector<std::thread> readers_;
-  bool stop_ = false;
   TrunkStats stats_;
-  double last_check_ = 0;
   const TensorInfo* embed_info_ = nullptr;
+  ReaderPool pool_;  // last: its threads stop before anything they write into goes away
 };
 
 }  // namespace deltafin

@@ -3,20 +3,17 @@
 //
 // Why it is built this way:
 //  * One read per expert. The six tensors of an expert lie back to back in the release (and in
-//    make-model output), so a miss is one aligned pread of ~17.5 MB; an expert whose tensors are
-//    scattered still works, with one read per range.
-//  * O_DIRECT where the platform has it, into page-aligned slot buffers: the cache is the only
-//    copy in RAM, so the budget is honest and the page cache does not double-count (or hide
-//    reads from a benchmark). Reads are widened to the 4 KiB grid and the expert is a view into
-//    the middle of its slot.
-//  * Reads of one pass are issued together, sorted by (shard, offset), to a pool of reader
-//    threads; the batch hands experts to compute in arrival order, so compute on arrived
-//    experts overlaps the remaining reads. A pass needing more experts than the cache holds
-//    still works: slots are recycled as compute releases them.
-//  * Prefetch hints (the next layer's predicted experts) are read in the background at lower
-//    priority than demand reads; when the real router asks for a layer, queued predictions that
-//    it did not choose are cancelled and arrived ones are demoted to be evicted first. Nothing
-//    ever waits on a prediction it did not ask for.
+//    make-model output), so a miss is one aligned read of ~17.5 MB through ShardFiles (O_DIRECT
+//    into page-aligned slots: the cache is the only copy in RAM, so the budget is honest); an
+//    expert whose tensors are scattered still works, with one read per range.
+//  * Reads of one pass are issued together, sorted by (shard, offset), to a ReaderPool; the
+//    batch hands experts to compute in arrival order, so compute on arrived experts overlaps the
+//    remaining reads. A pass needing more experts than the cache holds still works: slots are
+//    recycled as compute releases them.
+//  * Prefetch hints (the next layer's predicted experts) are read at background priority; when
+//    the real router asks for a layer, queued predictions it did not choose are cancelled (their
+//    slot is freed; the queued task finds that and returns) and arrived ones are demoted to be
+//    evicted first. A chosen prediction still queued is re-submitted at demand priority.
 //  * Eviction policy: LRU by default; LFU; or `pinned`, which keeps the hottest experts of a
 //    persisted heat file resident and runs LRU on the rest.
 //  * Faults (short read, truncated or replaced file) fail the request that needed the expert
@@ -25,15 +22,15 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include "experts/provider.h"
+#include "storage/expert_directory.h"
+#include "storage/reader_pool.h"
+#include "storage/shard_files.h"
 
 namespace deltafin {
 
@@ -55,14 +52,7 @@ struct StoreOptions {
   // that had to happen anyway.
   double gate_threshold = 0.9;
   int gate_warmup = 4;
-};
-
-struct LayerRecall {
-  uint64_t predicted_hits = 0;  // requested experts that had been predicted
-  uint64_t requested = 0;       // requested experts in layers that had a prediction
-  double ema = 0;               // recent recall (exponential moving average over passes)
-  uint64_t samples = 0;
-  bool gated = false;  // predictions too poor to be worth their reads right now
+  bool prefetch = true;  // act on prefetch hints at all
 };
 
 class ExpertStore : public ExpertProvider {
@@ -71,16 +61,16 @@ class ExpertStore : public ExpertProvider {
               StoreOptions options);
   ~ExpertStore() override;
 
-  ExpertLocation locate(int layer, int expert) const override;
+  ExpertLocation locate(int layer, int expert) const { return dir_.location(layer, expert); }
+  uint64_t expert_bytes() const override { return dir_.expert_bytes(); }
   std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override;
   ExpertHandle acquire(int layer, int expert) override;
   void prefetch(int layer, std::span<const int> experts) override;
   ExpertStats stats() const override;
   std::string describe() const override;
-  bool wants_prefetch() const override { return prefetch_enabled_; }
-  void set_prefetch(bool on) { prefetch_enabled_ = on; }
+  bool wants_prefetch() const override { return opt_.prefetch; }
+  std::vector<LayerRecall> recall() const override;
 
-  std::vector<LayerRecall> recall() const;
   size_t slots() const { return slots_.size(); }
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Writes the heat counts (atomically) when a heat file was given.
@@ -99,6 +89,7 @@ class ExpertStore : public ExpertProvider {
     uint8_t* buf = nullptr;
     int64_t key = -1;
     SlotState state = SlotState::kEmpty;
+    bool reading = false;  // a reader task has taken this slot's read
     int pins = 0;
     uint64_t last_use = 0;
     uint64_t freq = 0;
@@ -107,47 +98,52 @@ class ExpertStore : public ExpertProvider {
     std::string error;
     std::shared_ptr<ExpertWeights> weights;
   };
-  struct Job {
-    int slot;
-    int64_t key;
-    bool prefetch;
-  };
 
+  // Experts are keyed layer * num_experts + expert; these are the only places that know it.
   int64_t key_of(int layer, int expert) const {
     return static_cast<int64_t>(layer) * dir_.num_experts() + expert;
   }
+  int layer_of(int64_t key) const { return static_cast<int>(key / dir_.num_experts()); }
+  int expert_of(int64_t key) const { return static_cast<int>(key % dir_.num_experts()); }
+  const ExpertLocation& location_of(int64_t key) const {
+    return dir_.location(layer_of(key), expert_of(key));
+  }
+
+  void load_heat();
+  void mark_hot_experts(size_t n_slots);
+  // The phases of request(), all under mu_.
+  void score_prediction_locked(int layer, const std::vector<int64_t>& keys);
+  void drop_unchosen_predictions_locked(int layer, std::span<const int> experts);
+  // Pins the cached ones (slot index) and returns the indices of the misses.
+  std::vector<size_t> pin_hits_locked(const std::vector<int64_t>& keys, std::vector<int>& slot);
+  void issue_misses_locked(std::vector<size_t> misses, const std::vector<int64_t>& keys,
+                           std::vector<int>& slot);
+
   // Finds a slot to (re)use for `key`; -1 if every slot is pinned. Caller holds mu_.
   int take_slot_locked(int64_t key, bool for_prefetch);
   void start_read_locked(int slot, int64_t key, bool prefetch);
-  void reader_loop();
+  void submit_read(int slot, int64_t key, bool prefetch);
+  void run_read(int slot, int64_t key);
   void read_expert(Slot& slot, int64_t key);
   void unpin(int slot);
   ExpertHandle handle_locked(int slot);
-  void check_files_locked();
 
-  const Checkpoint& ck_;
   ExpertDirectory dir_;
   StoreOptions opt_;
+  ShardFiles files_;
   uint64_t slot_bytes_ = 0;
-  std::vector<int> fds_;
-  std::vector<std::string> paths_;
-  bool direct_ok_ = true;
-  bool prefetch_enabled_ = true;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;       // slot state changes
-  std::condition_variable work_cv_;  // reader queue
+  std::condition_variable cv_;  // slot state changes
   std::vector<Slot> slots_;
   std::unordered_map<int64_t, int> where_;
-  std::deque<Job> demand_q_, prefetch_q_;
-  std::vector<std::thread> readers_;
-  bool stop_ = false;
   uint64_t tick_ = 0;
   std::vector<uint64_t> heat_;
   std::vector<LayerRecall> recall_;
-  std::vector<char> predicted_;  // per key: a prefetch hint was given since the layer's last pass
-  double last_file_check_ = 0;
+  std::vector<bool> predicted_;  // per key: a hint was given since the layer's last pass
+  std::vector<bool> hot_;        // per key: the pinned policy keeps it resident
   mutable ExpertStats stats_;
+  ReaderPool pool_;  // last: its threads stop before the slots they write into go away
 };
 
 }  // namespace deltafin

@@ -1,4 +1,4 @@
-#include "model/synthetic.h"
+#include "engine/synthetic.h"
 
 #include <fcntl.h>
 #include <unistd.h>

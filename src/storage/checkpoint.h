@@ -12,26 +12,9 @@
 #include <vector>
 
 #include "core/mapped_file.h"
-#include "tensor/dtype.h"
+#include "tensor/tensor_info.h"
 
 namespace deltafin {
-
-struct TensorInfo {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  int shard = 0;        // index into Checkpoint::shards()
-  uint64_t offset = 0;  // absolute byte offset in the shard file
-  uint64_t nbytes = 0;
-  const uint8_t* data = nullptr;  // into the shard's mapping
-
-  int64_t numel() const {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
-  std::string shape_string() const;
-};
 
 class Checkpoint {
  public:
@@ -56,7 +39,5 @@ class Checkpoint {
 // Parses one safetensors header (exposed for tests). `file` is used in messages.
 std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t size,
                                                  const std::string& file);
-
-std::string shape_to_string(const std::vector<int64_t>& shape);
 
 }  // namespace deltafin

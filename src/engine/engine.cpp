@@ -1,0 +1,172 @@
+#include "engine/engine.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "storage/expert_directory.h"
+#include "storage/streaming_trunk.h"
+#include "storage/trunk_units.h"
+
+namespace deltafin {
+
+namespace {
+
+// The budgeted providers: the plan divides the budget, the streamer and the store live in it.
+void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const LoadOptions& o,
+                            ModelParts& parts, std::optional<MemoryPlan>& plan) {
+  const ModelConfig& c = parts.config;
+  PlanOptions po = o.plan;
+  po.prefetch = o.prefetch;
+  if (c.num_moe_layers() > 0)
+    po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, ck, ef), c);
+  plan = plan_memory(c, ck, po);
+  if (o.print_plan) fmt::print(stderr, "{}\n", plan->describe());
+  parts.trunk = std::make_unique<StreamingTrunk>(c, ck, *plan, o.readers, o.direct_io);
+  if (o.make_experts || c.num_moe_layers() == 0) return;
+  StoreOptions so;
+  so.cache_bytes = plan->expert_cache_bytes;
+  so.readers = o.readers;
+  so.direct_io = o.direct_io;
+  so.policy = o.cache_policy;
+  so.heat_file = o.heat_file;
+  so.prefetch = o.prefetch;
+  parts.experts = std::make_unique<ExpertStore>(c, ck, ef, so);
+}
+
+}  // namespace
+
+LoadedModel::LoadedModel(ModelParts parts, std::shared_ptr<const Checkpoint> ck,
+                         InventoryReport inventory, std::optional<MemoryPlan> plan)
+    : Model(std::move(parts)),
+      checkpoint_(std::move(ck)),
+      inventory_(inventory),
+      plan_(std::move(plan)) {}
+
+std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOptions& o) {
+  ModelParts parts;
+  parts.config = load_config(dir);
+  const ModelConfig& c = parts.config;
+  std::shared_ptr<const Checkpoint> ck = Checkpoint::open(dir);
+  const InventoryReport inventory = check_inventory(c, *ck);
+  const ExpertFormat ef = inventory.expert_format;
+  std::optional<MemoryPlan> plan;
+  if (o.mmap) {
+    parts.trunk = std::make_unique<ResidentTrunk>(c, *ck);
+  } else {
+    make_planned_providers(*ck, ef, o, parts, plan);
+  }
+  if (o.make_experts) {
+    parts.experts = o.make_experts(c, *ck, ef);
+  } else if (!parts.experts) {
+    parts.experts = std::make_unique<MmapExpertProvider>(c, *ck, ef);
+  }
+  parts.trunk_bytes_per_pass = trunk_bytes_per_pass(c, *ck);
+  parts.keep_alive = ck;
+  if (o.threads >= 0) parts.pool = std::make_unique<ThreadPool>(o.threads);
+  return std::make_unique<LoadedModel>(std::move(parts), ck, inventory, std::move(plan));
+}
+
+void apply_engine_options(const EngineOptions& o) {
+  set_global_threads(o.threads);
+  if (!o.kernels.empty()) kernels::select(o.kernels.c_str());
+}
+
+std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
+  apply_engine_options(o);
+  require_model_folder(o.model);
+  LoadOptions lo;
+  lo.mmap = o.mmap;
+  if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "--memory-budget");
+  lo.plan.context = o.ctx;
+  lo.plan.sequences = o.sequences;
+  lo.plan.max_rows = o.max_rows;
+  lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
+  if (o.mmap && o.trunk == "int8") fail_arg("--trunk int8 needs the planned store (drop --mmap)");
+  lo.cache_policy = parse_cache_policy(o.cache_policy);
+  lo.readers = o.readers;
+  lo.direct_io = !o.no_direct_io;
+  lo.prefetch = !o.no_prefetch;
+  lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
+  lo.heat_file = heat_file_for(o.model);
+  if (lo.print_plan)
+    fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
+               kernels::active().name);
+  return load_model(o.model, lo);
+}
+
+void require_model_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) fail_arg("model folder {} (--model) does not exist", dir);
+  if (!fs::is_directory(dir, ec))
+    fail_arg("--model {} is not a folder (expected a checkpoint folder)", dir);
+}
+
+std::string heat_file_for(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string abs = fs::weakly_canonical(fs::path(model_dir), ec).string();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : abs) h = (h ^ ch) * 1099511628211ull;
+  const char* env = std::getenv("DELTAFIN_CACHE");
+  const char* home = std::getenv("HOME");
+  if ((env == nullptr || *env == '\0') && (home == nullptr || *home == '\0') &&
+      std::getenv("XDG_CACHE_HOME") == nullptr) {
+    return "";
+  }
+  fs::path dir = fs::path(cache_dir()) / "heat";
+  fs::create_directories(dir, ec);
+  if (ec) return "";
+  return (dir / fmt::format("{:016x}.bin", h)).string();
+}
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("DELTAFIN_CACHE"); d != nullptr && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x)
+    return std::string(x) + "/deltafin";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h)
+    return std::string(h) + "/.cache/deltafin";
+  fail("cannot find a cache folder: set DELTAFIN_CACHE or HOME");
+}
+
+uint64_t parse_size(const std::string& text, const std::string& what) {
+  std::string t = text;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back())) != 0) t.pop_back();
+  if (t.empty()) fail_arg("{}: empty size", what);
+  double mult = static_cast<double>(1ull << 30);  // bare number = GiB
+  char last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
+  if (last == 'B' && t.size() >= 2 && std::isalpha(static_cast<unsigned char>(t[t.size() - 2]))) {
+    t.pop_back();
+    last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
+  }
+  if (last == 'K' || last == 'M' || last == 'G' || last == 'T') {
+    mult = last == 'K'   ? 1024.0
+           : last == 'M' ? 1048576.0
+           : last == 'G' ? 1073741824.0
+                         : 1099511627776.0;
+    t.pop_back();
+  }
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != t.size() || !(v > 0) || !std::isfinite(v)) {
+    fail_arg(
+        "{}: \"{}\" is not a size (expected a positive number with an optional K, M, G or T "
+        "suffix, powers of 1024; a bare number means GiB)",
+        what, text);
+  }
+  return static_cast<uint64_t>(v * mult);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,74 @@
+// Where each routed expert's bytes lie in the checkpoint, and the provider that points straight
+// into the mapped shards. `ExpertDirectory` resolves every expert's tensor ranges once (they are
+// contiguous in the release, so one read fetches an expert) and builds weight views from
+// pointers to those bytes; the store (expert_store.h) and the mmap provider share it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/experts.h"
+
+namespace deltafin {
+
+class Checkpoint;
+
+struct ByteRange {
+  int shard = 0;
+  uint64_t offset = 0;  // absolute offset in the shard file
+  uint64_t size = 0;
+};
+
+struct ExpertLocation {
+  std::vector<ByteRange> ranges;  // one per tensor, in expert_tensor_suffixes() order
+  uint64_t bytes = 0;             // sum of range sizes
+  // True when the ranges are back to back in one shard (one read fetches the expert).
+  bool contiguous() const;
+  // The single range covering all tensors (only meaningful when contiguous()).
+  ByteRange span() const;
+};
+
+// Resolves expert locations from a checkpoint (shared by every provider).
+class ExpertDirectory {
+ public:
+  ExpertDirectory(const ModelConfig& config, const Checkpoint& ck, ExpertFormat format);
+  const ExpertLocation& location(int layer, int expert) const;
+  ExpertFormat format() const { return format_; }
+  // Views for one expert given a pointer to each of its tensors' bytes (in suffix order).
+  ExpertWeights weights_from(const std::vector<const uint8_t*>& tensor_bytes) const;
+  uint64_t expert_bytes() const { return expert_bytes_; }
+  int first_moe_layer() const { return first_moe_; }
+  int num_layers() const { return num_layers_; }
+  int num_experts() const { return num_experts_; }
+
+ private:
+  ExpertFormat format_;
+  int64_t intermediate_, latent_;
+  int first_moe_, num_layers_, num_experts_;
+  uint64_t expert_bytes_ = 0;
+  std::vector<ExpertLocation> locations_;  // [layer - first_moe][expert]
+};
+
+// Points into the mapped shards: no copies, no reads of its own (the page cache does the I/O).
+class MmapExpertProvider : public ExpertProvider {
+ public:
+  MmapExpertProvider(const ModelConfig& config, const Checkpoint& ck, ExpertFormat format);
+  ExpertLocation locate(int layer, int expert) const { return dir_.location(layer, expert); }
+  uint64_t expert_bytes() const override { return dir_.expert_bytes(); }
+  std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override;
+  ExpertHandle acquire(int layer, int expert) override;
+  ExpertStats stats() const override;
+  std::string describe() const override;
+
+ private:
+  const Checkpoint& ck_;
+  ExpertDirectory dir_;
+  std::vector<std::shared_ptr<ExpertWeights>> views_;  // [layer - first_moe][expert]
+  mutable std::atomic<uint64_t> requests_{0}, bytes_served_{0};
+};
+
+}  // namespace deltafin

@@ -1,0 +1,497 @@
+#include "storage/expert_store.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "core/timer.h"
+#include "core/weight_buffer.h"
+#include "storage/checkpoint.h"
+
+namespace deltafin {
+
+namespace {
+// Bytes a slot needs for one expert: each range widened to the 4 KiB grid (contiguous ranges
+// share one widened span).
+uint64_t slot_need(const ExpertLocation& loc) {
+  if (loc.contiguous()) {
+    const ByteRange s = loc.span();
+    return io_align_up(s.offset + s.size) - io_align_down(s.offset);
+  }
+  uint64_t n = 0;
+  for (const auto& r : loc.ranges) n += io_align_up(r.offset + r.size) - io_align_down(r.offset);
+  return n;
+}
+}  // namespace
+
+CachePolicy parse_cache_policy(const std::string& s) {
+  if (s == "lru") return CachePolicy::kLRU;
+  if (s == "lfu") return CachePolicy::kLFU;
+  if (s == "pinned") return CachePolicy::kPinned;
+  fail_arg("--cache-policy {}: expected lru, lfu or pinned", s);
+}
+
+const char* cache_policy_name(CachePolicy p) {
+  switch (p) {
+    case CachePolicy::kLRU:
+      return "lru";
+    case CachePolicy::kLFU:
+      return "lfu";
+    case CachePolicy::kPinned:
+      return "pinned";
+  }
+  return "?";
+}
+
+uint64_t ExpertStore::slot_bytes_for(const ExpertDirectory& dir, const ModelConfig& c) {
+  uint64_t n = 0;
+  for (int l = static_cast<int>(c.first_k_dense); l < c.num_layers; ++l) {
+    for (int e = 0; e < c.moe.num_experts; ++e) n = std::max(n, slot_need(dir.location(l, e)));
+  }
+  return io_align_up(n);
+}
+
+uint64_t ExpertStore::min_cache_bytes(const ModelConfig& c, uint64_t expert_bytes) {
+  return static_cast<uint64_t>(c.moe.top_k) * io_align_up(expert_bytes + 2 * kIoAlign);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class ExpertStore::Batch : public ExpertBatch {
+ public:
+  Batch(ExpertStore& s, std::vector<int64_t> keys, std::vector<int> slots)
+      : s_(s), keys_(std::move(keys)), slot_(std::move(slots)), taken_(keys_.size(), false) {}
+
+  ~Batch() override {
+    std::lock_guard<std::mutex> l(s_.mu_);
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (!taken_[i] && slot_[i] >= 0) {
+        s_.slots_[static_cast<size_t>(slot_[i])].pins--;
+      }
+    }
+    s_.cv_.notify_all();
+  }
+
+  bool next(size_t& index, ExpertHandle& handle) override {
+    handle.reset();  // releasing the caller's previous expert takes the lock itself
+    std::unique_lock<std::mutex> l(s_.mu_);
+    double waited = 0;
+    while (true) {
+      if (n_taken_ == keys_.size()) {
+        s_.stats_.io_wait_s += waited;
+        return false;
+      }
+      schedule_deferred_locked();
+      for (size_t i = 0; i < keys_.size(); ++i) {
+        if (taken_[i] || slot_[i] < 0) continue;
+        Slot& sl = s_.slots_[static_cast<size_t>(slot_[i])];
+        if (sl.state != SlotState::kReady && sl.state != SlotState::kError) continue;
+        taken_[i] = true;
+        ++n_taken_;
+        s_.stats_.io_wait_s += waited;
+        if (sl.state == SlotState::kError) throw_failed_locked(sl);
+        index = i;
+        handle = s_.handle_locked(slot_[i]);  // takes over this batch's pin
+        return true;
+      }
+      Stopwatch sw;
+      s_.cv_.wait(l);
+      waited += sw.elapsed();
+    }
+  }
+
+ private:
+  // Schedules what did not fit before (slots free up as compute releases experts).
+  void schedule_deferred_locked() {
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (taken_[i] || slot_[i] >= 0) continue;
+      auto it = s_.where_.find(keys_[i]);
+      if (it != s_.where_.end()) {
+        slot_[i] = it->second;
+        s_.slots_[static_cast<size_t>(it->second)].pins++;
+        continue;
+      }
+      const int sl = s_.take_slot_locked(keys_[i], false);
+      if (sl < 0) return;
+      s_.slots_[static_cast<size_t>(sl)].pins++;
+      s_.start_read_locked(sl, keys_[i], false);
+      slot_[i] = sl;
+    }
+  }
+
+  [[noreturn]] void throw_failed_locked(Slot& sl) {
+    std::string msg = sl.error;
+    sl.pins--;
+    if (sl.pins == 0) {  // forget the failed expert so a later request retries it
+      s_.where_.erase(sl.key);
+      sl.key = -1;
+      sl.state = SlotState::kEmpty;
+    }
+    throw IoError(msg);
+  }
+
+  ExpertStore& s_;
+  std::vector<int64_t> keys_;
+  std::vector<int> slot_;
+  std::vector<bool> taken_;
+  size_t n_taken_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format,
+                         StoreOptions options)
+    : dir_(c, ck, format),
+      opt_(std::move(options)),
+      files_(ck, opt_.direct_io),
+      pool_(opt_.readers) {
+  slot_bytes_ = slot_bytes_for(dir_, c);
+  size_t n_slots = slot_bytes_ > 0 ? static_cast<size_t>(opt_.cache_bytes / slot_bytes_) : 0;
+  if (opt_.cache_slots > 0) n_slots = opt_.cache_slots;
+  const size_t need = static_cast<size_t>(c.moe.top_k);
+  if (dir_.num_layers() > dir_.first_moe_layer() && n_slots < need) {
+    fail_arg("expert cache of {} bytes holds {} experts; one pass of one layer needs {} ({} bytes)",
+             opt_.cache_bytes, n_slots, need, need * slot_bytes_);
+  }
+  slots_.resize(n_slots);
+  const size_t n_keys =
+      static_cast<size_t>(dir_.num_layers()) * static_cast<size_t>(dir_.num_experts());
+  heat_.assign(n_keys, 0);
+  predicted_.assign(n_keys, false);
+  hot_.assign(n_keys, false);
+  recall_.assign(static_cast<size_t>(dir_.num_layers()), {});
+  load_heat();
+  if (opt_.policy == CachePolicy::kPinned) mark_hot_experts(n_slots);
+}
+
+ExpertStore::~ExpertStore() {
+  pool_.stop();  // running reads land before the slots go
+  try {
+    save_heat();
+  } catch (const std::exception& e) {
+    log_warn("could not save expert heat statistics: {}", e.what());
+  }
+  for (auto& s : slots_) std::free(s.buf);
+}
+
+// Heat statistics: counts per (layer, expert), persisted across runs.
+void ExpertStore::load_heat() {
+  if (opt_.heat_file.empty()) return;
+  std::ifstream in(opt_.heat_file, std::ios::binary);
+  char magic[8] = {};
+  uint64_t dims[2] = {};
+  if (in.read(magic, 8) && std::memcmp(magic, "DFHEAT1", 8) == 0 &&
+      in.read(reinterpret_cast<char*>(dims), 16) &&
+      dims[0] == static_cast<uint64_t>(dir_.num_layers()) &&
+      dims[1] == static_cast<uint64_t>(dir_.num_experts())) {
+    in.read(reinterpret_cast<char*>(heat_.data()), static_cast<std::streamsize>(heat_.size() * 8));
+    if (!in) std::fill(heat_.begin(), heat_.end(), 0);
+  }
+}
+
+// The pinned policy: the hottest experts (by persisted heat) stay resident once loaded.
+void ExpertStore::mark_hot_experts(size_t n_slots) {
+  std::vector<size_t> order(heat_.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t n_hot =
+      std::min(order.size(), static_cast<size_t>(opt_.pin_fraction * static_cast<double>(n_slots)));
+  std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(n_hot), order.end(),
+                    [&](size_t a, size_t b) { return heat_[a] > heat_[b]; });
+  for (size_t i = 0; i < n_hot; ++i) {
+    if (heat_[order[i]] > 0) hot_[order[i]] = true;
+  }
+}
+
+int ExpertStore::take_slot_locked(int64_t key, bool for_prefetch) {
+  int best = -1;
+  auto better = [&](const Slot& a, const Slot& b) {         // is a a better victim than b?
+    if (a.prefetched != b.prefetched) return a.prefetched;  // unused predictions go first
+    if (opt_.policy == CachePolicy::kLFU && a.freq != b.freq) return a.freq < b.freq;
+    return a.last_use < b.last_use;
+  };
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.state == SlotState::kEmpty && s.key < 0 && !s.reading) {
+      best = static_cast<int>(i);
+      break;
+    }
+    if (s.pins > 0 || s.state == SlotState::kLoading || s.reading || s.hot) continue;
+    if (for_prefetch && !s.prefetched && s.last_use + 1 >= tick_)
+      continue;  // never evict this pass's experts for a guess
+    if (best < 0 || better(s, slots_[static_cast<size_t>(best)])) best = static_cast<int>(i);
+  }
+  if (best < 0) return -1;
+  Slot& v = slots_[static_cast<size_t>(best)];
+  if (v.key >= 0) {
+    if (v.prefetched) stats_.prefetch_wasted_bytes += location_of(v.key).bytes;
+    where_.erase(v.key);
+  }
+  if (v.buf == nullptr) v.buf = alloc_weight_buffer(slot_bytes_, "an expert slot");
+  v.key = key;
+  v.state = SlotState::kEmpty;
+  v.prefetched = false;
+  v.hot = hot_[static_cast<size_t>(key)];
+  v.error.clear();
+  v.weights.reset();
+  where_[key] = best;
+  return best;
+}
+
+void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  s.state = SlotState::kLoading;
+  s.prefetched = prefetch;
+  if (prefetch) {
+    stats_.prefetch_issued++;
+  } else {
+    stats_.misses++;
+  }
+  submit_read(slot, key, prefetch);
+}
+
+void ExpertStore::submit_read(int slot, int64_t key, bool prefetch) {
+  pool_.submit(prefetch ? ReaderPool::Priority::kBackground : ReaderPool::Priority::kDemand,
+               [this, slot, key] { run_read(slot, key); });
+}
+
+// A reader task. The slot may have been cancelled, reassigned, or already read by a task
+// submitted at higher priority since this one was queued: then there is nothing to do.
+void ExpertStore::run_read(int slot, int64_t key) {
+  std::unique_lock<std::mutex> l(mu_);
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.key != key || s.state != SlotState::kLoading || s.reading) return;
+  s.reading = true;
+  l.unlock();
+  std::string err;
+  try {
+    read_expert(s, key);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  l.lock();
+  s.reading = false;
+  if (err.empty()) {
+    s.state = SlotState::kReady;
+    stats_.bytes_read += location_of(key).bytes;
+  } else {
+    s.state = SlotState::kError;
+    s.error = err;
+  }
+  cv_.notify_all();
+}
+
+void ExpertStore::read_expert(Slot& slot, int64_t key) {
+  const ExpertLocation& loc = location_of(key);
+  const std::string what = fmt::format("expert {} of layer {}", expert_of(key), layer_of(key));
+  // One aligned read of [offset, offset + size) at `pos` in the slot; returns where it starts.
+  auto read_span = [&](int shard, uint64_t offset, uint64_t size, uint64_t pos) -> uint64_t {
+    const uint64_t a0 = io_align_down(offset), a1 = io_align_up(offset + size);
+    files_.read_aligned(shard, a0, a1 - a0, slot.buf + pos, offset + size - a0, what);
+    return pos + (offset - a0);
+  };
+  std::vector<const uint8_t*> ptrs;
+  if (loc.contiguous()) {
+    const ByteRange s = loc.span();
+    uint64_t off = read_span(s.shard, s.offset, s.size, 0);
+    for (const auto& r : loc.ranges) {
+      ptrs.push_back(slot.buf + off);
+      off += r.size;
+    }
+  } else {
+    uint64_t pos = 0;
+    for (const auto& r : loc.ranges) {
+      ptrs.push_back(slot.buf + read_span(r.shard, r.offset, r.size, pos));
+      pos += io_align_up(r.offset + r.size) - io_align_down(r.offset);
+    }
+  }
+  slot.weights = std::make_shared<ExpertWeights>(dir_.weights_from(ptrs));
+}
+
+void ExpertStore::unpin(int slot) {
+  std::lock_guard<std::mutex> l(mu_);
+  slots_[static_cast<size_t>(slot)].pins--;
+  cv_.notify_all();
+}
+
+ExpertHandle ExpertStore::handle_locked(int slot) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  s.last_use = tick_;
+  s.freq++;
+  const ExpertWeights* w = s.weights.get();
+  auto keep = s.weights;  // the views stay alive while the handle does
+  return ExpertHandle(w, [this, slot, keep](const ExpertWeights*) mutable {
+    keep.reset();
+    unpin(slot);
+  });
+}
+
+std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int> experts) {
+  files_.check_identity();
+  std::lock_guard<std::mutex> l(mu_);
+  ++tick_;
+  std::vector<int64_t> keys;
+  for (int e : experts) {
+    dir_.location(layer, e);  // validates the id
+    keys.push_back(key_of(layer, e));
+  }
+  score_prediction_locked(layer, keys);
+  drop_unchosen_predictions_locked(layer, experts);
+  std::vector<int> slot(keys.size(), -1);
+  issue_misses_locked(pin_hits_locked(keys, slot), keys, slot);
+  return std::make_unique<Batch>(*this, std::move(keys), std::move(slot));
+}
+
+// Recall of this layer's prediction (if it had one) and the gate that follows from it.
+void ExpertStore::score_prediction_locked(int layer, const std::vector<int64_t>& keys) {
+  bool had_prediction = false;
+  for (int e = 0; e < dir_.num_experts(); ++e)
+    had_prediction = had_prediction || predicted_[static_cast<size_t>(key_of(layer, e))];
+  if (!had_prediction) return;
+  LayerRecall& r = recall_[static_cast<size_t>(layer)];
+  r.requested += keys.size();
+  uint64_t hit = 0;
+  for (int64_t k : keys) hit += predicted_[static_cast<size_t>(k)] ? 1 : 0;
+  r.predicted_hits += hit;
+  const double sample =
+      keys.empty() ? 0.0 : static_cast<double>(hit) / static_cast<double>(keys.size());
+  r.ema = r.samples == 0 ? sample : 0.8 * r.ema + 0.2 * sample;
+  r.samples++;
+  r.gated = r.samples >= static_cast<uint64_t>(opt_.gate_warmup) && r.ema < opt_.gate_threshold;
+  for (int e = 0; e < dir_.num_experts(); ++e)
+    predicted_[static_cast<size_t>(key_of(layer, e))] = false;
+}
+
+// Predictions the router did not choose: queued ones (and those of earlier layers) are
+// cancelled, arrived ones of this layer are demoted to be evicted first.
+void ExpertStore::drop_unchosen_predictions_locked(int layer, std::span<const int> experts) {
+  std::vector<bool> wanted(static_cast<size_t>(dir_.num_experts()), false);
+  for (int e : experts) wanted[static_cast<size_t>(e)] = true;
+  for (auto& s : slots_) {
+    if (!s.prefetched || s.key < 0) continue;
+    const int sl = layer_of(s.key);
+    const bool unchosen =
+        sl < layer || (sl == layer && !wanted[static_cast<size_t>(expert_of(s.key))]);
+    if (!unchosen) continue;
+    if (s.state == SlotState::kLoading && !s.reading && s.pins == 0) {
+      where_.erase(s.key);  // its queued task finds the slot changed and returns
+      s.key = -1;
+      s.state = SlotState::kEmpty;
+      s.prefetched = false;
+    } else if (sl == layer) {
+      s.last_use = 0;  // demoted: evicted first (its bytes count as wasted then)
+    }
+  }
+}
+
+std::vector<size_t> ExpertStore::pin_hits_locked(const std::vector<int64_t>& keys,
+                                                 std::vector<int>& slot) {
+  std::vector<size_t> misses;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    heat_[static_cast<size_t>(keys[i])]++;
+    stats_.requests++;
+    stats_.bytes_served += location_of(keys[i]).bytes;
+    auto it = where_.find(keys[i]);
+    if (it == where_.end()) {
+      misses.push_back(i);
+      continue;
+    }
+    Slot& s = slots_[static_cast<size_t>(it->second)];
+    slot[i] = it->second;
+    s.pins++;
+    stats_.hits++;
+    if (s.prefetched) {
+      s.prefetched = false;
+      stats_.prefetch_used++;
+      // A prediction still queued: read it at demand priority now.
+      if (s.state == SlotState::kLoading && !s.reading) submit_read(it->second, keys[i], false);
+    }
+  }
+  return misses;
+}
+
+// Misses get a slot and a read, issued in file-offset order; those that find no free slot are
+// scheduled by the batch once compute frees one.
+void ExpertStore::issue_misses_locked(std::vector<size_t> misses, const std::vector<int64_t>& keys,
+                                      std::vector<int>& slot) {
+  auto file_pos = [&](size_t i) {
+    const ByteRange& r = location_of(keys[i]).ranges[0];
+    return std::make_pair(r.shard, r.offset);
+  };
+  std::sort(misses.begin(), misses.end(),
+            [&](size_t a, size_t b) { return file_pos(a) < file_pos(b); });
+  for (size_t i : misses) {
+    const int sl = take_slot_locked(keys[i], false);
+    if (sl < 0) continue;
+    slots_[static_cast<size_t>(sl)].pins++;
+    start_read_locked(sl, keys[i], false);
+    slot[i] = sl;
+  }
+}
+
+ExpertHandle ExpertStore::acquire(int layer, int expert) {
+  const int e[1] = {expert};
+  auto b = request(layer, e);
+  size_t idx;
+  ExpertHandle h;
+  b->next(idx, h);
+  return h;
+}
+
+void ExpertStore::prefetch(int layer, std::span<const int> experts) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (layer < dir_.first_moe_layer() || layer >= dir_.num_layers()) return;
+  const bool read = !recall_[static_cast<size_t>(layer)].gated;
+  for (int e : experts) {
+    if (e < 0 || e >= dir_.num_experts()) continue;
+    const int64_t k = key_of(layer, e);
+    predicted_[static_cast<size_t>(k)] = true;  // scored even when the gate keeps it from a read
+    if (!read || where_.count(k)) continue;
+    const int sl = take_slot_locked(k, true);
+    if (sl < 0) continue;
+    start_read_locked(sl, k, true);
+  }
+}
+
+ExpertStats ExpertStore::stats() const {
+  ExpertStats s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s = stats_;
+  }
+  s.read_s = pool_.busy_seconds();
+  return s;
+}
+
+std::vector<LayerRecall> ExpertStore::recall() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return recall_;
+}
+
+std::string ExpertStore::describe() const {
+  return fmt::format("store: {} slots of {:.1f} MiB ({:.2f} GiB), {} readers, {}, policy {}",
+                     slots_.size(), slot_bytes_ / 1048576.0,
+                     static_cast<double>(slots_.size() * slot_bytes_) / 1073741824.0, pool_.size(),
+                     files_.direct() ? "O_DIRECT" : "buffered reads",
+                     cache_policy_name(opt_.policy));
+}
+
+void ExpertStore::save_heat() const {
+  if (opt_.heat_file.empty()) return;
+  std::string out("DFHEAT1\0", 8);
+  uint64_t dims[2] = {static_cast<uint64_t>(dir_.num_layers()),
+                      static_cast<uint64_t>(dir_.num_experts())};
+  out.append(reinterpret_cast<const char*>(dims), 16);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    out.append(reinterpret_cast<const char*>(heat_.data()), heat_.size() * 8);
+  }
+  write_file_atomic(opt_.heat_file, out);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,69 @@
+// The one way bytes come out of checkpoint shards when they are not mapped: the trunk streamer,
+// the expert store and the router roster all read through ShardFiles.
+//
+// Why it is built this way:
+//  * Each shard is opened twice: once with O_DIRECT (when asked and allowed), for the large
+//    aligned reads of trunk units and experts (the budget is honest: the page cache does not
+//    hold a second copy), and once buffered, for small exact reads (embedding rows, routers).
+//  * A file system may accept O_DIRECT at open and still refuse a read with EINVAL. The shard
+//    then switches, for good, to its buffered descriptor, which is already open: no descriptor
+//    is ever closed or replaced while another reader may be using it, so concurrent readers
+//    need no lock (the choice is one atomic flag per shard).
+//  * Aligned reads widen to the 4 KiB grid; a read that ends before the bytes it needs (file
+//    truncated or replaced) is an IoError naming the file, so the request that needed them
+//    fails and nothing else does. `check_identity` notices a shard replaced under a running
+//    process (device, inode, size, mtime), at most once a second.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace deltafin {
+
+class Checkpoint;
+
+class ShardFiles {
+ public:
+  ShardFiles(const Checkpoint& ck, bool direct_io);
+  ~ShardFiles();
+  ShardFiles(const ShardFiles&) = delete;
+  ShardFiles& operator=(const ShardFiles&) = delete;
+
+  // Reads `length` bytes at `offset` of `shard` into `dst`; offset, length and dst are on the
+  // 4 KiB grid for O_DIRECT. Bytes past the end of the file are left untouched. Throws IoError
+  // (the message starts with `what`) when a read fails or ends before `need` bytes.
+  void read_aligned(int shard, uint64_t offset, uint64_t length, uint8_t* dst, uint64_t need,
+                    const std::string& what) const;
+  // An exact read through the page cache (small reads: embedding rows, routers).
+  void read_buffered(int shard, uint64_t offset, uint64_t size, void* dst,
+                     const std::string& what) const;
+  // Drops the page-cache pages that buffered reads brought in.
+  void drop_buffered_pages() const;
+  // Throws IoError when a shard disappeared or was replaced since the checkpoint was opened.
+  // Checks the files at most once a second (the first call always checks).
+  void check_identity();
+
+  // True while every shard still reads with O_DIRECT.
+  bool direct() const;
+  const std::string& path(int shard) const { return shards_[static_cast<size_t>(shard)].path; }
+  uint64_t size(int shard) const;
+
+ private:
+  struct Shard {
+    std::string path;
+    int direct_fd = -1;  // O_DIRECT descriptor, or the buffered one when refused at open
+    int buffered_fd = -1;
+    mutable std::atomic<bool> use_direct{false};
+  };
+  const Checkpoint& ck_;
+  std::unique_ptr<Shard[]> shards_;
+  size_t n_ = 0;
+  std::mutex check_mu_;
+  double last_check_ = -1e9;
+};
+
+}  // namespace deltafin
