@@ -163,6 +163,8 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
   const size_t n_keys =
       static_cast<size_t>(dir_.num_layers()) * static_cast<size_t>(dir_.num_experts());
   heat_.assign(n_keys, 0);
+  key_hits_.assign(n_keys, 0);
+  key_misses_.assign(n_keys, 0);
   predicted_.assign(n_keys, 0);
   recall_.assign(static_cast<size_t>(dir_.num_layers()), {});
   for (const auto& m : ck.shards()) {
@@ -271,6 +273,7 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
     stats_.prefetch_issued++;
   } else {
     stats_.misses++;
+    key_misses_[static_cast<size_t>(key)]++;
   }
   work_cv_.notify_one();
 }
@@ -481,6 +484,7 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
         }
       }
       stats_.hits++;
+      key_hits_[static_cast<size_t>(keys[i])]++;
       stats_.bytes_served +=
           dir_.location(layer, static_cast<int>(keys[i] % dir_.num_experts())).bytes;
     } else {
@@ -532,6 +536,11 @@ void ExpertStore::prefetch(int layer, std::span<const int> experts) {
 ExpertStats ExpertStore::stats() const {
   std::lock_guard<std::mutex> l(mu_);
   return stats_;
+}
+
+ExpertHeat ExpertStore::heat() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return {dir_.num_layers(), dir_.num_experts(), key_hits_, key_misses_};
 }
 
 std::vector<LayerRecall> ExpertStore::recall() const {

@@ -76,6 +76,7 @@ class ExpertStore : public ExpertProvider {
   ExpertHandle acquire(int layer, int expert) override;
   void prefetch(int layer, std::span<const int> experts) override;
   ExpertStats stats() const override;
+  ExpertHeat heat() const override;
   std::string describe() const override;
   bool wants_prefetch() const override { return prefetch_enabled_; }
   void set_prefetch(bool on) { prefetch_enabled_ = on; }
@@ -144,6 +145,7 @@ class ExpertStore : public ExpertProvider {
   bool stop_ = false;
   uint64_t tick_ = 0;
   std::vector<uint64_t> heat_;
+  std::vector<uint64_t> key_hits_, key_misses_;  // this run's demand hits/misses per key
   std::vector<LayerRecall> recall_;
   std::vector<char> predicted_;  // per key: a prefetch hint was given since the layer's last pass
   double last_file_check_ = 0;
