@@ -531,9 +531,10 @@ function drawHeat(heat) {
   for (let k = 0; k < n; k++) {
     const h = recentHeat[2 * k], m = recentHeat[2 * k + 1];
     const a = max > 0 ? (h + m) / max : 0;
-    img.data[4 * k] = m > 0 ? 214 : 42;
-    img.data[4 * k + 1] = m > h ? 69 : 157;
-    img.data[4 * k + 2] = m > h ? 69 : 85;
+    const miss = h + m > 0 ? m / (h + m) : 0; // green (all hits) to red (all misses)
+    img.data[4 * k] = Math.round(42 + (214 - 42) * miss);
+    img.data[4 * k + 1] = Math.round(157 + (69 - 157) * miss);
+    img.data[4 * k + 2] = Math.round(85 + (69 - 85) * miss);
     img.data[4 * k + 3] = a > 0 ? Math.round(60 + 195 * a) : 0;
   }
   ctx.putImageData(img, 0, 0);

@@ -2,6 +2,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -36,6 +37,10 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
     : model_(model), tok_(tok), opt_(options), metrics_(metrics), cache_(options.cache) {
   opt_.parallel = std::max(1, opt_.parallel);
   opt_.queue = std::max(0, opt_.queue);
+  if (const char* d = std::getenv("DELTAFIN_DEBUG_STEP_DELAY_MS"); d != nullptr && *d) {
+    step_delay_ms_ = std::clamp(std::atoi(d), 0, 60000);
+    log_warn("DELTAFIN_DEBUG_STEP_DELAY_MS: every engine step is slowed by {} ms", step_delay_ms_);
+  }
   publish_storage();
   thread_ = std::thread([this] { run(); });
 }
@@ -262,6 +267,7 @@ void Scheduler::step() {
         drop[i] = true;
       }
     }
+    if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
     const double seconds = sw.elapsed();
     int64_t generated = 0;
     if (ok) {

@@ -137,8 +137,11 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   bool stop_ = false;
   std::atomic<int64_t> active_count_{0};
-  std::vector<Slot> active_;   // engine thread only
-  double heat_published_ = 0;  // when the per-expert counters were last copied to metrics
+  std::vector<Slot> active_;  // engine thread only
+  double heat_published_ = 0;
+  // Test-only: DELTAFIN_DEBUG_STEP_DELAY_MS slows every step, to try the page against a server
+  // as slow as K3 on real hardware (0.2 tokens/s is 5000) with the tiny model.
+  int step_delay_ms_ = 0;  // when the per-expert counters were last copied to metrics
   std::thread thread_;
 };
 
