@@ -8,6 +8,8 @@
 const $ = (id) => document.getElementById(id);
 const STORE_KEY = "deltafin.conversations";
 const KEY_KEY = "deltafin.apiKey";
+const SETTINGS_KEY = "deltafin.settings";
+const SETTINGS = ["thinking", "effort", "temperature", "max-tokens"];
 
 // ---------- API access ----------
 
@@ -335,6 +337,7 @@ function requestBody(c) {
 }
 
 async function generate(c) {
+  saveSettings();
   const msg = { role: "assistant", content: "", streaming: true };
   c.messages.push(msg);
   const controller = new AbortController();
@@ -639,8 +642,31 @@ async function pollHealth() {
   }
 }
 
+// The generation settings survive a reload (the system prompt belongs to each conversation).
+function loadSettings() {
+  let saved = {};
+  try {
+    saved = JSON.parse(localStorage.getItem(SETTINGS_KEY) || "{}") || {};
+  } catch (_) {
+    saved = {};
+  }
+  for (const id of SETTINGS) {
+    if (!(id in saved)) continue;
+    if ($(id).type === "checkbox") $(id).checked = !!saved[id];
+    else $(id).value = String(saved[id]);
+  }
+}
+
+function saveSettings() {
+  const out = {};
+  for (const id of SETTINGS) out[id] = $(id).type === "checkbox" ? $(id).checked : $(id).value;
+  localStorage.setItem(SETTINGS_KEY, JSON.stringify(out));
+}
+
 function init() {
   load();
+  loadSettings();
+  for (const id of SETTINGS) $(id).addEventListener("change", saveSettings);
   select(conversations[0] || null);
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();

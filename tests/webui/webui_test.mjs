@@ -125,6 +125,34 @@ try {
   check((await text(page, ".msg.assistant .content")) === answer, "the answer survives a reload");
   if (SHOTS) await page.screenshot({ path: path.join(SHOTS, "webui-chat.png") });
 
+  // Regenerate replaces the last answer; edit puts a message back in the composer and drops it
+  // and what followed; export gives the JSON `deltafin chat`'s /save writes.
+  await page.click("#regenerate");
+  await waitFor(page, () => {
+    const m = document.querySelectorAll(".msg");
+    const s = document.querySelector(".msg.assistant .stats");
+    return m.length === 2 && s && s.textContent.includes("tok/s") && document.getElementById("stop").disabled;
+  }, "the regenerated answer");
+  const exported = await page.evaluate(async () => {
+    let blob = null;
+    const orig = URL.createObjectURL;
+    URL.createObjectURL = (b) => { blob = b; return orig.call(URL, b); };
+    document.getElementById("export-chat").click();
+    URL.createObjectURL = orig;
+    return JSON.parse(await blob.text());
+  });
+  check(exported.messages.length === 2 && exported.messages[0].role === "user" &&
+    exported.messages[0].content === "Hello from the browser test" && exported.thinking === false &&
+    typeof exported.reasoning_effort === "string", `export has chat's /save shape (${JSON.stringify(exported)})`);
+  await page.click(".msg.user .edit");
+  check((await page.$eval("#prompt", (e) => e.value)) === "Hello from the browser test", "edit fills the composer");
+  check((await page.$$(".msg")).length === 0, "edit drops the message and its answer");
+  await page.click("#send");
+  await waitFor(page, () => {
+    const s = document.querySelector(".msg.assistant .stats");
+    return s && s.textContent.includes("tok/s") && document.getElementById("stop").disabled;
+  }, "the resent answer");
+
   // 4. The engine view updates while a request runs.
   await page.goto(base + "/#engine", { waitUntil: "load" });
   await waitFor(page, () => Number(document.body.dataset.engineSnapshots || 0) >= 2, "engine snapshots");
