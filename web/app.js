@@ -27,7 +27,10 @@ let keyWaiters = [];
 function askForKey(reason) {
   $("key-reason").textContent = reason;
   $("key-input").value = apiKey();
-  if (!$("key-dialog").open) $("key-dialog").showModal();
+  if (!$("key-dialog").open) {
+    $("key-dialog").returnValue = "";
+    $("key-dialog").showModal();
+  }
   return new Promise((resolve) => keyWaiters.push(resolve));
 }
 
@@ -700,11 +703,9 @@ function init() {
     }
   });
   $("key-button").addEventListener("click", () => askForKey("The API key this server was started with (stored in this browser)."));
-  $("key-form").addEventListener("submit", () => keyDialogClosed(true));
-  $("key-cancel").addEventListener("click", () => {
-    $("key-dialog").close();
-    keyDialogClosed(false);
-  });
+  // Save submits the form (returnValue "ok"); Cancel and Escape close it without saving.
+  $("key-dialog").addEventListener("close", () => keyDialogClosed($("key-dialog").returnValue === "ok"));
+  $("key-cancel").addEventListener("click", () => $("key-dialog").close("cancel"));
   window.addEventListener("hashchange", showView);
   showView();
   pollHealth();
