@@ -197,6 +197,8 @@ try {
         contentType: "text/event-stream",
         body: chunk({ role: "assistant", content: "" }) + chunk({ content: evil.slice(0, 30) }) +
           chunk({ content: evil.slice(30) }) +
+          chunk({ tool_calls: [{ index: 0, id: "call_1", type: "function", function: { name: "get_weather", arguments: "" } }] }) +
+          chunk({ tool_calls: [{ index: 0, function: { arguments: "{\"city\":\"<b>Paris</b>\"}" } }] }) +
           "data: " + JSON.stringify({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 9 },
             timings: { prompt_n: 3, prompt_ms: 1, predicted_n: 9, predicted_ms: 9, predicted_per_second: 888, ttft_ms: 2,
               draft_n: 10, draft_n_accepted: 7, target_passes: 4, tokens_per_pass: 2.25 } }) + "\n\n" + "data: [DONE]\n\n",
@@ -223,12 +225,14 @@ try {
     text: document.querySelector(".msg.assistant .content").textContent,
     pre: document.querySelector(".msg.assistant pre") !== null,
     stats: document.querySelector(".msg.assistant .stats").textContent,
+    tool: (document.querySelector(".msg.assistant .tool-call") || {}).textContent,
   }));
   check(injected.pwned === undefined, "no injected code ran");
   check(injected.imgs === 0 && injected.scripts === 0 && injected.bolds === 0, "no injected elements");
   check(injected.text.includes("<script>window.__pwned = 1</script>"), "the script tag shows as text");
   check(injected.text.includes('<img src=x onerror="window.__pwned = 2">'), "the img tag shows as text");
   check(injected.pre, "the fenced code renders as a code block");
+  check(injected.tool === 'tool call: get_weather({"city":"<b>Paris</b>"})', `the tool call is shown (${injected.tool})`);
   check(injected.stats.includes("drafts 7/10 accepted (70%)") && injected.stats.includes("2.25 tok/pass"),
     `draft stats shown when present (${injected.stats})`);
 
