@@ -440,6 +440,7 @@ function exportCurrent() {
 const ioHistory = []; // recent derived samples for the I/O chart
 let prevSnap = null;
 let recentHeat = null; // decayed recent requests per (layer, expert): [hits, misses]
+let lastHeat = null; // the last heat map received (frames carry it only when it changed)
 let engineOn = false;
 
 function human(bytes) {
@@ -521,7 +522,7 @@ function drawHeat(heat) {
   }
   const n = heat.layers * heat.experts;
   if (!recentHeat || recentHeat.length !== n * 2) recentHeat = new Float64Array(n * 2);
-  const prev = prevSnap && prevSnap.heat && prevSnap.heat.hits.length === n ? prevSnap.heat : null;
+  const prev = lastHeat && lastHeat.hits.length === n ? lastHeat : null;
   let max = 0;
   for (let k = 0; k < n; k++) {
     const dh = prev ? heat.hits[k] - prev.hits[k] : heat.hits[k];
@@ -589,7 +590,10 @@ function onSnapshot(s) {
     $("e-tpp").textContent = s.tokens_per_pass.toFixed(2);
   }
   drawMemory(s.memory);
-  drawHeat(s.heat);
+  if (s.heat) {
+    drawHeat(s.heat);
+    lastHeat = s.heat;
+  }
   prevSnap = s;
   document.body.dataset.engineSnapshots = String(Number(document.body.dataset.engineSnapshots || 0) + 1);
 }
@@ -608,6 +612,7 @@ async function engineLoop() {
     } catch (e) {
       if (!engineOn) break;
       prevSnap = null;
+      lastHeat = null; // a restarted server counts from zero
       $("engine-status").textContent = `disconnected (${e.message || e}); reconnecting…`;
       $("engine-status").className = "status bad";
       await new Promise((r) => setTimeout(r, 2000));

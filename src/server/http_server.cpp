@@ -330,8 +330,8 @@ void HttpServer::engine_events(const httplib::Request& req, httplib::Response& r
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, probe](size_t, httplib::DataSink& sink) {
-        const std::string ev = sse(metrics_.engine_snapshot());
+      [this, probe, heat_seen = Metrics::kNoHeatSeen](size_t, httplib::DataSink& sink) mutable {
+        const std::string ev = sse(metrics_.engine_snapshot(heat_seen));
         if (!sink.write(ev.data(), ev.size())) return false;
         // Sleep in short steps, ending when the client or the server goes away.
         for (auto waited = 0ms; waited < kEngineEvery; waited += kPoll) {

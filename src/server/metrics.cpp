@@ -84,6 +84,7 @@ void Metrics::set_cache_entries(int64_t n) {
 void Metrics::set_heat(ExpertHeat heat) {
   std::lock_guard<std::mutex> lock(m_);
   heat_ = std::move(heat);
+  ++heat_version_;
 }
 
 void Metrics::set_engine_info(nlohmann::ordered_json info) {
@@ -99,7 +100,7 @@ double Metrics::tokens_per_second_locked() const {
   return recent / span;
 }
 
-nlohmann::ordered_json Metrics::engine_snapshot() const {
+nlohmann::ordered_json Metrics::engine_snapshot(uint64_t& heat_seen) const {
   std::lock_guard<std::mutex> lock(m_);
   nlohmann::ordered_json j = engine_info_;
   j["time_s"] = now_seconds();
@@ -122,10 +123,13 @@ nlohmann::ordered_json Metrics::engine_snapshot() const {
                   {"prefetch_issued", experts_.prefetch_issued},
                   {"prefetch_used", experts_.prefetch_used}};
   j["trunk"] = {{"bytes_streamed", trunk_.bytes_streamed}, {"wait_s", trunk_.wait_s}};
-  j["heat"] = {{"layers", heat_.layers},
-               {"experts", heat_.experts},
-               {"hits", heat_.hits},
-               {"misses", heat_.misses}};
+  if (heat_seen != heat_version_) {
+    heat_seen = heat_version_;
+    j["heat"] = {{"layers", heat_.layers},
+                 {"experts", heat_.experts},
+                 {"hits", heat_.hits},
+                 {"misses", heat_.misses}};
+  }
   return j;
 }
 

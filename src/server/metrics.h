@@ -47,8 +47,11 @@ class Metrics {
 
   std::string render() const;  // the /metrics body
   // One snapshot for GET /v1/engine/events (docs/SERVER.md): the engine info, the counters
-  // above, gauges and the heat map. Counters are totals: the page takes differences.
-  nlohmann::ordered_json engine_snapshot() const;
+  // above, gauges and the heat map. Counters are totals: the page takes differences. The heat
+  // map (at K3 size, 93 x 896 counters twice) is included only when it changed since the
+  // version in `heat_seen`, which is updated; start with kNoHeatSeen.
+  static constexpr uint64_t kNoHeatSeen = ~0ull;
+  nlohmann::ordered_json engine_snapshot(uint64_t& heat_seen) const;
 
  private:
   mutable std::mutex m_;
@@ -66,6 +69,7 @@ class Metrics {
   // (time, generated tokens) per pass over the last few seconds, for the tokens/s gauge.
   std::deque<std::pair<double, int64_t>> recent_;
   ExpertHeat heat_;
+  uint64_t heat_version_ = 0;
   nlohmann::ordered_json engine_info_ = nlohmann::ordered_json::object();
 
   double tokens_per_second_locked() const;
