@@ -32,15 +32,25 @@ build: configure
 test: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# The npm package of the OpenAI client test (tests/openai_client, pinned by its lockfile):
-# installed when missing or older than the lockfile; without npm the test skips itself.
-OPENAI_CLIENT = tests/openai_client
+# The npm packages of the node tests (each pinned by its lockfile): the OpenAI client test and
+# the browser test (puppeteer-core); installed when missing or older than the lockfile. The
+# browser test also needs Debian's chromium, installed here when apt can (root or sudo); without
+# npm or chromium those tests skip themselves.
+NODE_TESTS = tests/openai_client tests/webui
 test-deps:
-	@if command -v npm >/dev/null 2>&1 && \
-	  { [ ! -f $(OPENAI_CLIENT)/node_modules/.package-lock.json ] || \
-	    [ $(OPENAI_CLIENT)/package-lock.json -nt $(OPENAI_CLIENT)/node_modules/.package-lock.json ]; }; then \
-	  echo "installing the openai npm package for the client test"; \
-	  cd $(OPENAI_CLIENT) && npm ci --no-audit --no-fund --loglevel=error; \
+	@for d in $(NODE_TESTS); do \
+	  if command -v npm >/dev/null 2>&1 && \
+	    { [ ! -f $$d/node_modules/.package-lock.json ] || \
+	      [ $$d/package-lock.json -nt $$d/node_modules/.package-lock.json ]; }; then \
+	    echo "installing the npm packages of $$d"; \
+	    (cd $$d && npm ci --no-audit --no-fund --loglevel=error) || exit 1; \
+	  fi; \
+	done
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO="sudo -n"; \
+	  echo "installing chromium for the browser test"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } || \
+	    echo "could not install chromium: the browser test will skip"; \
 	fi
 
 # The Python package (python/, import deltafin) in a virtual environment over Debian's python3

@@ -951,25 +951,15 @@ TEST(ServerOpenAIClient, OfficialNodeClient) {
   if (std::system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "node/npm not installed";
   }
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(DELTAFIN_TEST_DATA).parent_path() / "openai_client";
-  if (!fs::exists(dir / "node_modules" / "openai" / "package.json")) {
-    // `make test` installs it first; a bare ctest run installs it here.
-    const std::string cmd =
-        "cd '" + dir.string() + "' && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "npm ci failed in " << dir;
-  }
   ServerProcess srv({"--api-key", "sk-test"});
   ASSERT_TRUE(srv.ready()) << srv.err();
-  const std::string cmd = "cd '" + dir.string() + "' && DELTAFIN_BASE_URL=" + srv.base_url() +
-                          "/v1 DELTAFIN_API_KEY=sk-test node client_test.mjs 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
   std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\n" << srv.err();
+  int code = -1;
+  ASSERT_TRUE(run_node_test("openai_client", "openai",
+                            "DELTAFIN_BASE_URL=" + srv.base_url() + "/v1 DELTAFIN_API_KEY=sk-test",
+                            "client_test.mjs", out, code))
+      << out;
+  EXPECT_EQ(code, 0) << out << "\n" << srv.err();
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
   EXPECT_EQ(srv.stop(), 0);
 }

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 
 #include "engine/synthetic.h"
 #include "test_util.h"
@@ -21,6 +22,31 @@
 extern char** environ;
 
 namespace deltafin::test {
+
+bool run_node_test(const std::string& dir, const std::string& package, const std::string& env,
+                   const std::string& script, std::string& out, int& exit_code) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::path(DELTAFIN_TEST_DATA).parent_path() / dir;
+  if (!fs::exists(d / "node_modules" / package / "package.json")) {
+    const std::string cmd =
+        "cd '" + d.string() + "' && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) {
+      out = "npm ci failed in " + d.string();
+      return false;
+    }
+  }
+  const std::string cmd = "cd '" + d.string() + "' && " + env + " node " + script + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    out = "cannot run " + cmd;
+    return false;
+  }
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return true;
+}
 
 const std::string& server_model_dir() {
   static const std::string dir = [] {

@@ -65,6 +65,12 @@ std::vector<std::string> sse_events(const std::string& body);
 // True when `j` is an OpenAI error object: {"error": {"message", "type", "param", "code"}}.
 bool is_error_shape(const json& j);
 
+// Runs `node SCRIPT` in tests/DIR (a package pinned by its lockfile) with `env` ("A=1 B=2"),
+// installing the packages first when node_modules lacks `package` (`make test` installs them
+// beforehand). Returns false (and says why in `out`) when npm ci fails; `exit_code` is node's.
+bool run_node_test(const std::string& dir, const std::string& package, const std::string& env,
+                   const std::string& script, std::string& out, int& exit_code);
+
 // A raw TCP connection to the server (for a client that disappears).
 class RawClient {
  public:

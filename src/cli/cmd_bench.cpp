@@ -5,14 +5,18 @@
 // files). roofline_s_per_token = max(storage bytes / disk bandwidth, RAM bytes / memory
 // bandwidth) per decoded token — the time a perfectly overlapped run would take — and
 // roofline_ratio = roofline / achieved (1.0 = at the bound). Figures only; no assertions.
+// --report writes the same figures as charts (bench_report.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_report.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
@@ -29,6 +33,7 @@ struct BenchArgs {
   int reps = 3;
   bool json = false;
   bool no_disk_probe = false;
+  std::string report;  // HTML report file ("" = none)
 };
 
 struct Summary {
@@ -215,6 +220,13 @@ void run_bench(BenchArgs& a) {
   j["roofline_s_per_token"] = roofline;
   j["roofline_ratio"] = ratio;
   j["peak_rss_bytes"] = peak_rss_bytes();
+  j["expert_bytes"] = model->expert_bytes();
+  j["prefill_tokens_per_s_reps"] = prefill_tps;
+  j["decode_tokens_per_s_reps"] = decode_tps;
+  if (!a.report.empty()) {
+    write_file_atomic(a.report, bench_report_html(j));
+    fmt::print(stderr, "report written to {}\n", a.report);
+  }
   if (a.json) {
     fmt::print("{}\n", j.dump());
     return;
@@ -266,6 +278,15 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--reps", a->reps, "Repetitions (after one warm-up)")->capture_default_str();
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->add_option("--report", a->report,
+                  "Also write the figures as a self-contained HTML file with SVG charts")
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string {
+            const auto dir = std::filesystem::absolute(path).parent_path();
+            if (std::filesystem::is_directory(dir)) return "";
+            return "the folder " + dir.string() + " does not exist";
+          },
+          "FILE.html"));
   cmd->callback([a] { run_bench(*a); });
 }
 

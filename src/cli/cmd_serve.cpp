@@ -20,6 +20,8 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sysinfo.h"
+#include "engine/engine.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "server/http_server.h"
@@ -44,7 +46,34 @@ struct ServeArgs {
   std::string max_request_bytes = "16M";
   int cache = 4;
   int64_t prefill_chunk = 256;
+  bool no_webui = false;
 };
+
+// The engine view's fixed part: the memory plan as the page's bar shows it, and the disk's
+// bandwidth from a short O_DIRECT probe of the model's own files (64 MiB at most: well under a
+// second on any SSD, once at start), so the page can draw read throughput against it.
+nlohmann::ordered_json engine_info(const LoadedModel& model, int readers) {
+  nlohmann::ordered_json j;
+  j["model"] = model.describe();
+  if (const auto& p = model.plan()) {
+    const uint64_t state = p->state_bytes;
+    const uint64_t other =
+        p->buffer_bytes + p->overhead_bytes + p->router_bytes + p->stream_buffer_bytes;
+    const uint64_t used = p->trunk_resident_bytes + p->expert_cache_bytes + state + other;
+    j["memory"] = {{"budget", p->budget},
+                   {"trunk_resident", p->trunk_resident_bytes},
+                   {"expert_cache", p->expert_cache_bytes},
+                   {"states", state},
+                   {"buffers", other},
+                   {"free", p->budget > used ? p->budget - used : 0}};
+  } else {
+    j["memory"] = nullptr;  // mmap mode: the page cache holds the weights
+  }
+  std::vector<std::string> files;
+  for (const auto& s : model.checkpoint().shards()) files.push_back(s.path());
+  j["disk_bandwidth_bytes_per_s"] = measure_disk_bandwidth(files, readers, 64ull << 20);
+  return j;
+}
 
 bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "::1" || host == "localhost" || host.rfind("127.", 0) == 0;
@@ -123,6 +152,7 @@ void run_serve(ServeArgs& a) {
       a.parallel + a.queue + 8;  // active + waiting + spare connections (health, metrics, models)
   ho.aliases = a.aliases;
   ho.model_id = a.model_id;
+  ho.webui = !a.no_webui;
   server::HttpServer http(ho, tok, metrics);
   const int port = http.bind();
   if (!is_loopback(a.host) && a.api_key.empty()) {
@@ -164,6 +194,7 @@ void run_serve(ServeArgs& a) {
   so.parallel = a.parallel;
   so.queue = a.queue;
   so.cache = static_cast<size_t>(a.cache);
+  metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
   metrics.set_static(context, a.parallel, a.queue, a.cache);
   metrics.set_ready(true);
@@ -177,6 +208,10 @@ void run_serve(ServeArgs& a) {
              a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
              context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout, a.cache,
              a.api_key.empty() ? "" : ", API key required");
+  if (!a.no_webui) {
+    fmt::print(stderr, "deltafin serve: open http://{}{}{}:{}/ in a browser for the chat page\n",
+               v6 ? "[" : "", a.host, v6 ? "]" : "", port);
+  }
   if (model->plan()) {
     fmt::print(stderr,
                "deltafin serve: the memory plan holds {} states of up to {} ({} active + {} kept "
@@ -233,6 +268,8 @@ void register_serve(CLI::App& app) {
                   "Prompt tokens per sequence per forward pass")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-webui", a->no_webui,
+                "Do not serve the browser page (chat and engine view) at /");
   cmd->callback([a] { run_serve(*a); });
 }
 

@@ -36,6 +36,14 @@ struct ExpertStats {
   double read_s = 0;     // time reader threads spent reading
 };
 
+// Per (layer, expert) demand counters since start, for the server's engine view: index
+// [layer * experts + expert] over all `layers` layers (dense layers stay zero). Empty when the
+// provider does not count them.
+struct ExpertHeat {
+  int layers = 0, experts = 0;
+  std::vector<uint64_t> hits, misses;
+};
+
 // Counters accumulated between two snapshots.
 ExpertStats operator-(const ExpertStats& a, const ExpertStats& b);
 ExpertStats& operator+=(ExpertStats& a, const ExpertStats& b);
@@ -78,6 +86,7 @@ class ExpertProvider {
   // Per-layer recall of the predictions (empty when the provider does not score them).
   virtual std::vector<LayerRecall> recall() const { return {}; }
   virtual ExpertStats stats() const = 0;
+  virtual ExpertHeat heat() const { return {}; }
   virtual std::string describe() const = 0;
 };
 

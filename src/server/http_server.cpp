@@ -19,6 +19,7 @@
 #include "server/connection_probe.h"
 #include "server/response.h"
 #include "server/scheduler.h"
+#include "server/web_assets.h"
 
 namespace deltafin::server {
 
@@ -30,6 +31,12 @@ using namespace std::chrono_literals;
 constexpr auto kPoll = 50ms;          // how often a waiting handler probes its client
 constexpr double kKeepAliveS = 10.0;  // SSE comment after this long without output
 constexpr size_t kMaxPath = 2048;
+constexpr auto kEngineEvery = 500ms;  // engine view snapshot period
+constexpr int kMaxEngineStreams = 4;  // engine view streams open at once
+// Only this origin's files; no inline script or style; no framing; fetch() to this origin only.
+constexpr const char* kPagePolicy =
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 // The engine ends a request at its deadline at the next step; if a step never ends (a wedged
 // read), the handler gives up this long after the deadline so the client still hears back.
 constexpr double kHandlerGraceS = 60.0;
@@ -212,12 +219,19 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     path = "/v1" + path;
   }
   if (path == "/v1/health") path = "/health";
+  if (serve_page(path, req, res)) {
+    label = "/ (page)";
+    return;
+  }
   std::string route, method;
   if (path == "/health" || path == "/metrics" || path == "/v1/models") {
     route = path;
     method = "GET";
   } else if (starts_with(path, "/v1/models/")) {
     route = "/v1/models/{id}";
+    method = "GET";
+  } else if (path == "/v1/engine/events") {
+    route = path;
     method = "GET";
   } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
     route = path;
@@ -254,6 +268,7 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
     return;
   }
+  if (route == "/v1/engine/events") return engine_events(req, res);
   if (route == "/v1/models") {
     json data = json::array({model_object(opt_.model_id)});
     for (const auto& a : opt_.aliases) {
@@ -275,6 +290,60 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     return send_json(res, 200, model_object(id));
   }
   generate(route == "/v1/chat/completions" ? Endpoint::chat : Endpoint::completions, req, res);
+}
+
+bool HttpServer::serve_page(const std::string& path, const httplib::Request& req,
+                            httplib::Response& res) {
+  if (!opt_.webui) return false;
+  const std::string file = path == "/" ? "/index.html" : path;
+  for (const auto& a : web_assets()) {
+    if (file != a.path) continue;
+    if (req.method != "GET" && req.method != "HEAD") {
+      res.set_header("Allow", "GET");
+      throw ApiError(405, fmt::format("{} does not take {} (use GET)", path, req.method),
+                     "invalid_request_error", std::nullopt, "method_not_allowed");
+    }
+    res.status = 200;
+    res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.content_type);
+    res.set_header("Content-Security-Policy", kPagePolicy);
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("Referrer-Policy", "no-referrer");
+    res.set_header("Cache-Control", "no-cache");
+    return true;
+  }
+  return false;
+}
+
+void HttpServer::engine_events(const httplib::Request& req, httplib::Response& res) {
+  if (engine_streams_.fetch_add(1) >= kMaxEngineStreams) {
+    engine_streams_.fetch_sub(1);
+    throw ApiError(429,
+                   fmt::format("{} engine event streams are open already; close one (a browser "
+                               "tab showing the engine view)",
+                               kMaxEngineStreams),
+                   "rate_limit_error", std::nullopt, "too_many_streams")
+        .with_retry_after(5);
+  }
+  auto probe = std::make_shared<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port);
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, probe, heat_seen = Metrics::kNoHeatSeen](size_t, httplib::DataSink& sink) mutable {
+        const std::string ev = sse(metrics_.engine_snapshot(heat_seen));
+        if (!sink.write(ev.data(), ev.size())) return false;
+        // Sleep in short steps, ending when the client or the server goes away.
+        for (auto waited = 0ms; waited < kEngineEvery; waited += kPoll) {
+          if (stopping_.load() || probe->closed()) {
+            sink.done();
+            return true;
+          }
+          std::this_thread::sleep_for(kPoll);
+        }
+        return true;
+      },
+      [this](bool) { engine_streams_.fetch_sub(1); });
 }
 
 namespace {
@@ -323,7 +392,7 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
   x->builder = std::make_unique<ResponseBuilder>(
       tok_, ep, random_id(ep == Endpoint::chat ? "chatcmpl-" : "cmpl-"),
       static_cast<int64_t>(std::time(nullptr)), opt_.model_id, r.logprobs, r.include_usage);
-  x->job = std::make_shared<Job>(std::move(r), x->start + opt_.timeout_s);
+  x->job = std::make_shared<Job>(std::move(r), x->start + opt_.timeout_s, x->start);
   x->sched = sched;
   x->probe = std::make_unique<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port);
   sched->submit(x->job);

@@ -12,6 +12,13 @@
 // job cancelled and its slot freed at the next engine step. The pool is sized for the active
 // slots, the queue and some spare connections, so a full queue is answered with a 429 rather
 // than by a connection nobody reads.
+//
+// The browser page (web/, embedded at build time) is served at / without authentication — it
+// holds no data; the page asks for the API key and sends it on every API call. Its responses
+// carry a strict Content-Security-Policy (scripts and styles from this origin only, no inline
+// code), so model output can never run as code even if a renderer bug let markup through. The
+// engine view's event stream reads only the Metrics copies, never the engine, and does not take
+// a scheduler slot; a few such streams may be open at once (beyond: 429).
 #pragma once
 
 #include <atomic>
@@ -46,6 +53,7 @@ struct HttpOptions {
   int threads = 32;        // connection threads
   std::vector<std::string> aliases;
   std::string model_id = "kimi-k3";
+  bool webui = true;  // serve the browser page (web/) at /
 };
 
 class HttpServer {
@@ -68,6 +76,10 @@ class HttpServer {
   void dispatch(const httplib::Request& req, httplib::Response& res);
   void route(const httplib::Request& req, httplib::Response& res, std::string& label);
   void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
+  // GET /v1/engine/events: an SSE stream of Metrics::engine_snapshot() every 0.5 s.
+  void engine_events(const httplib::Request& req, httplib::Response& res);
+  // The embedded page; false when `path` is not one of its files (or the page is off).
+  bool serve_page(const std::string& path, const httplib::Request& req, httplib::Response& res);
   bool authorized(const httplib::Request& req) const;
   nlohmann::ordered_json model_object(const std::string& id) const;
 
@@ -78,6 +90,7 @@ class HttpServer {
   std::thread thread_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<bool> stopping_{false};
+  std::atomic<int> engine_streams_{0};
   ServeLimits limits_;  // written once before scheduler_ is published
   int64_t created_ = 0;
   unsigned char key_digest_[32] = {0};

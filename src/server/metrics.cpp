@@ -81,6 +81,58 @@ void Metrics::set_cache_entries(int64_t n) {
   cache_entries_ = n;
 }
 
+void Metrics::set_heat(ExpertHeat heat) {
+  std::lock_guard<std::mutex> lock(m_);
+  heat_ = std::move(heat);
+  ++heat_version_;
+}
+
+void Metrics::set_engine_info(nlohmann::ordered_json info) {
+  std::lock_guard<std::mutex> lock(m_);
+  engine_info_ = std::move(info);
+}
+
+double Metrics::tokens_per_second_locked() const {
+  if (recent_.empty()) return 0.0;
+  double recent = 0;
+  for (const auto& r : recent_) recent += static_cast<double>(r.second);
+  const double span = std::min(std::max(1.0, now_seconds() - recent_.front().first), kRateWindow);
+  return recent / span;
+}
+
+nlohmann::ordered_json Metrics::engine_snapshot(uint64_t& heat_seen) const {
+  std::lock_guard<std::mutex> lock(m_);
+  nlohmann::ordered_json j = engine_info_;
+  j["time_s"] = now_seconds();
+  j["ready"] = ready_;
+  j["queue"] = queued_;
+  j["queue_capacity"] = queue_capacity_;
+  j["active"] = active_;
+  j["parallel"] = parallel_;
+  j["tokens_per_second"] = tokens_per_second_locked();
+  j["generated_tokens"] = generated_;
+  j["prefill_tokens"] = prompt_rows_;
+  j["forward_passes"] = passes_;
+  j["forward_seconds"] = pass_seconds_;
+  j["experts"] = {{"requests", experts_.requests},
+                  {"hits", experts_.hits},
+                  {"misses", experts_.misses},
+                  {"bytes_read", experts_.bytes_read},
+                  {"io_wait_s", experts_.io_wait_s},
+                  {"read_s", experts_.read_s},
+                  {"prefetch_issued", experts_.prefetch_issued},
+                  {"prefetch_used", experts_.prefetch_used}};
+  j["trunk"] = {{"bytes_streamed", trunk_.bytes_streamed}, {"wait_s", trunk_.wait_s}};
+  if (heat_seen != heat_version_) {
+    heat_seen = heat_version_;
+    j["heat"] = {{"layers", heat_.layers},
+                 {"experts", heat_.experts},
+                 {"hits", heat_.hits},
+                 {"misses", heat_.misses}};
+  }
+  return j;
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(m_);
   std::string out;
@@ -110,15 +162,9 @@ std::string Metrics::render() const {
          "Tokens sampled by the engine (all requests, also unfinished).", generated_);
   sample("deltafin_prefill_tokens_total", "counter", "Prompt rows run through forward passes.",
          prompt_rows_);
-  double recent = 0, span = 0;
-  if (!recent_.empty()) {
-    for (const auto& r : recent_) recent += static_cast<double>(r.second);
-    span = std::max(1.0, now_seconds() - recent_.front().first);
-    span = std::min(span, kRateWindow);
-  }
   sample("deltafin_tokens_per_second", "gauge",
          "Generated tokens per second, all sequences, over the last 10 s.",
-         span > 0 ? recent / span : 0.0);
+         tokens_per_second_locked());
   sample("deltafin_forward_passes_total", "counter",
          "Forward passes (one carries a row block of every active sequence).", passes_);
   sample("deltafin_forward_rows_total", "counter", "Rows (tokens) run through forward passes.",

@@ -4,12 +4,15 @@
 // passes and, after every pass, copies the expert provider's statistics here, so that /metrics
 // never calls into the model while a pass runs. Gauges (queue depth, active sequences) are set by
 // the scheduler as they change. Everything is behind one mutex: updates are a few per pass.
+// The engine view's snapshots are read from here too, so watching the engine never calls into
+// the engine thread.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 
@@ -36,8 +39,19 @@ class Metrics {
                   int64_t cache_capacity);
   void set_ready(bool ready);
   void set_cache_entries(int64_t n);
+  // Per (layer, expert) hits/misses for the engine view (the engine thread calls it at most a
+  // few times a second: it is a copy of layers x experts counters).
+  void set_heat(ExpertHeat heat);
+  // What does not change while serving: the memory plan and the probed disk bandwidth.
+  void set_engine_info(nlohmann::ordered_json info);
 
   std::string render() const;  // the /metrics body
+  // One snapshot for GET /v1/engine/events (docs/SERVER.md): the engine info, the counters
+  // above, gauges and the heat map. Counters are totals: the page takes differences. The heat
+  // map (at K3 size, 93 x 896 counters twice) is included only when it changed since the
+  // version in `heat_seen`, which is updated; start with kNoHeatSeen.
+  static constexpr uint64_t kNoHeatSeen = ~0ull;
+  nlohmann::ordered_json engine_snapshot(uint64_t& heat_seen) const;
 
  private:
   mutable std::mutex m_;
@@ -54,6 +68,11 @@ class Metrics {
   uint64_t recall_hits_ = 0, recall_requested_ = 0;
   // (time, generated tokens) per pass over the last few seconds, for the tokens/s gauge.
   std::deque<std::pair<double, int64_t>> recent_;
+  ExpertHeat heat_;
+  uint64_t heat_version_ = 0;
+  nlohmann::ordered_json engine_info_ = nlohmann::ordered_json::object();
+
+  double tokens_per_second_locked() const;
 };
 
 }  // namespace deltafin::server

@@ -27,6 +27,24 @@ json usage_json(const Usage& u) {
   return j;
 }
 
+json timings_json(const Usage& u) {
+  const Timings& t = u.timings;
+  auto ms = [](double from, double to) { return from > 0 && to >= from ? (to - from) * 1e3 : 0.0; };
+  const double end = t.finished > 0 ? t.finished : t.first_token;
+  const double predicted_ms = ms(t.first_token, end);
+  // The first token comes out of the prefill pass; the decode produced the others.
+  const int64_t decoded = std::max<int64_t>(0, u.completion_tokens - 1);
+  json j;
+  j["prompt_n"] = u.prompt_tokens - u.cached_tokens;
+  j["prompt_ms"] = ms(t.admitted, t.first_token > 0 ? t.first_token : end);
+  j["predicted_n"] = u.completion_tokens;
+  j["predicted_ms"] = predicted_ms;
+  j["predicted_per_second"] =
+      predicted_ms > 0 ? static_cast<double>(decoded) / (predicted_ms / 1e3) : 0.0;
+  j["ttft_ms"] = ms(t.arrived, t.first_token);
+  return j;
+}
+
 std::string random_id(const std::string& prefix, size_t chars) {
   static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -238,6 +256,7 @@ std::vector<json> ResponseBuilder::end(StopReason stop, const Usage& usage) {
     json u = chunk(json::object());
     u["choices"] = json::array();
     u["usage"] = usage_json(usage);
+    u["timings"] = timings_json(usage);
     out.push_back(u);
   }
   return out;
@@ -277,6 +296,7 @@ json ResponseBuilder::response(StopReason stop, const Usage& usage) const {
   choice["finish_reason"] = finish_reason(stop, !calls_.empty());
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(usage);
+  j["timings"] = timings_json(usage);
   return j;
 }
 

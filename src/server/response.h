@@ -29,16 +29,30 @@ struct StepUpdate {
   std::vector<GeneratedToken> tokens;
 };
 
+// Wall-clock points of one request (now_seconds() clock; 0 = not reached), for the
+// llama.cpp-style `timings` object of a response.
+struct Timings {
+  double arrived = 0;      // the request was accepted by the HTTP thread
+  double admitted = 0;     // the engine gave it a slot (prefill starts)
+  double first_token = 0;  // the first completion token was sampled
+  double finished = 0;     // the generation ended
+};
+
 struct Usage {
   int64_t prompt_tokens = 0;  // positions the prompt occupies (cached included)
   int64_t cached_tokens = 0;  // of those, served from a kept conversation state
   int64_t completion_tokens = 0;
+  Timings timings;
 };
 
 // "stop", "length" or "tool_calls".
 std::string finish_reason(StopReason stop, bool tool_calls);
 
 nlohmann::ordered_json usage_json(const Usage& u);
+// {prompt_n, prompt_ms, predicted_n, predicted_ms, predicted_per_second, ttft_ms} (docs/SERVER.md):
+// prompt_n counts the prompt tokens run through the model (not the cached ones), prompt_ms the
+// prefill up to the first token, predicted_ms the decode after it.
+nlohmann::ordered_json timings_json(const Usage& u);
 
 // A random id with a prefix: "chatcmpl-…", "cmpl-…", "call_…".
 std::string random_id(const std::string& prefix, size_t chars = 24);

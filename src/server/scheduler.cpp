@@ -2,6 +2,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -36,6 +37,10 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
     : model_(model), tok_(tok), opt_(options), metrics_(metrics), cache_(options.cache) {
   opt_.parallel = std::max(1, opt_.parallel);
   opt_.queue = std::max(0, opt_.queue);
+  if (const char* d = std::getenv("DELTAFIN_DEBUG_STEP_DELAY_MS"); d != nullptr && *d) {
+    step_delay_ms_ = std::clamp(std::atoi(d), 0, 60000);
+    log_warn("DELTAFIN_DEBUG_STEP_DELAY_MS: every engine step is slowed by {} ms", step_delay_ms_);
+  }
   publish_storage();
   thread_ = std::thread([this] { run(); });
 }
@@ -51,6 +56,12 @@ void Scheduler::publish_storage() {
     requested += l.requested;
   }
   metrics_.set_storage(model_.experts().stats(), model_.trunk_stats(), hits, requested);
+  // The heat map is layers x experts counters: copied a few times a second, not every pass.
+  const double now = now_seconds();
+  if (now - heat_published_ >= 0.25) {
+    heat_published_ = now;
+    metrics_.set_heat(model_.experts().heat());
+  }
 }
 
 void Scheduler::stop() {
@@ -154,6 +165,8 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
                        "server_error"));
     return false;
   }
+  slot.timings.arrived = job->arrived;
+  slot.timings.admitted = now_seconds();
   {
     std::lock_guard<std::mutex> lock(job->m_);
     job->phase_ = JobPhase::running;
@@ -182,6 +195,8 @@ void Scheduler::finish(Slot& s) {
   usage.cached_tokens = s.cached;
   usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
   usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
+  usage.timings = s.timings;
+  usage.timings.finished = now_seconds();
   metrics_.count_finished(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens);
   {
     std::lock_guard<std::mutex> lock(s.job->m_);
@@ -252,6 +267,7 @@ void Scheduler::step() {
         drop[i] = true;
       }
     }
+    if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
     const double seconds = sw.elapsed();
     int64_t generated = 0;
     if (ok) {
@@ -272,6 +288,7 @@ void Scheduler::step() {
           continue;
         }
         generated += static_cast<int64_t>(s.gen->tokens().size() - before);
+        if (before == 0 && !s.gen->tokens().empty()) s.timings.first_token = now_seconds();
         post(s);
         if (s.gen->finished()) {
           finish(s);
@@ -328,6 +345,7 @@ void Scheduler::run() {
     update_gauges();
     step();
     update_gauges();
+    if (active_.empty()) metrics_.set_heat(model_.experts().heat());  // the last pass's counts
   }
   const ApiError down(503, "the server is shutting down", "server_error", std::nullopt,
                       "shutting_down");

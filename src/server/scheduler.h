@@ -45,10 +45,12 @@ enum class JobPhase { queued, running, done, failed };
 
 class Job {
  public:
-  Job(ServeRequest request, double deadline) : req(std::move(request)), deadline(deadline) {}
+  Job(ServeRequest request, double deadline, double arrived)
+      : req(std::move(request)), deadline(deadline), arrived(arrived) {}
 
   const ServeRequest req;
   const double deadline;  // now_seconds() clock
+  const double arrived;   // same clock: when the HTTP thread accepted it
 
   // Asks the engine to end the job at its next step (client gone, handler gave up).
   void cancel() { cancel_requested.store(true); }
@@ -112,6 +114,7 @@ class Scheduler {
     std::vector<int32_t> input;  // the generation's prompt
     size_t sent = 0;             // tokens posted to the job
     int64_t cached = 0;
+    Timings timings;
   };
 
   void run();
@@ -135,6 +138,10 @@ class Scheduler {
   bool stop_ = false;
   std::atomic<int64_t> active_count_{0};
   std::vector<Slot> active_;  // engine thread only
+  double heat_published_ = 0;
+  // Test-only: DELTAFIN_DEBUG_STEP_DELAY_MS slows every step, to try the page against a server
+  // as slow as K3 on real hardware (0.2 tokens/s is 5000) with the tiny model.
+  int step_delay_ms_ = 0;  // when the per-expert counters were last copied to metrics
   std::thread thread_;
 };
 

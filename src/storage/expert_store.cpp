@@ -163,6 +163,8 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
   const size_t n_keys =
       static_cast<size_t>(dir_.num_layers()) * static_cast<size_t>(dir_.num_experts());
   heat_.assign(n_keys, 0);
+  key_hits_.assign(n_keys, 0);
+  key_misses_.assign(n_keys, 0);
   predicted_.assign(n_keys, false);
   hot_.assign(n_keys, false);
   recall_.assign(static_cast<size_t>(dir_.num_layers()), {});
@@ -251,6 +253,7 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
     stats_.prefetch_issued++;
   } else {
     stats_.misses++;
+    key_misses_[static_cast<size_t>(key)]++;
   }
   submit_read(slot, key, prefetch);
 }
@@ -405,6 +408,7 @@ std::vector<size_t> ExpertStore::pin_hits_locked(const std::vector<int64_t>& key
     slot[i] = it->second;
     s.pins++;
     stats_.hits++;
+    key_hits_[static_cast<size_t>(keys[i])]++;
     if (s.prefetched) {
       s.prefetched = false;
       stats_.prefetch_used++;
@@ -456,6 +460,11 @@ void ExpertStore::prefetch(int layer, std::span<const int> experts) {
     if (sl < 0) continue;
     start_read_locked(sl, k, true);
   }
+}
+
+ExpertHeat ExpertStore::heat() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return {dir_.num_layers(), dir_.num_experts(), key_hits_, key_misses_};
 }
 
 ExpertStats ExpertStore::stats() const {

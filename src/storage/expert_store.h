@@ -67,6 +67,7 @@ class ExpertStore : public ExpertProvider {
   ExpertHandle acquire(int layer, int expert) override;
   void prefetch(int layer, std::span<const int> experts) override;
   ExpertStats stats() const override;
+  ExpertHeat heat() const override;
   std::string describe() const override;
   bool wants_prefetch() const override { return opt_.prefetch; }
   std::vector<LayerRecall> recall() const override;
@@ -139,6 +140,7 @@ class ExpertStore : public ExpertProvider {
   std::unordered_map<int64_t, int> where_;
   uint64_t tick_ = 0;
   std::vector<uint64_t> heat_;
+  std::vector<uint64_t> key_hits_, key_misses_;  // this run's demand hits/misses per key
   std::vector<LayerRecall> recall_;
   std::vector<bool> predicted_;  // per key: a hint was given since the layer's last pass
   std::vector<bool> hot_;        // per key: the pinned policy keeps it resident
