@@ -1,0 +1,112 @@
+// Speculative decoding must never change greedy output: the completion with a drafter equals
+// the plain one token for token. Random-weight models never repeat themselves, so a replay
+// drafter proposes the known continuation with injected mistakes to reach the fully accepted,
+// partly accepted and all rejected cases.
+#include "generate/speculative.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "test_util.h"
+
+namespace deltafin {
+namespace {
+
+// Proposes the reference continuation (what follows the history in `full`), with the token at every
+// `wrong_every`-th draft position replaced (0: never wrong; 1: always wrong).
+class ReplayDrafter : public Drafter {
+ public:
+  ReplayDrafter(std::vector<int32_t> full, int wrong_every, int32_t vocab)
+      : full_(std::move(full)), wrong_every_(wrong_every), vocab_(vocab) {}
+  DraftProposal propose(std::span<const int32_t> history, int max_tokens) override {
+    DraftProposal p;
+    for (size_t i = history.size(); i < full_.size() && (int)p.tokens.size() < max_tokens; ++i) {
+      int32_t t = full_[i];
+      ++count_;
+      if (wrong_every_ > 0 && count_ % wrong_every_ == 0) t = (t + 1) % vocab_;
+      p.tokens.push_back(t);
+    }
+    return p;
+  }
+
+ private:
+  std::vector<int32_t> full_;
+  int wrong_every_;
+  int32_t vocab_;
+  int64_t count_ = 0;
+};
+
+TEST(Speculative, NgramProposesWhatFollowedTheLongestMatch) {
+  NgramDrafter d(1, 3);
+  const std::vector<int32_t> h = {7, 1, 2, 3, 9, 9, 1, 2, 3};
+  EXPECT_EQ(d.propose(h, 2).tokens, (std::vector<int32_t>{9, 9}));
+  EXPECT_TRUE(d.propose(std::vector<int32_t>{1, 2, 3}, 4).tokens.empty());
+}
+
+TEST(Speculative, BadDrafterAndDraftMaxAreRejected) {
+  EXPECT_THROW(make_drafter("eagle"), InvalidArgument);
+  EXPECT_EQ(make_drafter("none"), nullptr);
+  EXPECT_NE(make_drafter("ngram"), nullptr);
+  EXPECT_THROW(validate_draft_max(0), InvalidArgument);
+  EXPECT_THROW(validate_draft_max(-3), InvalidArgument);
+  validate_draft_max(1);
+}
+
+TEST(Speculative, GreedyOutputIsIdenticalWithDrafting) {
+  for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
+    auto model = Model::load(test::data_dir() + "/" + name + "/model");
+    const int32_t vocab = static_cast<int32_t>(model->config().vocab);
+    for (const std::vector<int32_t>& prompt :
+         {std::vector<int32_t>{3, 1, 4, 1, 5}, std::vector<int32_t>{2, 7, 2, 7, 2, 7, 2}}) {
+      State ps = model->new_state();
+      const auto plain = generate_greedy(*model, ps, prompt, 24, {}, nullptr, 0);
+      ASSERT_EQ(plain.size(), 24u);
+      std::vector<int32_t> full = prompt;
+      full.insert(full.end(), plain.begin(), plain.end());
+      for (int wrong_every : {0, 3, 1}) {
+        for (int k : {1, 4, 8}) {
+          ReplayDrafter drafter(full, wrong_every, vocab);
+          DraftStats st;
+          State ss = model->new_state();
+          const auto spec = generate_greedy(*model, ss, prompt, 24, {}, &drafter, k, &st);
+          EXPECT_EQ(spec, plain) << name << " wrong_every=" << wrong_every << " k=" << k;
+          if (wrong_every == 0) {
+            EXPECT_EQ(st.accepted, st.proposed);
+          }
+          if (wrong_every == 1) {
+            EXPECT_EQ(st.accepted, 0);
+          }
+          if (wrong_every == 0 && k > 1) {
+            EXPECT_GT(st.tokens_per_pass(), 1.5);
+          }
+        }
+      }
+      NgramDrafter ngram;
+      State ns = model->new_state();
+      EXPECT_EQ(generate_greedy(*model, ns, prompt, 24, {}, &ngram, 4), plain) << name;
+    }
+  }
+}
+
+TEST(Speculative, StopTokenInsideAnAcceptedRunEndsThere) {
+  auto model = Model::load(test::data_dir() + "/k3-tiny-mxfp4/model");
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  State ps = model->new_state();
+  const auto plain = generate_greedy(*model, ps, prompt, 16, {}, nullptr, 0);
+  const std::vector<int32_t> stop = {plain[5]};
+  State ps2 = model->new_state();
+  const auto plain_stop = generate_greedy(*model, ps2, prompt, 16, stop, nullptr, 0);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), plain.begin(), plain.end());
+  ReplayDrafter drafter(full, 0, static_cast<int32_t>(model->config().vocab));
+  State ss = model->new_state();
+  EXPECT_EQ(generate_greedy(*model, ss, prompt, 16, stop, &drafter, 8), plain_stop);
+  State ms = model->new_state();
+  ReplayDrafter d2(full, 0, static_cast<int32_t>(model->config().vocab));
+  EXPECT_EQ(generate_greedy(*model, ms, prompt, 7, {}, &d2, 8),
+            std::vector<int32_t>(plain.begin(), plain.begin() + 7));
+}
+
+}  // namespace
+}  // namespace deltafin
