@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
 #include "model/model.h"
+#include "model/plan.h"
+#include "model/synthetic.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -106,6 +110,47 @@ TEST(Speculative, StopTokenInsideAnAcceptedRunEndsThere) {
   ReplayDrafter d2(full, 0, static_cast<int32_t>(model->config().vocab));
   EXPECT_EQ(generate_greedy(*model, ms, prompt, 7, {}, &d2, 8),
             std::vector<int32_t>(plain.begin(), plain.begin() + 7));
+}
+
+TEST(Speculative, GreedyIdenticalOnAK3PresetModelAtTheMinimumBudget) {
+  // A small `make-model --preset k3` shape (4 layers, 16 experts) so the test takes seconds;
+  // the expert store at its minimum budget must give the same completion with drafting.
+  SyntheticSpec s = synthetic_preset("k3");
+  s.layers = 4;
+  s.experts = 16;
+  s.top_k = 4;
+  s.hidden = 256;
+  s.latent = 128;
+  s.moe_intermediate = 64;
+  s.dense_intermediate = 512;
+  s.vocab = 512;
+  s.kda_heads = 4;
+  s.kda_head_dim = 32;
+  s.mla_heads = 4;
+  const std::string dir = test::temp_dir("speck3") + "/model";
+  make_model(dir, s);
+  auto c = load_config(dir);
+  auto ck = Checkpoint::open(dir);
+  PlanOptions po;
+  po.budget = 1ull << 40;
+  po.max_rows = 16;
+  const uint64_t min_budget = plan_memory(c, *ck, po).min_working_set;
+  const std::vector<int32_t> prompt = {11, 4, 9, 4, 9, 4};
+  auto ram = Model::load(dir);
+  State rs = ram->new_state();
+  const auto plain = generate_greedy(*ram, rs, prompt, 16, {}, nullptr, 0);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), plain.begin(), plain.end());
+  LoadOptions lo;
+  lo.plan.budget = min_budget;
+  lo.plan.max_rows = 16;
+  auto budgeted = Model::load(dir, lo);
+  for (int wrong_every : {0, 2}) {
+    ReplayDrafter drafter(full, wrong_every, static_cast<int32_t>(s.vocab));
+    State bs = budgeted->new_state();
+    EXPECT_EQ(generate_greedy(*budgeted, bs, prompt, 16, {}, &drafter, 8), plain)
+        << "wrong_every=" << wrong_every;
+  }
 }
 
 }  // namespace
