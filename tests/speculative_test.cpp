@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "generate/driver.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -150,6 +151,46 @@ TEST(Speculative, GreedyIdenticalOnAK3PresetModelAtTheMinimumBudget) {
     State bs = budgeted->new_state();
     EXPECT_EQ(generate_greedy(*budgeted, bs, prompt, 16, {}, &drafter, 8), plain)
         << "wrong_every=" << wrong_every;
+  }
+}
+
+// Through drive() and Generation (what run and chat use): greedy and seeded sampling give the
+// same completion with and without drafting, since rows are sampled exactly as plain passes
+// would be and a draft is accepted only when it equals the sampled token.
+TEST(Speculative, DriveWithDraftingKeepsGreedyAndSeededSamplingOutput) {
+  auto model = Model::load(test::data_dir() + "/k3-tiny-mxfp4/model");
+  const int32_t vocab = static_cast<int32_t>(model->config().vocab);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  for (float temperature : {0.0f, 0.8f}) {
+    GenerationParams params;
+    params.max_new_tokens = 20;
+    params.sampling.temperature = temperature;
+    params.sampling.top_k = 40;
+    params.sampling.seed = 1234;
+    params.sampling.has_seed = true;
+    Generation plain(prompt, params, nullptr, vocab);
+    State ps = model->new_state();
+    drive(*model, ps, plain, nullptr, nullptr);
+    const auto ids = plain.completion_ids();
+    ASSERT_EQ(ids.size(), 20u);
+    std::vector<int32_t> full = prompt;
+    full.insert(full.end(), ids.begin(), ids.end());
+    for (int wrong_every : {0, 3, 1}) {
+      ReplayDrafter drafter(full, wrong_every, vocab);
+      DraftConfig cfg;
+      cfg.drafter = &drafter;
+      cfg.max = 4;
+      Generation spec(prompt, params, nullptr, vocab);
+      State ss = model->new_state();
+      drive(*model, ss, spec, nullptr, nullptr, &cfg);
+      EXPECT_EQ(spec.completion_ids(), ids) << "T=" << temperature << " wrong=" << wrong_every;
+      EXPECT_EQ(ss.position(), ps.position());
+      if (wrong_every == 0) {
+        EXPECT_EQ(cfg.stats.accepted, cfg.stats.proposed);
+        EXPECT_LT(cfg.stats.target_passes, 10);
+      }
+      if (wrong_every == 1) EXPECT_EQ(cfg.stats.accepted, 0);
+    }
   }
 }
 
