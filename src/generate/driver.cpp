@@ -2,13 +2,58 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/sysinfo.h"
 #include "core/timer.h"
 
 namespace deltafin {
 
+// One decode pass over [last token, drafts]: feeds rows to the generation while its sampled
+// token equals the draft, then commits the rows it consumed.
+static void verify_step(Model& model, State& state, Generation& gen, DraftConfig& draft) {
+  std::vector<int32_t> history(gen.prompt().begin(), gen.prompt().end());
+  for (int32_t t : gen.completion_ids()) history.push_back(t);
+  // Drafts past the token limit could never be emitted.
+  const int room = static_cast<int>(std::min<int64_t>(draft.max, gen.tokens_left() - 1));
+  const DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
+  std::vector<int32_t> rows(gen.next_input().begin(), gen.next_input().end());
+  rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
+  PendingCommit pending;
+  SequenceInput in;
+  in.state = &state;
+  in.tokens = rows;
+  in.all_logits = true;
+  in.pending = &pending;
+  std::vector<float> logits;
+  try {
+    logits = model.forward(std::span<SequenceInput>(&in, 1));
+  } catch (...) {
+    gen.abort();
+    throw;
+  }
+  const int64_t vocab = model.config().vocab;
+  int accepted = 0;
+  int64_t fed = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t before = gen.tokens().size();
+    gen.on_logits(std::span<const float>(logits).subspan(i * vocab, vocab));
+    ++fed;
+    if (gen.finished() || i == d.tokens.size() || gen.tokens().size() == before ||
+        gen.tokens().back().id != d.tokens[i])
+      break;
+    ++accepted;
+  }
+  model.commit(state, pending, fed);
+  draft.drafter->on_verified(static_cast<int>(d.tokens.size()), accepted);
+  draft.stats.proposed += static_cast<int64_t>(d.tokens.size());
+  draft.stats.accepted += accepted;
+  ++draft.stats.target_passes;
+  draft.stats.tokens += fed;
+}
+
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
-           const std::function<void(Generation&)>& on_step) {
+           const std::function<void(Generation&)>& on_step, DraftConfig* draft) {
   while (!gen.finished()) {
     if (cancel != nullptr && cancel->load()) {
       gen.cancel();
@@ -16,6 +61,11 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
       break;
     }
     auto input = gen.next_input();
+    if (draft != nullptr && draft->drafter != nullptr && !gen.in_prefill()) {
+      verify_step(model, state, gen, *draft);
+      if (on_step) on_step(gen);
+      continue;
+    }
     std::vector<float> logits;
     try {
       logits = model.forward(state, input);

@@ -9,16 +9,28 @@
 #include <string>
 
 #include "generate/generation.h"
+#include "generate/speculative.h"
 #include "model/experts.h"
 #include "model/model.h"
 
 namespace deltafin {
 
+// Drafting for drive(): decode passes verify up to `max` drafts of `drafter`.
+struct DraftConfig {
+  Drafter* drafter = nullptr;
+  int max = 8;
+  DraftStats stats;  // accumulated over the passes driven
+};
+
 // Feeds the generation pass by pass until it finishes or `cancel` becomes true, calling
 // `on_step` after every pass (events are waiting in the generation). A failing pass aborts the
-// generation and rethrows.
+// generation and rethrows. With `draft`, each decode pass is a deferred pass over
+// [last token, drafts]; the generation samples row by row exactly as it would from plain
+// passes (same logits, same sampler draws) and a draft is accepted while it equals the sampled
+// token, so output and seeded sampling are unchanged; the state is committed by the rows the
+// generation consumed.
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
-           const std::function<void(Generation&)>& on_step);
+           const std::function<void(Generation&)>& on_step, DraftConfig* draft = nullptr);
 
 struct RunStats {
   int64_t prompt_tokens = 0;  // tokens prefilled in this run

@@ -71,6 +71,11 @@ class Generation {
   StopReason stop_reason() const { return stop_; }
   bool in_prefill() const { return fed_ < static_cast<int64_t>(prompt_.size()); }
   int64_t prompt_done() const { return fed_; }
+  std::span<const int32_t> prompt() const { return prompt_; }
+  // Tokens it may still sample before the token limit.
+  int64_t tokens_left() const {
+    return params_.max_new_tokens - static_cast<int64_t>(tokens_.size());
+  }
   int64_t prompt_size() const { return static_cast<int64_t>(prompt_.size()); }
 
   // Events produced since the last call.

@@ -1,0 +1,198 @@
+// Speculative decoding must never change greedy output: the completion with a drafter equals
+// the plain one token for token. Random-weight models never repeat themselves, so a replay
+// drafter proposes the known continuation with injected mistakes to reach the fully accepted,
+// partly accepted and all rejected cases.
+#include "generate/speculative.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/synthetic.h"
+#include "generate/driver.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "storage/plan.h"
+#include "test_util.h"
+
+namespace deltafin {
+namespace {
+
+// Proposes the reference continuation (what follows the history in `full`), with the token at every
+// `wrong_every`-th draft position replaced (0: never wrong; 1: always wrong).
+class ReplayDrafter : public Drafter {
+ public:
+  ReplayDrafter(std::vector<int32_t> full, int wrong_every, int32_t vocab)
+      : full_(std::move(full)), wrong_every_(wrong_every), vocab_(vocab) {}
+  DraftProposal propose(std::span<const int32_t> history, int max_tokens) override {
+    DraftProposal p;
+    for (size_t i = history.size(); i < full_.size() && (int)p.tokens.size() < max_tokens; ++i) {
+      int32_t t = full_[i];
+      ++count_;
+      if (wrong_every_ > 0 && count_ % wrong_every_ == 0) t = (t + 1) % vocab_;
+      p.tokens.push_back(t);
+    }
+    return p;
+  }
+
+ private:
+  std::vector<int32_t> full_;
+  int wrong_every_;
+  int32_t vocab_;
+  int64_t count_ = 0;
+};
+
+TEST(Speculative, NgramProposesWhatFollowedTheLongestMatch) {
+  NgramDrafter d(1, 3);
+  const std::vector<int32_t> h = {7, 1, 2, 3, 9, 9, 1, 2, 3};
+  EXPECT_EQ(d.propose(h, 2).tokens, (std::vector<int32_t>{9, 9}));
+  EXPECT_TRUE(d.propose(std::vector<int32_t>{1, 2, 3}, 4).tokens.empty());
+}
+
+TEST(Speculative, BadDrafterAndDraftMaxAreRejected) {
+  EXPECT_THROW(make_drafter("eagle"), InvalidArgument);
+  EXPECT_EQ(make_drafter("none"), nullptr);
+  EXPECT_NE(make_drafter("ngram"), nullptr);
+  EXPECT_THROW(validate_draft_max(0), InvalidArgument);
+  EXPECT_THROW(validate_draft_max(-3), InvalidArgument);
+  validate_draft_max(1);
+}
+
+TEST(Speculative, GreedyOutputIsIdenticalWithDrafting) {
+  for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
+    auto model = load_model(test::data_dir() + "/" + name + "/model");
+    const int32_t vocab = static_cast<int32_t>(model->config().vocab);
+    for (const std::vector<int32_t>& prompt :
+         {std::vector<int32_t>{3, 1, 4, 1, 5}, std::vector<int32_t>{2, 7, 2, 7, 2, 7, 2}}) {
+      State ps = model->new_state();
+      const auto plain = generate_greedy(*model, ps, prompt, 24, {}, nullptr, 0);
+      ASSERT_EQ(plain.size(), 24u);
+      std::vector<int32_t> full = prompt;
+      full.insert(full.end(), plain.begin(), plain.end());
+      for (int wrong_every : {0, 3, 1}) {
+        for (int k : {1, 4, 8}) {
+          ReplayDrafter drafter(full, wrong_every, vocab);
+          DraftStats st;
+          State ss = model->new_state();
+          const auto spec = generate_greedy(*model, ss, prompt, 24, {}, &drafter, k, &st);
+          EXPECT_EQ(spec, plain) << name << " wrong_every=" << wrong_every << " k=" << k;
+          if (wrong_every == 0) {
+            EXPECT_EQ(st.accepted, st.proposed);
+          }
+          if (wrong_every == 1) {
+            EXPECT_EQ(st.accepted, 0);
+          }
+          if (wrong_every == 0 && k > 1) {
+            EXPECT_GT(st.tokens_per_pass(), 1.5);
+          }
+        }
+      }
+      NgramDrafter ngram;
+      State ns = model->new_state();
+      EXPECT_EQ(generate_greedy(*model, ns, prompt, 24, {}, &ngram, 4), plain) << name;
+    }
+  }
+}
+
+TEST(Speculative, StopTokenInsideAnAcceptedRunEndsThere) {
+  auto model = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  State ps = model->new_state();
+  const auto plain = generate_greedy(*model, ps, prompt, 16, {}, nullptr, 0);
+  const std::vector<int32_t> stop = {plain[5]};
+  State ps2 = model->new_state();
+  const auto plain_stop = generate_greedy(*model, ps2, prompt, 16, stop, nullptr, 0);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), plain.begin(), plain.end());
+  ReplayDrafter drafter(full, 0, static_cast<int32_t>(model->config().vocab));
+  State ss = model->new_state();
+  EXPECT_EQ(generate_greedy(*model, ss, prompt, 16, stop, &drafter, 8), plain_stop);
+  State ms = model->new_state();
+  ReplayDrafter d2(full, 0, static_cast<int32_t>(model->config().vocab));
+  EXPECT_EQ(generate_greedy(*model, ms, prompt, 7, {}, &d2, 8),
+            std::vector<int32_t>(plain.begin(), plain.begin() + 7));
+}
+
+TEST(Speculative, GreedyIdenticalOnAK3PresetModelAtTheMinimumBudget) {
+  // A small `make-model --preset k3` shape (4 layers, 16 experts) so the test takes seconds;
+  // the expert store at its minimum budget must give the same completion with drafting.
+  SyntheticSpec s = synthetic_preset("k3");
+  s.layers = 4;
+  s.experts = 16;
+  s.top_k = 4;
+  s.hidden = 256;
+  s.latent = 128;
+  s.moe_intermediate = 64;
+  s.dense_intermediate = 512;
+  s.vocab = 512;
+  s.kda_heads = 4;
+  s.kda_head_dim = 32;
+  s.mla_heads = 4;
+  const std::string dir = test::temp_dir("speck3") + "/model";
+  make_model(dir, s);
+  auto c = load_config(dir);
+  auto ck = Checkpoint::open(dir);
+  PlanOptions po;
+  po.budget = 1ull << 40;
+  po.max_rows = 16;
+  const uint64_t min_budget = plan_memory(c, *ck, po).min_working_set;
+  const std::vector<int32_t> prompt = {11, 4, 9, 4, 9, 4};
+  auto ram = load_model(dir);
+  State rs = ram->new_state();
+  const auto plain = generate_greedy(*ram, rs, prompt, 16, {}, nullptr, 0);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), plain.begin(), plain.end());
+  LoadOptions lo;
+  lo.plan.budget = min_budget;
+  lo.plan.max_rows = 16;
+  auto budgeted = load_model(dir, lo);
+  for (int wrong_every : {0, 2}) {
+    ReplayDrafter drafter(full, wrong_every, static_cast<int32_t>(s.vocab));
+    State bs = budgeted->new_state();
+    EXPECT_EQ(generate_greedy(*budgeted, bs, prompt, 16, {}, &drafter, 8), plain)
+        << "wrong_every=" << wrong_every;
+  }
+}
+
+// Through drive() and Generation (what run and chat use): greedy and seeded sampling give the
+// same completion with and without drafting, since rows are sampled exactly as plain passes
+// would be and a draft is accepted only when it equals the sampled token.
+TEST(Speculative, DriveWithDraftingKeepsGreedyAndSeededSamplingOutput) {
+  auto model = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+  const int32_t vocab = static_cast<int32_t>(model->config().vocab);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  for (float temperature : {0.0f, 0.8f}) {
+    GenerationParams params;
+    params.max_new_tokens = 20;
+    params.sampling.temperature = temperature;
+    params.sampling.top_k = 40;
+    params.sampling.seed = 1234;
+    params.sampling.has_seed = true;
+    Generation plain(prompt, params, nullptr, vocab);
+    State ps = model->new_state();
+    drive(*model, ps, plain, nullptr, nullptr);
+    const auto ids = plain.completion_ids();
+    ASSERT_EQ(ids.size(), 20u);
+    std::vector<int32_t> full = prompt;
+    full.insert(full.end(), ids.begin(), ids.end());
+    for (int wrong_every : {0, 3, 1}) {
+      ReplayDrafter drafter(full, wrong_every, vocab);
+      DraftConfig cfg;
+      cfg.drafter = &drafter;
+      cfg.max = 4;
+      Generation spec(prompt, params, nullptr, vocab);
+      State ss = model->new_state();
+      drive(*model, ss, spec, nullptr, nullptr, &cfg);
+      EXPECT_EQ(spec.completion_ids(), ids) << "T=" << temperature << " wrong=" << wrong_every;
+      EXPECT_EQ(ss.position(), ps.position());
+      if (wrong_every == 0) {
+        EXPECT_EQ(cfg.stats.accepted, cfg.stats.proposed);
+        EXPECT_LT(cfg.stats.target_passes, 10);
+      }
+      if (wrong_every == 1) EXPECT_EQ(cfg.stats.accepted, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deltafin
