@@ -268,12 +268,16 @@ class K3(torch.nn.Module):
         W1 = self.w(pre + "experts.w1")  # [E, inter, latent] stacked
         W3 = self.w(pre + "experts.w3")
         W2 = self.w(pre + "experts.w2")  # [E, latent, inter]
-        # dense evaluation of every expert, combined with a sparse weight matrix (exactly the
-        # routed sum: unselected experts get weight 0)
-        comb = torch.zeros(*s.shape, dtype=x.dtype).scatter(-1, sel, ws)  # [B,T,E]
-        h = situ(torch.einsum("bti,eoi->bteo", xi, W1), torch.einsum("bti,eoi->bteo", xi, W3))
-        y = torch.einsum("bteo,eio->btei", h, W2)
-        ybar = torch.einsum("bte,btei->bti", comb, y)
+        flat, fsel, fws = xi.reshape(-1, xi.shape[-1]), sel.reshape(-1, c.topk), ws.reshape(-1, c.topk)
+        ybar = torch.zeros_like(flat)
+        for e in range(c.experts):
+            rows, slot = torch.nonzero(fsel == e, as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            xe = flat[rows]
+            y = situ(xe @ W1[e].T, xe @ W3[e].T) @ W2[e].T
+            ybar = ybar.index_add(0, rows, y * fws[rows, slot].unsqueeze(-1))
+        ybar = ybar.reshape(xi.shape)
         routed = rms(ybar, self.w(pre + "routed_expert_norm.weight"), c.eps) @ self.w(
             pre + "routed_expert_up_proj.weight"
         ).T
