@@ -42,7 +42,7 @@ test-deps:
 	fi
 
 demo: deps build
-	$(BUILD)/src/cli/deltafin run --prompt "The capital of France is" --max-new 24 --stats
+	$(BUILD)/src/cli/deltafin run --prompt "The king said" --max-new 40 --temperature 0.7 --seed 3 --stats
 
 clean:
 	rm -rf $(BUILD)
