@@ -60,7 +60,7 @@ python: deps build
 	bash python/install.sh $(VENV) $(BUILD)/src/capi/libdeltafin.so
 
 demo: deps build
-	$(BUILD)/src/cli/deltafin run --prompt "The capital of France is" --max-new 24 --stats
+	$(BUILD)/src/cli/deltafin run --prompt "The king said" --max-new 40 --temperature 0.7 --seed 3 --stats
 
 clean:
 	rm -rf $(BUILD)

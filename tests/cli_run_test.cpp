@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/synthetic.h"
@@ -251,18 +252,56 @@ TEST(CliChat, SaveLoadAndSettingsChangesFallBackToFullPrefill) {
   EXPECT_EQ(full, 3u) << r.err;  // first turn, after /effort, after /load
 }
 
-TEST(CliRun, DemoModelIsMadeOnFirstUse) {
+// The built-in demo (no --model, no DELTAFIN_MODEL) is the trained checkpoint embedded in the
+// binary: the first run unpacks it into the cache, later runs reuse it, and a damaged or older
+// install (stamp mismatch) is replaced instead of being trusted.
+TEST(CliRun, DemoModelIsInstalledOnFirstUseAndReinstalledWhenDamaged) {
   std::string cache = test::temp_dir("democache");
+  const std::string dir = cache + "/demo-k3-english";
   setenv("DELTAFIN_CACHE", cache.c_str(), 1);
   unsetenv("DELTAFIN_MODEL");
-  auto r = test::run_deltafin(
-      {"run", "--prompt", "The capital of France is", "--max-new", "5", "--stats"});
+  const std::vector<std::string> args = {"run",       "--prompt", "The king said",
+                                         "--max-new", "8",        "--stats"};
+  auto first = test::run_deltafin(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("using the built-in demo at " + dir), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("trained for"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("[stats] decode"), std::string::npos) << first.err;
+  for (const char* f : {"config.json", "model.safetensors.index.json", "tiktoken.model",
+                        "tokenizer_config.json", "demo.json", ".deltafin-demo"})
+    EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
+
+  const auto stamped = fs::last_write_time(dir + "/.deltafin-demo");
+  auto again = test::run_deltafin(args);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, first.out);                                   // greedy: the same text
+  EXPECT_EQ(fs::last_write_time(dir + "/.deltafin-demo"), stamped);  // reused, not reinstalled
+
+  // A damaged install: a truncated tokenizer and a stale stamp. The next run reinstalls.
+  { std::ofstream(dir + "/tiktoken.model", std::ios::trunc) << "garbage"; }
+  { std::ofstream(dir + "/.deltafin-demo", std::ios::trunc) << "00000000-0"; }
+  auto repaired = test::run_deltafin(args);
+  unsetenv("DELTAFIN_CACHE");
+  ASSERT_EQ(repaired.exit_code, 0) << repaired.err;
+  EXPECT_EQ(repaired.out, first.out);
+}
+
+// The trained demo answers inside the K3 chat format: a thinking section, a non-empty response,
+// and its own end of turn (not the token limit). Sampled (seeded): greedy decoding of a model this
+// small loops on one phrase, so it is the sampled answer that shows the turn structure.
+TEST(CliRun, DemoModelAnswersAChatTurnAndEndsIt) {
+  std::string cache = test::temp_dir("demochat");
+  setenv("DELTAFIN_CACHE", cache.c_str(), 1);
+  unsetenv("DELTAFIN_MODEL");
+  auto r = test::run_deltafin({"run", "--chat", "--prompt", "Hello", "--max-new", "200",
+                               "--temperature", "0.7", "--seed", "3", "--json"});
   unsetenv("DELTAFIN_CACHE");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("random-weight model with the real K3 architecture"), std::string::npos)
-      << r.err;
-  EXPECT_NE(r.err.find("[stats] decode 4 tokens"), std::string::npos) << r.err;
-  EXPECT_TRUE(fs::exists(cache + "/demo-tiny/tiktoken.model"));
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["stop_reason"], "end_of_turn") << r.out;
+  EXPECT_FALSE(j["reasoning"].get<std::string>().empty()) << r.out;
+  EXPECT_FALSE(j["text"].get<std::string>().empty()) << r.out;
+  EXPECT_EQ(j["text"].get<std::string>().find("<|"), std::string::npos) << r.out;
 }
 
 }  // namespace

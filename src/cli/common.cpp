@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "cli/demo.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
@@ -108,20 +109,7 @@ std::string resolve_model_dir(const std::string& flag) {
   if (!flag.empty()) return checked(flag, "--model");
   if (const char* m = std::getenv("DELTAFIN_MODEL"); m != nullptr && *m)
     return checked(m, "DELTAFIN_MODEL");
-  const fs::path demo = fs::path(cache_dir()) / "demo-tiny";
-  if (!fs::exists(demo / "config.json")) {
-    fs::create_directories(demo.parent_path());
-    fs::remove_all(demo);  // a half-made folder from an interrupted first run
-    SyntheticSpec spec = synthetic_preset("tiny");
-    make_model(demo.string(), spec);
-  }
-  fmt::print(
-      stderr,
-      "note: no --model given, using the built-in demo at {}: a random-weight model with the "
-      "real K3 architecture (its output is gibberish). For real weights, download "
-      "moonshotai/Kimi-K3 and pass --model DIR or set DELTAFIN_MODEL.\n",
-      demo.string());
-  return demo.string();
+  return install_demo_model();
 }
 
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what) {
