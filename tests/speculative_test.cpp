@@ -189,7 +189,9 @@ TEST(Speculative, DriveWithDraftingKeepsGreedyAndSeededSamplingOutput) {
         EXPECT_EQ(cfg.stats.accepted, cfg.stats.proposed);
         EXPECT_LT(cfg.stats.target_passes, 10);
       }
-      if (wrong_every == 1) EXPECT_EQ(cfg.stats.accepted, 0);
+      if (wrong_every == 1) {
+        EXPECT_EQ(cfg.stats.accepted, 0);
+      }
     }
   }
 }
