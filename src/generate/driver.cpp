@@ -20,14 +20,9 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
   std::vector<int32_t> rows(gen.next_input().begin(), gen.next_input().end());
   rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
   PendingCommit pending;
-  SequenceInput in;
-  in.state = &state;
-  in.tokens = rows;
-  in.all_logits = true;
-  in.pending = &pending;
   std::vector<float> logits;
   try {
-    logits = model.forward(std::span<SequenceInput>(&in, 1));
+    logits = verify_pass(model, state, rows, pending);
   } catch (...) {
     gen.abort();
     throw;

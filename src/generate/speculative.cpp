@@ -56,6 +56,16 @@ GreedyVerdict verify_greedy(std::span<const float> logits, int64_t vocab,
   return v;
 }
 
+std::vector<float> verify_pass(Model& model, State& state, std::span<const int32_t> rows,
+                               PendingCommit& pending) {
+  SequenceInput in;
+  in.state = &state;
+  in.tokens = rows;
+  in.all_logits = true;
+  in.pending = &pending;
+  return model.forward(std::span<SequenceInput>(&in, 1));
+}
+
 std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const int32_t> prompt,
                                      int64_t max_new, std::span<const int32_t> stop_ids,
                                      Drafter* drafter, int draft_max, DraftStats* stats) {
@@ -78,12 +88,7 @@ std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const
     std::vector<int32_t> rows = {next};
     rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
     PendingCommit pending;
-    SequenceInput in;
-    in.state = &state;
-    in.tokens = rows;
-    in.all_logits = true;
-    in.pending = &pending;
-    auto lv = model.forward(std::span<SequenceInput>(&in, 1));
+    const std::vector<float> lv = verify_pass(model, state, rows, pending);
     const GreedyVerdict v = verify_greedy(lv, vocab, d.tokens);
     model.commit(state, pending, 1 + v.accepted);
     if (drafter) drafter->on_verified(static_cast<int>(d.tokens.size()), v.accepted);

@@ -18,6 +18,7 @@ namespace deltafin {
 
 class Model;
 class State;
+struct PendingCommit;
 
 struct DraftProposal {
   std::vector<int32_t> tokens;
@@ -58,6 +59,11 @@ struct GreedyVerdict {
 // `logits` are rows [drafts.size() + 1, vocab] of the pass over [last, d1 .. dk].
 GreedyVerdict verify_greedy(std::span<const float> logits, int64_t vocab,
                             std::span<const int32_t> drafts);
+
+// One deferred target pass over `rows` = [last committed token, d1 .. dk]: logits for every row
+// ([rows, vocab]); KDA/conv state stays as it was until Model::commit(state, pending, n).
+std::vector<float> verify_pass(Model& model, State& state, std::span<const int32_t> rows,
+                               PendingCommit& pending);
 
 struct DraftStats {
   int64_t proposed = 0;
