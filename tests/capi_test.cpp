@@ -315,8 +315,10 @@ TEST(CApi, ErrorsAreStatusesWithMessages) {
   EXPECT_EQ(deltafin_chat_send(c, R"({"content":"b","max_tokens":2})", &t2), DELTAFIN_OK)
       << deltafin_last_error();
   deltafin_stream_free(t2);
-  // A conversation that outgrows the context is refused, and the chat is as it was.
-  EXPECT_EQ(deltafin_chat_send(c, R"({"content":"c","max_tokens":2})", &t1), DELTAFIN_ERR_CONTEXT);
+  // A conversation that outgrows the context is refused, and the chat is as it was. (The turns
+  // above were cancelled at once; they are kept with their exact ids, so it takes a long turn.)
+  const std::string long_turn = json{{"content", std::string(4000, 'c')}, {"max_tokens", 2}}.dump();
+  EXPECT_EQ(deltafin_chat_send(c, long_turn.c_str(), &t1), DELTAFIN_ERR_CONTEXT);
   EXPECT_NE(std::string(deltafin_last_error()).find("context is 512 tokens"), std::string::npos);
   char* hist = nullptr;
   ASSERT_EQ(deltafin_chat_history_json(c, &hist), DELTAFIN_OK);

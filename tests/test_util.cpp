@@ -121,12 +121,16 @@ RunResult run_deltafin(const std::vector<std::string>& args, const std::string& 
   return r;
 }
 
-Child::Child(const std::vector<std::string>& args) {
-  int out_pipe[2], err_pipe[2];
+Child::Child(const std::vector<std::string>& args, bool with_stdin) {
+  int out_pipe[2], err_pipe[2], in_pipe[2] = {-1, -1};
   if (pipe(out_pipe) || pipe(err_pipe)) throw std::runtime_error("pipe failed");
+  if (with_stdin && pipe2(in_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  if (with_stdin)
+    posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
+  else
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
   for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
@@ -140,9 +144,20 @@ Child::Child(const std::vector<std::string>& args) {
   posix_spawn_file_actions_destroy(&fa);
   close(out_pipe[1]);
   close(err_pipe[1]);
+  if (with_stdin) close(in_pipe[0]);
+  in_ = in_pipe[1];
   out_ = out_pipe[0];
   err_ = err_pipe[0];
   if (rc != 0) throw std::runtime_error("cannot spawn " + full[0]);
+}
+
+void Child::write_stdin(const std::string& data) {
+  size_t done = 0;
+  while (in_ >= 0 && done < data.size()) {
+    const ssize_t n = ::write(in_, data.data() + done, data.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
 }
 
 Child::~Child() {
@@ -152,6 +167,7 @@ Child::~Child() {
   }
   if (out_ >= 0) close(out_);
   if (err_ >= 0) close(err_);
+  if (in_ >= 0) close(in_);
 }
 
 void Child::pump(double timeout_s, const std::function<bool()>& done) {

@@ -31,7 +31,9 @@ RunResult run_deltafin(const std::vector<std::string>& args, const std::string& 
 // A deltafin process running in the background (for signals and servers).
 class Child {
  public:
-  explicit Child(const std::vector<std::string>& args);
+  // With `with_stdin`, the child's stdin is a pipe this object writes to (else /dev/null).
+  explicit Child(const std::vector<std::string>& args, bool with_stdin = false);
+  void write_stdin(const std::string& data);
   ~Child();
   // Reads stdout until it holds `needle` (or `timeout_s` passes); returns what was read so far.
   std::string wait_stdout(const std::string& needle, double timeout_s = 60);
@@ -43,7 +45,7 @@ class Child {
 
  private:
   void pump(double timeout_s, const std::function<bool()>& done);
-  int pid_ = -1, out_ = -1, err_ = -1;
+  int pid_ = -1, out_ = -1, err_ = -1, in_ = -1;
   RunResult r_;
   bool exited_ = false;
 };

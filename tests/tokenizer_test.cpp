@@ -739,8 +739,10 @@ TEST(TokenizeCommand, Errors) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--text: expected a JSON array of token ids"), std::string::npos) << r.err;
   r = run_deltafin({"tokenize", "--model", tok_dir()});
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "deltafin: tokenize: give exactly one of --text and --file\n");
+  EXPECT_EQ(r.exit_code, 2);  // a usage error
+  EXPECT_EQ(r.err,
+            "deltafin: tokenize: give exactly one of --text and --file (see deltafin tokenize "
+            "--help)\n");
   r = run_deltafin({"tokenize", "--model", tok_dir(), "--file", "/nonexistent/x"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--file /nonexistent/x: cannot open for reading"), std::string::npos)

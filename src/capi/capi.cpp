@@ -13,6 +13,7 @@
 
 #include "capi/handles.h"
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
@@ -87,10 +88,11 @@ int32_t* copy_ids(const std::vector<int32_t>& ids) {
 json parse_object(const char* text, const char* what) {
   require(text, what);
   json j;
+  check_json_depth(text, kMaxJsonDepth, what);
   try {
     j = json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    fail_arg("{}: not valid JSON ({})", what, e.what());
+    fail_arg("{}: not valid JSON ({})", what, json_error_text(e));
   }
   if (!j.is_object()) fail_arg("{}: expected a JSON object, got {}", what, j.type_name());
   return j;
@@ -227,7 +229,7 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
                                  : (p.ctx > 0 ? p.ctx : c.max_positions);
     l.max_tokens = l.context;
     l.vocab = c.vocab;
-    l.stop_ids.push_back(static_cast<int32_t>(c.eos_token_id));
+    for (const int64_t id : c.eos_token_ids) l.stop_ids.push_back(static_cast<int32_t>(id));
     if (m->tok) {
       if (auto eom = m->tok->special_id("<|end_of_msg|>"); eom && *eom != c.eos_token_id)
         l.stop_ids.push_back(*eom);

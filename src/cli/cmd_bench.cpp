@@ -82,11 +82,21 @@ struct DecodeTotals {
 
 void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
-    fail_arg("--prompt-tokens, --gen-tokens and --reps must be at least 1");
+    fail_usage("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
   a.engine.max_rows = std::max<int64_t>(a.engine.max_rows, a.prompt_tokens);
   auto model = load_model(a.engine);
   const ModelConfig& c = model->config();
+  // Each repetition holds its prompt and every generated token in one state: check the whole
+  // length now rather than after the repetitions that fit.
+  const int64_t context = model->plan() ? model->plan()->context : c.max_positions;
+  if (int64_t{a.prompt_tokens} + a.gen_tokens > context) {
+    fail_usage(
+        "--prompt-tokens {} + --gen-tokens {} = {} tokens, more than the context of {} positions "
+        "(lower them, or raise --ctx up to the model's {})",
+        a.prompt_tokens, a.gen_tokens, int64_t{a.prompt_tokens} + a.gen_tokens, context,
+        c.max_positions);
+  }
   // Deterministic pseudo-random prompt over the ordinary (non-special) ids.
   const int64_t ordinary = std::max<int64_t>(1, c.vocab > 512 ? c.vocab - 256 : c.vocab);
   // A different prompt per repetition, so no repetition replays another's expert reads.

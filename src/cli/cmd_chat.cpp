@@ -1,11 +1,14 @@
 // `deltafin chat`: an interactive multi-turn session on one kept model state (each turn costs
 // only its new tokens). Line editing and history come from libedit when stdin is a terminal;
 // otherwise lines are read from stdin as they are (scripts, tests). Ctrl-C stops the current
-// answer; Ctrl-D or /quit ends the session.
+// answer (kept, with its exact ids); Ctrl-C at the prompt, Ctrl-D or /quit end the session. A
+// failing command (/save to a bad path, /load of a bad file) prints its error and the session
+// goes on: nothing typed at the prompt ends a conversation but the commands that say so.
 #include <editline/readline.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -14,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/gen_options.h"
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "core/mapped_file.h"
 #include "generate/chat_session.h"
 #include "generate/driver.h"
@@ -32,20 +36,45 @@ const char* kHelp =
     "on|off  "
     "/help  /quit";
 
+// SIGINT while waiting at the prompt: without SA_RESTART the read returns (EINTR) and the
+// session ends cleanly instead of the process being killed.
+std::atomic<bool> g_prompt_interrupted{false};
+extern "C" void on_prompt_sigint(int) {
+  g_prompt_interrupted.store(true);
+}
+
 bool read_line(bool tty, std::string& line) {
+  struct sigaction sa {};
+  sa.sa_handler = on_prompt_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  struct sigaction old {};
+  sigaction(SIGINT, &sa, &old);
+  struct Restore {
+    struct sigaction* old;
+    ~Restore() { sigaction(SIGINT, old, nullptr); }
+  } restore{&old};
+  if (g_prompt_interrupted.load()) return false;
   if (tty) {
     char* l = ::readline("> ");
-    if (l == nullptr) return false;
+    if (l == nullptr || g_prompt_interrupted.load()) {
+      std::free(l);
+      return false;
+    }
     line = l;
     if (!line.empty()) ::add_history(l);
     std::free(l);
     return true;
   }
-  return static_cast<bool>(std::getline(std::cin, line));
+  return static_cast<bool>(std::getline(std::cin, line)) && !g_prompt_interrupted.load();
+}
+
+const char* plural(int64_t n) {
+  return n == 1 ? "" : "s";
 }
 
 void run_chat(ChatArgs& a) {
-  if (a.think != "on" && a.think != "off") fail_arg("--think {}: expected on or off", a.think);
+  if (a.think != "on" && a.think != "off") fail_usage("--think {}: expected on or off", a.think);
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
@@ -64,46 +93,49 @@ void run_chat(ChatArgs& a) {
     if (line.empty()) continue;
     try {
       if (line[0] == '/') {
-        std::string cmd = line.substr(0, line.find(' '));
-        std::string arg = line.size() > cmd.size() ? line.substr(cmd.size() + 1) : "";
-        if (cmd == "/quit" || cmd == "/exit") break;
-        if (cmd == "/help") {
-          fmt::print(stderr, "{}\n", kHelp);
-        } else if (cmd == "/reset") {
-          session.reset();
-          fmt::print(stderr, "conversation cleared\n");
-        } else if (cmd == "/system") {
-          session.set_system(arg);
-          fmt::print(stderr, "system prompt {}\n", arg.empty() ? "cleared" : "set");
-        } else if (cmd == "/effort") {
-          session.set_effort(arg);
-          fmt::print(stderr, "reasoning effort {}\n", arg);
-        } else if (cmd == "/think") {
-          if (arg != "on" && arg != "off") fail_arg("/think {}: expected on or off", arg);
-          session.set_thinking(arg == "on");
-          fmt::print(stderr, "thinking {}\n", arg);
-        } else if (cmd == "/save") {
-          if (arg.empty()) fail_arg("/save needs a file name");
-          write_file_atomic(arg, session.to_json().dump(2) + "\n");
-          fmt::print(stderr, "saved to {}\n", arg);
-        } else if (cmd == "/load") {
-          if (arg.empty()) fail_arg("/load needs a file name");
-          nlohmann::ordered_json j;
-          try {
-            j = nlohmann::ordered_json::parse(read_file(arg));
-          } catch (const nlohmann::json::parse_error& e) {
-            fail_arg("{}: not valid JSON: {}", arg, e.what());
+        try {
+          std::string cmd = line.substr(0, line.find(' '));
+          std::string arg = line.size() > cmd.size() ? line.substr(cmd.size() + 1) : "";
+          if (cmd == "/quit" || cmd == "/exit") break;
+          if (cmd == "/help") {
+            fmt::print(stderr, "{}\n", kHelp);
+          } else if (cmd == "/reset") {
+            session.reset();
+            fmt::print(stderr, "conversation cleared\n");
+          } else if (cmd == "/system") {
+            session.set_system(arg);
+            fmt::print(stderr, "system prompt {}\n", arg.empty() ? "cleared" : "set");
+          } else if (cmd == "/effort") {
+            session.set_effort(arg);
+            fmt::print(stderr, "reasoning effort {}\n", arg);
+          } else if (cmd == "/think") {
+            if (arg != "on" && arg != "off") fail_arg("/think {}: expected on or off", arg);
+            session.set_thinking(arg == "on");
+            fmt::print(stderr, "thinking {}\n", arg);
+          } else if (cmd == "/save") {
+            if (arg.empty()) fail_arg("/save needs a file name");
+            write_file_atomic(arg, session.to_json().dump(2) + "\n");
+            fmt::print(stderr, "saved to {}\n", arg);
+          } else if (cmd == "/load") {
+            if (arg.empty()) fail_arg("/load needs a file name");
+            session.load_json(parse_ordered_json(read_file(arg), arg));
+            fmt::print(stderr,
+                       "loaded {} (the next turn prefills the whole conversation, {} tokens)\n",
+                       arg, session.history_tokens());
+          } else if (cmd == "/stats") {
+            if (last) fmt::print(stderr, "{}\n", last->summary());
+            fmt::print(
+                stderr,
+                "[session] {} turn{}, {} tokens prefilled, {} reused, {} generated, {} in the "
+                "conversation\n",
+                turns, plural(turns), total_prefill, total_reused, total_generated,
+                session.history_tokens());
+          } else {
+            fmt::print(stderr, "unknown command {} ({})\n", cmd, kHelp);
           }
-          session.load_json(j);
-          fmt::print(stderr, "loaded {} (the next turn prefills the whole conversation)\n", arg);
-        } else if (cmd == "/stats") {
-          if (last) fmt::print(stderr, "{}\n", last->summary());
-          fmt::print(stderr,
-                     "[session] {} turns, {} tokens prefilled, {} reused, {} generated, {} in the "
-                     "conversation\n",
-                     turns, total_prefill, total_reused, total_generated, session.history_tokens());
-        } else {
-          fmt::print(stderr, "unknown command {} ({})\n", cmd, kHelp);
+        } catch (const std::exception& e) {
+          // A command that fails (a bad path, an unreadable file) never ends the session.
+          fmt::print(stderr, "error: {}\n", e.what());
         }
         continue;
       }
@@ -134,9 +166,13 @@ void run_chat(ChatArgs& a) {
       }
       last = s;
     } catch (const InvalidArgument& e) {
-      fmt::print(stderr, "error: {}\n", e.what());
+      const bool full = std::string(e.what()).find("context") != std::string::npos;
+      fmt::print(
+          stderr, "error: {}{}\n", e.what(),
+          full ? " (the conversation is full: /reset starts a new one, /save keeps it)" : "");
     }
   }
+  if (g_prompt_interrupted.load()) fmt::print(stderr, "\ninterrupted: leaving the chat\n");
 }
 }  // namespace
 

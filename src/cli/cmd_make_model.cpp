@@ -1,6 +1,9 @@
 // `deltafin make-model`: writes a synthetic checkpoint in the exact release layout (random
 // weights, real K3 architecture) for tests, benchmarks and the demo.
 #include <fmt/format.h>
+#include <signal.h>
+
+#include <atomic>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -25,7 +28,19 @@ struct MakeModelArgs {
   int threads = 0;
 };
 
+// SIGINT/SIGTERM while writing: the progress callback sees the flag and throws, so the library
+// removes its partial folder on the way out (a killed process would leave it behind).
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  g_signal.store(sig);
+}
+
 void run_make_model(const MakeModelArgs& a) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   set_global_threads(a.threads);
   SyntheticSpec s = synthetic_preset(a.preset);
   if (a.layers > 0) s.layers = a.layers;
@@ -53,6 +68,8 @@ void run_make_model(const MakeModelArgs& a) {
   if (s.top_k > s.experts) fail_arg("--top-k {} exceeds --experts {}", s.top_k, s.experts);
   double last_report = 0;
   auto r = make_model(a.out, s, [&](const MakeModelProgress& p) {
+    if (const int sig = g_signal.load())
+      fail("interrupted by signal {}; the partial checkpoint was removed", sig);
     if (!a.quiet && p.bytes_total > (256ull << 20) &&
         (p.seconds - last_report > 2.0 || p.bytes_written == p.bytes_total)) {
       last_report = p.seconds;
@@ -81,18 +98,22 @@ void register_make_model(CLI::App& app) {
                   "32 experts, vocab 32768 unless overridden)")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers,
-                  "Number of layers (MLA at every 4th and the last unless --mla-layers)");
-  cmd->add_option("--experts", a->experts, "Routed experts per MoE layer");
-  cmd->add_option("--top-k", a->top_k, "Experts per token");
-  cmd->add_option("--hidden", a->hidden, "Hidden size");
-  cmd->add_option("--vocab", a->vocab, "Vocabulary size (>= 512; the last 256 ids are special)");
+                  "Number of layers (MLA at every 4th and the last unless --mla-layers)")
+      ->check(positive());
+  cmd->add_option("--experts", a->experts, "Routed experts per MoE layer")->check(positive());
+  cmd->add_option("--top-k", a->top_k, "Experts per token")->check(positive());
+  cmd->add_option("--hidden", a->hidden, "Hidden size")->check(positive());
+  cmd->add_option("--vocab", a->vocab, "Vocabulary size (>= 512; the last 256 ids are special)")
+      ->check(positive());
   cmd->add_option("--dense-layers", a->dense_layers,
-                  "first_k_dense_replace: leading dense-FFN layers");
-  cmd->add_option("--attn-res-block", a->block, "Attention-residual block size");
+                  "first_k_dense_replace: leading dense-FFN layers")
+      ->check(non_negative());
+  cmd->add_option("--attn-res-block", a->block, "Attention-residual block size")->check(positive());
   cmd->add_option("--mla-layers", a->mla_layers,
                   "1-based MLA layers, e.g. 4,8,9 (the rest are KDA)")
       ->delimiter(',');
-  cmd->add_option("--routed-scaling", a->scaling, "routed_scaling_factor");
+  cmd->add_option("--routed-scaling", a->scaling, "routed_scaling_factor")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--experts-format", a->format, "mxfp4 (default) or bf16");
   cmd->add_option("--shard-size", a->shard_size,
                   "Target shard size, e.g. 4G (default 4M tiny, 4G k3)");

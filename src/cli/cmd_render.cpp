@@ -15,7 +15,9 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "tokenizer/chat.h"
+#include "tokenizer/chat_check.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin::cli {
@@ -40,12 +42,15 @@ std::string read_request(const std::string& path) {
 }
 
 void run_render(const RenderOptions& o) {
+  const std::string text = read_request(o.request);
   nlohmann::ordered_json body;
+  check_json_depth(text, kMaxJsonDepth, "--request " + o.request);
   try {
-    body = nlohmann::ordered_json::parse(read_request(o.request));
+    body = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    fail_arg("--request {}: invalid JSON: {}", o.request, e.what());
+    fail_arg("--request {}: invalid JSON: {}", o.request, json_error_text(e));
   }
+  check_chat_body(body);  // the server's checks: what it refuses, render refuses too
   const ChatRequest request = ChatRequest::from_json(body);
   const Tokenizer tok = Tokenizer::load(o.model);
   const RenderedPrompt prompt = render(request, tok);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -20,16 +21,20 @@ namespace {
 struct RunArgs {
   EngineOptions engine;
   GenOptions gen;
-  std::string prompt, prompt_ids, prompt_file, system, think = "on", effort = "max";
+  std::optional<std::string> prompt;  // given but empty is its own error
+  std::string prompt_ids, prompt_file, system, think = "on", effort = "max";
   bool chat = false, json = false;
 };
 
 void run_run(RunArgs& a) {
-  int given = !a.prompt.empty() + !a.prompt_ids.empty() + !a.prompt_file.empty();
-  if (given != 1) fail_arg("give exactly one of --prompt, --prompt-ids and --prompt-file");
-  if (a.think != "on" && a.think != "off") fail_arg("--think {}: expected on or off", a.think);
-  if (a.chat && !a.prompt_ids.empty()) fail_arg("--chat renders text; it cannot take --prompt-ids");
-  if (!a.chat && !a.system.empty()) fail_arg("--system needs --chat");
+  const int given = a.prompt.has_value() + !a.prompt_ids.empty() + !a.prompt_file.empty();
+  if (given == 0) fail_usage("no prompt: give one of --prompt, --prompt-ids or --prompt-file");
+  if (given > 1) fail_usage("give only one of --prompt, --prompt-ids and --prompt-file");
+  if (a.prompt && a.prompt->empty()) fail_usage("empty prompt: --prompt is \"\"");
+  if (a.think != "on" && a.think != "off") fail_usage("--think {}: expected on or off", a.think);
+  if (a.chat && !a.prompt_ids.empty())
+    fail_usage("--chat renders text; it cannot take --prompt-ids");
+  if (!a.chat && !a.system.empty()) fail_usage("--system needs --chat");
   a.engine.model = resolve_model_dir(a.engine.model);
   std::optional<Tokenizer> tok;
   if (has_tokenizer(a.engine.model)) {
@@ -53,7 +58,7 @@ void run_run(RunArgs& a) {
   if (!a.prompt_ids.empty()) {
     prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
   } else {
-    std::string text = a.prompt_file.empty() ? a.prompt : read_file(a.prompt_file);
+    std::string text = a.prompt_file.empty() ? *a.prompt : read_file(a.prompt_file);
     if (a.chat) {
       ChatRequest req;
       if (!a.system.empty()) req.messages.push_back({ChatMessage::Role::system, "", a.system});

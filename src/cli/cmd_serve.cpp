@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -36,7 +37,8 @@ struct ServeArgs {
   EngineOptions engine;
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string api_key, api_key_file;
+  std::optional<std::string> api_key;  // given but empty is refused, not "no authentication"
+  std::string api_key_file;
   std::string model_id = "kimi-k3";
   std::vector<std::string> aliases;
   int parallel = 1;
@@ -94,16 +96,27 @@ std::string read_key_file(const std::string& path) {
 }
 
 void run_serve(ServeArgs& a) {
-  if (!a.api_key.empty() && !a.api_key_file.empty())
-    fail_arg("give --api-key or --api-key-file, not both");
+  if (a.api_key && !a.api_key_file.empty())
+    fail_usage("give --api-key or --api-key-file, not both");
+  if (a.api_key && a.api_key->empty())
+    fail_usage("--api-key is empty (expected the key; leave the flag out to serve without one)");
   if (!a.api_key_file.empty()) a.api_key = read_key_file(a.api_key_file);
-  if (!(a.timeout > 0)) fail_arg("--timeout {}: must be positive (seconds)", a.timeout);
-  // A bare number is bytes here (parse_size reads it as GiB).
-  const bool digits = !a.max_request_bytes.empty() && a.max_request_bytes.size() < 19 &&
-                      a.max_request_bytes.find_first_not_of("0123456789") == std::string::npos;
-  const uint64_t max_body = digits ? std::stoull(a.max_request_bytes)
-                                   : parse_size(a.max_request_bytes, "--max-request-bytes");
-  if (max_body == 0) fail_arg("--max-request-bytes must be positive");
+  const std::string api_key = a.api_key.value_or("");
+  if (!(a.timeout > 0)) fail_usage("--timeout {}: must be positive (seconds)", a.timeout);
+  // A bare number is bytes here (parse_size reads it as GiB), so parse_size's message would lie.
+  const std::string& mrb = a.max_request_bytes;
+  const bool digits =
+      !mrb.empty() && mrb.size() < 19 && mrb.find_first_not_of("0123456789") == std::string::npos;
+  uint64_t max_body = 0;
+  try {
+    max_body = digits ? std::stoull(mrb) : parse_size(mrb, "--max-request-bytes");
+  } catch (const InvalidArgument&) {
+    fail_usage(
+        "--max-request-bytes {}: not a size (expected bytes, e.g. 1048576, or a number with K, M "
+        "or G, powers of 1024, e.g. 16M)",
+        mrb);
+  }
+  if (max_body == 0) fail_usage("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
@@ -145,7 +158,7 @@ void run_serve(ServeArgs& a) {
   server::HttpOptions ho;
   ho.host = a.host;
   ho.port = a.port;
-  ho.api_key = a.api_key;
+  ho.api_key = api_key;
   ho.max_request_bytes = max_body;
   ho.timeout_s = a.timeout;
   ho.threads =
@@ -155,7 +168,7 @@ void run_serve(ServeArgs& a) {
   ho.webui = !a.no_webui;
   server::HttpServer http(ho, tok, metrics);
   const int port = http.bind();
-  if (!is_loopback(a.host) && a.api_key.empty()) {
+  if (!is_loopback(a.host) && api_key.empty()) {
     log_warn(
         "listening on {} without an API key: anyone who can reach this address can use the model "
         "(give --api-key or --api-key-file)",
@@ -185,7 +198,7 @@ void run_serve(ServeArgs& a) {
   limits.context = context;
   limits.max_tokens = a.max_tokens > 0 ? std::min(a.max_tokens, context) : context;
   limits.vocab = cfg.vocab;
-  limits.stop_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
+  for (const int64_t id : cfg.eos_token_ids) limits.stop_ids.push_back(static_cast<int32_t>(id));
   if (auto eom = tok.special_id("<|end_of_msg|>"); eom && *eom != cfg.eos_token_id)
     limits.stop_ids.push_back(*eom);
   limits.prefill_chunk = a.prefill_chunk;
@@ -207,7 +220,7 @@ void run_serve(ServeArgs& a) {
              a.engine.model, a.model_id,
              a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
              context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout, a.cache,
-             a.api_key.empty() ? "" : ", API key required");
+             api_key.empty() ? "" : ", API key required");
   if (!a.no_webui) {
     fmt::print(stderr, "deltafin serve: open http://{}{}{}:{}/ in a browser for the chat page\n",
                v6 ? "[" : "", a.host, v6 ? "]" : "", port);

@@ -14,7 +14,9 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin::cli {
@@ -49,10 +51,11 @@ void write_stdout(std::string_view bytes) {
 
 std::vector<int32_t> parse_id_list(const std::string& input, const std::string& source) {
   nlohmann::json j;
+  check_json_depth(input, kMaxJsonDepth, source);
   try {
     j = nlohmann::json::parse(input);
   } catch (const nlohmann::json::parse_error& e) {
-    fail_arg("{}: expected a JSON array of token ids: {}", source, e.what());
+    fail_arg("{}: expected a JSON array of token ids: {}", source, json_error_text(e));
   }
   if (!j.is_array()) fail_arg("{}: expected a JSON array of token ids", source);
   std::vector<int32_t> ids;
@@ -68,7 +71,7 @@ std::vector<int32_t> parse_id_list(const std::string& input, const std::string& 
 }
 
 void run_tokenize(const TokenizeOptions& o, bool have_text, bool have_file) {
-  if (have_text == have_file) fail_arg("tokenize: give exactly one of --text and --file");
+  if (have_text == have_file) fail_usage("tokenize: give exactly one of --text and --file");
   const std::string input = have_file ? read_input_file(o.file) : o.text;
   const Tokenizer tok = Tokenizer::load(o.model);
   if (o.decode) {

@@ -50,7 +50,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   cmd->add_option("--threads", o.threads, "Compute threads (default: one per physical core)")
       ->check(non_negative());
   cmd->add_option("--kernels", o.kernels,
-                  "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)");
+                  "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon"}));
   cmd->add_option("--memory-budget", o.memory_budget,
                   "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default "
                   "75% of RAM or of the "

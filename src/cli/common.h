@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/engine.h"
 
 namespace deltafin::cli {
@@ -20,6 +21,19 @@ using deltafin::heat_file_for;
 using deltafin::load_model;
 using deltafin::parse_size;
 using deltafin::require_model_folder;
+
+// A usage error (a flag's value, a missing or conflicting flag): `main` prints it with a pointer to
+// the subcommand's --help and exits 2, as the parser's own errors do. Bad files and runtime
+// failures stay Error / InvalidArgument (exit 1).
+class UsageError : public InvalidArgument {
+ public:
+  explicit UsageError(const std::string& message) : InvalidArgument(message) {}
+};
+
+template <typename... Args>
+[[noreturn]] void fail_usage(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
 
 // Flag validators with one-line messages.
 CLI::Validator non_negative();

@@ -31,7 +31,15 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
       ->capture_default_str();
   cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty (-2..2)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Random seed (same seed + settings = same output)");
+  cmd->add_option("--seed", o.seed, "Random seed, 0 to 2^64-1 (same seed + settings = same output)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const bool ok = !v.empty() && v.size() <= 20 &&
+                            v.find_first_not_of("0123456789") == std::string::npos &&
+                            (v.size() < 20 || v <= "18446744073709551615");
+            return ok ? "" : "expected a whole number from 0 to 18446744073709551615, found " + v;
+          },
+          "0..2^64-1"));
   cmd->add_option("--stop", o.stop, "Stop when the response text contains STR (repeatable)")
       ->allow_extra_args(false);
   cmd->add_flag("--hide-thinking", o.hide_thinking, "Do not show the thinking channel");
@@ -57,7 +65,11 @@ SamplingParams sampling_from(const GenOptions& o) {
     s.seed = *o.seed;
     s.has_seed = true;
   }
-  s.validate();
+  try {
+    s.validate();
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());  // a sampling flag's value: a usage error
+  }
   return s;
 }
 
@@ -66,7 +78,7 @@ GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenize
   p.max_new_tokens = o.max_new;
   p.sampling = sampling_from(o);
   p.stop_strings = o.stop;
-  p.stop_ids.push_back(static_cast<int32_t>(m.config().eos_token_id));
+  for (const int64_t id : m.config().eos_token_ids) p.stop_ids.push_back(static_cast<int32_t>(id));
   if (tok != nullptr) {
     if (auto eom = tok->special_id("<|end_of_msg|>"); eom && *eom != m.config().eos_token_id)
       p.stop_ids.push_back(*eom);

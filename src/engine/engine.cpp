@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -8,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 #include "storage/expert_directory.h"
@@ -73,8 +75,20 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
   return std::make_unique<LoadedModel>(std::move(parts), ck, inventory, std::move(plan));
 }
 
+// More compute threads than CPUs only makes them wait for each other (a pass synchronises all
+// of them many times), which runs tens of times slower: cap at the CPUs this process may use.
+static int capped_threads(int threads) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : physical_cores();
+  if (threads <= cpus || cpus <= 0) return threads;
+  log_warn("--threads {} is more than the {} CPUs this process may use; using {}", threads, cpus,
+           cpus);
+  return cpus;
+}
+
 void apply_engine_options(const EngineOptions& o) {
-  set_global_threads(o.threads);
+  set_global_threads(capped_threads(o.threads));
   if (!o.kernels.empty()) kernels::select(o.kernels.c_str());
 }
 

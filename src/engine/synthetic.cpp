@@ -406,15 +406,36 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
   }
 
   fs::path out(out_dir);
-  if (fs::exists(out) && !fs::is_directory(out)) fail_arg("{} exists and is not a folder", out_dir);
-  if (fs::exists(out) && !fs::is_empty(out)) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+    fail_arg("{} exists and is not a folder", out_dir);
+  if (fs::exists(out, ec) && !fs::is_empty(out, ec)) {
     fail_arg("{} is not empty (make-model writes a new checkpoint folder; remove it first)",
              out_dir);
   }
   fs::path tmp =
       out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  fs::remove_all(tmp, ec);
+  if (fs::create_directories(tmp, ec); ec)
+    fail_arg("cannot create the folder {}: {}", tmp.string(), ec.message());
+  // Whatever ends the writing early (an error, a full disk, the CLI's SIGINT/SIGTERM handling
+  // through `progress`) removes the partial folder rather than leaving it behind.
+  struct RemoveUnlessKept {
+    fs::path dir;
+    bool keep = false;
+    ~RemoveUnlessKept() {
+      std::error_code e;
+      if (!keep) fs::remove_all(dir, e);
+    }
+  } partial{tmp};
+  // Refuse what cannot fit before writing any of it (shards + a little for the small files).
+  if (const fs::space_info sp = fs::space(tmp, ec); !ec && total + (1ull << 20) > sp.available) {
+    fail_arg(
+        "the checkpoint needs {:.2f} GiB but {} has {:.2f} GiB free (make a smaller model: fewer "
+        "--layers or --experts, a smaller --hidden)",
+        static_cast<double>(total) / 1073741824.0, fs::absolute(tmp.parent_path()).string(),
+        static_cast<double>(sp.available) / 1073741824.0);
+  }
 
   const int n = static_cast<int>(shards.size());
   ojson weight_map = ojson::object();
@@ -473,8 +494,10 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
   write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(1) + "\n");
   write_file_atomic((tmp / "config.json").string(), config_text);
   if (spec.tokenizer) write_synthetic_tokenizer(tmp.string(), static_cast<int32_t>(spec.vocab));
-  if (fs::exists(out)) fs::remove(out);
-  fs::rename(tmp, out);
+  if (fs::exists(out, ec)) fs::remove(out, ec);
+  if (fs::rename(tmp, out, ec); ec)
+    fail_io("cannot move {} to {}: {}", tmp.string(), out_dir, ec.message());
+  partial.keep = true;
 
   MakeModelResult r;
   r.bytes = total;

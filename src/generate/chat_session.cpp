@@ -1,3 +1,5 @@
+// The chat session (see chat_session.h). Cancelled answers are kept with their exact ids, and a
+// saved conversation carries its ids, so neither forces a re-tokenisation of generated text.
 #include "generate/chat_session.h"
 
 #include <algorithm>
@@ -33,6 +35,7 @@ ChatTurn ChatSession::begin_user_turn(const std::string& text) {
     t.input = to_feed_;
     t.input.insert(t.input.end(), tail.begin(), tail.end());
     t.reused = state_.position();
+    t.full_prefill = t.reused == 0;  // a loaded conversation: its saved ids, then the turn
     history_.insert(history_.end(), tail.begin(), tail.end());
   } else {
     state_.reset();
@@ -69,7 +72,9 @@ void ChatSession::end_turn(const Generation& g) {
   const auto ids = g.completion_ids();
   const std::string text = tok_.decode(ids);
   const bool ended = text.find("<|end_of_msg|>") != std::string::npos;
-  if (g.stop_reason() == StopReason::kCancelled || g.stop_reason() == StopReason::kStopString ||
+  // A cancelled answer (Ctrl-C) is kept like any other: the state holds exactly its ids, and
+  // closing it as the renderer closes the recorded message keeps the next turn incremental.
+  if (g.stop_reason() == StopReason::kStopString ||
       (!ended && text.find("<|open|>tools") != std::string::npos) || !g.tool_calls().empty()) {
     // The kept state no longer matches a rendering of the recorded message.
     history_valid_ = false;
@@ -121,16 +126,25 @@ nlohmann::ordered_json ChatSession::to_json() const {
     if (m.reasoning) j["reasoning_content"] = *m.reasoning;
     msgs.push_back(j);
   }
-  return {{"messages", msgs}, {"thinking", thinking_}, {"reasoning_effort", effort_}};
+  nlohmann::ordered_json j = {
+      {"messages", msgs}, {"thinking", thinking_}, {"reasoning_effort", effort_}};
+  // The ids the model saw: generated special tokens are ids, which a re-rendering of the text
+  // would encode as ordinary text; saving them makes /save + /load exact.
+  if (history_valid_) j["token_ids"] = history_;
+  return j;
 }
 
 void ChatSession::load_json(const nlohmann::ordered_json& j) {
+  // Everything is checked before the session changes, so a bad file leaves it as it was.
   ChatRequest r = ChatRequest::from_json(j);
-  reset();
-  system_.clear();
+  ChatRequest loaded;  // system message first, as request() builds it
+  std::string system;
+  bool have_system = false;
   for (auto& m : r.messages) {
-    if (m.role == ChatMessage::Role::system && messages_.empty() && system_.empty()) {
-      system_ = m.content;
+    if (m.role == ChatMessage::Role::system && loaded.messages.empty() && !m.content.empty()) {
+      system = m.content;
+      have_system = true;
+      loaded.messages.push_back(m);
       continue;
     }
     if (m.role == ChatMessage::Role::tool ||
@@ -138,10 +152,36 @@ void ChatSession::load_json(const nlohmann::ordered_json& j) {
       fail_arg(
           "the chat command keeps plain conversations; tool calls and results cannot be loaded");
     }
-    messages_.push_back(std::move(m));
+    loaded.messages.push_back(std::move(m));
   }
-  thinking_ = r.thinking;
-  if (r.reasoning_effort) effort_ = *r.reasoning_effort;
+  loaded.thinking = r.thinking;
+  loaded.reasoning_effort = r.reasoning_effort.value_or(effort_);
+  loaded.add_generation_prompt = false;
+  std::vector<int32_t> ids;
+  const auto it = j.find("token_ids");
+  const bool have_ids = it != j.end() && !it->is_null();
+  if (have_ids) {
+    if (!it->is_array()) fail_arg("token_ids: expected an array of token ids");
+    ids.reserve(it->size());
+    for (size_t i = 0; i < it->size(); ++i) {
+      const auto& v = (*it)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok_.vocab_size())
+        fail_arg("token_ids[{}]: {} is not a token id (expected 0 to {})", i, v.dump(),
+                 tok_.vocab_size() - 1);
+      ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    }
+  }
+
+  reset();
+  system_ = std::move(system);
+  messages_.assign(loaded.messages.begin() + (have_system ? 1 : 0), loaded.messages.end());
+  thinking_ = loaded.thinking;
+  effort_ = *loaded.reasoning_effort;
+  if (have_ids) {
+    history_ = std::move(ids);
+    to_feed_ = history_;  // the state is empty: the next turn feeds all of them
+    history_valid_ = true;
+  }
 }
 
 }  // namespace deltafin

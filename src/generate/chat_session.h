@@ -47,6 +47,10 @@ class ChatSession {
   // The conversation as OpenAI-style JSON: {"messages": [...], "thinking": b, "reasoning_effort":
   // e}.
   nlohmann::ordered_json to_json() const;
+  // Loads a conversation saved by to_json (checked completely before the session changes). Its
+  // "token_ids", when present, are what the next turn prefills: the model's own ids, special
+  // tokens included, which a rendering of the messages' text would not reproduce. (To load
+  // edited messages, drop "token_ids" and they are rendered.)
   void load_json(const nlohmann::ordered_json& j);
 
   State& state() { return state_; }

@@ -82,9 +82,25 @@ const KernelTable& active() {
   return *t;
 }
 
+// The sets this CPU can run, for error messages ("scalar, avx2").
+std::string available_sets() {
+  std::string out;
+  for (const char* n : {"scalar", "avx2", "avx512", "neon"}) {
+    if (by_name(n) != nullptr) out += (out.empty() ? "" : ", ") + std::string(n);
+  }
+  return out;
+}
+
 void select(const char* name) {
-  const KernelTable* t = by_name(name);
-  if (t == nullptr) fail("kernel set '{}' is not available on this machine", name);
+  const std::string n = name;
+  if (n != "scalar" && n != "avx2" && n != "avx512" && n != "neon") {
+    fail_arg(
+        "kernel set '{}' is unknown (expected scalar, avx2, avx512 or neon; this machine runs {})",
+        n, available_sets());
+  }
+  const KernelTable* t = by_name(n);
+  if (t == nullptr)
+    fail("kernel set '{}' is not available on this machine (it runs {})", n, available_sets());
   g_active.store(t, std::memory_order_release);
 }
 

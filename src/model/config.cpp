@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "core/mapped_file.h"
 
 namespace deltafin {
@@ -16,6 +18,38 @@ namespace deltafin {
 using nlohmann::json;
 
 namespace {
+
+// The largest value each integer field may take: far above any K3-family model, far below what
+// would exhaust memory. Fields not listed are sizes bounded by kMaxDim.
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+int64_t bound(const char* key) {
+  static const std::map<std::string, int64_t> bounds = {
+      {"num_hidden_layers", 4096},
+      {"first_k_dense_replace", 4096},
+      {"vocab_size", int64_t{1} << 24},
+      {"bos_token_id", int64_t{1} << 24},
+      {"eos_token_id", int64_t{1} << 24},
+      {"pad_token_id", int64_t{1} << 24},
+      {"max_position_embeddings", int64_t{1} << 26},
+      {"short_conv_kernel_size", 64},
+      {"num_attention_heads", 4096},
+      {"num_heads", 4096},
+      {"num_experts_per_token", 4096},
+  };
+  const auto it = bounds.find(key);
+  return it == bounds.end() ? kMaxDim : it->second;
+}
+
+// "invalid K3 config" with at most 20 problems listed (a config listing a million bad layers
+// must not print a million lines).
+[[noreturn]] void fail_config(const std::string& path, const std::vector<std::string>& problems) {
+  constexpr size_t kShown = 20;
+  std::vector<std::string> shown(problems.begin(),
+                                 problems.begin() + std::min(problems.size(), kShown));
+  if (problems.size() > kShown)
+    shown.push_back(fmt::format("... and {} more problems", problems.size() - kShown));
+  fail("{}: invalid K3 config:\n  {}", path, fmt::join(shown, "\n  "));
+}
 
 // Reads fields from one JSON object and collects every problem, so one error lists them all.
 class FieldReader {
@@ -37,13 +71,40 @@ class FieldReader {
       problem(fmt::format("{}: missing (expected an integer >= {})", name(key), min_value));
       return min_value;
     }
-    if (!v->is_number_integer()) {
-      problem(fmt::format("{}: expected an integer, found {}", name(key), v->dump()));
+    return checked(key, *v, min_value);
+  }
+
+  // A token id: an integer, or a list of them as Hugging Face configs write several end ids
+  // (the first is the one the model emits; all of them stop generation).
+  std::vector<int64_t> token_ids(const char* key, const json* fallback) {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) v = fallback;
+    if (v == nullptr || v->is_null()) return {-1};
+    if (!v->is_array()) return {checked(key, *v, 0)};
+    if (v->empty() || v->size() > 16) {
+      problem(fmt::format("{}: expected a token id or a list of 1 to 16 token ids, found {}",
+                          name(key), v->dump()));
+      return {-1};
+    }
+    std::vector<int64_t> out;
+    for (const auto& e : *v) out.push_back(checked(key, e, 0));
+    return out;
+  }
+
+  // A value within [min_value, the field's bound]: absurd sizes (10^9 layers) are refused here,
+  // before anything is allocated from them.
+  int64_t checked(const char* key, const json& v, int64_t min_value) {
+    const int64_t max_value = bound(key);
+    if (!v.is_number_integer()) {
+      problem(fmt::format("{}: expected an integer, found {}", name(key), v.dump().substr(0, 80)));
       return min_value;
     }
-    int64_t x = v->get<int64_t>();
-    if (x < min_value) {
-      problem(fmt::format("{}: expected an integer >= {}, found {}", name(key), min_value, x));
+    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}
+                          ? INT64_MAX
+                          : v.get<int64_t>();
+    if (x < min_value || x > max_value) {
+      problem(fmt::format("{}: expected an integer from {} to {}, found {}", name(key), min_value,
+                          max_value, v.dump()));
       return min_value;
     }
     return x;
@@ -190,12 +251,7 @@ int64_t ModelConfig::num_mla_layers() const {
 }
 
 ModelConfig parse_config(const std::string& json_text, const std::string& path) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  const json root = parse_json(json_text, path);
   if (!root.is_object()) fail("{}: expected a JSON object at the top level", path);
 
   std::vector<std::string> problems;
@@ -217,13 +273,16 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   auto tc_it = root.find("text_config");
   if (tc_it == root.end() || !tc_it->is_object()) {
     problems.push_back("text_config: missing (expected the text model's configuration object)");
-    fail("{}: invalid K3 config:\n  {}", path, fmt::join(problems, "\n  "));
+    fail_config(path, problems);
   }
   const json& tc = *tc_it;
   FieldReader t(tc, "text_config.", problems);
 
   c.hidden = t.integer("hidden_size", 1);
+  const size_t problems_before_layers = problems.size();
   c.num_layers = t.integer("num_hidden_layers", 1);
+  // With no valid layer count the layer schedule cannot be checked: one line, not one per layer.
+  const bool layers_ok = problems.size() == problems_before_layers;
   c.vocab = t.integer("vocab_size", 1);
   c.dense_intermediate = t.integer("intermediate_size", 1);
   c.first_k_dense = t.integer("first_k_dense_replace", 0);
@@ -242,18 +301,23 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
       root["tie_word_embeddings"].get<bool>() != c.tie_embeddings) {
     t.problem("tie_word_embeddings: the top level and text_config disagree");
   }
-  c.bos_token_id = t.integer("bos_token_id", 0, root.value("bos_token_id", int64_t{-1}));
-  c.eos_token_id = t.integer("eos_token_id", 0, root.value("eos_token_id", int64_t{-1}));
-  c.pad_token_id = t.integer("pad_token_id", 0, root.value("pad_token_id", int64_t{-1}));
+  auto top = [&](const char* k) { return root.contains(k) ? &root[k] : nullptr; };
+  c.bos_token_id = t.token_ids("bos_token_id", top("bos_token_id")).front();
+  c.eos_token_ids = t.token_ids("eos_token_id", top("eos_token_id"));
+  c.eos_token_id = c.eos_token_ids.front();
+  if (c.eos_token_id < 0) c.eos_token_ids.clear();
+  c.pad_token_id = t.token_ids("pad_token_id", top("pad_token_id")).front();
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
     if (root.contains(k) && tc.contains(k) && root[k] != tc[k]) {
       t.problem(fmt::format("{}: the top level ({}) and text_config ({}) disagree", k,
                             root[k].dump(), tc[k].dump()));
     }
   }
-  if (c.eos_token_id >= c.vocab)
-    t.problem(fmt::format("text_config.eos_token_id {} is outside the vocabulary ({})",
-                          c.eos_token_id, c.vocab));
+  for (const int64_t id : c.eos_token_ids) {
+    if (id >= c.vocab)
+      t.problem(
+          fmt::format("text_config.eos_token_id {} is outside the vocabulary ({})", id, c.vocab));
+  }
   if (int64_t n = t.integer("num_nextn_predict_layers", 0, 0); n != 0) {
     t.problem(fmt::format(
         "text_config.num_nextn_predict_layers: expected 0 (K3 has no MTP head), found {}", n));
@@ -330,8 +394,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
           "text_config.linear_attn_config.use_full_rank_gate: expected true (K3's single g_proj "
           "output gate)");
     }
-    auto full = l.int_list("full_attn_layers");
-    auto kda = l.int_list("kda_layers");
+    auto full = layers_ok ? l.int_list("full_attn_layers") : std::vector<int64_t>{};
+    auto kda = layers_ok ? l.int_list("kda_layers") : std::vector<int64_t>{};
     c.layer_kinds.assign(static_cast<size_t>(c.num_layers), LayerKind::kKDA);
     std::vector<int> seen(static_cast<size_t>(c.num_layers), 0);
     auto mark = [&](const std::vector<int64_t>& list, LayerKind kind, const char* key) {
@@ -347,7 +411,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
     };
     mark(full, LayerKind::kMLA, "full_attn_layers");
     mark(kda, LayerKind::kKDA, "kda_layers");
-    for (int64_t i = 0; i < c.num_layers; ++i) {
+    for (int64_t i = 0; i < c.num_layers && layers_ok; ++i) {
       if (seen[i] != 1) {
         l.problem(fmt::format(
             "text_config.linear_attn_config: layer {} (1-based) must appear in exactly one of "
@@ -363,7 +427,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   }
 
   if (!problems.empty()) {
-    fail("{}: invalid K3 config:\n  {}", path, fmt::join(problems, "\n  "));
+    fail_config(path, problems);
   }
   return c;
 }

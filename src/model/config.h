@@ -64,6 +64,7 @@ struct ModelConfig {
   bool tie_embeddings = false;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;  // all end ids (a config may list several); [0] == eos
   int64_t pad_token_id = -1;
   KdaConfig kda;
   MlaConfig mla;

@@ -9,7 +9,9 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "server/api_error.h"
+#include "tokenizer/chat_check.h"
 
 namespace deltafin::server {
 
@@ -18,25 +20,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-      return "an integer";
-    case json::value_t::number_float:
-      return "a number";
-    default:
-      return "an unsupported value";
-  }
+  return json_type_name(v.type());
 }
 
 const json* field(const json& body, const char* key) {
@@ -324,98 +308,15 @@ std::string param_of(const std::string& msg) {
   return head;
 }
 
-void check_messages(const json& msgs) {
-  static const std::set<std::string> known = {
-      "role",  "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
-      "tools", "tool",    "id",   "refusal",    "audio",        "function_call",     "annotations"};
-  if (!msgs.is_array())
-    bad_request("messages", "messages: expected an array of messages, got {}", type_name(msgs));
-  if (msgs.empty()) bad_request("messages", "messages: must not be empty");
-  for (size_t i = 0; i < msgs.size(); ++i) {
-    const json& m = msgs[i];
-    const std::string path = fmt::format("messages[{}]", i);
-    if (!m.is_object())
-      bad_request(path, "{}: expected a message object, got {}", path, type_name(m));
-    for (const auto& [k, v] : m.items()) {
-      if (known.count(k) == 0) bad_request(path + "." + k, "{}.{} is not supported", path, k);
-      if ((k == "refusal" || k == "audio" || k == "function_call") && !v.is_null()) {
-        bad_request(path + "." + k, "{}.{}: only null is supported", path, k);
-      }
-      if (k == "annotations" && !v.is_null() && !(v.is_array() && v.empty())) {
-        bad_request(path + "." + k, "{}.annotations: only an empty list is supported", path);
-      }
-    }
-    const json* c = field(m, "content");
-    if (c == nullptr || !c->is_array()) continue;
-    for (size_t j = 0; j < c->size(); ++j) {
-      const json& part = (*c)[j];
-      const std::string pp = fmt::format("{}.content[{}]", path, j);
-      if (!part.is_object())
-        bad_request(pp, "{}: expected a content part object, got {}", pp, type_name(part));
-      const json* t = field(part, "type");
-      if (t != nullptr && (!t->is_string() || *t != "text")) {
-        bad_request(pp,
-                    "{}: only text content is supported (this server runs the K3 text model), got "
-                    "a {} part",
-                    pp, t->dump());
-      }
-    }
-  }
-}
-
-void check_tools(const json& body) {
-  const json* tools = field(body, "tools");
-  if (tools == nullptr) return;
-  if (!tools->is_array())
-    bad_request("tools", "tools: expected an array, got {}", type_name(*tools));
-  for (size_t i = 0; i < tools->size(); ++i) {
-    const json& t = (*tools)[i];
-    const std::string p = fmt::format("tools[{}]", i);
-    if (!t.is_object()) bad_request(p, "{}: expected a tool object, got {}", p, type_name(t));
-    const json* type = field(t, "type");
-    if (type == nullptr || *type != "function")
-      bad_request(p + ".type", "{}.type: only \"function\" tools are supported", p);
-    const json* fn = field(t, "function");
-    if (fn == nullptr || !fn->is_object())
-      bad_request(p + ".function", "{}.function: expected an object", p);
-    const json* name = field(*fn, "name");
-    if (name == nullptr || !name->is_string() || name->get_ref<const std::string&>().empty()) {
-      bad_request(p + ".function.name", "{}.function.name: expected a non-empty string", p);
-    }
-  }
-}
-
 }  // namespace
 
 json parse_body(const std::string& body, size_t max_depth) {
-  // Nesting depth is checked on the raw text first (outside strings), so a deeply nested body is
-  // refused before any parser recursion or allocation.
-  size_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : body) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > max_depth)
-        bad_request("", "the request nests deeper than {} levels", max_depth);
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
+  // The shared entry point checks the nesting depth on the raw text before the parser recurses.
   json j;
   try {
-    j = json::parse(body);
-  } catch (const json::exception& e) {
-    bad_request("", "the body is not valid JSON: {}", e.what());
+    j = parse_ordered_json(body, "the body", max_depth);
+  } catch (const InvalidArgument& e) {
+    bad_request("", "{}", e.what());
   }
   if (!j.is_object()) bad_request("", "the body must be a JSON object, got {}", type_name(j));
   return j;
@@ -460,10 +361,11 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
                 "tool_choice: naming one function is not supported by the K3 format; use \"auto\", "
                 "\"required\" or \"none\"");
   }
-  check_tools(body);
-  const json* msgs = field(body, "messages");
-  if (msgs == nullptr) bad_request("messages", "messages: missing (expected an array of messages)");
-  check_messages(*msgs);
+  try {
+    check_chat_body(body);  // the structure checks `deltafin render` shares
+  } catch (const InvalidArgument& e) {
+    bad_request(param_of(e.what()), "{}", e.what());
+  }
 
   // The K3 renderer takes low/high/max; OpenAI's minimal and medium map to low and high.
   json b = body;

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 
 namespace deltafin {
 
@@ -34,11 +35,14 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
          header_len);
   }
   json header;
+  check_json_depth(
+      std::string_view(reinterpret_cast<const char*>(data + 8), static_cast<size_t>(header_len)),
+      kMaxJsonDepth, file + ": safetensors header");
   try {
     header = json::parse(reinterpret_cast<const char*>(data + 8),
                          reinterpret_cast<const char*>(data + 8 + header_len));
   } catch (const json::parse_error& e) {
-    fail("{}: safetensors header is not valid JSON: {}", file, e.what());
+    fail("{}: safetensors header is not valid JSON: {}", file, json_error_text(e));
   }
   if (!header.is_object()) fail("{}: safetensors header is not a JSON object", file);
 
@@ -87,7 +91,19 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
           "shard is truncated or its header is corrupt",
           file, name, b, en, data_size);
     }
-    uint64_t expect = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype);
+    // The element count is a product of header values: check it for overflow before using it.
+    uint64_t bytes = dtype_size(t.dtype);
+    bool too_big = false;
+    for (const int64_t d : t.shape) {
+      too_big = too_big || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes);
+    }
+    if (too_big || bytes > data_size) {
+      fail(
+          "{}: tensor {}: {} {} needs more bytes than the file's data region holds ({} bytes); "
+          "the shape is corrupt",
+          file, name, dtype_name(t.dtype), t.shape_string(), data_size);
+    }
+    const uint64_t expect = bytes;
     if (en - b != expect) {
       fail("{}: tensor {}: {} {} needs {} bytes but data_offsets give {}", file, name,
            dtype_name(t.dtype), t.shape_string(), expect, en - b);
@@ -132,12 +148,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
-    json j;
-    try {
-      j = json::parse(read_file(index.string()));
-    } catch (const json::parse_error& e) {
-      fail("{}: not valid JSON: {}", index.string(), e.what());
-    }
+    const json j = parse_json(read_file(index.string()), index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail("{}: expected an object with a \"weight_map\" of tensor name -> shard file",
            index.string());

@@ -483,8 +483,12 @@ std::vector<LayerRecall> ExpertStore::recall() const {
 }
 
 std::string ExpertStore::describe() const {
-  return fmt::format("store: {} slots of {:.1f} MiB ({:.2f} GiB), {} readers, {}, policy {}",
-                     slots_.size(), slot_bytes_ / 1048576.0,
+  // Tiny test models have experts of a few KiB: MiB would print them as "0.0 MiB".
+  const double b = static_cast<double>(slot_bytes_);
+  const std::string slot = b >= 1048576.0 ? fmt::format("{:.1f} MiB", b / 1048576.0)
+                                          : fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("store: {} slot{} of {} ({:.2f} GiB), {} readers, {}, policy {}",
+                     slots_.size(), slots_.size() == 1 ? "" : "s", slot,
                      static_cast<double>(slots_.size() * slot_bytes_) / 1073741824.0, pool_.size(),
                      files_.direct() ? "O_DIRECT" : "buffered reads",
                      cache_policy_name(opt_.policy));

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "tokenizer/base64.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
@@ -262,10 +263,11 @@ std::vector<std::string> parse_rank_file(const std::string& text, const std::str
 std::map<int32_t, std::string> parse_config(const std::string& text, const std::string& origin,
                                             int32_t first_special) {
   nlohmann::json cfg;
+  check_json_depth(text, kMaxJsonDepth, origin);
   try {
     cfg = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", origin, e.what());
+    fail("{}: invalid JSON: {}", origin, json_error_text(e));
   }
   if (!cfg.is_object()) fail("{}: expected a JSON object at the top level", origin);
   const auto it = cfg.find("added_tokens_decoder");

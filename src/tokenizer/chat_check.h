@@ -1,0 +1,25 @@
+// The one validator of an OpenAI chat request body's structure, shared by the server and
+// `deltafin render`, so that what one accepts the other accepts too.
+//
+// ChatRequest::from_json reads what the K3 renderer needs and mirrors the reference renderer,
+// which renders some bodies the OpenAI API refuses (a tool without a function, `tool_choice:
+// "required"` with no tools). This check runs first and refuses those with the field's path and
+// what was expected: tools (type "function", a function object with a name, `parameters` an
+// object), tool_choice "required" only with tools, response_format json_schema with its
+// json_schema object, messages (objects with known fields, text-only content parts, content
+// present where the role needs it) and the limits on their counts.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+
+namespace deltafin {
+
+// Limits on what one request may list (docs/SERVER.md names them).
+inline constexpr size_t kMaxMessages = 4096;
+inline constexpr size_t kMaxTools = 256;
+
+// Throws InvalidArgument "PATH: what is wrong (expected ...)" for the first problem.
+void check_chat_body(const nlohmann::ordered_json& body);
+
+}  // namespace deltafin
