@@ -161,8 +161,6 @@ void run_serve(ServeArgs& a) {
   ho.api_key = api_key;
   ho.max_request_bytes = max_body;
   ho.timeout_s = a.timeout;
-  ho.threads =
-      a.parallel + a.queue + 8;  // active + waiting + spare connections (health, metrics, models)
   ho.aliases = a.aliases;
   ho.model_id = a.model_id;
   ho.webui = !a.no_webui;

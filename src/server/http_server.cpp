@@ -2,7 +2,10 @@
 //
 // httplib must be compiled with the macros of its pkg-config file (CPPHTTPLIB_OPENSSL_SUPPORT,
 // ZLIB, BROTLI), which the build applies to every target that links libdeltafin; in the library
-// this is the only file that includes it.
+// only this file and http_connections.cpp include it. The request-size rules that must act
+// before a body is read (an oversize Content-Length is refused at once, a POST without one has
+// an empty body, the body's read deadline) sit in the pre-routing handler, which httplib calls
+// after the headers and before the body.
 #include "server/http_server.h"
 
 #include <httplib.h>
@@ -17,6 +20,7 @@
 #include "core/timer.h"
 #include "server/api_error.h"
 #include "server/connection_probe.h"
+#include "server/http_connections.h"
 #include "server/response.h"
 #include "server/scheduler.h"
 #include "server/web_assets.h"
@@ -67,6 +71,10 @@ const char* error_message(int status) {
       return "the request could not be read (malformed HTTP)";
     case 404:
       return "unknown path";
+    case 408:
+      return "the request did not arrive in time";
+    case 431:
+      return "the request headers are too large";
     case 413:
       return "the request body is larger than the server accepts (--max-request-bytes)";
     case 414:
@@ -75,6 +83,19 @@ const char* error_message(int status) {
       return "range not satisfiable";
     default:
       return "request failed";
+  }
+}
+
+// Streams with chunked transfer encoding, or to an HTTP/1.0 client (which cannot read chunks)
+// as a body that ends when the connection closes.
+void stream_to(const httplib::Request& req, httplib::Response& res, const char* type,
+               httplib::ContentProviderWithoutLength provider,
+               httplib::ContentProviderResourceReleaser releaser) {
+  if (req.version == "HTTP/1.0") {
+    if (ConnectionContext* c = current_connection()) c->close_after = true;
+    res.set_content_provider(type, std::move(provider), std::move(releaser));
+  } else {
+    res.set_chunked_content_provider(type, std::move(provider), std::move(releaser));
   }
 }
 
@@ -87,24 +108,34 @@ void send_error(httplib::Response& res, const ApiError& e) {
 }
 
 HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics& metrics)
-    : opt_(options), tok_(tok), metrics_(metrics), svr_(std::make_unique<httplib::Server>()) {
+    : opt_(options), tok_(tok), metrics_(metrics), svr_(std::make_unique<ExposedServer>()) {
   created_ = static_cast<int64_t>(std::time(nullptr));
   if (!opt_.api_key.empty()) digest(opt_.api_key, key_digest_);
-  const int threads = std::max(4, opt_.threads);
-  svr_->new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));
-  };
+  ConnectionLimits limits;
+  limits.max_connections = opt_.max_connections;
+  loop_ = std::make_unique<ConnectionLoop>(*svr_, limits);
   svr_->set_payload_max_length(opt_.max_request_bytes);
-  svr_->set_read_timeout(30, 0);
-  svr_->set_write_timeout(30, 0);
-  svr_->set_keep_alive_timeout(5);
-  svr_->set_tcp_nodelay(true);
-  svr_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-    // Keeps absurd paths away from httplib's regex router.
-    if (req.path.size() <= kMaxPath) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res,
-               ApiError(404, "unknown path", "invalid_request_error", std::nullopt, "not_found"));
-    return httplib::Server::HandlerResponse::Handled;
+  svr_->set_keep_alive_timeout(static_cast<time_t>(limits.idle_timeout_s));
+  svr_->set_keep_alive_max_count(static_cast<size_t>(limits.keep_alive_max));
+  svr_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return before_body(req, res) ? httplib::Server::HandlerResponse::Handled
+                                 : httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr_->set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    // Keep-Alive says how many requests this connection has left; a connection that closes
+    // after this response says so instead.
+    ConnectionContext* c = current_connection();
+    if (c == nullptr || !res.has_header("Keep-Alive")) return;
+    res.headers.erase("Keep-Alive");
+    const bool http10_close =
+        req.version == "HTTP/1.0" && req.get_header_value("Connection") != "Keep-Alive";
+    if (c->close_after || http10_close || c->remaining <= 0) {
+      res.set_header("Connection", "close");
+    } else {
+      res.set_header("Keep-Alive",
+                     fmt::format("timeout={}, max={}", static_cast<int>(c->limits->idle_timeout_s),
+                                 c->remaining));
+    }
   });
   auto handler = [this](const httplib::Request& req, httplib::Response& res) {
     dispatch(req, res);
@@ -120,6 +151,28 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
       httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
         if (!res.body.empty() || res.content_provider_)
           return httplib::Server::HandlerResponse::Unhandled;
+        // A read that passed its deadline, or headers past their cap, reach here as the
+        // parser's 400: say what happened instead, and close the connection.
+        if (ConnectionContext* c = current_connection();
+            c != nullptr && (c->timed_out || c->header_overflow)) {
+          c->close_after = true;
+          if (c->header_overflow) {
+            send_error(res, ApiError(431,
+                                     fmt::format("the request line and headers exceed {} bytes",
+                                                 c->limits->max_header_bytes),
+                                     "invalid_request_error", std::nullopt, "headers_too_large"));
+          } else {
+            send_error(res, ApiError(408,
+                                     c->phase == ConnectionContext::Phase::headers
+                                         ? fmt::format("the request headers did not arrive "
+                                                       "within {} s",
+                                                       c->limits->header_timeout_s)
+                                         : "the request body did not arrive in time (allowed: "
+                                           "10 s plus 1 s per 64 KiB declared)",
+                                     "invalid_request_error", std::nullopt, "request_timeout"));
+          }
+          return httplib::Server::HandlerResponse::Handled;
+        }
         const std::string code = res.status == 413   ? "request_too_large"
                                  : res.status == 404 ? "not_found"
                                                      : "bad_request";
@@ -145,19 +198,54 @@ HttpServer::~HttpServer() {
 }
 
 int HttpServer::bind() {
-  int port = opt_.port;
-  if (port == 0) {
-    port = svr_->bind_to_any_port(opt_.host);
-    if (port < 0) fail("cannot listen on {} (any port)", opt_.host);
-  } else if (!svr_->bind_to_port(opt_.host, port)) {
-    fail("cannot listen on {}:{} (in use, or not an address of this machine)", opt_.host, port);
-  }
-  opt_.port = port;
-  return port;
+  opt_.port = loop_->bind(opt_.host, opt_.port);
+  return opt_.port;
 }
 
 void HttpServer::start() {
-  thread_ = std::thread([this] { svr_->listen_after_bind(); });
+  loop_->start();
+}
+
+bool HttpServer::before_body(const httplib::Request& req, httplib::Response& res) {
+  auto refuse = [&](const ApiError& e) {
+    send_error(res, e);
+    if (ConnectionContext* c = current_connection()) c->close_after = true;  // body unread
+    return true;
+  };
+  // Keeps absurd paths away from httplib's regex router.
+  if (req.path.size() > kMaxPath) {
+    return refuse(
+        ApiError(404, "unknown path", "invalid_request_error", std::nullopt, "not_found"));
+  }
+  ConnectionContext* c = current_connection();
+  const std::string te = req.get_header_value("Transfer-Encoding");
+  if (req.has_header("Content-Length")) {
+    const std::string v = req.get_header_value("Content-Length");
+    if (v.empty() || v.size() > 19 || v.find_first_not_of("0123456789") != std::string::npos) {
+      return refuse(ApiError(
+          400, fmt::format("Content-Length: \"{}\" is not a number of bytes", v.substr(0, 40)),
+          "invalid_request_error", std::nullopt, "bad_request"));
+    }
+    const uint64_t n = std::stoull(v);
+    if (n > opt_.max_request_bytes) {
+      // Answered now: reading (or skipping) a body this large is what the limit prevents.
+      return refuse(ApiError(413,
+                             fmt::format("the request body of {} bytes is larger than the server "
+                                         "accepts ({} bytes, --max-request-bytes)",
+                                         n, opt_.max_request_bytes),
+                             "invalid_request_error", std::nullopt, "request_too_large"));
+    }
+    if (c != nullptr) c->begin_body(n);
+  } else if (te.find("chunked") != std::string::npos) {
+    if (c != nullptr) c->begin_body(opt_.max_request_bytes);
+  } else if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+             req.method == "DELETE") {
+    // No Content-Length and not chunked: the body is empty (RFC 9112 §6.3). httplib would read
+    // until the client closes; answer now instead.
+    dispatch(req, res);
+    return true;
+  }
+  return false;
 }
 
 void HttpServer::set_ready(Scheduler* scheduler, const ServeLimits& limits) {
@@ -170,8 +258,7 @@ void HttpServer::set_stopping() {
 }
 
 void HttpServer::stop() {
-  if (svr_) svr_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (loop_) loop_->stop();
 }
 
 bool HttpServer::authorized(const httplib::Request& req) const {
@@ -198,6 +285,7 @@ json HttpServer::model_object(const std::string& id) const {
 }
 
 void HttpServer::dispatch(const httplib::Request& req, httplib::Response& res) {
+  if (ConnectionContext* c = current_connection()) c->begin_handling();
   std::string label = "other";
   try {
     route(req, res, label);
@@ -328,8 +416,8 @@ void HttpServer::engine_events(const httplib::Request& req, httplib::Response& r
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
+  stream_to(
+      req, res, "text/event-stream",
       [this, probe, heat_seen = Metrics::kNoHeatSeen](size_t, httplib::DataSink& sink) mutable {
         const std::string ev = sse(metrics_.engine_snapshot(heat_seen));
         if (!sink.write(ev.data(), ev.size())) return false;
@@ -441,8 +529,8 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",  // exactly this type: httplib never compresses it
+  stream_to(
+      req, res, "text/event-stream",  // exactly this type: httplib never compresses it
       [x](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         auto give_up = [&] {

@@ -5,13 +5,14 @@
 // model loads (`/health` says "loading", generation endpoints answer 503 with Retry-After) and
 // becomes ready when set_ready() hands it the Scheduler.
 //
-// Threads: httplib runs each connection on a pool thread. A generation request is validated on
-// that thread, submitted, and then the thread waits on its Job: a non-streamed request until the
-// job is done, a streamed one writes SSE chunks as updates arrive. While waiting it probes its
-// connection every 50 ms, so a client that goes away (queued, mid-prefill or mid-stream) has its
-// job cancelled and its slot freed at the next engine step. The pool is sized for the active
-// slots, the queue and some spare connections, so a full queue is answered with a 429 rather
-// than by a connection nobody reads.
+// Threads: each connection has its own thread (http_connections.h: read deadlines, keep-alive,
+// pipelining, a cap on open connections), so a slow client never delays another and /health
+// always answers. A generation request is validated on that thread, submitted, and then the
+// thread waits on its Job: a non-streamed request until the job is done, a streamed one writes
+// SSE chunks as updates arrive. While waiting it probes its connection every 50 ms, so a client
+// that goes away (queued, mid-prefill or mid-stream) has its job cancelled and its slot freed at
+// the next engine step. A full queue is answered with a 429. An HTTP/1.0 client gets its stream
+// as a body that ends when the connection closes (it cannot read chunked encoding).
 //
 // The browser page (web/, embedded at build time) is served at / without authentication — it
 // holds no data; the page asks for the API key and sends it on every API call. Its responses
@@ -34,7 +35,6 @@
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }  // namespace httplib
@@ -43,14 +43,16 @@ namespace deltafin::server {
 
 class Scheduler;
 class ApiError;
+class ExposedServer;
+class ConnectionLoop;
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;  // empty: no authentication
   size_t max_request_bytes = 16u << 20;
-  double timeout_s = 600;  // per request, from arrival to the last token
-  int threads = 32;        // connection threads
+  double timeout_s = 600;     // per request, from arrival to the last token
+  int max_connections = 512;  // open at once, each on its own thread (beyond: 503)
   std::vector<std::string> aliases;
   std::string model_id = "kimi-k3";
   bool webui = true;  // serve the browser page (web/) at /
@@ -73,6 +75,8 @@ class HttpServer {
   void stop();
 
  private:
+  // After the headers, before the body: size and framing rules; true when it answered.
+  bool before_body(const httplib::Request& req, httplib::Response& res);
   void dispatch(const httplib::Request& req, httplib::Response& res);
   void route(const httplib::Request& req, httplib::Response& res, std::string& label);
   void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
@@ -86,8 +90,8 @@ class HttpServer {
   HttpOptions opt_;
   const Tokenizer& tok_;
   Metrics& metrics_;
-  std::unique_ptr<httplib::Server> svr_;
-  std::thread thread_;
+  std::unique_ptr<ExposedServer> svr_;
+  std::unique_ptr<ConnectionLoop> loop_;
   std::atomic<Scheduler*> scheduler_{nullptr};
   std::atomic<bool> stopping_{false};
   std::atomic<int> engine_streams_{0};

@@ -82,10 +82,13 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
     }
     const int64_t free_slots = std::max<int64_t>(0, opt_.parallel - active_count_.load());
     if (static_cast<int64_t>(queue_.size()) >= opt_.queue + free_slots) {
+      // Waiting requests first take the free slots; the queue is what waits beyond them.
       throw ApiError(429,
-                     fmt::format("the server is busy: {} requests running and {} waiting (the "
-                                 "queue holds {}); retry later",
-                                 active_count_.load(), queue_.size(), opt_.queue),
+                     fmt::format("the server is busy: every slot (--parallel {}) is taken and "
+                                 "{} more request{} wait{}, all the queue holds (--queue {}); "
+                                 "retry later",
+                                 opt_.parallel, opt_.queue, opt_.queue == 1 ? "" : "s",
+                                 opt_.queue == 1 ? "s" : "", opt_.queue),
                      "rate_limit_error", std::nullopt, "queue_full")
           .with_retry_after(1);
     }
@@ -189,14 +192,29 @@ void Scheduler::post(Slot& s) {
   s.job->cv_.notify_all();
 }
 
-void Scheduler::finish(Slot& s) {
-  const Generation& g = *s.gen;
+Usage Scheduler::usage_of(const Slot& s) const {
   Usage usage;
   usage.cached_tokens = s.cached;
   usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
-  usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
+  usage.completion_tokens = s.gen ? static_cast<int64_t>(s.gen->tokens().size()) : 0;
   usage.timings = s.timings;
   usage.timings.finished = now_seconds();
+  return usage;
+}
+
+void Scheduler::fail(Slot& s, const ApiError& e) {
+  // A request ended by its timeout, a cancellation or shutdown still used what it used (the log
+  // line and the stream's usage count its tokens).
+  {
+    std::lock_guard<std::mutex> lock(s.job->m_);
+    s.job->usage_ = usage_of(s);
+  }
+  fail(s.job, e);
+}
+
+void Scheduler::finish(Slot& s) {
+  const Generation& g = *s.gen;
+  const Usage usage = usage_of(s);
   metrics_.count_finished(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens);
   {
     std::lock_guard<std::mutex> lock(s.job->m_);
@@ -223,15 +241,14 @@ void Scheduler::step() {
     Slot& s = active_[i];
     if (s.job->cancelled()) {
       s.gen->cancel();
-      fail(s.job,
+      fail(s,
            ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
       drop[i] = true;
     } else if (now > s.job->deadline) {
       s.gen->cancel();
       post(s);
-      fail(s.job,
-           ApiError(504, "the request did not finish within the server's time limit (--timeout)",
-                    "timeout_error", std::nullopt, "timeout"));
+      fail(s, ApiError(504, "the request did not finish within the server's time limit (--timeout)",
+                       "timeout_error", std::nullopt, "timeout"));
       drop[i] = true;
     }
   }
@@ -262,7 +279,7 @@ void Scheduler::step() {
       log_warn("forward pass over {} sequences failed: {}", seqs.size(), e.what());
       for (size_t i : in_pass) {
         active_[i].gen->abort();
-        fail(active_[i].job,
+        fail(active_[i],
              ApiError(500, fmt::format("the forward pass failed: {}", e.what()), "server_error"));
         drop[i] = true;
       }
@@ -282,8 +299,7 @@ void Scheduler::step() {
           s.gen->on_logits(l);
         } catch (const std::exception& e) {
           s.gen->abort();
-          fail(s.job,
-               ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
+          fail(s, ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
           drop[in_pass[k]] = true;
           continue;
         }
@@ -349,7 +365,10 @@ void Scheduler::run() {
   }
   const ApiError down(503, "the server is shutting down", "server_error", std::nullopt,
                       "shutting_down");
-  for (auto& s : active_) fail(s.job, down);
+  for (auto& s : active_) {
+    post(s);
+    fail(s, down);
+  }
   active_.clear();
   std::deque<std::shared_ptr<Job>> queued;
   {

@@ -123,6 +123,8 @@ class Scheduler {
   void post(Slot& s);
   void finish(Slot& s);
   void fail(const std::shared_ptr<Job>& job, const ApiError& e);
+  void fail(Slot& s, const ApiError& e);  // records the slot's usage first
+  Usage usage_of(const Slot& s) const;
   void update_gauges();
   void publish_storage();  // the model's storage counters -> metrics
 
