@@ -210,7 +210,8 @@ TEST(Hardening, RenderSharesTheServersValidator) {
 // folder when interrupted.
 TEST(Hardening, MakeModelRefusesWhatDoesNotFitAndCleansUpOnSignals) {
   const std::string dir = test::temp_dir("mm_space");
-  auto r = test::run_deltafin({"make-model", dir + "/big", "--hidden", "1000000", "--layers", "200", "--quiet"});
+  auto r = test::run_deltafin(
+      {"make-model", dir + "/big", "--hidden", "1000000", "--layers", "200", "--quiet"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("GiB free"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir + "/big"));
