@@ -1,8 +1,9 @@
 // The browser page of `deltafin serve` in a real browser (headless Chromium from Debian, driven
 // by puppeteer-core from npm, pinned by tests/webui/package-lock.json). The scenarios live in
 // tests/webui/webui_test.mjs, which starts the real binary on the tiny model itself (one
-// scenario restarts the server on the same port); this test gives it a per-test folder, and
-// the screenshots of the chat and the engine view go to docs/ so they stay current. Skips when
+// scenario restarts the server on the same port); this test gives it a per-test folder. The
+// screenshots of the chat and the engine view go to the per-test folder, or to docs/ when
+// DELTAFIN_UPDATE_SCREENSHOTS=1 (tests never write into the source tree unasked). Skips when
 // Chromium or node is missing; `make test-deps` installs them where it can.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -37,8 +38,12 @@ TEST(WebUi, ChatAndEngineViewInChromium) {
     GTEST_SKIP() << "node/npm not installed";
   }
   const std::string tmp = temp_dir("webui");
+  const char* update = std::getenv("DELTAFIN_UPDATE_SCREENSHOTS");
   const std::string docs =
-      (std::filesystem::path(DELTAFIN_TEST_DATA).parent_path().parent_path() / "docs").string();
+      update && std::string(update) == "1"
+          ? (std::filesystem::path(DELTAFIN_TEST_DATA).parent_path().parent_path() / "docs")
+                .string()
+          : tmp;
   const std::string env = "DELTAFIN_BINARY='" + std::string(DELTAFIN_BINARY) +
                           "' DELTAFIN_MODEL='" + server_model_dir() + "' DELTAFIN_TMP='" + tmp +
                           "' DELTAFIN_SCREENSHOTS='" + docs + "' DELTAFIN_CHROMIUM='" + chromium +
