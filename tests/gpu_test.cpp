@@ -7,13 +7,18 @@
 #include "gpu/gpu.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/gpu_plan.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "storage/checkpoint.h"
@@ -351,6 +356,91 @@ TEST(Gpu, SelectionLineAndBadChoices) {
   }
   EXPECT_THROW(gpu::Backend::open({"seven"}, line), InvalidArgument);
   EXPECT_THROW(gpu::Backend::open({"99"}, line), InvalidArgument);
+}
+
+// The device-memory plan: with copies (the discrete-GPU path) and a budget of about half the
+// trunk, the first units are resident and the rest are not; the split is said in one line.
+TEST(GpuPlan, ResidentUnitsFollowTheBudget) {
+  DELTAFIN_GPU_OR_SKIP(probe_only);
+  const std::string dir = test::data_dir() + "/k3-tiny-bf16/model";
+  const ModelConfig c = load_config(dir);
+  std::unique_ptr<Checkpoint> ck = Checkpoint::open(dir);
+  ResidentTrunk trunk(c, *ck);
+  uint64_t layer_bytes = layer_trunk_bytes(c, 1, *ck);
+  gpu::Options o{"0", layer_bytes * 5, 16, 0, true};
+  std::vector<bool> stable(static_cast<size_t>(c.num_layers) + 1, true);
+  stable[2] = false;  // a streamed unit is never made resident
+  GpuPlan plan;
+  std::shared_ptr<gpu::Backend> b = attach_gpu(o, c, trunk, stable, plan);
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(plan.resident[2]);
+  int n = 0;
+  for (bool r : plan.resident) n += r ? 1 : 0;
+  EXPECT_GE(n, 2);
+  EXPECT_LT(n, c.num_layers);
+  EXPECT_TRUE(plan.resident[0]);
+  EXPECT_LE(b->resident_bytes(), o.memory);
+  EXPECT_EQ(b->resident_bytes(), plan.resident_bytes);
+  EXPECT_NE(plan.describe().find(fmt::format("{} of {} trunk units resident", n, c.num_layers + 1)),
+            std::string::npos)
+      << plan.describe();
+  EXPECT_NE(plan.device.find("[gpu] using Vulkan device 0"), std::string::npos);
+  // off: no backend, the line says so
+  EXPECT_EQ(attach_gpu({"off"}, c, trunk, stable, plan), nullptr);
+  EXPECT_NE(plan.device.find("off"), std::string::npos);
+}
+
+// Through the binary: a malformed --gpu is a usage error (exit 2), a missing device a one-line
+// runtime error naming it.
+TEST(GpuCli, BadDeviceChoicesAreOneLineErrors) {
+  const std::string g = test::data_dir() + "/k3-tiny-bf16/model";
+  const std::string out = test::temp_dir("gpu_cli") + "/logits.f32";
+  auto r =
+      test::run_deltafin({"logits", "--model", g, "--tokens", "1", "--out", out, "--gpu", "seven"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--gpu"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("expected auto, off or a device index"), std::string::npos) << r.err;
+  r = test::run_deltafin({"logits", "--model", g, "--tokens", "1", "--out", out, "--gpu", "99"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("deltafin: --gpu 99: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// A machine whose Vulkan loader finds no driver (VK_ICD_FILENAMES naming nothing): --gpu auto
+// says so and runs on the CPU, --gpu 0 is an error, and tools/gpu-check.sh stops with a clear
+// verdict instead of measuring nothing.
+TEST(GpuCli, NoDriverMeansCpuAndAClearVerdict) {
+  struct Env {
+    Env() { ::setenv("VK_ICD_FILENAMES", "/nonexistent/deltafin_no_icd.json", 1); }
+    ~Env() { ::unsetenv("VK_ICD_FILENAMES"); }
+  } env;
+  const std::string g = test::data_dir() + "/k3-tiny-bf16/model";
+  const std::string dir = test::temp_dir("gpu_nodriver");
+  auto r = test::run_deltafin(
+      {"logits", "--model", g, "--tokens", "1,2", "--out", dir + "/l.f32", "--gpu", "auto"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("[gpu] auto: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("running on the CPU"), std::string::npos) << r.err;
+  r = test::run_deltafin(
+      {"logits", "--model", g, "--tokens", "1", "--out", dir + "/l.f32", "--gpu", "0"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("deltafin: --gpu 0: no Vulkan device"), std::string::npos) << r.err;
+  // the device script, with the build this test belongs to
+  std::string build = test::binary();
+  build = build.substr(0, build.rfind("/src/cli/"));
+  const std::string source = test::data_dir() + "/../..";  // tests/data
+  const std::string cmd =
+      "SKIP_BUILD=1 WORK=" + dir + " bash " + source + "/tools/gpu-check.sh " + build + " 2>&1";
+  std::string text;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) text.append(buf, n);
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << text;
+  EXPECT_TRUE(text.find("NO VULKAN") != std::string::npos ||
+              text.find("no GPU chosen") != std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ GPU=${GPU:-auto}
 WORK=${WORK:-$(mktemp -d -t deltafin-gpu-check.XXXXXX)}
 START=$(date +%s)
 say() { printf '\n== %s (%ds)\n' "$*" $(( $(date +%s) - START )); }
-cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK/k3"; }
+cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK/k3" "$WORK/tiny" "$WORK"/logits-*.f32; }
 trap cleanup EXIT
 
 say "1. Vulkan driver"
@@ -35,8 +35,8 @@ else
     exit 1
   fi
   if ! echo "$summary" | grep -E "deviceType" | grep -qv CPU; then
-    echo "Only a CPU Vulkan driver (lavapipe): --gpu auto will stay on the CPU; this check"
-    echo "continues with device 0 and the small shapes."
+    echo "Only a CPU Vulkan driver (lavapipe): --gpu auto would stay on the CPU; this check"
+    echo "continues with device 0, the small kernel shapes and the tiny model (a dry run)."
     [ "$GPU" = auto ] && GPU=0
     SMALL=--small
   fi
@@ -57,7 +57,7 @@ for f in "$BIN" "$KBENCH"; do
 done
 
 say "2. kernels at K3 shapes (GPU $GPU)"
-timeout 150 "$KBENCH" --gpu "$GPU" --reps 5 ${SMALL:-}; rc=$?
+timeout 150 "$KBENCH" --gpu "$GPU" --reps "${SMALL:+1}${SMALL:-5}" ${SMALL:-}; rc=$?
 case $rc in
   0) ;;
   3) echo "no GPU chosen (see the line above): nothing to measure"; exit 1 ;;
@@ -65,13 +65,20 @@ case $rc in
   *) echo "kernel benchmarks failed (exit $rc)" ;;
 esac
 
-say "3. K3-dimension model: GPU against CPU"
 MODEL="$WORK/k3"
-if [ ! -f "$MODEL/config.json" ]; then
-  timeout 120 "$BIN" make-model --preset k3 --layers 2 --dense-layers 1 --experts 16 --top-k 4 \
-    --quiet "$MODEL" || { echo "make-model failed or passed 120 s"; exit 1; }
+if [ -n "${SMALL:-}" ]; then
+  say "3. tiny model (CPU driver): GPU path against CPU path"
+  MODEL="$WORK/tiny"
+  SHAPE=(--preset tiny)
+else
+  say "3. K3-dimension model: GPU against CPU"
+  SHAPE=(--preset k3 --layers 2 --dense-layers 1 --experts 16 --top-k 4)
 fi
-TOKENS=$(seq -s, 1000 37 4700)  # 101 prompt tokens
+if [ ! -f "$MODEL/config.json" ]; then
+  timeout 120 "$BIN" make-model "${SHAPE[@]}" --quiet "$MODEL" ||
+    { echo "make-model failed or passed 120 s"; exit 1; }
+fi
+TOKENS=$(seq -s, 100 3 400)  # 101 prompt tokens (ids < 512: valid in every preset)
 for dev in off "$GPU"; do
   timeout 120 "$BIN" logits --model "$MODEL" --mmap --gpu "$dev" --tokens "$TOKENS" \
     --mode split:96 --out "$WORK/logits-$dev.f32" 2>&1 | grep -E "^\[gpu\]|rror" ||
@@ -95,7 +102,7 @@ else
 fi
 for dev in off "$GPU"; do
   echo "-- bench --gpu $dev"
-  timeout 150 "$BIN" bench --model "$MODEL" --mmap --gpu "$dev" --prompt-tokens 512 \
+  timeout 150 "$BIN" bench --model "$MODEL" --mmap --gpu "$dev" --prompt-tokens "${SMALL:+32}${SMALL:-512}" \
     --gen-tokens 8 --reps 1 --no-disk-probe 2>&1 | grep -E "^(gpu|prefill|decode|model|machine)" ||
     echo "bench --gpu $dev failed or passed 150 s"
 done

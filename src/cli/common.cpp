@@ -80,7 +80,16 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   cmd->add_option("--gpu", o.gpu,
                   "Vulkan GPU for the matrix products: auto (a GPU if there is one), a device "
                   "index (0, 1, ...; CPU drivers such as lavapipe only this way) or off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(
+          [](const std::string& v) -> std::string {
+            if (v == "auto" || v == "off") return "";
+            if (!v.empty() && v.size() < 6 &&
+                v.find_first_not_of("0123456789") == std::string::npos)
+              return "";
+            return "expected auto, off or a device index (0, 1, ...), found " + v;
+          },
+          "auto|N|off");
   cmd->add_option("--gpu-memory", o.gpu_memory,
                   "Device memory for resident trunk weights, e.g. 20G (default: 3/4 of the "
                   "device's memory)");
