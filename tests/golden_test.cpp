@@ -103,6 +103,9 @@ struct GpuCase {
   const char* mode;
   const char* min_rows;
 };
+void PrintTo(const GpuCase& k, std::ostream* os) {
+  *os << k.model << " " << k.mode << " --gpu-min-rows " << k.min_rows;
+}
 class GoldenGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(GoldenGpu, LogitsAndGreedyTokensMatchTheCpu) {

@@ -107,6 +107,10 @@ struct Shape {
   int64_t N, K, M;
 };
 
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << weight_format_name(s.format) << " " << s.N << "x" << s.K << " M=" << s.M;
+}
+
 class GpuMatmul : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(GpuMatmul, MatchesFloat64Reference) {
@@ -138,7 +142,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{WeightFormat::kBF16, 67, 129, 3},
                       Shape{WeightFormat::kBF16, 70, 200, 37},
                       Shape{WeightFormat::kMXFP4, 5, 32, 1}, Shape{WeightFormat::kMXFP4, 41, 96, 2},
-                      Shape{WeightFormat::kMXFP4, 66, 256, 19}));
+                      Shape{WeightFormat::kMXFP4, 66, 256, 19}),
+    [](const auto& info) {
+      const Shape& s = info.param;
+      return std::string(weight_format_name(s.format)) + "_" + std::to_string(s.N) + "x" +
+             std::to_string(s.K) + "_M" + std::to_string(s.M);
+    });
 
 // A row's result does not depend on how many other rows share the product (GEMV == GEMM, bit
 // for bit), as the CPU kernels guarantee.
@@ -313,7 +322,8 @@ TEST_P(GpuLayers, EveryLayerMatchesTheCpuLayer) {
   EXPECT_FALSE(gpu->failed());
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GpuLayers, ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"));
+INSTANTIATE_TEST_SUITE_P(Golden, GpuLayers, ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"),
+                         [](const auto& info) { return info.param.substr(8); });
 
 // A product the device cannot run (here: an x row larger than the 1 KiB buffer cap) is an
 // error of the device path: said once on stderr, the product and every later one computed by
