@@ -8,7 +8,8 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev \
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev \
   libedit-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format \
-  python3-venv python3-numpy python3-pytest python3-wheel
+  python3-venv python3-numpy python3-pytest python3-wheel \
+  libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
 
 .PHONY: all deps configure build test test-deps demo python clean
 

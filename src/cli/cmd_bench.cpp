@@ -20,6 +20,7 @@
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -112,9 +113,22 @@ void run_bench(BenchArgs& a) {
   };
   const int64_t V = c.vocab;
   DecodeTotals dec;
+  // Which device ran what: the GPU backend's products (and those it left to the CPU) per phase.
+  const gpu::Backend* gpu = model->gpu().get();
+  gpu::Stats gpu_prefill, gpu_decode;
+  auto gpu_delta = [&](const gpu::Stats& before, gpu::Stats& sum) {
+    if (gpu == nullptr) return;
+    const gpu::Stats now = gpu->stats();
+    sum.products += now.products - before.products;
+    sum.declined += now.declined - before.declined;
+    sum.seconds += now.seconds - before.seconds;
+    sum.flops += now.flops - before.flops;
+    sum.uploaded_bytes += now.uploaded_bytes - before.uploaded_bytes;
+  };
   auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
     new_prompt();
     State st = model->new_state();
+    gpu::Stats g0 = gpu != nullptr ? gpu->stats() : gpu::Stats{};
     Stopwatch sw;
     std::vector<float> logits;
     for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(a.engine.max_rows)) {
@@ -122,6 +136,8 @@ void run_bench(BenchArgs& a) {
       logits = model->forward(st, std::span<const int32_t>(prompt.data() + b, n));
     }
     prefill_s = sw.elapsed();
+    if (measured) gpu_delta(g0, gpu_prefill);
+    if (gpu != nullptr) g0 = gpu->stats();
     int32_t next = argmax(logits.data(), V);
     const int64_t f0 = model->pass_stats().expert_fetches, p0 = model->pass_stats().passes;
     if (measured) dec.begin(*model);
@@ -131,6 +147,7 @@ void run_bench(BenchArgs& a) {
       next = argmax(l.data(), V);
     }
     decode_s = sw.elapsed();
+    if (measured) gpu_delta(g0, gpu_decode);
     if (measured) {
       dec.add(*model);
       dec.tokens += gen;
@@ -197,6 +214,19 @@ void run_bench(BenchArgs& a) {
     j["expert_cache_bytes"] = model->plan()->expert_cache_bytes;
     j["trunk_resident_bytes"] = model->plan()->trunk_resident_bytes;
   }
+  j["gpu"] = gpu != nullptr ? gpu->info().describe() : std::string("none");
+  auto gpu_json = [](const gpu::Stats& g) {
+    return nlohmann::json{{"device_products", g.products},
+                          {"cpu_products", g.declined},
+                          {"device_seconds", g.seconds},
+                          {"device_flops", g.flops},
+                          {"uploaded_bytes", g.uploaded_bytes}};
+  };
+  if (gpu != nullptr) {
+    j["gpu_prefill"] = gpu_json(gpu_prefill);
+    j["gpu_decode"] = gpu_json(gpu_decode);
+    j["gpu_plan"] = model->gpu_plan().describe();
+  }
   j["prompt_tokens"] = a.prompt_tokens;
   j["gen_tokens"] = a.gen_tokens;
   j["reps"] = a.reps;
@@ -246,6 +276,20 @@ void run_bench(BenchArgs& a) {
              model->describe());
   fmt::print("machine    {}, {} threads, kernels {}\n", cpu_model_name(), threads,
              kernels::active().name);
+  if (gpu == nullptr) {
+    fmt::print("gpu        none: every product on the CPU\n");
+  } else {
+    auto phase = [](const gpu::Stats& g) {
+      return fmt::format(
+          "{} products on the device ({:.3f} s, {:.1f} GFLOP, {:.3f} GB uploaded), "
+          "{} on the CPU",
+          g.products, g.seconds, g.flops / 1e9, static_cast<double>(g.uploaded_bytes) / 1e9,
+          g.declined);
+    };
+    fmt::print("gpu        {}\n", gpu->info().describe());
+    fmt::print("gpu        prefill: {}\n", phase(gpu_prefill));
+    fmt::print("gpu        decode: {}\n", phase(gpu_decode));
+  }
   fmt::print(
       "prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n",
       ps.median, ps.min, ps.max, a.reps, a.prompt_tokens);

@@ -78,6 +78,27 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
                 "Do not predict and read the next layer's experts ahead");
   cmd->add_flag("--no-direct-io", o.no_direct_io,
                 "Read through the page cache instead of O_DIRECT");
+  cmd->add_option("--gpu", o.gpu,
+                  "Vulkan GPU for the matrix products: auto (a GPU if there is one), a device "
+                  "index (0, 1, ...; CPU drivers such as lavapipe only this way) or off")
+      ->capture_default_str()
+      ->check(
+          [](const std::string& v) -> std::string {
+            if (v == "auto" || v == "off") return "";
+            if (!v.empty() && v.size() < 6 &&
+                v.find_first_not_of("0123456789") == std::string::npos)
+              return "";
+            return "expected auto, off or a device index (0, 1, ...), found " + v;
+          },
+          "auto|N|off");
+  cmd->add_option("--gpu-memory", o.gpu_memory,
+                  "Device memory for resident trunk weights, e.g. 20G (default: 3/4 of the "
+                  "device's memory)");
+  cmd->add_option("--gpu-min-rows", o.gpu_min_rows,
+                  "Rows from which a product whose weights are not resident on the device "
+                  "(routed experts, streamed trunk layers) is uploaded and run there")
+      ->capture_default_str()
+      ->check(positive());
   cmd->add_option("--trunk", o.trunk,
                   "Trunk weights: bf16 (exact, default) or int8 (lossy: per-row int8, f16 scales, "
                   "for resident layers)")

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "storage/expert_directory.h"
 #include "storage/streaming_trunk.h"
@@ -72,7 +73,20 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
   parts.trunk_bytes_per_pass = trunk_bytes_per_pass(c, *ck);
   parts.keep_alive = ck;
   if (o.threads >= 0) parts.pool = std::make_unique<ThreadPool>(o.threads);
-  return std::make_unique<LoadedModel>(std::move(parts), ck, inventory, std::move(plan));
+  std::shared_ptr<gpu::Backend> gpu;
+  GpuPlan gpu_plan;
+  if (o.gpu.select != "off") {
+    // Units whose bytes stay put: all of them when mapped, the plan's resident ones otherwise.
+    std::vector<bool> stable(static_cast<size_t>(c.num_layers) + 1, o.mmap);
+    if (plan) stable = plan->resident;
+    gpu = attach_gpu(o.gpu, c, *parts.trunk, stable, gpu_plan);
+    fmt::print(stderr, "{}\n", gpu_plan.device);
+    if (gpu) fmt::print(stderr, "{}\n", gpu_plan.describe());
+    parts.offload = gpu;
+  }
+  auto model = std::make_unique<LoadedModel>(std::move(parts), ck, inventory, std::move(plan));
+  model->set_gpu(std::move(gpu), std::move(gpu_plan));
+  return model;
 }
 
 // More compute threads than CPUs only makes them wait for each other (a pass synchronises all
@@ -109,6 +123,9 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.prefetch = !o.no_prefetch;
   lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
   lo.heat_file = heat_file_for(o.model);
+  lo.gpu.select = o.gpu;
+  lo.gpu.min_rows = o.gpu_min_rows;
+  if (!o.gpu_memory.empty()) lo.gpu.memory = parse_size(o.gpu_memory, "--gpu-memory");
   if (lo.print_plan)
     fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
                kernels::active().name);

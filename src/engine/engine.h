@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 
+#include "engine/gpu_plan.h"
+#include "gpu/options.h"
 #include "model/inventory.h"
 #include "model/model.h"
 #include "storage/checkpoint.h"
@@ -28,6 +30,9 @@ struct LoadOptions {
   bool prefetch = true;     // predict the next layer's experts and read them ahead
   std::string heat_file;    // persisted expert use counts ("" = none)
   bool print_plan = false;  // write the plan to stderr
+  // The Vulkan backend (--gpu, --gpu-memory): off by default. Its selection line is always
+  // written to stderr when it is not off, its plan with the memory plan.
+  gpu::Options gpu;
   // -1: passes run on the process-wide pool (the CLI sets it with --threads); >= 0: the model
   // owns a pool of that many threads (0 = one per physical core), so models loaded side by side
   // in one process (the C API) neither share nor resize each other's threads.
@@ -47,8 +52,17 @@ class LoadedModel : public Model {
   const Checkpoint& checkpoint() const { return *checkpoint_; }
   const InventoryReport& inventory() const { return inventory_; }
   const std::optional<MemoryPlan>& plan() const { return plan_; }
+  // The GPU backend the model's passes offload to (null: CPU only) and what it holds.
+  const std::shared_ptr<gpu::Backend>& gpu() const { return gpu_; }
+  const GpuPlan& gpu_plan() const { return gpu_plan_; }
+  void set_gpu(std::shared_ptr<gpu::Backend> b, GpuPlan plan) {
+    gpu_ = std::move(b);
+    gpu_plan_ = std::move(plan);
+  }
 
  private:
+  std::shared_ptr<gpu::Backend> gpu_;
+  GpuPlan gpu_plan_;
   std::shared_ptr<const Checkpoint> checkpoint_;
   InventoryReport inventory_;
   std::optional<MemoryPlan> plan_;
@@ -73,6 +87,9 @@ struct EngineOptions {
   int sequences = 1;       // states to plan for (the server sets this)
   int64_t max_rows = 256;  // rows per pass to plan for
   bool verbose = false;  // print the memory plan and the kernels even when stderr is not a terminal
+  std::string gpu = "off";    // --gpu auto|N|off
+  std::string gpu_memory;     // --gpu-memory SIZE ("" = 3/4 of the device's memory)
+  int64_t gpu_min_rows = 16;  // --gpu-min-rows: rows from which non-resident products go
 };
 
 // Applies threads and kernels, checks the folder exists, and loads it (errors say what is

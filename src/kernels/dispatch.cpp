@@ -9,11 +9,13 @@
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/offload.h"
 
 namespace deltafin::kernels {
 
 namespace {
 std::atomic<const KernelTable*> g_active{nullptr};
+thread_local MatmulOffload* t_offload = nullptr;
 
 const KernelTable* by_name(const std::string& n) {
   if (n == "scalar") return &scalar_table();
@@ -108,8 +110,19 @@ void select(const char* name) {
 // the split (each output row is computed whole by one call).
 constexpr int kTasksPerThread = 4;
 
+OffloadScope::OffloadScope(MatmulOffload* offload) : previous_(t_offload) {
+  t_offload = offload;
+}
+OffloadScope::~OffloadScope() {
+  t_offload = previous_;
+}
+MatmulOffload* current_offload() {
+  return t_offload;
+}
+
 void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
             ThreadPool& pool, bool accumulate) {
+  if (t_offload != nullptr && t_offload->matmul(w, x, M, ldx, y, ldy, accumulate)) return;
   const KernelTable& t = active();
   MatmulFn fn = t.matmul[static_cast<int>(w.format)];
   // Aim for >= ~64K multiply-adds per task so short products do not pay for a fork.

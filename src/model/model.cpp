@@ -214,6 +214,7 @@ std::vector<AttnResStep> attn_res_plan(const ModelConfig& c) {
 Model::Model(ModelParts parts)
     : keep_alive_(std::move(parts.keep_alive)),
       pool_(std::move(parts.pool)),
+      offload_(std::move(parts.offload)),
       config_(std::move(parts.config)),
       trunk_(std::move(parts.trunk)),
       experts_(std::move(parts.experts)),
@@ -222,7 +223,9 @@ Model::Model(ModelParts parts)
   if (!trunk_ || !experts_) fail("internal: a model needs a trunk and an expert provider");
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  offload_.reset();  // the device may hold views of the trunk's memory: release it first
+}
 
 std::string Model::describe() const {
   return fmt::format("trunk: {}; experts: {}", trunk_->describe(), experts_->describe());
@@ -268,6 +271,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   PassRows rows = group_rows(c, seqs);
   const int64_t R = rows.count();
   const LayerContext ctx{c, pool_ ? *pool_ : global_pool(), rows.seqs, R};
+  const kernels::OffloadScope offload(offload_.get());  // null: every product on the CPU
   const Predictor predictor(*this, ctx);
   for (auto& s : rows.seqs) s.state->set_consistent(false);  // until the pass completes
 

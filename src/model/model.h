@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/offload.h"
 #include "model/config.h"
 #include "model/experts.h"
 #include "model/state.h"
@@ -70,6 +71,9 @@ struct ModelParts {
   // The model's own compute threads; null = the process-wide pool (the CLI's --threads). Models
   // loaded side by side in one process (the C API) neither share nor resize each other's.
   std::unique_ptr<ThreadPool> pool;
+  // Another device for the matrix products of this model's passes (the engine's --gpu); null =
+  // all on the CPU. Installed around each pass (kernels/offload.h): the layers do not know.
+  std::shared_ptr<kernels::MatmulOffload> offload;
 };
 
 class Model {
@@ -107,6 +111,7 @@ class Model {
   class Predictor;
   std::shared_ptr<const void> keep_alive_;  // first member: destroyed after the providers
   std::unique_ptr<ThreadPool> pool_;        // own threads, else the global pool
+  std::shared_ptr<kernels::MatmulOffload> offload_;
   ModelConfig config_;
   std::unique_ptr<TrunkProvider> trunk_;
   std::unique_ptr<ExpertProvider> experts_;

@@ -1,0 +1,476 @@
+// The backend (gpu.h): what goes to the device and how it is cut to fit. A product is split
+// along W's rows into pieces whose bytes fit one storage buffer, and along x's rows so that an
+// x block and its y block fit too; each piece is one dispatch writing its columns of a dense y
+// block, which is then copied out to the caller's y (adding when accumulating, as the CPU
+// kernels do: y + sum). Weights come from the resident set (keyed by their address, valid for
+// the backend's life), else are imported zero-copy (unified memory) or uploaded into reused
+// scratch buffers for this product. Calls are serialised by one mutex.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+#include "gpu/device.h"
+
+namespace deltafin::gpu {
+
+namespace {
+
+constexpr uint32_t kMaxTm = 16;  // matmul.comp: x rows per workgroup at most
+
+const char* module_for(WeightFormat f, bool grouped) {
+  switch (f) {
+    case WeightFormat::kF32:
+      return grouped ? "grouped_f32" : "matmul_f32";
+    case WeightFormat::kBF16:
+      return grouped ? "grouped_bf16" : "matmul_bf16";
+    case WeightFormat::kMXFP4:
+      return grouped ? "grouped_mxfp4" : "matmul_mxfp4";
+    default:
+      return nullptr;
+  }
+}
+
+bool supported(const Matrix& w) {
+  if (module_for(w.format, false) == nullptr || !w.valid()) return false;
+  if (w.format == WeightFormat::kMXFP4 && (w.cols % 32 != 0 || w.scales == nullptr)) return false;
+  // f32 rows are read as whole words
+  if (w.format == WeightFormat::kF32 && reinterpret_cast<uintptr_t>(w.data) % 4 != 0) return false;
+  return true;
+}
+
+// A run of W's rows in device memory: data (and scales) at byte offsets in their buffers.
+struct Piece {
+  int64_t row0 = 0, rows = 0;
+  std::shared_ptr<Buffer> data, scales;
+  uint64_t data_off = 0, scales_off = 0;
+};
+
+// Pieces of `w` whose bytes fit one binding (less a page for an import's alignment).
+std::vector<Piece> cut(const Matrix& w, uint64_t range) {
+  const uint64_t per_row = static_cast<uint64_t>(std::max<int64_t>(w.row_bytes(), 1));
+  const uint64_t usable = range - std::min<uint64_t>(range / 2, 65536);  // an import's alignment
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(usable / per_row));
+  std::vector<Piece> out;
+  for (int64_t r = 0; r < w.rows; r += step) {
+    Piece p;
+    p.row0 = r;
+    p.rows = std::min(step, w.rows - r);
+    out.push_back(p);
+  }
+  return out;
+}
+
+uint64_t round_up16(uint64_t b) {
+  return (b + 15) & ~uint64_t{15};
+}
+
+// Puts the bytes of `w`'s pieces on the device: imported (zero-copy) when the device shares
+// host memory and the driver allows, else copied into `slots` (reused buffers, grown as needed)
+// or, when `slots` is null, into buffers of their own (resident weights).
+void place(Device& dev, const Matrix& w, std::vector<Piece>& pieces,
+           std::vector<std::shared_ptr<Buffer>>* slots, Stats& stats) {
+  const bool scaled = w.format == WeightFormat::kMXFP4;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    Piece& p = pieces[i];
+    const Matrix sub = w.row_slice(p.row0, p.row0 + p.rows);
+    const uint64_t db = static_cast<uint64_t>(sub.rows * sub.row_bytes());
+    const uint64_t sb = scaled ? static_cast<uint64_t>(sub.rows * sub.scale_row_bytes()) : 0;
+    if (dev.info().unified && dev.info().host_import) {
+      p.data = dev.import(sub.data, db, p.data_off);
+      if (p.data && scaled) p.scales = dev.import(sub.scales, sb, p.scales_off);
+      if (p.data && (!scaled || p.scales)) {
+        stats.imported_bytes += db + sb;
+        continue;
+      }
+    }
+    auto get = [&](size_t slot, uint64_t bytes) {
+      bytes = round_up16(bytes);
+      if (slots == nullptr) return dev.alloc(bytes);
+      if (slots->size() <= slot) slots->resize(slot + 1);
+      std::shared_ptr<Buffer>& b = (*slots)[slot];
+      if (!b || buffer_size(*b) < bytes) {
+        b.reset();
+        b = dev.alloc(bytes);
+      }
+      return b;
+    };
+    p.data = get(2 * i, db);
+    p.data_off = 0;
+    dev.upload(*p.data, 0, sub.data, db);
+    if (scaled) {
+      p.scales = get(2 * i + 1, sb);
+      p.scales_off = 0;
+      dev.upload(*p.scales, 0, sub.scales, sb);
+    }
+    stats.uploaded_bytes += db + sb;
+  }
+}
+
+// A buffer of at least `bytes`, reused while big enough.
+Buffer& grow(Device& dev, std::shared_ptr<Buffer>& b, uint64_t bytes) {
+  bytes = round_up16(bytes);
+  if (!b || buffer_size(*b) < bytes) {
+    b.reset();
+    b = dev.alloc(bytes);  // device-local; filled and read through staging where not mapped
+  }
+  return *b;
+}
+
+// Workgroup counts for N output rows (x: up to max_x, z: the rest) and `tiles` row tiles.
+void set_groups(Dispatch& d, int64_t N, int64_t tiles, uint32_t max_x) {
+  const uint32_t gx = static_cast<uint32_t>(std::min<int64_t>(N, std::min<uint32_t>(max_x, 32768)));
+  d.groups[0] = gx;
+  d.groups[1] = static_cast<uint32_t>(tiles);
+  d.groups[2] = static_cast<uint32_t>((N + gx - 1) / gx);
+}
+
+}  // namespace
+
+struct Backend::State {
+  uint64_t range = 0;  // bytes one binding may cover
+  std::mutex mu;
+  std::map<const void*, std::vector<Piece>> resident;  // by W's data pointer
+  std::map<const void*, Matrix> resident_shape;
+  uint64_t resident_bytes = 0;
+  uint64_t budget = 0;
+  std::vector<std::shared_ptr<Buffer>> scratch;  // per piece: W data, scales
+  std::shared_ptr<Buffer> xbuf, ybuf, tiles, rows;
+  bool failed = false;
+  Stats stats;
+};
+
+namespace {
+// The resident pieces of exactly this matrix (a row slice shares its data pointer: no match).
+const std::vector<Piece>* find_resident(const Backend::State& s, const Matrix& w) {
+  auto it = s.resident_shape.find(w.data);
+  if (it == s.resident_shape.end()) return nullptr;
+  const Matrix& r = it->second;
+  if (r.rows != w.rows || r.cols != w.cols || r.format != w.format || r.scales != w.scales)
+    return nullptr;
+  return &s.resident.at(w.data);
+}
+}  // namespace
+
+Backend::Backend(Options o, std::unique_ptr<Device> d)
+    : options_(std::move(o)), device_(std::move(d)), state_(std::make_unique<State>()) {
+  const uint64_t heap = device_->info().device_local_bytes;
+  state_->budget = options_.memory != 0 ? options_.memory : heap / 4 * 3;
+  state_->range = device_->max_range();
+  if (options_.max_buffer != 0) state_->range = std::min(state_->range, options_.max_buffer);
+}
+
+uint64_t Backend::range_limit() const {
+  return state_->range;
+}
+
+Backend::~Backend() {
+  state_.reset();  // buffers before the device
+}
+
+const DeviceInfo& Backend::info() const {
+  return device_->info();
+}
+
+std::unique_ptr<Backend> Backend::open(const Options& o, std::string& line) {
+  if (o.select == "off" || o.select.empty()) {
+    line = "[gpu] off: everything runs on the CPU";
+    return nullptr;
+  }
+  if (!compiled_in()) {
+    if (o.select == "auto") {
+      line =
+          "[gpu] auto: this build has no Vulkan backend (configured without libvulkan-dev and "
+          "glslc); running on the CPU";
+      return nullptr;
+    }
+    fail_arg(
+        "--gpu {}: this build has no Vulkan backend (rebuild with Debian libvulkan-dev and "
+        "glslc installed)",
+        o.select);
+  }
+  Probe p = probe();
+  int index = -1;
+  if (o.select == "auto") {
+    // A real GPU only, best kind first; CPU devices (lavapipe) only when named by index.
+    for (const char* kind : {"discrete", "integrated", "virtual"}) {
+      for (const DeviceInfo& d : p.devices) {
+        if (index < 0 && d.type == kind) index = d.index;
+      }
+    }
+    if (index < 0) {
+      std::string seen;
+      for (const DeviceInfo& d : p.devices)
+        seen += fmt::format("{}{} {} ({})", seen.empty() ? "" : ", ", d.index, d.name, d.type);
+      line = fmt::format("[gpu] auto: no Vulkan GPU found ({}); running on the CPU",
+                         p.devices.empty() ? p.error : "devices: " + seen + "; --gpu N uses one");
+      return nullptr;
+    }
+  } else {
+    char* end = nullptr;
+    long v = std::strtol(o.select.c_str(), &end, 10);
+    if (end == o.select.c_str() || *end != '\0' || v < 0)
+      fail_arg("--gpu {}: expected auto, off or a device index (0, 1, ...)", o.select);
+    if (p.devices.empty()) fail_arg("--gpu {}: no Vulkan device: {}", o.select, p.error);
+    if (v >= static_cast<long>(p.devices.size()))
+      fail_arg("--gpu {}: no such Vulkan device (this machine has {}: 0..{})", o.select,
+               p.devices.size(), p.devices.size() - 1);
+    index = static_cast<int>(v);
+  }
+  std::unique_ptr<Backend> b(new Backend(o, Device::open(index, o.staged)));
+  line = fmt::format(
+      "[gpu] using Vulkan device {}; {} MiB for resident weights; products of "
+      ">= {} rows upload their weights",
+      b->info().describe(), b->budget_bytes() >> 20, o.min_rows);
+  return b;
+}
+
+uint64_t Backend::resident_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->resident_bytes;
+}
+uint64_t Backend::budget_bytes() const {
+  return state_->budget;
+}
+bool Backend::failed() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->failed;
+}
+Stats Backend::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->stats;
+}
+
+bool Backend::make_resident(const Matrix& w) {
+  if (!supported(w)) return false;
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.failed) return false;
+  if (find_resident(s, w) != nullptr) return true;
+  if (s.resident.count(w.data)) return false;  // another view of these bytes is resident
+  const uint64_t bytes = static_cast<uint64_t>(w.bytes());
+  const bool zero_copy = device_->info().unified && device_->info().host_import;
+  if (!zero_copy && s.resident_bytes + bytes > s.budget) return false;
+  std::vector<Piece> pieces = cut(w, range_limit());
+  Stats ignored;
+  try {
+    place(*device_, w, pieces, nullptr, ignored);
+  } catch (const std::exception&) {
+    return false;  // out of device memory: this matrix stays with the CPU or per-pass uploads
+  }
+  s.resident_bytes += ignored.uploaded_bytes;  // imported weights take no device memory
+  s.resident[w.data] = std::move(pieces);
+  s.resident_shape[w.data] = w;
+  return true;
+}
+
+bool Backend::matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+                     bool accumulate) {
+  if (!supported(w) || M <= 0) return false;
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    const bool resident = find_resident(s, w) != nullptr;
+    if (s.failed || (!resident && M < options_.min_rows)) {
+      ++s.stats.declined;
+      return false;
+    }
+  }
+  std::vector<float> out;
+  try {
+    out = product(w, x, M, ldx);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.failed) {
+      fmt::print(stderr, "[gpu] device error: {}; the CPU computes everything from here on\n",
+                 e.what());
+      s.failed = true;
+    }
+    ++s.stats.declined;
+    return false;
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    const float* src = out.data() + m * w.rows;
+    float* dst = y + m * ldy;
+    if (accumulate) {
+      for (int64_t n = 0; n < w.rows; ++n) dst[n] = dst[n] + src[n];
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(w.rows) * sizeof(float));
+    }
+  }
+  return true;
+}
+
+void Backend::run(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+                  bool accumulate) {
+  if (!supported(w))
+    fail("the GPU backend does not run {} weights of {}x{}", weight_format_name(w.format), w.rows,
+         w.cols);
+  std::vector<float> out = product(w, x, M, ldx);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < w.rows; ++n)
+      y[m * ldy + n] =
+          (accumulate ? y[m * ldy + n] : 0.0f) + out[static_cast<size_t>(m * w.rows + n)];
+}
+
+// The dense product [M][N] on the device (throws Error on a device error).
+std::vector<float> Backend::product(const Matrix& w, const float* x, int64_t M, int64_t ldx) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto t0 = std::chrono::steady_clock::now();
+  Device& dev = *device_;
+  const int64_t N = w.rows, K = w.cols;
+  const uint64_t range = range_limit();
+  // x and y blocks within one binding
+  const int64_t mc_max =
+      std::min<int64_t>(M, static_cast<int64_t>(std::min(range / static_cast<uint64_t>(K * 4),
+                                                         range / static_cast<uint64_t>(N * 4))));
+  if (mc_max < 1)
+    fail("a {}x{} product does not fit the device's {} MiB buffers", N, K, range >> 20);
+  std::vector<Piece> transient;
+  const std::vector<Piece>* pieces = nullptr;
+  if (const std::vector<Piece>* r = find_resident(s, w)) {
+    pieces = r;
+  } else {
+    transient = cut(w, range);
+    place(dev, w, transient, &s.scratch, s.stats);
+    pieces = &transient;
+  }
+  const char* module = module_for(w.format, false);
+  std::vector<float> out(static_cast<size_t>(M * N));
+  std::vector<float> xb;
+  for (int64_t m0 = 0; m0 < M; m0 += mc_max) {
+    const int64_t mc = std::min(mc_max, M - m0);
+    Buffer& xbuf = grow(dev, s.xbuf, static_cast<uint64_t>(mc * K * 4));
+    Buffer& ybuf = grow(dev, s.ybuf, static_cast<uint64_t>(mc * N * 4));
+    xb.resize(static_cast<size_t>(mc * K));
+    for (int64_t m = 0; m < mc; ++m)
+      std::memcpy(xb.data() + m * K, x + (m0 + m) * ldx, static_cast<size_t>(K) * 4);
+    dev.upload(xbuf, 0, xb.data(), xb.size() * 4);
+    const uint32_t tm = mc >= 4 ? kMaxTm : 1;
+    std::vector<Dispatch> ds;
+    for (const Piece& p : *pieces) {
+      Dispatch d;
+      d.module = module;
+      d.tm = tm;
+      d.buffers[0] = p.data.get();
+      d.buffers[1] = p.scales.get();
+      d.buffers[2] = &xbuf;
+      d.buffers[3] = &ybuf;
+      d.push[0] = static_cast<uint32_t>(p.rows);
+      d.push[1] = static_cast<uint32_t>(K);
+      d.push[2] = static_cast<uint32_t>(mc);
+      d.push[3] = static_cast<uint32_t>(p.data_off);
+      d.push[4] = static_cast<uint32_t>(p.scales_off);
+      d.push[5] = static_cast<uint32_t>(K);
+      d.push[6] = static_cast<uint32_t>(N);
+      d.push[7] = static_cast<uint32_t>(p.row0);
+      set_groups(d, p.rows, (mc + tm - 1) / tm, dev.max_groups_x());
+      ds.push_back(d);
+    }
+    dev.run(ds);
+    dev.download(ybuf, 0, out.data() + m0 * N, static_cast<uint64_t>(mc * N * 4));
+  }
+  s.stats.products += 1;
+  s.stats.rows += M;
+  s.stats.flops += 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  s.stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+void Backend::run_grouped(std::span<const Group> groups, const float* x, int64_t ldx, float* y) {
+  if (groups.empty()) return;
+  const Matrix& w0 = groups[0].w;
+  for (const Group& g : groups) {
+    if (!supported(g.w) || g.w.rows != w0.rows || g.w.cols != w0.cols || g.w.format != w0.format)
+      fail("a grouped product needs supported weights of one shape and format ({} {}x{})",
+           weight_format_name(w0.format), w0.rows, w0.cols);
+  }
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto t0 = std::chrono::steady_clock::now();
+  Device& dev = *device_;
+  const int64_t N = w0.rows, K = w0.cols;
+  const uint64_t range = range_limit();
+  const bool scaled = w0.format == WeightFormat::kMXFP4;
+  const uint64_t wb = round_up16(static_cast<uint64_t>(N * w0.row_bytes()));
+  const uint64_t sb = scaled ? round_up16(static_cast<uint64_t>(N * w0.scale_row_bytes())) : 0;
+  if (wb > range) fail("one expert's {}x{} weights exceed a device buffer", N, K);
+  // Batches of experts whose weights fit one buffer each, and whose rows fit x and y.
+  const int64_t max_rows = static_cast<int64_t>(
+      std::min(range / static_cast<uint64_t>(K * 4), range / static_cast<uint64_t>(N * 4)));
+  int64_t out_row = 0;
+  size_t g0 = 0;
+  while (g0 < groups.size()) {
+    size_t g1 = g0;
+    int64_t rows = 0;
+    while (g1 < groups.size() && (g1 - g0 + 1) * wb <= range &&
+           rows + static_cast<int64_t>(groups[g1].rows.size()) <= max_rows) {
+      rows += static_cast<int64_t>(groups[g1].rows.size());
+      ++g1;
+    }
+    if (g1 == g0)
+      fail("an expert group of {} rows exceeds a device buffer", groups[g0].rows.size());
+    const uint64_t experts = g1 - g0;
+    if (s.scratch.size() < 2) s.scratch.resize(2);
+    Buffer& wbuf = grow(dev, s.scratch[0], experts * wb);
+    Buffer& sbuf = grow(dev, s.scratch[1], std::max<uint64_t>(experts * sb, 16));
+    std::vector<uint32_t> tiles, xrows;
+    std::vector<float> xb;
+    for (size_t g = g0; g < g1; ++g) {
+      const Matrix& w = groups[g].w;
+      const uint64_t e = g - g0;
+      dev.upload(wbuf, e * wb, w.data, static_cast<uint64_t>(N * w.row_bytes()));
+      if (scaled)
+        dev.upload(sbuf, e * sb, w.scales, static_cast<uint64_t>(N * w.scale_row_bytes()));
+      s.stats.uploaded_bytes += static_cast<uint64_t>(w.bytes());
+      const int64_t n = static_cast<int64_t>(groups[g].rows.size());
+      for (int64_t i = 0; i < n; i += kMaxTm) {
+        tiles.push_back(static_cast<uint32_t>(e));
+        tiles.push_back(static_cast<uint32_t>(xrows.size() + static_cast<size_t>(i)));
+        tiles.push_back(static_cast<uint32_t>(std::min<int64_t>(kMaxTm, n - i)));
+      }
+      for (int32_t r : groups[g].rows) {
+        xrows.push_back(static_cast<uint32_t>(xb.size() / static_cast<size_t>(K)));
+        xb.insert(xb.end(), x + r * ldx, x + r * ldx + K);
+      }
+    }
+    if (rows > 0) {
+      Buffer& xbuf = grow(dev, s.xbuf, xb.size() * 4);
+      Buffer& ybuf = grow(dev, s.ybuf, static_cast<uint64_t>(rows * N * 4));
+      Buffer& tbuf = grow(dev, s.tiles, tiles.size() * 4);
+      Buffer& rbuf = grow(dev, s.rows, xrows.size() * 4);
+      dev.upload(xbuf, 0, xb.data(), xb.size() * 4);
+      dev.upload(tbuf, 0, tiles.data(), tiles.size() * 4);
+      dev.upload(rbuf, 0, xrows.data(), xrows.size() * 4);
+      Dispatch d;
+      d.module = module_for(w0.format, true);
+      d.tm = kMaxTm;
+      d.buffers[0] = &wbuf;
+      d.buffers[1] = &sbuf;
+      d.buffers[2] = &xbuf;
+      d.buffers[3] = &ybuf;
+      d.buffers[4] = &tbuf;
+      d.buffers[5] = &rbuf;
+      d.push[0] = static_cast<uint32_t>(N);
+      d.push[1] = static_cast<uint32_t>(K);
+      d.push[5] = static_cast<uint32_t>(K);
+      d.push[6] = static_cast<uint32_t>(N);
+      d.push[8] = static_cast<uint32_t>(wb);
+      d.push[9] = static_cast<uint32_t>(sb);
+      set_groups(d, N, static_cast<int64_t>(tiles.size() / 3), dev.max_groups_x());
+      dev.run(std::span<const Dispatch>(&d, 1));
+      dev.download(ybuf, 0, y + out_row * N, static_cast<uint64_t>(rows * N * 4));
+    }
+    s.stats.products += 1;
+    s.stats.rows += rows;
+    s.stats.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(N * K);
+    out_row += rows;
+    g0 = g1;
+  }
+  s.stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace deltafin::gpu
