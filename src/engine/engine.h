@@ -73,6 +73,10 @@ struct EngineOptions {
   int sequences = 1;       // states to plan for (the server sets this)
   int64_t max_rows = 256;  // rows per pass to plan for
   bool verbose = false;  // print the memory plan and the kernels even when stderr is not a terminal
+  // A draft model loaded next to this one (src/draft's DraftModel::weight_bytes and
+  // cache_bytes_per_position): the plan counts it before trunk and experts.
+  uint64_t draft_weight_bytes = 0;
+  uint64_t draft_cache_bytes_per_position = 0;
 };
 
 // Applies threads and kernels, checks the folder exists, and loads it (errors say what is

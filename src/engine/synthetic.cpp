@@ -354,6 +354,111 @@ class AsyncWriter {
   std::thread thread_;
 };
 
+// Writes `units` (tensors that stay in one shard) into a new folder `out_dir`: shards of about
+// `shard_bytes` plus the index, or one model.safetensors when `single_file`; then config.json
+// (and a tokenizer when `tokenizer_vocab` > 0). Written into a temporary sibling and renamed, so
+// a failed run leaves nothing that looks like a checkpoint.
+MakeModelResult write_units(const std::string& out_dir, const std::string& config_text,
+                            std::vector<std::vector<TensorPlan>> units, uint64_t shard_bytes,
+                            int64_t kda_heads, bool single_file, int64_t tokenizer_vocab,
+                            const std::function<void(const MakeModelProgress&)>& progress) {
+  Stopwatch sw;
+  std::vector<std::vector<TensorPlan>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (auto& u : units) {
+    uint64_t b = 0;
+    for (const auto& t : u) b += t.nbytes;
+    if (in_shard > 0 && in_shard + b > shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    for (auto& t : u) shards.back().push_back(std::move(t));
+    in_shard += b;
+    total += b;
+  }
+
+  fs::path out(out_dir);
+  if (fs::exists(out) && !fs::is_directory(out)) fail_arg("{} exists and is not a folder", out_dir);
+  if (fs::exists(out) && !fs::is_empty(out)) {
+    fail_arg("{} is not empty (make-model writes a new checkpoint folder; remove it first)",
+             out_dir);
+  }
+  fs::path tmp =
+      out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+
+  const int n = static_cast<int>(shards.size());
+  ojson weight_map = ojson::object();
+  MakeModelProgress prog;
+  prog.bytes_total = total;
+  ThreadPool& pool = global_pool();
+  {
+    AsyncWriter writer;
+    constexpr uint64_t kBlock = 32ull << 20;
+    for (int si = 0; si < n; ++si) {
+      const std::string fname = single_file
+                                    ? std::string("model.safetensors")
+                                    : fmt::format("model-{:05d}-of-{:06d}.safetensors", si + 1, n);
+      const fs::path path = tmp / fname;
+      ojson header;
+      header["__metadata__"] = {{"format", "pt"}};
+      uint64_t off = 0;
+      for (const auto& t : shards[si]) {
+        header[t.t.name] = {{"dtype", dtype_name(t.t.dtype)},
+                            {"shape", t.t.shape},
+                            {"data_offsets", {off, off + t.nbytes}}};
+        off += t.nbytes;
+        weight_map[t.t.name] = fname;
+      }
+      std::string h = header.dump();
+      while (h.size() % 8 != 0) h.push_back(' ');
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) fail_io("cannot create {}: {}", path.string(), std::strerror(errno));
+      std::vector<uint8_t> head(8 + h.size());
+      uint64_t hl = h.size();
+      std::memcpy(head.data(), &hl, 8);
+      std::memcpy(head.data() + 8, h.data(), h.size());
+      writer.submit(fd, std::move(head), path.string());
+      for (const auto& t : shards[si]) {
+        for (uint64_t b = 0; b < t.nbytes; b += kBlock) {
+          const uint64_t len = std::min(kBlock, t.nbytes - b);
+          std::vector<uint8_t> buf = writer.recycle();
+          buf.resize(len);
+          const int chunks = static_cast<int>((len + kChunk - 1) / kChunk);
+          pool.run(chunks, [&](int c, int) {
+            const uint64_t cb = static_cast<uint64_t>(c) * kChunk;
+            generate(t, kda_heads, b + cb, std::min(kChunk, len - cb), buf.data() + cb);
+          });
+          writer.submit(fd, std::move(buf), path.string());
+          prog.bytes_written += len;
+          prog.seconds = sw.elapsed();
+          if (progress) progress(prog);
+        }
+      }
+      writer.drain();
+      if (::close(fd) != 0)
+        fail_io("cannot finish writing {}: {}", path.string(), std::strerror(errno));
+    }
+  }
+  ojson index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weight_map;
+  if (!single_file)
+    write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(1) + "\n");
+  write_file_atomic((tmp / "config.json").string(), config_text);
+  if (tokenizer_vocab > 0)
+    write_synthetic_tokenizer(tmp.string(), static_cast<int32_t>(tokenizer_vocab));
+  if (fs::exists(out)) fs::remove(out);
+  fs::rename(tmp, out);
+
+  MakeModelResult r;
+  r.bytes = total;
+  r.shards = n;
+  r.seconds = sw.elapsed();
+  return r;
+}
+
 }  // namespace
 
 MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec,
@@ -391,96 +496,20 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
     if (!cur.empty()) (cur_expert >= 0 ? layer_experts : units).push_back(std::move(cur));
     flush_experts();
   }
-  std::vector<std::vector<TensorPlan>> shards(1);
-  uint64_t in_shard = 0, total = 0;
-  for (auto& u : units) {
-    uint64_t b = 0;
-    for (const auto& t : u) b += t.nbytes;
-    if (in_shard > 0 && in_shard + b > spec.shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    for (auto& t : u) shards.back().push_back(std::move(t));
-    in_shard += b;
-    total += b;
-  }
-
-  fs::path out(out_dir);
-  if (fs::exists(out) && !fs::is_directory(out)) fail_arg("{} exists and is not a folder", out_dir);
-  if (fs::exists(out) && !fs::is_empty(out)) {
-    fail_arg("{} is not empty (make-model writes a new checkpoint folder; remove it first)",
-             out_dir);
-  }
-  fs::path tmp =
-      out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-
-  const int n = static_cast<int>(shards.size());
-  ojson weight_map = ojson::object();
-  MakeModelProgress prog;
-  prog.bytes_total = total;
-  ThreadPool& pool = global_pool();
-  {
-    AsyncWriter writer;
-    constexpr uint64_t kBlock = 32ull << 20;
-    for (int si = 0; si < n; ++si) {
-      const std::string fname = fmt::format("model-{:05d}-of-{:06d}.safetensors", si + 1, n);
-      const fs::path path = tmp / fname;
-      ojson header;
-      header["__metadata__"] = {{"format", "pt"}};
-      uint64_t off = 0;
-      for (const auto& t : shards[si]) {
-        header[t.t.name] = {{"dtype", dtype_name(t.t.dtype)},
-                            {"shape", t.t.shape},
-                            {"data_offsets", {off, off + t.nbytes}}};
-        off += t.nbytes;
-        weight_map[t.t.name] = fname;
-      }
-      std::string h = header.dump();
-      while (h.size() % 8 != 0) h.push_back(' ');
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) fail_io("cannot create {}: {}", path.string(), std::strerror(errno));
-      std::vector<uint8_t> head(8 + h.size());
-      uint64_t hl = h.size();
-      std::memcpy(head.data(), &hl, 8);
-      std::memcpy(head.data() + 8, h.data(), h.size());
-      writer.submit(fd, std::move(head), path.string());
-      for (const auto& t : shards[si]) {
-        for (uint64_t b = 0; b < t.nbytes; b += kBlock) {
-          const uint64_t len = std::min(kBlock, t.nbytes - b);
-          std::vector<uint8_t> buf = writer.recycle();
-          buf.resize(len);
-          const int chunks = static_cast<int>((len + kChunk - 1) / kChunk);
-          pool.run(chunks, [&](int c, int) {
-            const uint64_t cb = static_cast<uint64_t>(c) * kChunk;
-            generate(t, spec.kda_heads, b + cb, std::min(kChunk, len - cb), buf.data() + cb);
-          });
-          writer.submit(fd, std::move(buf), path.string());
-          prog.bytes_written += len;
-          prog.seconds = sw.elapsed();
-          if (progress) progress(prog);
-        }
-      }
-      writer.drain();
-      if (::close(fd) != 0)
-        fail_io("cannot finish writing {}: {}", path.string(), std::strerror(errno));
-    }
-  }
-  ojson index;
-  index["metadata"] = {{"total_size", total}};
-  index["weight_map"] = weight_map;
-  write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(1) + "\n");
-  write_file_atomic((tmp / "config.json").string(), config_text);
-  if (spec.tokenizer) write_synthetic_tokenizer(tmp.string(), static_cast<int32_t>(spec.vocab));
-  if (fs::exists(out)) fs::remove(out);
-  fs::rename(tmp, out);
-
-  MakeModelResult r;
-  r.bytes = total;
-  r.shards = n;
+  MakeModelResult r = write_units(out_dir, config_text, std::move(units), spec.shard_bytes,
+                                  spec.kda_heads, false, spec.tokenizer ? spec.vocab : 0, progress);
   r.tensors = expected.size();
   r.seconds = sw.elapsed();
+  return r;
+}
+
+MakeModelResult write_random_checkpoint(const std::string& out_dir, const std::string& config_text,
+                                        const std::vector<ExpectedTensor>& tensors, uint64_t seed) {
+  std::vector<std::vector<TensorPlan>> units;
+  for (const auto& t : tensors) units.push_back({plan_for(t, seed)});
+  MakeModelResult r =
+      write_units(out_dir, config_text, std::move(units), UINT64_MAX, 0, true, 0, {});
+  r.tensors = tensors.size();
   return r;
 }
 
