@@ -75,9 +75,9 @@ std::string MemoryPlan::describe() const {
       "overhead {}{}{})\n",
       gib(budget), gib(fixed_bytes()), gib(state_bytes), sequences, context, gib(buffer_bytes),
       gib(overhead_bytes), router_bytes ? ", routers for prefetch " + gib(router_bytes) : "",
-      draft_weight_bytes ? ", draft model " + gib(draft_weight_bytes) + " + its cache " +
-                               gib(draft_cache_bytes)
-                         : "");
+      draft_weight_bytes
+          ? ", draft model " + gib(draft_weight_bytes) + " + its cache " + gib(draft_cache_bytes)
+          : "");
   s += fmt::format(
       "[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
       trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(),

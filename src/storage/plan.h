@@ -37,10 +37,10 @@ struct MemoryPlan {
   uint64_t budget = 0;
   int64_t context = 0;
   int sequences = 0;
-  uint64_t state_bytes = 0;     // all sequences
-  uint64_t buffer_bytes = 0;    // activations of one pass
-  uint64_t overhead_bytes = 0;  // tokenizer, allocator slack
-  uint64_t router_bytes = 0;    // prefetch roster
+  uint64_t state_bytes = 0;                                // all sequences
+  uint64_t buffer_bytes = 0;                               // activations of one pass
+  uint64_t overhead_bytes = 0;                             // tokenizer, allocator slack
+  uint64_t router_bytes = 0;                               // prefetch roster
   uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0;  // all sequences' draft caches
   uint64_t fixed_bytes() const {
     return state_bytes + buffer_bytes + overhead_bytes + router_bytes + draft_weight_bytes +
