@@ -116,18 +116,7 @@ TEST(Speculative, StopTokenInsideAnAcceptedRunEndsThere) {
 TEST(Speculative, GreedyIdenticalOnAK3PresetModelAtTheMinimumBudget) {
   // A small `make-model --preset k3` shape (4 layers, 16 experts) so the test takes seconds;
   // the expert store at its minimum budget must give the same completion with drafting.
-  SyntheticSpec s = synthetic_preset("k3");
-  s.layers = 4;
-  s.experts = 16;
-  s.top_k = 4;
-  s.hidden = 256;
-  s.latent = 128;
-  s.moe_intermediate = 64;
-  s.dense_intermediate = 512;
-  s.vocab = 512;
-  s.kda_heads = 4;
-  s.kda_head_dim = 32;
-  s.mla_heads = 4;
+  const SyntheticSpec s = test::small_k3_spec();
   const std::string dir = test::temp_dir("speck3") + "/model";
   make_model(dir, s);
   auto c = load_config(dir);

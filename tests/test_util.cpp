@@ -19,6 +19,22 @@ extern char** environ;
 
 namespace deltafin::test {
 
+SyntheticSpec small_k3_spec() {
+  SyntheticSpec s = synthetic_preset("k3");
+  s.layers = 4;
+  s.experts = 16;
+  s.top_k = 4;
+  s.hidden = 256;
+  s.latent = 128;
+  s.moe_intermediate = 64;
+  s.dense_intermediate = 512;
+  s.vocab = 512;
+  s.kda_heads = 4;
+  s.kda_head_dim = 32;
+  s.mla_heads = 4;
+  return s;
+}
+
 std::string temp_dir(const std::string& name) {
   static std::atomic<int> counter{0};
   namespace fs = std::filesystem;

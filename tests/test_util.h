@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/synthetic.h"
+
 namespace deltafin::test {
 
 inline std::string data_dir() {
@@ -51,6 +53,10 @@ class Child {
 };
 
 std::string slurp(const std::string& path);
+
+// `make-model --preset k3` shrunk so a test takes seconds: K3's layer kinds and MLA/MoE
+// structure with 4 layers, 16 experts (top 4) and hidden 256.
+SyntheticSpec small_k3_spec();
 void spit(const std::string& path, const std::string& data);
 
 }  // namespace deltafin::test

@@ -9,7 +9,9 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "draft/synthetic_draft.h"
 #include "engine/synthetic.h"
+#include "model/config.h"
 
 namespace deltafin::cli {
 
@@ -26,6 +28,8 @@ struct MakeModelArgs {
   bool no_tokenizer = false;
   bool quiet = false;
   int threads = 0;
+  std::string drafter, target, draft_stream;
+  std::vector<int> draft_taps;
 };
 
 // SIGINT/SIGTERM while writing: the progress callback sees the flag and throws, so the library
@@ -35,6 +39,28 @@ extern "C" void on_stop_signal(int sig) {
   g_signal.store(sig);
 }
 
+// --drafter KIND --target DIR: a draft model folder for that target instead of a target.
+void run_make_draft(const MakeModelArgs& a) {
+  if (a.target.empty())
+    fail_arg("--drafter {} needs --target DIR (the model it drafts for)", a.drafter);
+  require_model_folder(a.target);
+  SyntheticDraftSpec s = synthetic_draft_preset(a.drafter);
+  s.seed = a.seed;
+  s.taps = a.draft_taps;
+  if (a.draft_stream == "attn_res") {
+    if (s.kind != DraftKind::kDSpark)
+      fail_arg("--draft-stream attn_res: only DSpark drafts tap the mixture");
+    s.stream = TapStream::kMixture;
+  } else if (!a.draft_stream.empty() && a.draft_stream != "prefix") {
+    fail_arg("--draft-stream {}: expected prefix or attn_res", a.draft_stream);
+  }
+  const auto r = make_draft_model(a.out, s, load_config(a.target));
+  if (!a.quiet) {
+    fmt::print(stderr, "make-model: wrote a {} draft for {} ({}, {} tensors) to {}\n", a.drafter,
+               a.target, human_bytes(static_cast<double>(r.bytes)), r.tensors, a.out);
+  }
+}
+
 void run_make_model(const MakeModelArgs& a) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -42,6 +68,8 @@ void run_make_model(const MakeModelArgs& a) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   set_global_threads(a.threads);
+  if (!a.drafter.empty()) return run_make_draft(a);
+  if (!a.target.empty()) fail_arg("--target is only for --drafter");
   SyntheticSpec s = synthetic_preset(a.preset);
   if (a.layers > 0) s.layers = a.layers;
   if (a.experts > 0) s.experts = a.experts;
@@ -122,6 +150,14 @@ void register_make_model(CLI::App& app) {
                 "Do not write tiktoken.model / tokenizer_config.json");
   cmd->add_flag("--quiet", a->quiet, "No progress output");
   cmd->add_option("--threads", a->threads, "Generator threads (default: one per physical core)");
+  cmd->add_option("--drafter", a->drafter,
+                  "Write a synthetic draft model for --target instead: eagle3.1, eagle3 or dspark");
+  cmd->add_option("--target", a->target, "The model folder a --drafter is made for");
+  cmd->add_option("--draft-taps", a->draft_taps,
+                  "0-based target layers the draft taps (default: 1, middle, last but one)")
+      ->delimiter(',');
+  cmd->add_option("--draft-stream", a->draft_stream,
+                  "prefix (raw AttnRes partial, default) or attn_res (the mixture; DSpark only)");
   cmd->callback([a] { run_make_model(*a); });
 }
 

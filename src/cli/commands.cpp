@@ -7,6 +7,7 @@ void register_all(CLI::App& app) {
   register_chat(app);
   register_serve(app);
   register_logits(app);
+  register_propose(app);
   register_inspect(app);
   register_make_model(app);
   register_bench(app);

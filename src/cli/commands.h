@@ -12,6 +12,7 @@ void register_all(CLI::App& app);
 
 void register_inspect(CLI::App& app);
 void register_logits(CLI::App& app);
+void register_propose(CLI::App& app);  // cmd_propose.cpp
 void register_make_model(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_run(CLI::App& app);

@@ -115,6 +115,8 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.plan.context = o.ctx;
   lo.plan.sequences = o.sequences;
   lo.plan.max_rows = o.max_rows;
+  lo.plan.draft_weight_bytes = o.draft_weight_bytes;
+  lo.plan.draft_cache_bytes_per_position = o.draft_cache_bytes_per_position;
   lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
   if (o.mmap && o.trunk == "int8") fail_arg("--trunk int8 needs the planned store (drop --mmap)");
   lo.cache_policy = parse_cache_policy(o.cache_policy);

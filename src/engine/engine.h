@@ -89,7 +89,11 @@ struct EngineOptions {
   bool verbose = false;  // print the memory plan and the kernels even when stderr is not a terminal
   std::string gpu = "off";    // --gpu auto|N|off
   std::string gpu_memory;     // --gpu-memory SIZE ("" = 3/4 of the device's memory)
-  int64_t gpu_min_rows = 16;  // --gpu-min-rows: rows from which non-resident products go
+  int64_t gpu_min_rows = 16;  // --gpu-min-rows: rows from which non-resident products go to the GPU
+  // A draft model loaded next to this one (src/draft's DraftModel::weight_bytes and
+  // cache_bytes_per_position): the plan counts it before trunk and experts.
+  uint64_t draft_weight_bytes = 0;
+  uint64_t draft_cache_bytes_per_position = 0;
 };
 
 // Applies threads and kernels, checks the folder exists, and loads it (errors say what is

@@ -354,49 +354,21 @@ class AsyncWriter {
   std::thread thread_;
 };
 
-}  // namespace
-
-MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec,
-                           const std::function<void(const MakeModelProgress&)>& progress) {
+// Writes `units` (tensors that stay in one shard) into a new folder `out_dir`: shards of about
+// `shard_bytes` plus the index, or one model.safetensors when `single_file`; then config.json
+// (and a tokenizer when `tokenizer_vocab` > 0). Written into a temporary sibling and renamed, so
+// a failed run leaves nothing that looks like a checkpoint.
+MakeModelResult write_units(const std::string& out_dir, const std::string& config_text,
+                            std::vector<std::vector<TensorPlan>> units, uint64_t shard_bytes,
+                            int64_t kda_heads, bool single_file, int64_t tokenizer_vocab,
+                            const std::function<void(const MakeModelProgress&)>& progress) {
   Stopwatch sw;
-  const std::string config_text = synthetic_config_json(spec);
-  const ModelConfig cfg = parse_config(config_text, "config.json (generated)");
-  InventoryOptions io{spec.expert_format, spec.kda_head_dim};
-  const auto expected = expected_tensors(cfg, io);
-
-  // Units that must stay together in one shard: a layer's trunk tensors, one expert's tensors,
-  // the leading and trailing globals. Experts are shuffled within their layer like the release.
-  std::vector<std::vector<TensorPlan>> units;
-  {
-    std::vector<TensorPlan> cur;
-    int cur_layer = -2, cur_expert = -2;
-    std::vector<std::vector<TensorPlan>> layer_experts;
-    auto flush_experts = [&] {
-      Rng r{mix64(spec.seed ^ 0x5eedull ^ static_cast<uint64_t>(cur_layer))};
-      for (size_t i = layer_experts.size(); i > 1; --i)
-        std::swap(layer_experts[i - 1], layer_experts[r.next() % i]);
-      for (auto& u : layer_experts) units.push_back(std::move(u));
-      layer_experts.clear();
-    };
-    for (const auto& t : expected) {
-      if (t.layer != cur_layer || t.expert != cur_expert) {
-        if (!cur.empty()) (cur_expert >= 0 ? layer_experts : units).push_back(std::move(cur));
-        cur.clear();
-        if (t.layer != cur_layer) flush_experts();
-        cur_layer = t.layer;
-        cur_expert = t.expert;
-      }
-      cur.push_back(plan_for(t, spec.seed));
-    }
-    if (!cur.empty()) (cur_expert >= 0 ? layer_experts : units).push_back(std::move(cur));
-    flush_experts();
-  }
   std::vector<std::vector<TensorPlan>> shards(1);
   uint64_t in_shard = 0, total = 0;
   for (auto& u : units) {
     uint64_t b = 0;
     for (const auto& t : u) b += t.nbytes;
-    if (in_shard > 0 && in_shard + b > spec.shard_bytes) {
+    if (in_shard > 0 && in_shard + b > shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
@@ -446,7 +418,9 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
     AsyncWriter writer;
     constexpr uint64_t kBlock = 32ull << 20;
     for (int si = 0; si < n; ++si) {
-      const std::string fname = fmt::format("model-{:05d}-of-{:06d}.safetensors", si + 1, n);
+      const std::string fname = single_file
+                                    ? std::string("model.safetensors")
+                                    : fmt::format("model-{:05d}-of-{:06d}.safetensors", si + 1, n);
       const fs::path path = tmp / fname;
       ojson header;
       header["__metadata__"] = {{"format", "pt"}};
@@ -475,7 +449,7 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
           const int chunks = static_cast<int>((len + kChunk - 1) / kChunk);
           pool.run(chunks, [&](int c, int) {
             const uint64_t cb = static_cast<uint64_t>(c) * kChunk;
-            generate(t, spec.kda_heads, b + cb, std::min(kChunk, len - cb), buf.data() + cb);
+            generate(t, kda_heads, b + cb, std::min(kChunk, len - cb), buf.data() + cb);
           });
           writer.submit(fd, std::move(buf), path.string());
           prog.bytes_written += len;
@@ -491,9 +465,11 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
   ojson index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = weight_map;
-  write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(1) + "\n");
+  if (!single_file)
+    write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(1) + "\n");
   write_file_atomic((tmp / "config.json").string(), config_text);
-  if (spec.tokenizer) write_synthetic_tokenizer(tmp.string(), static_cast<int32_t>(spec.vocab));
+  if (tokenizer_vocab > 0)
+    write_synthetic_tokenizer(tmp.string(), static_cast<int32_t>(tokenizer_vocab));
   if (fs::exists(out, ec)) fs::remove(out, ec);
   if (fs::rename(tmp, out, ec); ec)
     fail_io("cannot move {} to {}: {}", tmp.string(), out_dir, ec.message());
@@ -502,8 +478,61 @@ MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec
   MakeModelResult r;
   r.bytes = total;
   r.shards = n;
+  r.seconds = sw.elapsed();
+  return r;
+}
+
+}  // namespace
+
+MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec,
+                           const std::function<void(const MakeModelProgress&)>& progress) {
+  Stopwatch sw;
+  const std::string config_text = synthetic_config_json(spec);
+  const ModelConfig cfg = parse_config(config_text, "config.json (generated)");
+  InventoryOptions io{spec.expert_format, spec.kda_head_dim};
+  const auto expected = expected_tensors(cfg, io);
+
+  // Units that must stay together in one shard: a layer's trunk tensors, one expert's tensors,
+  // the leading and trailing globals. Experts are shuffled within their layer like the release.
+  std::vector<std::vector<TensorPlan>> units;
+  {
+    std::vector<TensorPlan> cur;
+    int cur_layer = -2, cur_expert = -2;
+    std::vector<std::vector<TensorPlan>> layer_experts;
+    auto flush_experts = [&] {
+      Rng r{mix64(spec.seed ^ 0x5eedull ^ static_cast<uint64_t>(cur_layer))};
+      for (size_t i = layer_experts.size(); i > 1; --i)
+        std::swap(layer_experts[i - 1], layer_experts[r.next() % i]);
+      for (auto& u : layer_experts) units.push_back(std::move(u));
+      layer_experts.clear();
+    };
+    for (const auto& t : expected) {
+      if (t.layer != cur_layer || t.expert != cur_expert) {
+        if (!cur.empty()) (cur_expert >= 0 ? layer_experts : units).push_back(std::move(cur));
+        cur.clear();
+        if (t.layer != cur_layer) flush_experts();
+        cur_layer = t.layer;
+        cur_expert = t.expert;
+      }
+      cur.push_back(plan_for(t, spec.seed));
+    }
+    if (!cur.empty()) (cur_expert >= 0 ? layer_experts : units).push_back(std::move(cur));
+    flush_experts();
+  }
+  MakeModelResult r = write_units(out_dir, config_text, std::move(units), spec.shard_bytes,
+                                  spec.kda_heads, false, spec.tokenizer ? spec.vocab : 0, progress);
   r.tensors = expected.size();
   r.seconds = sw.elapsed();
+  return r;
+}
+
+MakeModelResult write_random_checkpoint(const std::string& out_dir, const std::string& config_text,
+                                        const std::vector<ExpectedTensor>& tensors, uint64_t seed) {
+  std::vector<std::vector<TensorPlan>> units;
+  for (const auto& t : tensors) units.push_back({plan_for(t, seed)});
+  MakeModelResult r =
+      write_units(out_dir, config_text, std::move(units), UINT64_MAX, 0, true, 0, {});
+  r.tensors = tensors.size();
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/inventory.h"
 
 namespace deltafin {
 
@@ -56,5 +57,11 @@ std::string synthetic_config_json(const SyntheticSpec& spec);
 // Writes the checkpoint into `out_dir` (created; must not already contain a checkpoint).
 MakeModelResult make_model(const std::string& out_dir, const SyntheticSpec& spec,
                            const std::function<void(const MakeModelProgress&)>& progress = {});
+
+// Writes a folder of `tensors` with random values (the same generator: norms around 1, matrices
+// of std 0.02, deterministic in `seed`) as one model.safetensors plus `config_text` as
+// config.json — the layout draft models are released in (`make-model --draft`).
+MakeModelResult write_random_checkpoint(const std::string& out_dir, const std::string& config_text,
+                                        const std::vector<ExpectedTensor>& tensors, uint64_t seed);
 
 }  // namespace deltafin

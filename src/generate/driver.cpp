@@ -49,6 +49,7 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
 
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
            const std::function<void(Generation&)>& on_step, DraftConfig* draft) {
+  if (draft != nullptr && draft->drafter != nullptr) draft->drafter->attach(state);
   while (!gen.finished()) {
     if (cancel != nullptr && cancel->load()) {
       gen.cancel();

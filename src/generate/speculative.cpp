@@ -75,6 +75,7 @@ std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const
     return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end();
   };
   if (max_new <= 0) return out;
+  if (drafter) drafter->attach(state);
   auto logits = model.forward(state, prompt);
   int32_t next = argmax(logits);
   while (true) {

@@ -25,11 +25,18 @@ struct DraftProposal {
   // Draft distributions, one [vocab] row per token, or empty for a deterministic drafter
   // (q is then one-hot at the token).
   std::vector<std::vector<float>> q;
+  // Per token, the drafter's estimate that it survives given the earlier ones survived (DSpark's
+  // confidence head); empty when the drafter has none.
+  std::vector<float> confidence;
 };
 
 class Drafter {
  public:
   virtual ~Drafter() = default;
+  // Called with the sequence's state before its first pass (and again before each later run on
+  // the same state). A drafter that reads the target's hidden vectors attaches its tap recorder
+  // (model/taps.h) here, so prefill and verify passes record them; others ignore it.
+  virtual void attach(State& /*state*/) {}
   // Up to `max_tokens` tokens that may follow `history` (the sequence's committed tokens).
   virtual DraftProposal propose(std::span<const int32_t> history, int max_tokens) = 0;
   // Told after each verify pass how many of the proposed tokens were accepted.

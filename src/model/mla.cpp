@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "model/latent_attention.h"
 #include "model/layers.h"
 #include "model/ops.h"
 
@@ -58,7 +59,6 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
   // Attention, one task per (sequence, head).
   std::vector<float> o(static_cast<size_t>(R * nH * dv));
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
-  const auto& K = kernels::active();
   const kernels::MatmulFn mm = kernels::matmul_fn(w.kv_b.format);
   const kernels::MatmulTFn mt = kernels::matmul_t_fn(w.kv_b.format);
   const int64_t n_tasks = static_cast<int64_t>(ctx.seqs.size()) * nH;
@@ -79,20 +79,8 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
     std::vector<float> obar(static_cast<size_t>(s.count * dc), 0.0f);
     for (int64_t t = 0; t < s.count; ++t) {
       const int64_t n = s.base + t + 1;  // causal: positions 0 .. base + t
-      const float* qrow = qt.data() + t * cw;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        scores[j] = K.dot(qrow, cache.rows.data() + j * cw, cw) * scale;
-        mx = std::max(mx, scores[j]);
-      }
-      double sum = 0.0;
-      for (int64_t j = 0; j < n; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += scores[j];
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      float* ob = obar.data() + t * dc;
-      for (int64_t j = 0; j < n; ++j) K.axpy(scores[j] * inv, cache.rows.data() + j * cw, ob, dc);
+      latent_attention(qt.data() + t * cw, cache.rows.data(), n, cw, dc, scale, scores.data(),
+                       obar.data() + t * dc);
     }
     mm(wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv, nH * dv, false);
   });
@@ -101,6 +89,24 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
     for (size_t i = 0; i < o.size(); ++i) o[i] *= ops::sigmoid(gate[i]);
   }
   kernels::matmul(w.o, o.data(), R, nH * dv, y, H, pool);
+}
+
+void latent_attention(const float* q, const float* cache, int64_t n, int64_t cw, int64_t dc,
+                      float scale, float* scores, float* obar) {
+  const auto& K = kernels::active();
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = K.dot(q, cache + j * cw, cw) * scale;
+    mx = std::max(mx, scores[j]);
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += scores[j];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  std::fill(obar, obar + dc, 0.0f);
+  for (int64_t j = 0; j < n; ++j) K.axpy(scores[j] * inv, cache + j * cw, obar, dc);
 }
 
 }  // namespace deltafin

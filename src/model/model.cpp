@@ -175,6 +175,51 @@ PassRows group_rows(const ModelConfig& c, std::span<SequenceInput> inputs) {
   return p;
 }
 
+// Where this pass writes the taps of the sequences whose state has a recorder (model/taps.h).
+// With none (no drafter) every call is a test of an empty vector.
+class TapCapture {
+ public:
+  TapCapture(const std::vector<SeqRows>& seqs, int64_t H) : H_(H) {
+    for (const SeqRows& s : seqs) {
+      TapRecorder* rec = s.state->taps();
+      if (rec == nullptr) continue;
+      if (rec->hidden() != H)
+        fail("forward: a tap recorder of width {} on a model of hidden {}", rec->hidden(), H);
+      outs_.push_back({&s, rec, rec->stage(s.base, s.count)});
+    }
+  }
+  // Copies the rows of `x` ([rows][hidden]) into every tap slot that asks for `layer`'s `stream`.
+  void take(int layer, TapStream stream, const float* x) const {
+    for (const Out& o : outs_) {
+      const TapSpec& spec = o.rec->spec();
+      if (spec.stream != stream) continue;
+      const int64_t n = static_cast<int64_t>(spec.layers.size());
+      for (int64_t j = 0; j < n; ++j) {
+        if (spec.layers[static_cast<size_t>(j)] != layer) continue;
+        for (int64_t t = 0; t < o.seq->count; ++t) {
+          std::memcpy(o.buf + (t * n + j) * H_, x + (o.seq->begin + t) * H_,
+                      static_cast<size_t>(H_) * sizeof(float));
+        }
+      }
+    }
+  }
+  // Rows of plain passes are committed now; a deferred pass's wait for Model::commit.
+  void publish() const {
+    for (const Out& o : outs_) {
+      if (o.seq->pending == nullptr) o.rec->publish(o.seq->count);
+    }
+  }
+
+ private:
+  struct Out {
+    const SeqRows* seq;
+    TapRecorder* rec;
+    float* buf;
+  };
+  int64_t H_;
+  std::vector<Out> outs_;
+};
+
 // §3.9: the mix over every anchor and the final partial, final norm, LM head on the rows whose
 // logits are wanted. `a` is scratch [rows][hidden].
 std::vector<float> head_logits(TrunkProvider& trunk, const LayerContext& ctx,
@@ -276,11 +321,13 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   for (auto& s : rows.seqs) s.state->set_consistent(false);  // until the pass completes
 
   AttnResidual res(R, H, c.rms_eps, ctx.pool);
+  const TapCapture taps(rows.seqs, H);
   trunk_->embed(rows.tokens, res.partial());  // p = h0, decoded from BF16 exactly
   std::vector<float> a(static_cast<size_t>(R * H)), u(a.size()), y(a.size());
   for (int i = 0; i < c.num_layers; ++i) {
     const LayerLease w(*trunk_, i);
     res.mix(w->attn_res_score, a.data());
+    if (i > 0) taps.take(i - 1, TapStream::kMixture, a.data());
     if (plan_[static_cast<size_t>(i)].bank) res.bank();  // the raw incoming partial
     rmsnorm_rows(a.data(), w->input_norm, c.rms_eps, R, H, u.data());
     if (c.is_mla(i)) {
@@ -300,6 +347,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
                                                 [&] { predictor.prefetch_after(i, a.data()); });
     }
     res.add(y);
+    taps.take(i, TapStream::kPartial, res.partial());
   }
 
   std::vector<float> logits = head_logits(*trunk_, ctx, res, rows.logit_rows, a.data());
@@ -307,10 +355,24 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
     s.state->set_position(s.base + s.count);
     s.state->set_consistent(true);
   }
+  taps.publish();
   pass_stats_.passes++;
   pass_stats_.rows += R;
   pass_stats_.seconds += sw.elapsed();
   return logits;
+}
+
+void Model::embed(std::span<const int32_t> tokens, float* out) {
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.vocab)
+      fail("token id {} is outside the vocabulary (0..{})", t, config_.vocab - 1);
+  }
+  trunk_->embed(tokens, out);
+}
+
+void Model::lm_head(const float* rows, int64_t n, float* logits) {
+  const HeadLease head(*trunk_);
+  kernels::matmul(head->lm_head, rows, n, config_.hidden, logits, config_.vocab, pool());
 }
 
 void Model::commit(State& state, const PendingCommit& pending, int64_t accepted) const {
@@ -324,6 +386,7 @@ void Model::commit(State& state, const PendingCommit& pending, int64_t accepted)
   for (size_t l = 0; l < state.kda().size(); ++l) {
     kda_commit(config_, pending.layers[l], pending.rows, accepted, state.kda()[l]);
   }
+  if (state.taps() != nullptr) state.taps()->publish(accepted);  // the accepted rows' taps only
   state.truncate(pending.base_position + accepted);
 }
 

@@ -103,6 +103,13 @@ class Model {
   // Advances a state left by a deferred pass by its first `accepted` rows (0..rows).
   void commit(State& state, const PendingCommit& pending, int64_t accepted) const;
 
+  // Draft models (src/draft) compute with two pieces of the target: its embedding table (rows of
+  // `tokens` as fp32 [n][hidden]) and, for DSpark, its LM head (logits [n][vocab] of rows the
+  // caller has already normed). Both go through the trunk provider, so they stream like a pass.
+  void embed(std::span<const int32_t> tokens, float* out);
+  void lm_head(const float* rows, int64_t n, float* logits);
+  ThreadPool& pool() { return pool_ ? *pool_ : global_pool(); }
+
   // Weight bytes a decode step streams, excluding routed experts: the trunk once per pass.
   uint64_t trunk_bytes_per_pass() const { return trunk_bytes_per_pass_; }
   uint64_t expert_bytes() const { return experts_->expert_bytes(); }

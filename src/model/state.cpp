@@ -32,6 +32,7 @@ void State::reset() {
     std::fill(k.conv.begin(), k.conv.end(), 0.0f);
   }
   for (auto& m : mla_) m.rows.clear();
+  if (taps_) taps_->clear();
 }
 
 void State::truncate(int64_t n) {
@@ -40,6 +41,7 @@ void State::truncate(int64_t n) {
     if (m.length() > n) m.rows.resize(static_cast<size_t>(n * m.width));
   }
   position_ = n;
+  if (taps_) taps_->truncate(n);
 }
 
 bool State::compatible(const State& o) const {

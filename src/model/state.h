@@ -9,9 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/config.h"
+#include "model/taps.h"
 
 namespace deltafin {
 
@@ -53,6 +55,10 @@ class State {
   // False after a pass that failed midway: the state is then half-updated and must be reset.
   bool consistent() const { return consistent_; }
   void set_consistent(bool v) { consistent_ = v; }
+  // The drafter's tap recorder for this sequence (null: no taps are computed). A copy of the
+  // state shares it; reset() and truncate() keep its committed rows in step with the position.
+  TapRecorder* taps() const { return taps_.get(); }
+  void set_taps(std::shared_ptr<TapRecorder> taps) { taps_ = std::move(taps); }
 
  private:
   int64_t position_ = 0;
@@ -60,6 +66,7 @@ class State {
   std::vector<KdaLayerState> kda_;
   std::vector<MlaLayerCache> mla_;
   std::vector<std::pair<int, int>> layer_slot_;
+  std::shared_ptr<TapRecorder> taps_;
 };
 
 // What a forward pass in deferred mode records per KDA layer so the state after only the first k

@@ -38,9 +38,7 @@ Matrix weight_matrix(const TensorInfo& t, const uint8_t* bytes) {
   return m;
 }
 
-namespace {
-
-std::vector<float> as_floats(const TensorInfo& t, const uint8_t* bytes) {
+std::vector<float> weight_vector(const TensorInfo& t, const uint8_t* bytes) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   if (t.dtype == DType::kF32) {
     std::memcpy(v.data(), bytes, v.size() * 4);
@@ -57,6 +55,8 @@ std::vector<float> as_floats(const TensorInfo& t, const uint8_t* bytes) {
   return v;
 }
 
+namespace {
+
 struct Binder {
   const TensorLookup& lookup;
   Matrix matrix(const std::string& name) const {
@@ -65,7 +65,7 @@ struct Binder {
   }
   std::vector<float> floats(const std::string& name) const {
     auto [t, b] = lookup(name);
-    return as_floats(*t, b);
+    return weight_vector(*t, b);
   }
   // norm ⊙ proj (both bf16 in the release: their product is exact in fp32)
   std::vector<float> score(const std::string& norm, const std::string& proj) const {

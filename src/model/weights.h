@@ -77,6 +77,8 @@ using TensorLookup =
 
 // A weight matrix viewing `bytes` (BF16 or F32, checked; throws naming the tensor).
 Matrix weight_matrix(const TensorInfo& t, const uint8_t* bytes);
+// A vector (norm weights, biases) as fp32, decoded from F32 or BF16 (throws naming the tensor).
+std::vector<float> weight_vector(const TensorInfo& t, const uint8_t* bytes);
 LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup);
 HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup);
 RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& lookup);

@@ -27,18 +27,24 @@ struct PlanOptions {
   bool prefetch = true;    // keep every MoE layer's router resident for prediction
   TrunkFormat trunk = TrunkFormat::kBF16;
   uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
+  // A draft model next to the target (src/draft): its weights, and its cache per position of
+  // each sequence. Both are fixed costs taken from the budget before trunk and experts.
+  uint64_t draft_weight_bytes = 0;
+  uint64_t draft_cache_bytes_per_position = 0;
 };
 
 struct MemoryPlan {
   uint64_t budget = 0;
   int64_t context = 0;
   int sequences = 0;
-  uint64_t state_bytes = 0;     // all sequences
-  uint64_t buffer_bytes = 0;    // activations of one pass
-  uint64_t overhead_bytes = 0;  // tokenizer, allocator slack
-  uint64_t router_bytes = 0;    // prefetch roster
+  uint64_t state_bytes = 0;                                // all sequences
+  uint64_t buffer_bytes = 0;                               // activations of one pass
+  uint64_t overhead_bytes = 0;                             // tokenizer, allocator slack
+  uint64_t router_bytes = 0;                               // prefetch roster
+  uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0;  // all sequences' draft caches
   uint64_t fixed_bytes() const {
-    return state_bytes + buffer_bytes + overhead_bytes + router_bytes;
+    return state_bytes + buffer_bytes + overhead_bytes + router_bytes + draft_weight_bytes +
+           draft_cache_bytes;
   }
   // Trunk units: 0..L-1 are the layers, L is the head (LM head + output norms).
   std::vector<uint64_t> unit_bytes;       // as stored in RAM (int8 when TrunkFormat::kInt8)

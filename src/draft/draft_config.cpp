@@ -1,0 +1,189 @@
+// Draft config parsing (see draft_config.h). Field names are the releases': EAGLE keeps YaRN
+// under `rope_scaling` and its taps under `eagle_config.eagle_aux_hidden_state_layer_ids`, with
+// the 3.1 switches `fc_norm` / `norm_output` at the top level (absent = 3.0); DSpark keeps YaRN
+// under `rope_parameters`, its taps in `target_layer_ids` and the stream in `aux_hidden_stream`
+// (absent = the raw prefix, Inferact's). `mla_use_nope` is read and ignored: every K3 draft
+// rotates (DRAFTERS.md §1.1).
+#include "draft/draft_config.h"
+
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "model/field_reader.h"
+
+namespace deltafin {
+
+using nlohmann::json;
+
+const char* draft_kind_name(DraftKind k) {
+  return k == DraftKind::kEagle3 ? "eagle3" : "dspark";
+}
+
+namespace {
+
+DraftKind detect_kind(const json& j, const std::string& path) {
+  std::string arch, type;
+  if (auto it = j.find("architectures");
+      it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
+    arch = (*it)[0].get<std::string>();
+  }
+  if (auto it = j.find("model_type"); it != j.end() && it->is_string())
+    type = it->get<std::string>();
+  if (arch.rfind("Eagle3", 0) == 0 || j.contains("eagle_config")) return DraftKind::kEagle3;
+  if (arch == "K3DSparkModel" || type == "k3_dspark") return DraftKind::kDSpark;
+  fail(
+      "{}: unknown drafter kind (architectures {}, model_type {}); expected an EAGLE-3 draft "
+      "(Eagle3DeepseekV2ForCausalLM with eagle_config) or a DSpark draft (K3DSparkModel)",
+      path, arch.empty() ? "absent" : "\"" + arch + "\"",
+      type.empty() ? "absent" : "\"" + type + "\"");
+}
+
+void read_yarn(FieldReader& top, const json& j, const char* key, YarnConfig& y) {
+  y.theta = top.number("rope_theta", 10000.0);
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  if (!it->is_object()) {
+    top.problem(fmt::format("{}: expected an object, found {}", top.name(key), it->dump()));
+    return;
+  }
+  std::vector<std::string> sub;
+  FieldReader r(*it, top.name(key) + ".", sub);
+  const std::string type = r.find("type") ? r.string("type") : r.string("rope_type", "yarn");
+  if (type != "yarn" && type != "deepseek_yarn") {
+    r.problem(fmt::format("{}: \"{}\" is not supported (expected yarn)",
+                          r.name(r.find("type") ? "type" : "rope_type"), type));
+  }
+  y.factor = r.number("factor");
+  y.original_max_positions = r.number("original_max_position_embeddings");
+  y.beta_fast = r.number("beta_fast", 32.0);
+  y.beta_slow = r.number("beta_slow", 1.0);
+  y.mscale = r.number("mscale", 1.0);
+  y.mscale_all_dim = r.number("mscale_all_dim", 0.0);
+  if (r.find("rope_theta")) y.theta = r.number("rope_theta");
+  if (y.factor < 1.0)
+    r.problem(fmt::format("{}: expected >= 1, found {}", r.name("factor"), y.factor));
+  for (auto& p : sub) top.problem(p);
+}
+
+std::vector<int> tap_layers(FieldReader& r, const char* key) {
+  std::vector<int> out;
+  for (int64_t l : r.int_list(key, "a list of 0-based target layers"))
+    out.push_back(static_cast<int>(l));
+  if (out.empty())
+    r.problem(
+        fmt::format("{}: the list is empty (expected the tapped target layers)", r.name(key)));
+  return out;
+}
+
+}  // namespace
+
+DraftModelConfig parse_draft_config(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  if (!j.is_object()) fail("{}: expected a JSON object", path);
+  DraftModelConfig d;
+  d.path = path;
+  d.kind = detect_kind(j, path);
+  std::vector<std::string> problems;
+  FieldReader r(j, "", problems);
+  d.hidden = r.integer("hidden_size", 1);
+  d.intermediate = r.integer("intermediate_size", 1);
+  d.num_layers = r.integer("num_hidden_layers", 1);
+  d.vocab = r.integer("vocab_size", 1);
+  if (r.find("draft_vocab_size") && r.integer("draft_vocab_size", 1) != d.vocab) {
+    r.problem(
+        fmt::format("draft_vocab_size: {} differs from vocab_size {} (a reduced draft "
+                    "vocabulary with d2t/t2d is not supported)",
+                    r.integer("draft_vocab_size", 1), d.vocab));
+  }
+  d.mla.num_heads = r.integer("num_attention_heads", 1);
+  d.mla.q_lora_rank = r.integer("q_lora_rank", 1);
+  d.mla.kv_lora_rank = r.integer("kv_lora_rank", 1);
+  d.mla.qk_nope_dim = r.integer("qk_nope_head_dim", 1);
+  d.mla.qk_rope_dim = r.integer("qk_rope_head_dim", 2);
+  d.mla.v_head_dim = r.integer("v_head_dim", 1);
+  d.mla.output_gate = false;
+  if (d.mla.qk_rope_dim % 2 != 0)
+    r.problem(
+        fmt::format("qk_rope_head_dim: expected an even number, found {}", d.mla.qk_rope_dim));
+  if (r.find("mla_use_output_gate") && r.boolean("mla_use_output_gate"))
+    r.problem("mla_use_output_gate: true is not supported (K3 drafts have no output gate)");
+  if (r.find("hidden_act")) r.expect_string("hidden_act", "silu");
+  d.rms_eps = static_cast<float>(r.number("rms_norm_eps", 1e-5));
+  d.max_positions = r.integer("max_position_embeddings", 1, int64_t{1} << 40);
+  if (d.kind == DraftKind::kEagle3) {
+    read_yarn(r, j, "rope_scaling", d.yarn);
+    auto ec = j.find("eagle_config");
+    if (ec == j.end() || !ec->is_object()) {
+      r.problem("eagle_config: missing (expected eagle_aux_hidden_state_layer_ids)");
+    } else {
+      FieldReader e(*ec, "eagle_config.", problems);
+      d.taps.layers = tap_layers(e, "eagle_aux_hidden_state_layer_ids");
+    }
+    d.taps.stream = TapStream::kPartial;
+    d.fc_norm = r.boolean("fc_norm", false);
+    d.norm_output = r.boolean("norm_output", false);
+    if (d.num_layers != 1)
+      r.problem(fmt::format("num_hidden_layers: expected 1 for an EAGLE-3 draft, found {}",
+                            d.num_layers));
+  } else {
+    read_yarn(r, j, "rope_parameters", d.yarn);
+    d.taps.layers = tap_layers(r, "target_layer_ids");
+    const std::string stream = r.string("aux_hidden_stream", "prefix");
+    if (stream == "attn_res") {
+      d.taps.stream = TapStream::kMixture;
+    } else if (stream != "prefix") {
+      r.problem(fmt::format("aux_hidden_stream: expected \"prefix\" or \"attn_res\", found \"{}\"",
+                            stream));
+    }
+    d.fc_norm = r.boolean("fc_norm", false);
+    d.mask_token_id = r.integer("mask_token_id", 0);
+    d.markov_rank = r.integer("markov_rank", 1);
+    if (r.find("markov_head_type")) r.expect_string("markov_head_type", "vanilla");
+    d.confidence_head = r.boolean("enable_confidence_head", false);
+    d.confidence_with_markov = r.boolean("confidence_head_with_markov", false);
+    if (r.find("target_hidden_size") && r.integer("target_hidden_size", 1) != d.hidden) {
+      r.problem(fmt::format("target_hidden_size: {} differs from hidden_size {}",
+                            r.integer("target_hidden_size", 1), d.hidden));
+    }
+  }
+  if (!problems.empty()) fail("{}: {}", path, fmt::join(problems, "; "));
+  if (d.mask_token_id >= d.vocab)
+    fail("{}: mask_token_id {} is outside the vocabulary (0..{})", path, d.mask_token_id,
+         d.vocab - 1);
+  return d;
+}
+
+DraftModelConfig load_draft_config(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::is_directory(dir))
+    fail_arg(
+        "--draft {}: not a folder (expected a draft model folder with config.json and "
+        "model.safetensors)",
+        dir);
+  if (!std::filesystem::exists(path))
+    fail("{}: missing (a draft model folder holds config.json and model.safetensors)", path);
+  return parse_draft_config(read_file(path), path);
+}
+
+void check_draft_matches(const DraftModelConfig& d, const ModelConfig& t) {
+  if (d.hidden != t.hidden) {
+    fail("{}: hidden_size {} does not match the target's {} (a draft trained for another model?)",
+         d.path, d.hidden, t.hidden);
+  }
+  if (d.vocab != t.vocab) {
+    fail("{}: vocab_size {} does not match the target's vocabulary of {}", d.path, d.vocab,
+         t.vocab);
+  }
+  validate_taps(d.taps, t, d.path);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,54 @@
+// The draft-model factory (see draft_model.h).
+#include "draft/draft_model.h"
+
+#include <fmt/ranges.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "draft/dspark.h"
+#include "draft/eagle3.h"
+#include "storage/checkpoint.h"
+
+namespace deltafin {
+
+std::string DraftModel::describe() const {
+  return fmt::format(
+      "{} draft, {} layer(s), taps {} ({}){}: {:.1f} MiB of weights, {} B of "
+      "draft cache per position",
+      c_.kind == DraftKind::kEagle3 ? (c_.norm_output ? "EAGLE-3.1" : "EAGLE-3.0") : "DSpark",
+      c_.num_layers, fmt::join(c_.taps.layers, ","), tap_stream_name(c_.taps.stream),
+      c_.fc_norm ? " + fc_norm" : "", double(weight_bytes_) / (1 << 20),
+      cache_bytes_per_position());
+}
+
+std::shared_ptr<DraftModel> open_draft_model(const std::string& dir, const ModelConfig& target) {
+  DraftModelConfig c = load_draft_config(dir);
+  check_draft_matches(c, target);
+  const std::string weights = (std::filesystem::path(dir) / "model.safetensors").string();
+  if (!std::filesystem::exists(weights) &&
+      !std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json")) {
+    fail("{}: missing (a draft model folder holds config.json and model.safetensors)", weights);
+  }
+  std::shared_ptr<const Checkpoint> ck = Checkpoint::open(dir);
+  switch (c.kind) {
+    case DraftKind::kEagle3:
+      return std::make_shared<Eagle3Model>(std::move(c), std::move(ck));
+    case DraftKind::kDSpark:
+      return std::make_shared<DSparkModel>(std::move(c), std::move(ck));
+  }
+  fail("{}: unknown drafter kind", c.path);
+}
+
+std::unique_ptr<Drafter> open_drafter(const std::string& spec, Model& target) {
+  if (spec == "none" || spec == "ngram") return make_drafter(spec);
+  if (!std::filesystem::is_directory(spec)) {
+    fail_arg(
+        "--draft {}: expected none, ngram or a draft model folder (config.json + "
+        "model.safetensors)",
+        spec);
+  }
+  return open_draft_model(spec, target.config())->new_drafter(target);
+}
+
+}  // namespace deltafin

@@ -1,0 +1,74 @@
+// The EAGLE-3 / 3.1 MLA draft model of K3 (`lightseekorg/kimi-k3-eagle3.1-mla`, and 3.0 with
+// its two flags off), exactly as docs/DRAFTERS.md §1 describes it:
+//   - taps: the raw AttnRes partials after the configured target layers, fused per committed
+//     position as g = fc · concat(RMSNorm(tap_i; fc_norm.i)) (3.0: without the norms);
+//   - one MLA layer (YaRN RoPE on, whatever `mla_use_nope` says) over the draft's own latent
+//     cache; its input is [RMSNorm(E[x]) ; RMSNorm(h; hidden_norm)] with K3's embedding E (the
+//     checkpoint's copy is never read), its residual h;
+//   - pairing: cache row p holds (g_p, x_{p+1}) at RoPE position p, so g_{L-1} stays pending
+//     until the anchor is known; committed rows are always rebuilt from the target's real taps;
+//   - a top-1 chain: step 1 runs (g_{L-1}, anchor) at L-1, step j the previous step's hidden
+//     (3.1: the normed y; 3.0: the pre-norm r) with d_{j-1}; chain rows are seen by later steps,
+//     then dropped. Logits come from the draft's own lm_head; q = their softmax.
+// Committing only builds the latent row of each new position (fc, two norms, kv_a): the chain
+// is the only part that runs the whole layer and the head.
+#pragma once
+
+#include <memory>
+
+#include "draft/draft_layers.h"
+#include "draft/draft_model.h"
+#include "draft/tap_drafter.h"
+
+namespace deltafin {
+
+struct Eagle3Weights {
+  TapFusion fc;  // fc (+ fc_norm.i in 3.1)
+  std::vector<float> hidden_norm, input_norm, post_norm, norm;
+  DraftMla attn;
+  DraftMlp mlp;
+  Matrix lm_head;
+};
+
+class Eagle3Model : public DraftModel {
+ public:
+  // Binds every tensor (throws naming a missing or mis-shaped one).
+  Eagle3Model(DraftModelConfig c, std::shared_ptr<const Checkpoint> ck);
+  uint64_t cache_bytes_per_position() const override {
+    return static_cast<uint64_t>(c_.mla.cache_width()) * sizeof(float);
+  }
+  std::unique_ptr<TapDrafter> new_drafter(Model& target) const override;
+  const Eagle3Weights& weights() const { return w_; }
+  const Yarn& yarn() const { return yarn_; }
+
+ private:
+  std::shared_ptr<const Checkpoint> ck_;
+  Eagle3Weights w_;
+  Yarn yarn_;
+};
+
+class Eagle3Drafter : public TapDrafter {
+ public:
+  Eagle3Drafter(Model& target, std::shared_ptr<const Eagle3Model> m);
+  // g = the fused feature of one position's taps [taps][hidden].
+  void fuse(const float* taps, float* g) const;
+
+ protected:
+  void reset() override;
+  DraftProposal draft(std::span<const int32_t> history, int max_tokens) override;
+
+ private:
+  // u [R][2·hidden] = [RMSNorm(E[x_r]; input_layernorm) ; RMSNorm(h_r; hidden_norm)].
+  void layer_input(std::span<const int32_t> tokens, const float* h, float* u);
+  // Brings the draft cache to L-1 rows and g_ to the pending g_{L-1}.
+  void commit_rows(std::span<const int32_t> history);
+
+  std::shared_ptr<const Eagle3Model> m_;
+  const DraftModelConfig& c_;
+  const Eagle3Weights& w_;
+  std::vector<float> cache_;  // [cache_len_ (+ chain rows while proposing)][kv_lora + rope]
+  int64_t cache_len_ = 0;
+  std::vector<float> g_;  // fused features of positions [cache_len_, cache_len_ + rows)
+};
+
+}  // namespace deltafin
