@@ -36,6 +36,7 @@ void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, i
 void Metrics::count_drafts(int64_t proposed, int64_t accepted, int64_t decode_sequences,
                            int64_t decode_tokens) {
   std::lock_guard<std::mutex> lock(m_);
+  drafting_ = true;
   draft_proposed_ += static_cast<uint64_t>(proposed);
   draft_accepted_ += static_cast<uint64_t>(accepted);
   target_passes_ += static_cast<uint64_t>(decode_sequences);
@@ -123,11 +124,13 @@ nlohmann::ordered_json Metrics::engine_snapshot(uint64_t& heat_seen) const {
   j["prefill_tokens"] = prompt_rows_;
   j["forward_passes"] = passes_;
   j["forward_seconds"] = pass_seconds_;
-  j["draft_n"] = draft_proposed_;
-  j["draft_n_accepted"] = draft_accepted_;
-  j["tokens_per_pass"] =
-      target_passes_ > 0 ? static_cast<double>(decode_tokens_) / static_cast<double>(target_passes_)
-                         : 0.0;
+  if (drafting_) {  // serve --draft: the page shows acceptance and tokens per pass
+    j["draft_n"] = draft_proposed_;
+    j["draft_n_accepted"] = draft_accepted_;
+    j["tokens_per_pass"] = target_passes_ > 0 ? static_cast<double>(decode_tokens_) /
+                                                    static_cast<double>(target_passes_)
+                                              : 0.0;
+  }
   j["experts"] = {{"requests", experts_.requests},
                   {"hits", experts_.hits},
                   {"misses", experts_.misses},

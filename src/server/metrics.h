@@ -65,6 +65,7 @@ class Metrics {
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, finished_ = 0;
   uint64_t kept_ = 0, not_kept_ = 0;
   uint64_t draft_proposed_ = 0, draft_accepted_ = 0, target_passes_ = 0, decode_tokens_ = 0;
+  bool drafting_ = false;
   int64_t queued_ = 0, active_ = 0, cache_entries_ = 0;
   int64_t context_ = 0, parallel_ = 0, queue_capacity_ = 0, cache_capacity_ = 0;
   bool ready_ = false;
