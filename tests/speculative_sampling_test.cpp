@@ -338,6 +338,12 @@ TEST(DraftLength, PassCostExtrapolatesFromMeasurementsAlongTheBytesPrior) {
   EXPECT_GT(a.rate(), 0.9);
   for (int i = 0; i < 100; ++i) a.observe(4, 0);
   EXPECT_LT(a.rate(), 0.1);
+  // Drafts cut to none still teach it: the emitted token shows the first draft was right.
+  for (int i = 0; i < 60; ++i)
+    a.observe_pass(std::vector<int32_t>{5, 6}, 0, 0, std::vector<int32_t>{5});
+  EXPECT_GT(a.rate(), 0.9);
+  a.observe_pass(std::vector<int32_t>{5, 6}, 1, 0, std::vector<int32_t>{7});  // a plain rejection
+  EXPECT_LT(a.rate(), 0.9);
 }
 
 }  // namespace

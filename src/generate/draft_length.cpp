@@ -103,6 +103,16 @@ void AcceptanceEstimate::observe(int proposed, int accepted) {
   rejected_ = kDecay * rejected_ + (accepted < proposed ? 1.0 : 0.0);
 }
 
+void AcceptanceEstimate::observe_pass(std::span<const int32_t> proposal, int verified, int accepted,
+                                      std::span<const int32_t> emitted) {
+  const size_t v = static_cast<size_t>(verified);
+  if (accepted == verified && proposal.size() > v && emitted.size() > v) {
+    observe(verified + 1, accepted + (emitted[v] == proposal[v] ? 1 : 0));
+  } else {
+    observe(verified, accepted);
+  }
+}
+
 double AcceptanceEstimate::rate() const {
   return accepted_ / (accepted_ + rejected_);
 }

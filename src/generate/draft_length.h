@@ -52,6 +52,12 @@ class AcceptanceEstimate {
  public:
   // After a verify pass: `accepted` of `proposed` drafts were accepted (a prefix).
   void observe(int proposed, int accepted);
+  // After a verify pass over the first `verified` drafts of `proposal` that emitted `emitted`:
+  // also counts the first draft left unverified when the pass reached it (the token emitted in
+  // its place says whether it would have been kept), so a sequence whose drafts were all cut
+  // keeps learning and drafts again once they start to be right.
+  void observe_pass(std::span<const int32_t> proposal, int verified, int accepted,
+                    std::span<const int32_t> emitted);
   // P(next draft accepted | previous accepted), from a prior of 0.5 worth two drafts.
   double rate() const;
 

@@ -25,6 +25,7 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
   DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
   if (static_cast<int>(d.tokens.size()) > room) d.tokens.resize(static_cast<size_t>(room));
   const std::span<const int32_t> input = gen.next_input();
+  const std::vector<int32_t> proposal = d.tokens;
   if (draft.auto_length && !d.tokens.empty()) {
     const std::vector<std::vector<double>> e = {expected_tokens(d, draft.acceptance.rate())};
     const int k = choose_draft_lengths(e, static_cast<int64_t>(input.size()), *draft.cost)[0];
@@ -47,7 +48,10 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
   model.commit(state, pending, v.fed);
   const int proposed = static_cast<int>(d.tokens.size());
   draft.drafter->on_verified(proposed, v.accepted);
-  draft.acceptance.observe(proposed, v.accepted);
+  std::vector<int32_t> emitted;
+  for (size_t t = gen.tokens().size() - static_cast<size_t>(v.tokens); t < gen.tokens().size(); ++t)
+    emitted.push_back(gen.tokens()[t].id);
+  draft.acceptance.observe_pass(proposal, proposed, v.accepted, emitted);
   draft.stats.proposed += proposed;
   draft.stats.accepted += v.accepted;
   draft.stats.tokens += v.tokens;

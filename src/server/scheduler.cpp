@@ -259,7 +259,8 @@ void Scheduler::step() {
     }
     rows += static_cast<int64_t>(active_[i].gen->next_input().size());
   }
-  const std::vector<DraftProposal> drafts = propose_drafts(drop, rows);
+  std::vector<std::vector<int32_t>> proposals(active_.size());
+  const std::vector<DraftProposal> drafts = propose_drafts(drop, rows, proposals);
   std::vector<SequenceInput> seqs;
   std::vector<size_t> in_pass;
   std::vector<std::vector<int32_t>> row_ids(active_.size());
@@ -321,7 +322,13 @@ void Scheduler::step() {
           if (!d.tokens.empty()) {
             model_.commit(s.state, pending[i], v.fed);
             s.drafter->on_verified(static_cast<int>(d.tokens.size()), v.accepted);
-            s.acceptance.observe(static_cast<int>(d.tokens.size()), v.accepted);
+          }
+          if (!proposals[i].empty()) {
+            std::vector<int32_t> emitted;
+            for (size_t t = before; t < s.gen->tokens().size(); ++t)
+              emitted.push_back(s.gen->tokens()[t].id);
+            s.acceptance.observe_pass(proposals[i], static_cast<int>(d.tokens.size()), v.accepted,
+                                      emitted);
           }
           if (decoding) {
             s.timings.draft_n += static_cast<int64_t>(d.tokens.size());
@@ -360,7 +367,8 @@ void Scheduler::step() {
   active_.swap(keep);
 }
 
-std::vector<DraftProposal> Scheduler::propose_drafts(const std::vector<bool>& drop, int64_t rows) {
+std::vector<DraftProposal> Scheduler::propose_drafts(const std::vector<bool>& drop, int64_t rows,
+                                                     std::vector<std::vector<int32_t>>& proposals) {
   std::vector<DraftProposal> drafts(active_.size());
   std::vector<size_t> who;
   std::vector<std::vector<double>> expected;
@@ -383,6 +391,7 @@ std::vector<DraftProposal> Scheduler::propose_drafts(const std::vector<bool>& dr
     }
     if (static_cast<int>(drafts[i].tokens.size()) > room)
       drafts[i].tokens.resize(static_cast<size_t>(room));
+    proposals[i] = drafts[i].tokens;
     if (!drafts[i].tokens.empty()) {
       who.push_back(i);
       expected.push_back(expected_tokens(drafts[i], s.acceptance.rate()));

@@ -135,8 +135,10 @@ class Scheduler {
   bool admit(const std::shared_ptr<Job>& job, Slot& slot);
   void step();
   // Drafts for every decoding sequence that has a drafter, cut to the draft-length choice;
-  // `rows` is the pass's rows before drafts.
-  std::vector<DraftProposal> propose_drafts(const std::vector<bool>& drop, int64_t rows);
+  // `rows` is the pass's rows before drafts; `proposals` receives each sequence's proposal
+  // before the cut (for the acceptance estimate).
+  std::vector<DraftProposal> propose_drafts(const std::vector<bool>& drop, int64_t rows,
+                                            std::vector<std::vector<int32_t>>& proposals);
   void post(Slot& s);
   void finish(Slot& s);
   void fail(const std::shared_ptr<Job>& job, const ApiError& e);
