@@ -342,8 +342,9 @@ TEST(DraftLength, PassCostExtrapolatesFromMeasurementsAlongTheBytesPrior) {
   for (int i = 0; i < 60; ++i)
     a.observe_pass(std::vector<int32_t>{5, 6}, 0, 0, std::vector<int32_t>{5});
   EXPECT_GT(a.rate(), 0.9);
+  const double before = a.rate();
   a.observe_pass(std::vector<int32_t>{5, 6}, 1, 0, std::vector<int32_t>{7});  // a plain rejection
-  EXPECT_LT(a.rate(), 0.9);
+  EXPECT_LT(a.rate(), before);
 }
 
 }  // namespace
