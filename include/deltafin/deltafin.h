@@ -94,6 +94,10 @@ typedef struct deltafin_model_params {
   int64_t max_rows;         /* rows per forward pass to plan for (default 256) */
   int32_t verbose;          /* 1 = print the memory plan and the kernel set to stderr */
   const char* heat_file;    /* NULL/"" = none; where the expert heat counts persist (pinned) */
+  /* Appended (ABI 1 still): speculative decoding for this model's generations and streams.
+   * Output is unchanged by it (greedy token for token; seeded sampling too for "ngram"). */
+  const char* draft; /* NULL/"" = "none"; "ngram" = prompt lookup */
+  int32_t draft_max; /* most drafts per pass; 0 = auto (chosen from measured pass costs) */
 } deltafin_model_params;
 
 /* Fills `p` with the defaults above. */

@@ -206,6 +206,9 @@ class Model(_Handle):
         max_rows: rows per forward pass to plan for (the prefill chunk).
         verbose: print the memory plan to stderr.
         heat_file: where expert heat counts persist (for cache_policy="pinned").
+        draft: speculative decoding, "none" or "ngram" (prompt lookup); the output is the
+            same with it (greedy token for token, seeded sampling too).
+        draft_max: most drafts verified per pass (0 = auto, from measured pass costs).
 
     A Model may be used from several threads (passes are serialised per model); separate
     Models run in parallel. Use `with deltafin.Model(...) as m:` or `close()` to free it early.
@@ -215,7 +218,8 @@ class Model(_Handle):
                  memory_budget: str | int | None = None, mmap: bool = False,
                  cache_policy: str = "lru", readers: int = 4, prefetch: bool = True,
                  direct_io: bool = True, trunk: str = "bf16", ctx: int = 0, sequences: int = 1,
-                 max_rows: int = 256, verbose: bool = False, heat_file: str | None = None):
+                 max_rows: int = 256, verbose: bool = False, heat_file: str | None = None,
+                 draft: str = "none", draft_max: int = 0):
         self._h = c_void_p()
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path: expected a folder path, got {type(path).__name__}")
@@ -239,6 +243,9 @@ class Model(_Handle):
         p.verbose = _bool("verbose", verbose)
         self._heat = None if heat_file is None else _str("heat_file", heat_file).encode()
         p.heat_file = self._heat
+        self._draft = _str("draft", draft).encode()
+        p.draft = self._draft
+        p.draft_max = _int("draft_max", draft_max, 0)
         self.path = os.fspath(path)
         self._local = threading.local()
         check(lib.deltafin_model_load(self.path.encode(), byref(p), byref(self._h)))

@@ -52,7 +52,9 @@ class ModelParams(ctypes.Structure):
                 ("memory_budget", c_uint64), ("mmap", c_int32), ("cache_policy", c_char_p),
                 ("readers", c_int32), ("prefetch", c_int32), ("direct_io", c_int32),
                 ("trunk", c_char_p), ("ctx", c_int64), ("sequences", c_int32),
-                ("max_rows", c_int64), ("verbose", c_int32), ("heat_file", c_char_p)]
+                ("max_rows", c_int64), ("verbose", c_int32), ("heat_file", c_char_p),
+                # appended: speculative decoding
+                ("draft", c_char_p), ("draft_max", c_int32)]
 
 
 class SamplingParams(ctypes.Structure):

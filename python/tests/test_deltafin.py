@@ -64,6 +64,24 @@ def test_greedy_completion_matches_run_json(model, binary, model_dir):
     assert res["completion_ids"] == cli["completion_ids"]
 
 
+def test_drafting_keeps_the_output_and_reports_its_stats(binary, model_dir):
+    cli = run_json(binary, model_dir, "--prompt", "the cat and the cat and the cat and the",
+                   "--max-new", "16")
+    with deltafin.Model(model_dir, threads=1, draft="ngram", draft_max=4) as m:
+        with m.session() as s:
+            res = s.generate(cli["prompt_ids"], max_new_tokens=16)
+        assert res["completion_ids"] == cli["completion_ids"]
+        assert res["target_passes"] >= 1
+        assert res["draft_accepted"] <= res["draft_proposed"]
+        assert res["tokens_per_pass"] >= 1.0
+        out = m.create_completion(prompt=cli["prompt_ids"], max_tokens=16, temperature=0)
+        assert m.last_stats["completion_ids"] == cli["completion_ids"]
+    with pytest.raises(deltafin.ArgumentError, match="eagle"):
+        deltafin.Model(model_dir, draft="eagle")
+    with pytest.raises(deltafin.ArgumentError, match="draft_max"):
+        deltafin.Model(model_dir, draft="ngram", draft_max=-1)
+
+
 def test_seeded_sampling_matches_run_json(model, binary, model_dir):
     args = dict(temperature=0.9, top_p=0.95, top_k=50, seed=42)
     cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "12",

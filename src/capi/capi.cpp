@@ -160,6 +160,15 @@ const Tokenizer& deltafin_model::tokenizer(const char* who) const {
   return *tok;
 }
 
+DraftConfig deltafin_model::draft_config(std::unique_ptr<Drafter>& holder) {
+  holder = make_drafter(draft, {model->config().vocab, model.get()});
+  DraftConfig cfg;
+  cfg.drafter = holder.get();
+  cfg.auto_length = draft_max == 0;
+  cfg.max = draft_max == 0 ? kAutoDraftMax : draft_max;
+  return cfg;
+}
+
 std::vector<float> deltafin_model::forward(State& state, std::span<const int32_t> ids, bool all) {
   std::lock_guard<std::mutex> lock(pass);
   return model->forward(state, ids, all);
@@ -212,6 +221,15 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     }
     auto m = std::make_unique<deltafin_model>();
     m->path = path;
+    if (p.draft != nullptr && *p.draft) m->draft = p.draft;
+    if (p.draft_max < 0)
+      fail_arg("draft_max: expected 0 (auto) or a number of drafts >= 1, got {}", p.draft_max);
+    m->draft_max = p.draft_max;
+    make_drafter(m->draft, {});  // an unknown drafter fails before the (slow) load
+    if (m->draft != "none") {
+      p.max_rows =
+          std::max<int64_t>(p.max_rows, 1 + (p.draft_max > 0 ? p.draft_max : kAutoDraftMax));
+    }
     m->model = capi::load_engine(path, p);
     namespace fs = std::filesystem;
     if (fs::exists(fs::path(path) / "tiktoken.model") &&
@@ -532,29 +550,29 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     std::unique_lock<std::mutex> counters(m.pass);  // the counters are written by passes
     StatsRecorder rec(*m.model);
     counters.unlock();
-    std::string reasoning;
+    std::unique_ptr<Drafter> drafter;
+    DraftConfig draft = m.draft_config(drafter);
     while (!gen.finished()) {
-      auto in = gen.next_input();
-      std::vector<float> logits;
-      try {
-        logits = m.forward(session->state, in, false);
-      } catch (...) {
-        gen.abort();
-        throw;
-      }
       const size_t before = gen.tokens().size();
-      gen.on_logits(logits);
+      {
+        std::lock_guard<std::mutex> lock(m.pass);
+        drive_step(*m.model, session->state, gen, &draft);
+      }
       std::string text, think;
       for (auto& e : gen.take_events()) {
         if (e.kind == ParserEvent::Kind::content) text += e.text;
         if (e.kind == ParserEvent::Kind::reasoning) think += e.text;
       }
-      if (callback != nullptr && gen.tokens().size() > before) {
-        deltafin_token_event ev{
-            gen.tokens().back().id, static_cast<int64_t>(gen.tokens().size() - 1),
-            text.c_str(),           text.size(),
-            think.c_str(),          think.size()};
-        if (callback(&ev, user_data) != 0 && !gen.finished()) gen.cancel();
+      // A verify pass may emit several tokens: one event each, the pass's text with the last.
+      for (size_t t = before; callback != nullptr && t < gen.tokens().size(); ++t) {
+        const bool last = t + 1 == gen.tokens().size();
+        deltafin_token_event ev{gen.tokens()[t].id,        static_cast<int64_t>(t),
+                                last ? text.c_str() : "",  last ? text.size() : 0,
+                                last ? think.c_str() : "", last ? think.size() : 0};
+        if (callback(&ev, user_data) != 0 && !gen.finished()) {
+          gen.cancel();
+          break;
+        }
       }
     }
     session->pending.clear();
@@ -566,6 +584,7 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
       std::unique_lock<std::mutex> lock(m.pass);
       RunStats stats = rec.finish(gen);
       lock.unlock();
+      stats.draft = draft.stats;
       const nlohmann::json j =
           run_json(m.path, std::span<const int32_t>(prompt, n), gen, stats, gp.chat);
       *out_result_json =

@@ -29,6 +29,10 @@ struct deltafin_model {
   std::optional<deltafin::Tokenizer> tok;
   deltafin::server::ServeLimits limits;  // what the server would apply to requests
   std::mutex pass;                       // one forward pass at a time on this model
+  std::string draft = "none";            // deltafin_model_params.draft / draft_max
+  int draft_max = 0;
+  // A drafter and draft settings for one generation (`holder` owns the drafter).
+  deltafin::DraftConfig draft_config(std::unique_ptr<deltafin::Drafter>& holder);
 
   const deltafin::Tokenizer& tokenizer(const char* who) const;
   // One locked forward pass.
@@ -57,6 +61,8 @@ struct deltafin_stream {
   std::vector<std::pair<int32_t, float>> logit_bias;
   std::unique_ptr<deltafin::server::ResponseBuilder> builder;
   std::unique_ptr<deltafin::StatsRecorder> rec;
+  std::unique_ptr<deltafin::Drafter> drafter;
+  deltafin::DraftConfig draft;
   std::deque<std::string> pending;  // chunks produced, not returned yet
   size_t sent = 0;                  // tokens folded into the builder
   std::vector<int32_t> input;       // what the generation was fed before sampling

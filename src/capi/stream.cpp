@@ -39,6 +39,7 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
     std::lock_guard<std::mutex> lock(m.pass);  // the counters are written by passes
     s->rec = std::make_unique<StatsRecorder>(*m.model);
   }
+  s->draft = m.draft_config(s->drafter);
   s->input = input;
   s->cached = cached;
   return s;
@@ -60,6 +61,7 @@ void finish(deltafin_stream& s) {
   RunStats st = s.rec->finish(g);
   lock.unlock();
   st.reused_tokens = s.cached;
+  st.draft = s.draft.stats;
   s.stats = st;
   if (s.chat != nullptr) {
     s.chat->session->end_turn(g);
@@ -73,10 +75,11 @@ void step(deltafin_stream& s) {
   Generation& g = *s.gen;
   if (s.state == nullptr) fail_arg("the chat this stream belongs to was freed; it cannot go on");
   if (!g.finished()) {
-    auto in = g.next_input();
-    std::vector<float> logits;
     try {
-      logits = s.m->forward(*s.state, in, false);
+      std::lock_guard<std::mutex> lock(s.m->pass);
+      drive_step(*s.m->model, *s.state, g, &s.draft, [&s](std::span<float> row) {
+        for (const auto& [id, bias] : s.logit_bias) row[static_cast<size_t>(id)] += bias;
+      });
     } catch (...) {
       g.abort();
       if (s.chat != nullptr) {
@@ -86,8 +89,6 @@ void step(deltafin_stream& s) {
       }
       throw;
     }
-    for (const auto& [id, bias] : s.logit_bias) logits[static_cast<size_t>(id)] += bias;
-    g.on_logits(logits);
     server::StepUpdate u;
     u.events = g.take_events();
     const auto& toks = g.tokens();

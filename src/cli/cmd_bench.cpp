@@ -20,6 +20,7 @@
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "generate/driver.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -35,6 +36,7 @@ struct BenchArgs {
   bool json = false;
   bool no_disk_probe = false;
   std::string report;  // HTML report file ("" = none)
+  DraftOptions draft;
 };
 
 struct Summary {
@@ -85,7 +87,7 @@ void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
     fail_usage("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
-  a.engine.max_rows = std::max<int64_t>(a.engine.max_rows, a.prompt_tokens);
+  a.engine.max_rows = std::max<int64_t>({a.engine.max_rows, a.prompt_tokens, draft_rows(a.draft)});
   auto model = load_model(a.engine);
   const ModelConfig& c = model->config();
   // Each repetition holds its prompt and every generated token in one state: check the whole
@@ -125,6 +127,11 @@ void run_bench(BenchArgs& a) {
     sum.flops += now.flops - before.flops;
     sum.uploaded_bytes += now.uploaded_bytes - before.uploaded_bytes;
   };
+  // With --draft the decode is greedy generation driven with drafting (the first decode pass
+  // is the plain pass over the prompt's token; the others verify drafts).
+  std::unique_ptr<Drafter> drafter;
+  DraftConfig draft = make_draft_config(a.draft, *model, drafter);
+  DraftStats drafted;
   auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
     new_prompt();
     State st = model->new_state();
@@ -142,9 +149,18 @@ void run_bench(BenchArgs& a) {
     const int64_t f0 = model->pass_stats().expert_fetches, p0 = model->pass_stats().passes;
     if (measured) dec.begin(*model);
     sw.reset();
-    for (int i = 0; i < gen; ++i) {
-      auto l = model->forward(st, std::span<const int32_t>(&next, 1));
-      next = argmax(l.data(), V);
+    if (drafter) {
+      GenerationParams gp;
+      gp.max_new_tokens = gen;
+      Generation g({next}, gp, nullptr, V, st.position());
+      draft.stats = DraftStats{};
+      drive(*model, st, g, nullptr, nullptr, &draft);
+      if (measured) drafted += draft.stats;
+    } else {
+      for (int i = 0; i < gen; ++i) {
+        auto l = model->forward(st, std::span<const int32_t>(&next, 1));
+        next = argmax(l.data(), V);
+      }
     }
     decode_s = sw.elapsed();
     if (measured) gpu_delta(g0, gpu_decode);
@@ -263,6 +279,13 @@ void run_bench(BenchArgs& a) {
   j["expert_bytes"] = model->expert_bytes();
   j["prefill_tokens_per_s_reps"] = prefill_tps;
   j["decode_tokens_per_s_reps"] = decode_tps;
+  j["draft"] = a.draft.draft;
+  j["draft_proposed"] = drafted.proposed;
+  j["draft_accepted"] = drafted.accepted;
+  j["draft_acceptance_rate"] = drafted.acceptance();
+  j["target_passes"] = dec.passes;
+  j["tokens_per_pass"] = dec.passes > 0 ? static_cast<double>(dec.tokens) / dec.passes : 0.0;
+  j["bytes_per_token"] = expert_read + trunk_read;
   if (!a.report.empty()) {
     write_file_atomic(a.report, bench_report_html(j));
     fmt::print(stderr, "report written to {}\n", a.report);
@@ -309,6 +332,11 @@ void run_bench(BenchArgs& a) {
       bytes_read / 1e9, expert_read / 1e9, trunk_read / 1e9,
       requests > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(requests) : 0.0,
       disk_bw / 1e9, io_wait);
+  if (drafter) {
+    fmt::print("drafting   {}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass\n",
+               a.draft.draft, drafted.proposed, drafted.accepted, 100.0 * drafted.acceptance(),
+               dec.passes > 0 ? static_cast<double>(dec.tokens) / dec.passes : 0.0);
+  }
   if (pf_issued > 0) {
     fmt::print("prefetch   recall {:.1f}%, {} issued, {} used, {:.3f} GB wasted\n",
                rr ? 100.0 * rh / rr : 0.0, pf_issued, pf_used, pf_wasted / 1e9);
@@ -332,6 +360,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--reps", a->reps, "Repetitions (after one warm-up)")->capture_default_str();
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("--json", a->json, "Print one JSON object");
+  add_draft_options(cmd, a->draft);
   cmd->add_option("--report", a->report,
                   "Also write the figures as a self-contained HTML file with SVG charts")
       ->check(CLI::Validator(

@@ -78,9 +78,13 @@ void run_chat(ChatArgs& a) {
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
-  a.engine.max_rows = a.gen.prefill_chunk;
+  a.engine.max_rows = std::max<int64_t>(a.gen.prefill_chunk, draft_rows(a.gen.draft));
   auto model = load_model(a.engine);
   ChatSession session(*model, tok);
+  // One drafter and one draft-length state for the session: the acceptance it learned and the
+  // pass costs it measured carry over from turn to turn.
+  std::unique_ptr<Drafter> drafter;
+  DraftConfig draft = make_draft_config(a.gen.draft, *model, drafter);
   session.set_system(a.system);
   session.set_effort(a.effort);
   session.set_thinking(a.think == "on");
@@ -148,12 +152,15 @@ void run_chat(ChatArgs& a) {
       Printer printer(a.gen, true, false);
       interrupted().store(false);
       install_sigint();
-      drive(*model, session.state(), gen, &interrupted(),
-            [&](Generation& g) { printer.on_step(g); });
+      draft.stats = DraftStats{};
+      drive(
+          *model, session.state(), gen, &interrupted(), [&](Generation& g) { printer.on_step(g); },
+          &draft);
       std::signal(SIGINT, SIG_DFL);
       printer.finish();
       session.end_turn(gen);
       RunStats s = rec.finish(gen);
+      s.draft = draft.stats;
       s.reused_tokens = turn.reused;
       ++turns;
       total_prefill += s.prompt_tokens;

@@ -47,7 +47,7 @@ void run_run(RunArgs& a) {
   }
   sampling_from(a.gen);  // checked before the (slow) model load
   // Plan memory for what this run needs: its prompt chunk and its context.
-  a.engine.max_rows = a.gen.prefill_chunk;
+  a.engine.max_rows = std::max<int64_t>(a.gen.prefill_chunk, draft_rows(a.gen.draft));
   auto model = load_model(a.engine);
   if (tok && tok->vocab_size() > model->config().vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(),
@@ -79,10 +79,14 @@ void run_run(RunArgs& a) {
   State state = model->new_state();
   StatsRecorder rec(*model);
   Printer printer(a.gen, tok.has_value(), a.json);
+  std::unique_ptr<Drafter> drafter;
+  DraftConfig draft = make_draft_config(a.gen.draft, *model, drafter);
   install_sigint();
-  drive(*model, state, gen, &interrupted(), [&](Generation& g) { printer.on_step(g); });
+  drive(
+      *model, state, gen, &interrupted(), [&](Generation& g) { printer.on_step(g); }, &draft);
   printer.finish();
   RunStats stats = rec.finish(gen);
+  stats.draft = draft.stats;
   if (a.json) {
     const nlohmann::json j = run_json(a.engine.model, prompt, gen, stats, a.chat);
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));

@@ -49,6 +49,7 @@ struct ServeArgs {
   int cache = 4;
   int64_t prefill_chunk = 256;
   bool no_webui = false;
+  DraftOptions draft;
 };
 
 // The engine view's fixed part: the memory plan as the page's bar shows it, and the disk's
@@ -180,7 +181,8 @@ void run_serve(ServeArgs& a) {
   // The memory plan reserves a full-context state for every active sequence and every kept
   // conversation, and rows for every sequence's prefill chunk in one pass.
   a.engine.sequences = a.parallel + a.cache;
-  a.engine.max_rows = static_cast<int64_t>(a.parallel) * a.prefill_chunk;
+  a.engine.max_rows =
+      static_cast<int64_t>(a.parallel) * std::max<int64_t>(a.prefill_chunk, draft_rows(a.draft));
   auto model = load_model(a.engine);
   const auto& cfg = model->config();
   if (tok.vocab_size() > cfg.vocab) {
@@ -205,6 +207,8 @@ void run_serve(ServeArgs& a) {
   so.parallel = a.parallel;
   so.queue = a.queue;
   so.cache = static_cast<size_t>(a.cache);
+  so.draft = a.draft.draft;
+  so.draft_max = parse_draft_max(a.draft.draft_max);
   metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
   metrics.set_static(context, a.parallel, a.queue, a.cache);
@@ -281,6 +285,7 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--no-webui", a->no_webui,
                 "Do not serve the browser page (chat and engine view) at /");
+  add_draft_options(cmd, a->draft);
   cmd->callback([a] { run_serve(*a); });
 }
 

@@ -44,6 +44,57 @@ CLI::Validator positive() {
       "N>=1");
 }
 
+void add_draft_options(CLI::App* cmd, DraftOptions& o) {
+  cmd->add_option("--draft", o.draft,
+                  "Speculative decoding: none, or ngram (drafts from the sequence's own text, "
+                  "verified in one pass; output is unchanged)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              make_drafter(v);
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+            return {};
+          },
+          "none|ngram"));
+  cmd->add_option("--draft-max", o.draft_max,
+                  "Most drafts verified per pass: auto (chosen per pass from measured pass costs "
+                  "and acceptance, up to 16) or N (always up to N)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              parse_draft_max(v);
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+            return {};
+          },
+          "auto|N>=1"));
+}
+
+int64_t draft_rows(const DraftOptions& o) {
+  if (o.draft == "none") return 1;
+  const int n = parse_draft_max(o.draft_max);
+  return 1 + (n == 0 ? kAutoDraftMax : n);
+}
+
+DraftConfig make_draft_config(const DraftOptions& o, Model& model,
+                              std::unique_ptr<Drafter>& holder) {
+  DrafterContext ctx;
+  ctx.vocab = model.config().vocab;
+  ctx.model = &model;
+  holder = make_drafter(o.draft, ctx);
+  DraftConfig cfg;
+  cfg.drafter = holder.get();
+  const int n = parse_draft_max(o.draft_max);
+  cfg.auto_length = n == 0;
+  cfg.max = n == 0 ? kAutoDraftMax : n;
+  return cfg;
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   auto* m = cmd->add_option("--model", o.model, "Model folder (config.json + safetensors shards)");
   if (!model_optional) m->required();

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "generate/driver.h"
 
 namespace deltafin::cli {
 
@@ -38,6 +39,20 @@ template <typename... Args>
 // Flag validators with one-line messages.
 CLI::Validator non_negative();
 CLI::Validator positive();
+
+// Speculative decoding flags of run, chat, bench and serve.
+struct DraftOptions {
+  std::string draft = "none";      // none | ngram (replay:FILE is a test aid)
+  std::string draft_max = "auto";  // auto (the cost model chooses) or N
+};
+// Adds --draft and --draft-max; a bad value is a usage error (one line, exit 2).
+void add_draft_options(CLI::App* cmd, DraftOptions& o);
+// Rows a decode pass of one sequence may have with these flags (1 + the most drafts).
+int64_t draft_rows(const DraftOptions& o);
+// The drafter the flags name for `model` (nullptr for none) and the DraftConfig to drive with;
+// the config points into `holder`.
+DraftConfig make_draft_config(const DraftOptions& o, Model& model,
+                              std::unique_ptr<Drafter>& holder);
 
 // Adds --model (required unless `model_optional`), --threads and --kernels to a subcommand.
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);

@@ -50,6 +50,7 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")
       ->capture_default_str()
       ->check(positive());
+  add_draft_options(cmd, o.draft);
 }
 
 SamplingParams sampling_from(const GenOptions& o) {

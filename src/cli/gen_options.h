@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/common.h"
 #include "generate/generation.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -30,6 +31,7 @@ struct GenOptions {
   bool stats = false;
   bool stats_live = false;
   int64_t prefill_chunk = 256;
+  DraftOptions draft;
 };
 
 void add_gen_options(CLI::App* cmd, GenOptions& o);

@@ -9,42 +9,82 @@
 
 namespace deltafin {
 
-// One decode pass over [last token, drafts]: feeds rows to the generation while its sampled
-// token equals the draft, then commits the rows it consumed.
-static void verify_step(Model& model, State& state, Generation& gen, DraftConfig& draft) {
+uint64_t bytes_read_so_far(Model& model) {
+  return model.experts().stats().bytes_read + model.trunk_stats().bytes_streamed;
+}
+
+// One decode pass over [last token, drafts]: the drafter proposes, the draft-length choice may
+// shorten the proposal, the rows go to the generation through accept_rows, and the state is
+// committed by the rows it consumed.
+static void verify_step(Model& model, State& state, Generation& gen, DraftConfig& draft,
+                        const std::function<void(std::span<float>)>& adjust) {
   std::vector<int32_t> history(gen.prompt().begin(), gen.prompt().end());
   for (int32_t t : gen.completion_ids()) history.push_back(t);
   // Drafts past the token limit could never be emitted.
   const int room = static_cast<int>(std::min<int64_t>(draft.max, gen.tokens_left() - 1));
-  const DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
-  std::vector<int32_t> rows(gen.next_input().begin(), gen.next_input().end());
+  DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
+  if (static_cast<int>(d.tokens.size()) > room) d.tokens.resize(static_cast<size_t>(room));
+  const std::span<const int32_t> input = gen.next_input();
+  const std::vector<int32_t> proposal = d.tokens;
+  if (draft.auto_length && !d.tokens.empty()) {
+    const std::vector<std::vector<double>> e = {expected_tokens(d, draft.acceptance.rate())};
+    const int k = choose_draft_lengths(e, static_cast<int64_t>(input.size()), *draft.cost)[0];
+    d.tokens.resize(static_cast<size_t>(k));
+    if (d.q.size() > d.tokens.size()) d.q.resize(d.tokens.size());
+  }
+  std::vector<int32_t> rows(input.begin(), input.end());
   rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
   PendingCommit pending;
   std::vector<float> logits;
+  Stopwatch sw;
   try {
     logits = verify_pass(model, state, rows, pending);
   } catch (...) {
     gen.abort();
     throw;
   }
-  const int64_t vocab = model.config().vocab;
-  int accepted = 0;
-  int64_t fed = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
+  draft.cost->observe(static_cast<int64_t>(rows.size()), sw.elapsed());
+  const RowsVerdict v = accept_rows(gen, logits, model.config().vocab, d, adjust);
+  model.commit(state, pending, v.fed);
+  const int proposed = static_cast<int>(d.tokens.size());
+  draft.drafter->on_verified(proposed, v.accepted);
+  std::vector<int32_t> emitted;
+  for (size_t t = gen.tokens().size() - static_cast<size_t>(v.tokens); t < gen.tokens().size(); ++t)
+    emitted.push_back(gen.tokens()[t].id);
+  draft.acceptance.observe_pass(proposal, proposed, v.accepted, emitted);
+  draft.stats.proposed += proposed;
+  draft.stats.accepted += v.accepted;
+  draft.stats.tokens += v.tokens;
+}
+
+void drive_step(Model& model, State& state, Generation& gen, DraftConfig* draft,
+                const std::function<void(std::span<float>)>& adjust) {
+  if (gen.finished()) return;
+  if (draft != nullptr && !draft->cost) draft->cost = PassCostModel::for_model(model);
+  auto input = gen.next_input();
+  const bool decode = draft != nullptr && !gen.in_prefill();
+  const uint64_t bytes0 = decode ? bytes_read_so_far(model) : 0;
+  if (decode && draft->drafter != nullptr) {
+    verify_step(model, state, gen, *draft, adjust);
+  } else {
+    std::vector<float> logits;
+    Stopwatch sw;
+    try {
+      logits = model.forward(state, input);
+    } catch (...) {
+      gen.abort();
+      throw;
+    }
+    if (decode) draft->cost->observe(static_cast<int64_t>(input.size()), sw.elapsed());
+    if (adjust) adjust(logits);
     const size_t before = gen.tokens().size();
-    gen.on_logits(std::span<const float>(logits).subspan(i * vocab, vocab));
-    ++fed;
-    if (gen.finished() || i == d.tokens.size() || gen.tokens().size() == before ||
-        gen.tokens().back().id != d.tokens[i])
-      break;
-    ++accepted;
+    gen.on_logits(logits);
+    if (decode) draft->stats.tokens += static_cast<int64_t>(gen.tokens().size() - before);
   }
-  model.commit(state, pending, fed);
-  draft.drafter->on_verified(static_cast<int>(d.tokens.size()), accepted);
-  draft.stats.proposed += static_cast<int64_t>(d.tokens.size());
-  draft.stats.accepted += accepted;
-  ++draft.stats.target_passes;
-  draft.stats.tokens += fed;
+  if (decode) {
+    ++draft->stats.target_passes;
+    draft->stats.bytes_read += bytes_read_so_far(model) - bytes0;
+  }
 }
 
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
@@ -56,20 +96,7 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
       if (on_step) on_step(gen);
       break;
     }
-    auto input = gen.next_input();
-    if (draft != nullptr && draft->drafter != nullptr && !gen.in_prefill()) {
-      verify_step(model, state, gen, *draft);
-      if (on_step) on_step(gen);
-      continue;
-    }
-    std::vector<float> logits;
-    try {
-      logits = model.forward(state, input);
-    } catch (...) {
-      gen.abort();
-      throw;
-    }
-    gen.on_logits(logits);
+    drive_step(model, state, gen, draft);
     if (on_step) on_step(gen);
   }
 }
@@ -151,10 +178,12 @@ void RunStats::to_json(nlohmann::json& j) const {
   j["s_per_token"] = s_per_token;
   j["stop_reason"] = stop_reason;
   j["seed"] = seed;
-  j["draft_proposed"] = draft_proposed;
-  j["draft_accepted"] = draft_accepted;
-  j["draft_acceptance_rate"] =
-      draft_proposed > 0 ? static_cast<double>(draft_accepted) / draft_proposed : 0.0;
+  j["draft_proposed"] = draft.proposed;
+  j["draft_accepted"] = draft.accepted;
+  j["draft_acceptance_rate"] = draft.acceptance();
+  j["target_passes"] = draft.target_passes;
+  j["tokens_per_pass"] = draft.tokens_per_pass();
+  j["bytes_per_token"] = draft.bytes_per_token();
   j["passes"] = passes;
   j["expert_requests"] = experts.requests;
   j["expert_hits"] = experts.hits;
@@ -191,9 +220,11 @@ std::string RunStats::summary() const {
       "first token); stop: {}\n",
       std::max<int64_t>(0, completion_tokens - 1), decode_s, decode_tokens_per_s, s_per_token,
       stop_reason);
-  s += fmt::format("[stats] drafts {} proposed / {} accepted ({:.0f}%)\n", draft_proposed,
-                   draft_accepted,
-                   draft_proposed > 0 ? 100.0 * draft_accepted / draft_proposed : 0.0);
+  s += fmt::format(
+      "[stats] drafts {} proposed / {} accepted ({:.0f}%); {} target passes, {:.2f} tokens/pass, "
+      "{:.3f} MB read per verified token\n",
+      draft.proposed, draft.accepted, 100.0 * draft.acceptance(), draft.target_passes,
+      draft.tokens_per_pass(), draft.bytes_per_token() / 1e6);
   const double wait = experts.io_wait_s + trunk.wait_s;
   s += fmt::format(
       "[stats] experts {} requests: {} hits, {} misses ({:.1f}% hit); read {:.3f} GB (experts "

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "generate/draft_length.h"
 #include "generate/generation.h"
 #include "generate/speculative.h"
 #include "model/experts.h"
@@ -15,12 +17,22 @@
 
 namespace deltafin {
 
-// Drafting for drive(): decode passes verify up to `max` drafts of `drafter`.
+// Drafting for drive(): decode passes verify up to `max` drafts of `drafter`; with
+// `auto_length` the draft-length choice (draft_length.h) picks how many of them from the
+// measured pass costs and this sequence's acceptance. Without a drafter the decode passes are
+// plain ones, still counted in `stats` (so `--json` reports passes and bytes per token either
+// way).
 struct DraftConfig {
   Drafter* drafter = nullptr;
   int max = 8;
-  DraftStats stats;  // accumulated over the passes driven
+  bool auto_length = false;
+  DraftStats stats;  // accumulated over the decode passes driven
+  AcceptanceEstimate acceptance;
+  std::optional<PassCostModel> cost;  // made from the model at the first pass when unset
 };
+
+// Trunk and expert bytes the model has read so far (the numerator of bytes per token).
+uint64_t bytes_read_so_far(Model& model);
 
 // Feeds the generation pass by pass until it finishes or `cancel` becomes true, calling
 // `on_step` after every pass (events are waiting in the generation). A failing pass aborts the
@@ -31,6 +43,11 @@ struct DraftConfig {
 // generation consumed.
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
            const std::function<void(Generation&)>& on_step, DraftConfig* draft = nullptr);
+// One pass of drive(): a prompt chunk, a plain decode pass, or (with a drafter) a verify pass;
+// `adjust` edits each logit row before sampling (the C API's logit_bias). For callers that
+// must lock around each pass (the C API).
+void drive_step(Model& model, State& state, Generation& gen, DraftConfig* draft,
+                const std::function<void(std::span<float>)>& adjust = {});
 
 struct RunStats {
   int64_t prompt_tokens = 0;  // tokens prefilled in this run
@@ -38,7 +55,7 @@ struct RunStats {
   int64_t completion_tokens = 0;
   double prefill_s = 0, ttft_s = 0, decode_s = 0;
   double decode_tokens_per_s = 0, s_per_token = 0, prefill_tokens_per_s = 0;
-  int64_t draft_proposed = 0, draft_accepted = 0;
+  DraftStats draft;            // decode passes: drafts, target passes, tokens, bytes read
   ExpertStats experts;         // deltas over the run
   TrunkStats trunk;            // deltas over the run (streamed trunk bytes, waits)
   double prefetch_recall = 0;  // predicted / requested experts over the run (0 without prediction)

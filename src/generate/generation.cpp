@@ -170,6 +170,18 @@ void Generation::abort(StopReason reason) {
 }
 
 void Generation::on_logits(std::span<const float> logits) {
+  consume(logits, nullptr, {}, nullptr);
+}
+
+bool Generation::on_draft_logits(std::span<const float> logits, int32_t draft,
+                                 std::span<const float> q) {
+  bool accepted = false;
+  consume(logits, &draft, q, &accepted);
+  return accepted;
+}
+
+void Generation::consume(std::span<const float> logits, const int32_t* draft,
+                         std::span<const float> q, bool* accepted) {
   if (finished()) return;
   const int64_t n_in = static_cast<int64_t>(input_.size());
   consumed_ += n_in;
@@ -189,7 +201,13 @@ void Generation::on_logits(std::span<const float> logits) {
     finish(StopReason::kLength);
     return;
   }
-  const int32_t id = sampler_.sample(logits, prompt_, generated_ids_);
+  int32_t id;
+  if (draft != nullptr && !q.empty()) {
+    id = sampler_.verify_draft(logits, prompt_, generated_ids_, *draft, q, *accepted);
+  } else {
+    id = sampler_.sample(logits, prompt_, generated_ids_);
+    if (draft != nullptr) *accepted = id == *draft;
+  }
   GeneratedToken t;
   t.id = id;
   if (params_.top_logprobs >= 0) {

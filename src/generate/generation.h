@@ -63,6 +63,12 @@ class Generation {
   std::span<const int32_t> next_input() const;
   // The logits of the last row of the pass that consumed next_input().
   void on_logits(std::span<const float> logits);
+  // A row of a verify pass (src/generate/speculative.h): the logits after next_input(), when
+  // the drafter guessed `draft` next. With `q` (the draft's distribution, [vocab]) the token is
+  // chosen by speculative rejection sampling, so it is distributed exactly as a plain draw;
+  // without, it is sampled exactly as on_logits() would (same draws). Returns whether the token
+  // chosen is the draft, which is then the next input, as after any sampled token.
+  bool on_draft_logits(std::span<const float> logits, int32_t draft, std::span<const float> q);
   void cancel();
   // Ends a generation whose pass failed (the request's error goes to its client).
   void abort(StopReason reason = StopReason::kCancelled);
@@ -95,6 +101,8 @@ class Generation {
   uint64_t seed() const { return sampler_.seed(); }
 
  private:
+  void consume(std::span<const float> logits, const int32_t* draft, std::span<const float> q,
+               bool* accepted);
   void emit(ParserEvent e);
   void handle_content(std::string delta);
   void finish(StopReason r);

@@ -33,37 +33,39 @@ Sampler::Sampler(const SamplingParams& p, int64_t vocab) : p_(p), vocab_(vocab) 
   rng_.seed(seed_);
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> recent_context,
-                        std::span<const int32_t> generated) {
+void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> recent_context,
+                       std::span<const int32_t> generated) {
   if (static_cast<int64_t>(logits.size()) != vocab_)
     fail("sampler: {} logits for a vocabulary of {}", logits.size(), vocab_);
   work_.assign(logits.begin(), logits.end());
-  // Penalties.
-  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f ||
-      p_.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t t : generated) counts[t]++;
-    if (p_.repetition_penalty != 1.0f) {
-      const size_t window = 64;
-      std::vector<int32_t> seen(generated.begin(), generated.end());
-      size_t from = recent_context.size() > window ? recent_context.size() - window : 0;
-      seen.insert(seen.end(), recent_context.begin() + static_cast<ptrdiff_t>(from),
-                  recent_context.end());
-      std::sort(seen.begin(), seen.end());
-      seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-      for (int32_t t : seen) {
-        float& l = work_[static_cast<size_t>(t)];
-        l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
-      }
-    }
-    for (const auto& [t, n] : counts) {
-      work_[static_cast<size_t>(t)] -=
-          p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
+  if (p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f)
+    return;
+  std::unordered_map<int32_t, int> counts;
+  for (int32_t t : generated) counts[t]++;
+  if (p_.repetition_penalty != 1.0f) {
+    const size_t window = 64;
+    std::vector<int32_t> seen(generated.begin(), generated.end());
+    size_t from = recent_context.size() > window ? recent_context.size() - window : 0;
+    seen.insert(seen.end(), recent_context.begin() + static_cast<ptrdiff_t>(from),
+                recent_context.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) {
+      float& l = work_[static_cast<size_t>(t)];
+      l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
     }
   }
-  if (p_.greedy()) {
-    return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  for (const auto& [t, n] : counts) {
+    work_[static_cast<size_t>(t)] -=
+        p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
   }
+}
+
+int32_t Sampler::argmax_work() const {
+  return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+}
+
+size_t Sampler::candidates() {
   // Candidates sorted by logit (descending; ties by id for determinism).
   idx_.resize(static_cast<size_t>(vocab_));
   std::iota(idx_.begin(), idx_.end(), 0);
@@ -80,7 +82,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   // Probabilities at temperature 1 for top-p / min-p (as llama.cpp), then temperature.
   const float mx = work_[static_cast<size_t>(idx_[0])];
-  std::vector<double> prob(n);
+  std::vector<double>& prob = prob_;
+  prob.assign(n, 0.0);
   double sum = 0;
   for (size_t i = 0; i < n; ++i)
     sum += (prob[i] = std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] - mx)));
@@ -102,19 +105,87 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     while (keep < n && prob[keep] >= floor) ++keep;
     n = keep;
   }
-  double total = 0;
   for (size_t i = 0; i < n; ++i) {
     prob[i] =
         std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] - mx) / p_.temperature);
-    total += prob[i];
   }
+  prob.resize(n);
+  return n;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> recent_context,
+                        std::span<const int32_t> generated) {
+  penalise(logits, recent_context, generated);
+  if (p_.greedy()) return argmax_work();
+  const size_t n = candidates();
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += prob_[i];
   std::uniform_real_distribution<double> u(0.0, total);
   double r = u(rng_), acc = 0;
   for (size_t i = 0; i < n; ++i) {
-    acc += prob[i];
+    acc += prob_[i];
     if (r < acc) return idx_[i];
   }
   return idx_[n - 1];
+}
+
+int32_t Sampler::verify_draft(std::span<const float> logits,
+                              std::span<const int32_t> recent_context,
+                              std::span<const int32_t> generated, int32_t draft,
+                              std::span<const float> q, bool& accepted) {
+  if (static_cast<int64_t>(q.size()) != vocab_)
+    fail("sampler: a draft distribution of {} entries for a vocabulary of {}", q.size(), vocab_);
+  penalise(logits, recent_context, generated);
+  if (p_.greedy()) {
+    // p is one-hot at the argmax: min(1, p/q) is 1 there and 0 elsewhere, and the residual
+    // max(0, p - q) is the argmax again.
+    const int32_t t = argmax_work();
+    accepted = t == draft;
+    return t;
+  }
+  const size_t n = candidates();
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += prob_[i];
+  double p_draft = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (idx_[i] == draft) p_draft = prob_[i] / total;
+  }
+  const double q_draft =
+      draft >= 0 && draft < vocab_ ? static_cast<double>(q[static_cast<size_t>(draft)]) : 0.0;
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  // Accept with probability min(1, p/q): u < p/q, written without the division (q may be 0).
+  if (p_draft > 0 && u01(rng_) * q_draft < p_draft) {
+    accepted = true;
+    return draft;
+  }
+  accepted = false;
+  // The residual max(0, p - q) lives on p's support (outside it p is 0).
+  double rest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    prob_[i] =
+        std::max(0.0, prob_[i] / total - static_cast<double>(q[static_cast<size_t>(idx_[i])]));
+    rest += prob_[i];
+  }
+  if (!(rest > 0)) {
+    // p <= q everywhere means p == q: a rejection has probability 0 in exact arithmetic; draw
+    // from p itself rather than from an empty residual.
+    for (size_t i = 0; i < n; ++i) {
+      prob_[i] = std::exp(static_cast<double>(work_[static_cast<size_t>(idx_[i])] -
+                                              work_[static_cast<size_t>(idx_[0])]) /
+                          p_.temperature);
+      rest += prob_[i];
+    }
+  }
+  std::uniform_real_distribution<double> u(0.0, rest);
+  double r = u(rng_), acc = 0;
+  for (size_t i = 0; i < n; ++i) {
+    acc += prob_[i];
+    if (r < acc) return idx_[i];
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (prob_[i] > 0) return idx_[i];
+  }
+  return idx_[0];
 }
 
 namespace {

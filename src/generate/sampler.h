@@ -3,6 +3,10 @@
 // min-p, temperature, then a draw from a seeded generator (std::mt19937_64), so the same seed
 // and settings give the same tokens. Penalties look at the tokens generated so far (repetition
 // also at the last 64 prompt tokens, as llama.cpp's repeat_last_n).
+//
+// Speculative rejection sampling (verify_draft) shares that one pipeline: p, the distribution a
+// plain draw would use, is built by the same code, so a drafted token is judged against exactly
+// what plain sampling would have drawn from.
 #pragma once
 
 #include <cstdint>
@@ -45,13 +49,30 @@ class Sampler {
   uint64_t seed() const { return seed_; }
   const SamplingParams& params() const { return p_; }
 
+  // Speculative sampling of one row with a drafted token `draft` whose draft distribution is
+  // `q` ([vocab]): accepts it with probability min(1, p(draft) / q(draft)); otherwise draws from
+  // the normalised max(0, p - q). The result is distributed as a plain draw from p. Greedy
+  // (temperature 0) accepts exactly when the draft is the argmax and draws nothing. Sets
+  // `accepted` and returns the token.
+  int32_t verify_draft(std::span<const float> logits, std::span<const int32_t> recent_context,
+                       std::span<const int32_t> generated, int32_t draft, std::span<const float> q,
+                       bool& accepted);
+
  private:
+  // Penalised logits into work_ (greedy: done); then the candidates idx_[0..n) and their
+  // unnormalised probabilities after top-k / top-p / min-p and temperature in prob_.
+  void penalise(std::span<const float> logits, std::span<const int32_t> recent_context,
+                std::span<const int32_t> generated);
+  size_t candidates();
+  int32_t argmax_work() const;
+
   SamplingParams p_;
   int64_t vocab_;
   uint64_t seed_;
   std::mt19937_64 rng_;
   std::vector<float> work_;
   std::vector<int32_t> idx_;
+  std::vector<double> prob_;
 };
 
 // log softmax of `logits` at `chosen`, plus the `top` most likely ids (descending) when top > 0.

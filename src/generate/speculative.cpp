@@ -1,11 +1,16 @@
-// Greedy speculative verification and the prompt-lookup drafter. Kept free of the model's
-// internals: it uses only Model::forward with a PendingCommit and Model::commit, so the exact
-// engine is untouched and the output cannot differ from plain decoding (see speculative.h).
+// Speculative verification, the one accept loop and the drafters that need no model. Kept free
+// of the model's internals: it uses only Model::forward with a PendingCommit and Model::commit,
+// so the exact engine is untouched and the output cannot differ from plain decoding (see
+// speculative.h).
 #include "generate/speculative.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
+#include "generate/driver.h"
+#include "generate/generation.h"
 #include "model/model.h"
 
 namespace deltafin {
@@ -27,15 +32,116 @@ DraftProposal NgramDrafter::propose(std::span<const int32_t> history, int max_to
   return out;
 }
 
-std::unique_ptr<Drafter> make_drafter(const std::string& name) {
-  if (name == "none") return nullptr;
-  if (name == "ngram") return std::make_unique<NgramDrafter>();
-  throw InvalidArgument("unknown drafter '" + name + "' (expected none or ngram)");
+ReplayDrafter::ReplayDrafter(std::vector<int32_t> known, int wrong_every, int64_t vocab)
+    : known_(std::move(known)), wrong_every_(wrong_every), vocab_(vocab) {}
+
+DraftProposal ReplayDrafter::propose(std::span<const int32_t> history, int max_tokens) {
+  DraftProposal out;
+  const int64_t h = static_cast<int64_t>(history.size());
+  const int64_t n = static_cast<int64_t>(known_.size());
+  // Where the history stands in the known sequence: its longest tail (up to 16 tokens) that
+  // occurs there, latest occurrence first; a history that is a prefix of it matches at once.
+  int64_t at = -1;
+  if (h <= n && std::equal(history.begin(), history.end(), known_.begin())) at = h;
+  for (int64_t len = std::min<int64_t>(16, h); at < 0 && len >= 1; --len) {
+    const auto tail = history.subspan(static_cast<size_t>(h - len));
+    for (int64_t start = n - len; start >= 0; --start) {
+      if (std::equal(tail.begin(), tail.end(), known_.begin() + start)) {
+        at = start + len;
+        break;
+      }
+    }
+  }
+  if (at < 0) return out;
+  for (int64_t i = at; i < n && static_cast<int>(out.tokens.size()) < max_tokens; ++i) {
+    int32_t t = known_[static_cast<size_t>(i)];
+    ++count_;
+    if (wrong_every_ > 0 && count_ % wrong_every_ == 0)
+      t = static_cast<int32_t>((t + 1) % std::max<int64_t>(1, vocab_));
+    out.tokens.push_back(t);
+  }
+  return out;
+}
+
+namespace {
+std::unique_ptr<Drafter> make_replay(const std::string& spec, const DrafterContext& ctx) {
+  // replay:FILE or replay/N:FILE
+  const size_t colon = spec.find(':');
+  int wrong = 0;
+  if (spec[6] == '/') {
+    const std::string n = spec.substr(7, colon == std::string::npos ? 0 : colon - 7);
+    if (n.empty() || n.size() > 6 || !std::all_of(n.begin(), n.end(), ::isdigit))
+      fail_arg("--draft {}: expected replay/N:FILE with N a number", spec);
+    wrong = std::stoi(n);
+  }
+  if (colon == std::string::npos || colon + 1 == spec.size())
+    fail_arg("--draft {}: expected replay:FILE (a file of token ids)", spec);
+  const std::string file = spec.substr(colon + 1);
+  std::string text;
+  try {
+    text = read_file(file);
+  } catch (const std::exception& e) {
+    fail_arg("--draft {}: cannot read the replay file: {}", spec, e.what());
+  }
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (std::isspace(static_cast<unsigned char>(text[i])) || text[i] == ',' || text[i] == '[' ||
+        text[i] == ']') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j == i || j - i > 9)
+      fail_arg("--draft {}: {} holds '{}' where a token id was expected", spec, file,
+               text.substr(i, 16));
+    const int64_t id = std::stoll(text.substr(i, j - i));
+    if (ctx.vocab > 0 && id >= ctx.vocab)
+      fail_arg("--draft {}: token id {} is outside the vocabulary of {}", spec, id, ctx.vocab);
+    ids.push_back(static_cast<int32_t>(id));
+    i = j;
+  }
+  if (ids.empty()) fail_arg("--draft {}: {} holds no token ids", spec, file);
+  return std::make_unique<ReplayDrafter>(std::move(ids), wrong, ctx.vocab);
+}
+}  // namespace
+
+std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx) {
+  if (spec == "none") return nullptr;
+  if (spec == "ngram") return std::make_unique<NgramDrafter>();
+  if (spec.rfind("replay:", 0) == 0 || spec.rfind("replay/", 0) == 0) return make_replay(spec, ctx);
+  throw InvalidArgument("--draft " + spec + ": unknown drafter (expected none or ngram)");
 }
 
 void validate_draft_max(int64_t n) {
   if (n < 1)
     throw InvalidArgument("--draft-max must be at least 1 (got " + std::to_string(n) + ")");
+}
+
+int parse_draft_max(const std::string& text) {
+  if (text == "auto") return 0;
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw InvalidArgument("--draft-max " + text + ": expected auto or a number of drafts");
+  validate_draft_max(n);
+  if (n > 256) throw InvalidArgument("--draft-max " + text + ": at most 256 drafts per pass");
+  return static_cast<int>(n);
+}
+
+DraftStats& DraftStats::operator+=(const DraftStats& o) {
+  proposed += o.proposed;
+  accepted += o.accepted;
+  target_passes += o.target_passes;
+  tokens += o.tokens;
+  bytes_read += o.bytes_read;
+  return *this;
 }
 
 static int32_t argmax(std::span<const float> row) {
@@ -66,54 +172,47 @@ std::vector<float> verify_pass(Model& model, State& state, std::span<const int32
   return model.forward(std::span<SequenceInput>(&in, 1));
 }
 
+RowsVerdict accept_rows(Generation& gen, std::span<float> logits, int64_t vocab,
+                        const DraftProposal& d,
+                        const std::function<void(std::span<float>)>& adjust) {
+  RowsVerdict v;
+  const size_t k = d.tokens.size();
+  const size_t before = gen.tokens().size();
+  for (size_t i = 0; i <= k; ++i) {
+    std::span<float> row =
+        logits.subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    if (adjust) adjust(row);
+    bool accepted = false;
+    if (i < k) {
+      accepted = gen.on_draft_logits(
+          row, d.tokens[i],
+          i < d.q.size() ? std::span<const float>(d.q[i]) : std::span<const float>());
+    } else {
+      gen.on_logits(row);
+    }
+    ++v.fed;
+    if (accepted) ++v.accepted;
+    if (!accepted || gen.finished()) break;
+  }
+  v.tokens = static_cast<int64_t>(gen.tokens().size() - before);
+  return v;
+}
+
 std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const int32_t> prompt,
                                      int64_t max_new, std::span<const int32_t> stop_ids,
                                      Drafter* drafter, int draft_max, DraftStats* stats) {
-  const int64_t vocab = model.config().vocab;
-  std::vector<int32_t> history(prompt.begin(), prompt.end()), out;
-  auto is_stop = [&](int32_t t) {
-    return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end();
-  };
-  if (max_new <= 0) return out;
-  if (drafter) drafter->attach(state);
-  auto logits = model.forward(state, prompt);
-  int32_t next = argmax(logits);
-  while (true) {
-    out.push_back(next);
-    history.push_back(next);
-    if (is_stop(next) || static_cast<int64_t>(out.size()) >= max_new) break;
-    // The drafts are only worth verifying up to the remaining token budget.
-    const int room = static_cast<int>(std::min<int64_t>(draft_max, max_new - out.size() - 1));
-    DraftProposal d;
-    if (drafter && room > 0) d = drafter->propose(history, room);
-    std::vector<int32_t> rows = {next};
-    rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
-    PendingCommit pending;
-    const std::vector<float> lv = verify_pass(model, state, rows, pending);
-    const GreedyVerdict v = verify_greedy(lv, vocab, d.tokens);
-    model.commit(state, pending, 1 + v.accepted);
-    if (drafter) drafter->on_verified(static_cast<int>(d.tokens.size()), v.accepted);
-    if (stats) {
-      stats->proposed += static_cast<int64_t>(d.tokens.size());
-      stats->accepted += v.accepted;
-      ++stats->target_passes;
-    }
-    // Accepted drafts are emitted one by one so a stop token inside the run ends it exactly
-    // where plain decoding would.
-    bool stopped = false;
-    for (int i = 0; i < v.accepted; ++i) {
-      out.push_back(d.tokens[i]);
-      history.push_back(d.tokens[i]);
-      if (is_stop(d.tokens[i]) || static_cast<int64_t>(out.size()) >= max_new) {
-        stopped = true;
-        break;
-      }
-    }
-    if (stopped) break;
-    next = v.next;
-  }
-  if (stats) stats->tokens += static_cast<int64_t>(out.size()) - 1;  // after the prefill's
-  return out;
+  GenerationParams params;
+  params.max_new_tokens = max_new;
+  params.stop_ids.assign(stop_ids.begin(), stop_ids.end());
+  params.prefill_chunk = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
+  Generation gen(std::vector<int32_t>(prompt.begin(), prompt.end()), params, nullptr,
+                 model.config().vocab);
+  DraftConfig cfg;
+  cfg.drafter = drafter;
+  cfg.max = std::max(1, draft_max);
+  drive(model, state, gen, nullptr, nullptr, &cfg);
+  if (stats) *stats += cfg.stats;
+  return gen.completion_ids();
 }
 
 }  // namespace deltafin

@@ -6,9 +6,17 @@
 // equals the target's argmax and then emits the target's own token, so the completion is the
 // one plain greedy decoding gives, token for token. Verification lives here, in src/generate,
 // so src/model only supplies the deferred pass and the commit.
+//
+// Sampling: a deterministic drafter (no q) has its draft kept while it equals the token the
+// row samples, with the sampler's usual draws, so seeded output equals plain decoding's. A
+// drafter that gives q has each draft judged by speculative rejection sampling
+// (Sampler::verify_draft): the distribution is unchanged, the draws differ from plain decoding.
+// accept_rows() is the one accept loop: drive() (run, chat, generate_greedy) and the server's
+// scheduler both feed their verify rows through it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,6 +26,7 @@ namespace deltafin {
 
 class Model;
 class State;
+class Generation;
 struct PendingCommit;
 
 struct DraftProposal {
@@ -25,8 +34,8 @@ struct DraftProposal {
   // Draft distributions, one [vocab] row per token, or empty for a deterministic drafter
   // (q is then one-hot at the token).
   std::vector<std::vector<float>> q;
-  // Per token, the drafter's estimate that it survives given the earlier ones survived (DSpark's
-  // confidence head); empty when the drafter has none.
+  // Optional: the drafter's estimate that each draft is accepted given the ones before it
+  // (DSpark gives one); the draft-length choice uses it in place of the measured rate.
   std::vector<float> confidence;
 };
 
@@ -54,10 +63,39 @@ class NgramDrafter : public Drafter {
   int min_n_, max_n_;
 };
 
-// "none" gives nullptr, "ngram" an NgramDrafter; anything else throws InvalidArgument.
-std::unique_ptr<Drafter> make_drafter(const std::string& name);
+// A test aid (`--draft replay:FILE`): proposes what follows the history's tail in a known token
+// sequence (FILE: ids separated by spaces, commas or newlines, e.g. a plain run's prompt and
+// completion ids), with every `wrong_every`-th proposed token replaced by a wrong one (0:
+// never), so binary-level tests reach fully, partly and never accepted drafts.
+class ReplayDrafter : public Drafter {
+ public:
+  ReplayDrafter(std::vector<int32_t> known, int wrong_every, int64_t vocab);
+  DraftProposal propose(std::span<const int32_t> history, int max_tokens) override;
+
+ private:
+  std::vector<int32_t> known_;
+  int wrong_every_;
+  int64_t vocab_;
+  int64_t count_ = 0;
+};
+
+// What a drafter may need to be built; a struct so fields can be added (a draft model's
+// checkpoint, say) without changing make_drafter's callers.
+struct DrafterContext {
+  int64_t vocab = 0;             // the target's vocabulary
+  const Model* model = nullptr;  // the target, when the drafter needs it
+};
+
+// The one factory the surfaces call. "none" gives nullptr, "ngram" an NgramDrafter,
+// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong); anything else
+// throws InvalidArgument naming the spec and what was expected.
+std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx = {});
 // Throws InvalidArgument unless n >= 1.
 void validate_draft_max(int64_t n);
+// "auto" gives 0 (the cost model chooses), else a number >= 1; throws InvalidArgument.
+int parse_draft_max(const std::string& text);
+// The cap on drafts per pass when the cost model chooses (`--draft-max auto`).
+constexpr int kAutoDraftMax = 16;
 
 struct GreedyVerdict {
   int accepted = 0;  // drafts equal to the target's argmax
@@ -77,15 +115,33 @@ struct DraftStats {
   int64_t accepted = 0;
   int64_t target_passes = 0;  // decode passes (prefill excluded)
   int64_t tokens = 0;         // tokens emitted by those passes
+  uint64_t bytes_read = 0;    // trunk + expert bytes read by those passes
   double acceptance() const { return proposed ? double(accepted) / double(proposed) : 0.0; }
   double tokens_per_pass() const {
     return target_passes ? double(tokens) / double(target_passes) : 0.0;
   }
+  double bytes_per_token() const { return tokens ? double(bytes_read) / double(tokens) : 0.0; }
+  DraftStats& operator+=(const DraftStats& o);
 };
+
+struct RowsVerdict {
+  int64_t fed = 0;   // rows the generation consumed: commit the state by this many
+  int accepted = 0;  // drafts emitted
+  int64_t tokens = 0;
+};
+// Feeds `gen` the logit rows of its verify pass over [gen.next_input(), d1 .. dk] (`logits`:
+// [1 + k, vocab]; `adjust`, when set, edits a row first, e.g. the server's logit_bias) while the
+// token each row gives is the draft that follows it. Every row is sampled exactly as a plain
+// pass's would be (see the file comment), so what the generation emits does not depend on
+// the drafts.
+RowsVerdict accept_rows(Generation& gen, std::span<float> logits, int64_t vocab,
+                        const DraftProposal& d,
+                        const std::function<void(std::span<float>)>& adjust = {});
 
 // Greedy generation of up to `max_new` tokens after `prompt` (non-empty), stopping after a token
 // in `stop_ids`. With a drafter each decode pass verifies up to `draft_max` drafts; without one
-// it is plain greedy decoding. The result is identical either way.
+// it is plain greedy decoding. The result is identical either way. (A Generation driven by
+// drive(), so it shares the accept loop with run and chat.)
 std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const int32_t> prompt,
                                      int64_t max_new, std::span<const int32_t> stop_ids,
                                      Drafter* drafter, int draft_max, DraftStats* stats = nullptr);

@@ -33,6 +33,16 @@ void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, i
   while (!recent_.empty() && recent_.front().first < now - kRateWindow) recent_.pop_front();
 }
 
+void Metrics::count_drafts(int64_t proposed, int64_t accepted, int64_t decode_sequences,
+                           int64_t decode_tokens) {
+  std::lock_guard<std::mutex> lock(m_);
+  drafting_ = true;
+  draft_proposed_ += static_cast<uint64_t>(proposed);
+  draft_accepted_ += static_cast<uint64_t>(accepted);
+  target_passes_ += static_cast<uint64_t>(decode_sequences);
+  decode_tokens_ += static_cast<uint64_t>(decode_tokens);
+}
+
 void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens,
                              int64_t completion_tokens) {
   std::lock_guard<std::mutex> lock(m_);
@@ -114,6 +124,13 @@ nlohmann::ordered_json Metrics::engine_snapshot(uint64_t& heat_seen) const {
   j["prefill_tokens"] = prompt_rows_;
   j["forward_passes"] = passes_;
   j["forward_seconds"] = pass_seconds_;
+  if (drafting_) {  // serve --draft: the page shows acceptance and tokens per pass
+    j["draft_n"] = draft_proposed_;
+    j["draft_n_accepted"] = draft_accepted_;
+    j["tokens_per_pass"] = target_passes_ > 0 ? static_cast<double>(decode_tokens_) /
+                                                    static_cast<double>(target_passes_)
+                                              : 0.0;
+  }
   j["experts"] = {{"requests", experts_.requests},
                   {"hits", experts_.hits},
                   {"misses", experts_.misses},
@@ -173,6 +190,15 @@ std::string Metrics::render() const {
          "Sequences per pass, summed (divide by passes for the batch size).", batched_sequences_);
   sample("deltafin_forward_seconds_total", "counter", "Time spent in forward passes.",
          pass_seconds_);
+  sample("deltafin_draft_proposed_total", "counter",
+         "Drafted tokens verified by target passes (serve --draft).", draft_proposed_);
+  sample("deltafin_draft_accepted_total", "counter", "Drafted tokens accepted by verification.",
+         draft_accepted_);
+  sample("deltafin_target_passes_total", "counter",
+         "Decode passes per sequence (a step decoding n sequences counts n).", target_passes_);
+  sample("deltafin_decode_tokens_total", "counter",
+         "Tokens emitted by those decode passes (divide by target passes for tokens per pass).",
+         decode_tokens_);
   sample("deltafin_queue_depth", "gauge", "Requests waiting for a slot.", queued_);
   sample("deltafin_queue_capacity", "gauge", "Most requests that may wait (--queue).",
          queue_capacity_);

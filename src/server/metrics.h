@@ -27,6 +27,10 @@ class Metrics {
   // One engine step: prompt rows and generated tokens it processed.
   void count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, int64_t sequences,
                   double seconds);
+  // Speculative decoding in one engine step: drafts verified and accepted, sequences whose
+  // decode row was in the pass (target passes, one per sequence) and the tokens they emitted.
+  void count_drafts(int64_t proposed, int64_t accepted, int64_t decode_sequences,
+                    int64_t decode_tokens);
   void count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
   void count_kept(bool kept);
   void set_gauges(int64_t queued, int64_t active);
@@ -60,6 +64,8 @@ class Metrics {
   double pass_seconds_ = 0;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, finished_ = 0;
   uint64_t kept_ = 0, not_kept_ = 0;
+  uint64_t draft_proposed_ = 0, draft_accepted_ = 0, target_passes_ = 0, decode_tokens_ = 0;
+  bool drafting_ = false;
   int64_t queued_ = 0, active_ = 0, cache_entries_ = 0;
   int64_t context_ = 0, parallel_ = 0, queue_capacity_ = 0, cache_capacity_ = 0;
   bool ready_ = false;

@@ -42,6 +42,14 @@ json timings_json(const Usage& u) {
   j["predicted_per_second"] =
       predicted_ms > 0 ? static_cast<double>(decoded) / (predicted_ms / 1e3) : 0.0;
   j["ttft_ms"] = ms(t.arrived, t.first_token);
+  if (t.drafting) {
+    j["draft_n"] = t.draft_n;
+    j["draft_n_accepted"] = t.draft_n_accepted;
+    j["target_passes"] = t.target_passes;
+    j["tokens_per_pass"] = t.target_passes > 0 ? static_cast<double>(t.decode_tokens) /
+                                                     static_cast<double>(t.target_passes)
+                                               : 0.0;
+  }
   return j;
 }
 

@@ -36,6 +36,10 @@ struct Timings {
   double admitted = 0;     // the engine gave it a slot (prefill starts)
   double first_token = 0;  // the first completion token was sampled
   double finished = 0;     // the generation ended
+  // Speculative decoding (serve --draft): drafts verified and accepted, decode passes and the
+  // tokens they emitted; reported only when drafting.
+  bool drafting = false;
+  int64_t draft_n = 0, draft_n_accepted = 0, target_passes = 0, decode_tokens = 0;
 };
 
 struct Usage {

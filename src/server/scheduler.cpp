@@ -34,8 +34,14 @@ Usage Job::usage() const {
 
 Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions& options,
                      Metrics& metrics)
-    : model_(model), tok_(tok), opt_(options), metrics_(metrics), cache_(options.cache) {
+    : model_(model),
+      tok_(tok),
+      opt_(options),
+      metrics_(metrics),
+      cache_(options.cache),
+      cost_(PassCostModel::for_model(model)) {
   opt_.parallel = std::max(1, opt_.parallel);
+  make_drafter(opt_.draft, {model.config().vocab, &model});  // a bad spec fails here, not later
   opt_.queue = std::max(0, opt_.queue);
   if (const char* d = std::getenv("DELTAFIN_DEBUG_STEP_DELAY_MS"); d != nullptr && *d) {
     step_delay_ms_ = std::clamp(std::atoi(d), 0, 60000);
@@ -168,8 +174,16 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
                        "server_error"));
     return false;
   }
+  try {
+    slot.drafter = make_drafter(opt_.draft, {vocab, &model_});
+  } catch (const std::exception& e) {
+    fail(job,
+         ApiError(500, fmt::format("could not start the drafter: {}", e.what()), "server_error"));
+    return false;
+  }
   slot.timings.arrived = job->arrived;
   slot.timings.admitted = now_seconds();
+  slot.timings.drafting = slot.drafter != nullptr;
   {
     std::lock_guard<std::mutex> lock(job->m_);
     job->phase_ = JobPhase::running;
@@ -252,21 +266,37 @@ void Scheduler::step() {
       drop[i] = true;
     }
   }
-  std::vector<SequenceInput> seqs;
-  std::vector<size_t> in_pass;
   int64_t rows = 0, prompt_rows = 0;
   for (size_t i = 0; i < active_.size(); ++i) {
     if (drop[i]) continue;
-    auto in = active_[i].gen->next_input();
-    if (in.empty()) {  // finished without a pass (cannot happen for a fresh generation)
+    if (active_[i].gen->next_input().empty()) {  // finished without a pass (not for a fresh one)
       finish(active_[i]);
       drop[i] = true;
       continue;
     }
-    seqs.push_back({&active_[i].state, in, false, nullptr});
-    in_pass.push_back(i);
-    rows += static_cast<int64_t>(in.size());
+    rows += static_cast<int64_t>(active_[i].gen->next_input().size());
+  }
+  std::vector<std::vector<int32_t>> proposals(active_.size());
+  const std::vector<DraftProposal> drafts = propose_drafts(drop, rows, proposals);
+  std::vector<SequenceInput> seqs;
+  std::vector<size_t> in_pass;
+  std::vector<std::vector<int32_t>> row_ids(active_.size());
+  std::vector<PendingCommit> pending(active_.size());
+  rows = 0;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    if (drop[i]) continue;
+    auto in = active_[i].gen->next_input();
     if (active_[i].gen->in_prefill()) prompt_rows += static_cast<int64_t>(in.size());
+    if (drafts[i].tokens.empty()) {
+      seqs.push_back({&active_[i].state, in, false, nullptr});
+      rows += static_cast<int64_t>(in.size());
+    } else {
+      row_ids[i].assign(in.begin(), in.end());
+      row_ids[i].insert(row_ids[i].end(), drafts[i].tokens.begin(), drafts[i].tokens.end());
+      seqs.push_back({&active_[i].state, row_ids[i], true, &pending[i]});
+      rows += static_cast<int64_t>(row_ids[i].size());
+    }
+    in_pass.push_back(i);
   }
   if (!seqs.empty()) {
     Stopwatch sw;
@@ -284,23 +314,53 @@ void Scheduler::step() {
         drop[i] = true;
       }
     }
+    if (ok && prompt_rows == 0) cost_.observe(rows, sw.elapsed());
     if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
     const double seconds = sw.elapsed();
-    int64_t generated = 0;
+    int64_t generated = 0, proposed = 0, accepted = 0, decode_seqs = 0, decode_tokens = 0;
     if (ok) {
       const int64_t vocab = model_.config().vocab;
+      size_t offset = 0;  // this sequence's first logit row
       for (size_t k = 0; k < in_pass.size(); ++k) {
-        Slot& s = active_[in_pass[k]];
-        std::span<float> l(logits.data() + static_cast<ptrdiff_t>(k) * vocab,
-                           static_cast<size_t>(vocab));
-        for (const auto& [id, bias] : s.job->req.logit_bias) l[static_cast<size_t>(id)] += bias;
+        const size_t i = in_pass[k];
+        Slot& s = active_[i];
+        const DraftProposal& d = drafts[i];
+        const size_t n_rows = d.tokens.size() + 1;
+        std::span<float> l(logits.data() + offset * static_cast<size_t>(vocab),
+                           n_rows * static_cast<size_t>(vocab));
+        offset += n_rows;
+        auto bias = [&s](std::span<float> row) {
+          for (const auto& [id, b] : s.job->req.logit_bias) row[static_cast<size_t>(id)] += b;
+        };
+        const bool decoding = !s.gen->in_prefill();
         const size_t before = s.gen->tokens().size();
         try {
-          s.gen->on_logits(l);
+          const RowsVerdict v = accept_rows(*s.gen, l, vocab, d, bias);
+          if (!d.tokens.empty()) {
+            model_.commit(s.state, pending[i], v.fed);
+            s.drafter->on_verified(static_cast<int>(d.tokens.size()), v.accepted);
+          }
+          if (!proposals[i].empty()) {
+            std::vector<int32_t> emitted;
+            for (size_t t = before; t < s.gen->tokens().size(); ++t)
+              emitted.push_back(s.gen->tokens()[t].id);
+            s.acceptance.observe_pass(proposals[i], static_cast<int>(d.tokens.size()), v.accepted,
+                                      emitted);
+          }
+          if (decoding) {
+            s.timings.draft_n += static_cast<int64_t>(d.tokens.size());
+            s.timings.draft_n_accepted += v.accepted;
+            ++s.timings.target_passes;
+            s.timings.decode_tokens += v.tokens;
+            proposed += static_cast<int64_t>(d.tokens.size());
+            accepted += v.accepted;
+            ++decode_seqs;
+            decode_tokens += v.tokens;
+          }
         } catch (const std::exception& e) {
           s.gen->abort();
           fail(s, ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
-          drop[in_pass[k]] = true;
+          drop[i] = true;
           continue;
         }
         generated += static_cast<int64_t>(s.gen->tokens().size() - before);
@@ -308,11 +368,12 @@ void Scheduler::step() {
         post(s);
         if (s.gen->finished()) {
           finish(s);
-          drop[in_pass[k]] = true;
+          drop[i] = true;
         }
       }
     }
     metrics_.count_pass(rows, prompt_rows, generated, static_cast<int64_t>(seqs.size()), seconds);
+    if (opt_.draft != "none") metrics_.count_drafts(proposed, accepted, decode_seqs, decode_tokens);
     publish_storage();
   }
   std::vector<Slot> keep;
@@ -320,6 +381,47 @@ void Scheduler::step() {
     if (!drop[i]) keep.push_back(std::move(active_[i]));
   }
   active_.swap(keep);
+}
+
+std::vector<DraftProposal> Scheduler::propose_drafts(const std::vector<bool>& drop, int64_t rows,
+                                                     std::vector<std::vector<int32_t>>& proposals) {
+  std::vector<DraftProposal> drafts(active_.size());
+  std::vector<size_t> who;
+  std::vector<std::vector<double>> expected;
+  const int cap = opt_.draft_max > 0 ? opt_.draft_max : kAutoDraftMax;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Slot& s = active_[i];
+    if (drop[i] || !s.drafter || s.gen->in_prefill()) continue;
+    // Drafts past the token limit could never be emitted.
+    const int room = static_cast<int>(std::min<int64_t>(cap, s.gen->tokens_left() - 1));
+    if (room <= 0) continue;
+    std::vector<int32_t> history = s.seen;
+    history.insert(history.end(), s.input.begin(), s.input.end());
+    for (int32_t t : s.gen->completion_ids()) history.push_back(t);
+    try {
+      drafts[i] = s.drafter->propose(history, room);
+    } catch (const std::exception& e) {
+      // A drafter that fails only costs this sequence its drafts.
+      log_warn("drafter failed: {}", e.what());
+      drafts[i] = DraftProposal{};
+    }
+    if (static_cast<int>(drafts[i].tokens.size()) > room)
+      drafts[i].tokens.resize(static_cast<size_t>(room));
+    proposals[i] = drafts[i].tokens;
+    if (!drafts[i].tokens.empty()) {
+      who.push_back(i);
+      expected.push_back(expected_tokens(drafts[i], s.acceptance.rate()));
+    }
+  }
+  if (opt_.draft_max == 0 && !who.empty()) {
+    const std::vector<int> k = choose_draft_lengths(expected, rows, cost_);
+    for (size_t j = 0; j < who.size(); ++j) {
+      DraftProposal& d = drafts[who[j]];
+      d.tokens.resize(static_cast<size_t>(k[j]));
+      if (d.q.size() > d.tokens.size()) d.q.resize(d.tokens.size());
+    }
+  }
+  return drafts;
 }
 
 void Scheduler::run() {

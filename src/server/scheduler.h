@@ -15,6 +15,12 @@
 // say) fails the jobs of that pass — their states are no longer trustworthy — and the loop goes
 // on with the others and the queue.
 //
+// Speculative decoding (serve --draft): each decoding sequence's drafter proposes, the
+// draft-length choice splits the pass's rows among them (draft_length.h), and the step's one
+// forward pass carries every sequence's [last token, drafts] in deferred mode; each sequence's
+// rows go through accept_rows and its state is committed by the rows it consumed. Drafts never
+// change a sequence's output, and one sequence's drafts cannot touch another's state.
+//
 // Conversation reuse: at admission a chat job takes the kept state whose conversation its prompt
 // extends (ConversationCache); publish() keeps a finished job's state, and is called by the HTTP
 // thread only after the response was fully written, so a kept state never runs ahead of what
@@ -32,6 +38,8 @@
 #include <thread>
 #include <vector>
 
+#include "generate/draft_length.h"
+#include "generate/speculative.h"
 #include "model/model.h"
 #include "server/api_error.h"
 #include "server/conversation_cache.h"
@@ -87,6 +95,10 @@ struct SchedulerOptions {
   int parallel = 1;
   int queue = 16;
   size_t cache = 4;
+  // Speculative decoding: the drafter spec (make_drafter; "none" = off), one drafter per
+  // sequence, and the most drafts per sequence and pass (0: auto, the draft-length choice).
+  std::string draft = "none";
+  int draft_max = 0;
 };
 
 class Scheduler {
@@ -115,11 +127,18 @@ class Scheduler {
     size_t sent = 0;             // tokens posted to the job
     int64_t cached = 0;
     Timings timings;
+    std::unique_ptr<Drafter> drafter;  // serve --draft: this sequence's own drafter
+    AcceptanceEstimate acceptance;
   };
 
   void run();
   bool admit(const std::shared_ptr<Job>& job, Slot& slot);
   void step();
+  // Drafts for every decoding sequence that has a drafter, cut to the draft-length choice;
+  // `rows` is the pass's rows before drafts; `proposals` receives each sequence's proposal
+  // before the cut (for the acceptance estimate).
+  std::vector<DraftProposal> propose_drafts(const std::vector<bool>& drop, int64_t rows,
+                                            std::vector<std::vector<int32_t>>& proposals);
   void post(Slot& s);
   void finish(Slot& s);
   void fail(const std::shared_ptr<Job>& job, const ApiError& e);
@@ -133,6 +152,7 @@ class Scheduler {
   SchedulerOptions opt_;
   Metrics& metrics_;
   ConversationCache cache_;
+  PassCostModel cost_;
 
   std::mutex m_;
   std::condition_variable cv_;
