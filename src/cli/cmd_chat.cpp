@@ -49,8 +49,9 @@ void run_chat(ChatArgs& a) {
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
-  a.engine.max_rows = a.gen.prefill_chunk;
+  plan_prefill(a.gen, a.engine, 0);  // auto: passes of up to the context, as the budget allows
   auto model = load_model(a.engine);
+  a.gen.prefill_rows = model->pass_plan().pass_rows;
   ChatSession session(*model, tok);
   session.set_system(a.system);
   session.set_effort(a.effort);

@@ -24,6 +24,10 @@ using deltafin::require_model_folder;
 // Flag validators with one-line messages.
 CLI::Validator non_negative();
 CLI::Validator positive();
+// --prefill-chunk: "auto" or a whole number >= 1.
+CLI::Validator auto_or_positive();
+// The rows of --prefill-chunk: 0 for "auto" (the memory plan chooses), else the number.
+int64_t prefill_chunk_rows(const std::string& flag);
 
 // Adds --model (required unless `model_optional`), --threads and --kernels to a subcommand.
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);
