@@ -6,7 +6,8 @@
 // (gate/up) and [3584 x 3072] (down), and the MLA absorbed product matmul_t over [128 x 512]
 // (one head of kv_b). A single expert fits in L3, so the MXFP4 decode benchmarks rotate over
 // enough distinct experts (>= 160 MB) that every product streams from DRAM, as in real decoding.
-// Each benchmark takes a second or so; arguments are (threads).
+// Each benchmark takes a second or so; arguments are (threads). FmaPeak and GemmEfficiency state
+// prefill GEMM speed as a share of the FMA peak measured on the same threads.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -216,9 +217,57 @@ void MatmulTBf16_128x512_M64(benchmark::State& s) {
   run_matmul_t(s, 128, 512, 64);
 }
 
+// The FMA peak of the active table on `threads` threads (kernels::fma_peak_flops): independent
+// FMA chains without memory traffic, the yardstick of GEMM efficiency below.
+double fma_peak(int threads) {
+  static std::vector<double> peaks(65, 0.0);
+  if (peaks[threads] == 0) peaks[threads] = kernels::fma_peak_flops(pool_of(threads), 0.2);
+  return peaks[threads];
+}
+
+void FmaPeak(benchmark::State& state) {
+  double peak = 0;
+  for (auto _ : state) peak = kernels::fma_peak_flops(pool_of(static_cast<int>(state.range(0))));
+  state.counters["GFLOP/s"] = peak / 1e9;
+  state.SetLabel(kernels::active().name);
+}
+
+// Prefill GEMM efficiency: one expert-shaped product [3072 x 3584] (gate/up; the weights stay
+// in L3 as they do while a pass applies an expert to its rows) at the row counts a routed
+// expert gets in a pass (M = 4 .. 256), in % of the FMA peak on as many threads.
+// Args: (format: 0 = BF16, 1 = MXFP4; M; threads).
+void GemmEfficiency(benchmark::State& state) {
+  const WeightFormat f = state.range(0) == 0 ? kB : kQ;
+  const int64_t M = state.range(1), rows = 3072, cols = 3584;
+  const int threads = static_cast<int>(state.range(2));
+  ThreadPool& pool = pool_of(threads);
+  MatrixSet& set = matrices(f, rows, cols, /*hot=*/true);
+  std::vector<float> x = activations(M * cols);
+  std::vector<float> y(static_cast<size_t>(M * rows));
+  for (auto _ : state) {
+    kernels::matmul(set.items[0]->m, x.data(), M, cols, y.data(), rows, pool, false);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(M * rows * cols);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["peak%"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * flops * 100.0 / fma_peak(threads),
+      benchmark::Counter::kIsRate);
+  state.SetLabel(kernels::active().name);
+}
+
 #define DF_BENCH(fn) \
   BENCHMARK(fn)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond)
 
+BENCHMARK(FmaPeak)->Arg(1)->Arg(2)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(GemmEfficiency)
+    ->ArgsProduct({{0, 1}, {4, 8, 16, 32, 64, 256}, {1, 2}})
+    ->ArgNames({"mxfp4", "M", "threads"})
+    ->UseRealTime()
+    ->MinTime(0.5)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(MemoryBandwidth)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(DotBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 DF_BENCH(GemvBf16_12288x7168);

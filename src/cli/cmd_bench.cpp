@@ -4,7 +4,12 @@
 // storage against the measured disk bandwidth (an O_DIRECT sequential probe of the model's own
 // files). roofline_s_per_token = max(storage bytes / disk bandwidth, RAM bytes / memory
 // bandwidth) per decoded token — the time a perfectly overlapped run would take — and
-// roofline_ratio = roofline / achieved (1.0 = at the bound). Figures only; no assertions.
+// roofline_ratio = roofline / achieved (1.0 = at the bound). Prefill has its own bound: the
+// prompt's passes (--prefill-chunk, auto by default: as few as the memory budget allows) read
+// prefill_bytes_per_token from storage and compute prefill_flops_per_token, so
+// prefill_roofline_s_per_token = max(bytes / disk bandwidth, FLOPs / the measured FMA peak of
+// all threads), and prefill_roofline_ratio = that / the achieved prefill s per token. Figures
+// only; no assertions.
 // --report writes the same figures as charts (bench_report.cpp).
 #include <fmt/format.h>
 
@@ -24,6 +29,7 @@
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "storage/trunk_units.h"
 
 namespace deltafin::cli {
 
@@ -31,6 +37,7 @@ namespace {
 struct BenchArgs {
   EngineOptions engine;
   int prompt_tokens = 64;
+  std::string prefill_chunk = "auto";
   int gen_tokens = 16;
   int reps = 3;
   bool json = false;
@@ -83,12 +90,67 @@ struct DecodeTotals {
   }
 };
 
+// Counters over the prefill phases of all measured repetitions.
+struct PrefillTotals {
+  int64_t tokens = 0, passes = 0;
+  double seconds = 0;
+  uint64_t expert_read = 0, trunk_read = 0, storage_read = 0;
+  ExpertStats e0;
+  TrunkStats t0;
+  uint64_t s0 = 0;
+  int64_t p0 = 0;
+  void begin(Model& m) {
+    e0 = m.experts().stats();
+    t0 = m.trunk_stats();
+    s0 = process_storage_read_bytes();
+    p0 = m.pass_stats().passes;
+  }
+  void add(Model& m, int64_t n, double s) {
+    expert_read += (m.experts().stats() - e0).bytes_read;
+    trunk_read += m.trunk_stats().bytes_streamed - t0.bytes_streamed;
+    storage_read += process_storage_read_bytes() - s0;
+    passes += m.pass_stats().passes - p0;
+    tokens += n;
+    seconds += s;
+  }
+};
+
+// Floating-point operations of a prompt of T tokens, per token: every trunk matrix of every
+// layer once per row (2 per weight), the top-k routed experts of each MoE layer, MLA attention
+// over the positions before each row (scores over the latent + rope width, values over the
+// latent), and the KDA recurrence (~8 dk^2 per head and row: the state read for the output,
+// the prediction k^T S and the rank-1 update). The LM head runs on the last row only.
+double prefill_flops_per_token(const LoadedModel& m, int64_t T) {
+  const ModelConfig& c = m.config();
+  double weights = 0;
+  for (int i = 0; i < c.num_layers; ++i) {
+    for (const auto& name : layer_trunk_tensors(c, i, m.checkpoint())) {
+      const TensorInfo& t = m.checkpoint().get(name);
+      if (t.shape.size() == 2 && t.shape[0] > 1) weights += static_cast<double>(t.numel());
+    }
+  }
+  const double expert = 3.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim);
+  weights += static_cast<double>(c.num_moe_layers() * c.moe.top_k) * expert;
+  const double avg_pos = static_cast<double>(T + 1) / 2;
+  const double mla = static_cast<double>(c.num_mla_layers() * c.mla.num_heads) * avg_pos *
+                     static_cast<double>(c.mla.cache_width() + c.mla.kv_lora_rank);
+  const double kda = static_cast<double>(c.num_kda_layers() * c.kda.num_heads) * 4.0 *
+                     static_cast<double>(c.kda.head_dim * c.kda.head_dim);
+  const double head = static_cast<double>(c.vocab * c.hidden) / static_cast<double>(T);
+  return 2.0 * (weights + mla + kda + head);
+}
+
 void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
     fail_usage("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
-  a.engine.max_rows = std::max<int64_t>({a.engine.max_rows, a.prompt_tokens, draft_rows(a.draft)});
+  // Passes of --prefill-chunk rows (auto: as many as the budget holds, up to the prompt), and
+  // at least a verify pass's rows when drafting.
+  a.engine.max_rows = prefill_chunk_rows(a.prefill_chunk);
+  if (a.engine.max_rows > 0) a.engine.max_rows = std::max(a.engine.max_rows, draft_rows(a.draft));
+  a.engine.prefill_rows = std::max<int64_t>(a.prompt_tokens, draft_rows(a.draft));
   auto model = load_model(a.engine);
+  const auto chunk = static_cast<size_t>(model->pass_plan().pass_rows);
   const ModelConfig& c = model->config();
   // Each repetition holds its prompt and every generated token in one state: check the whole
   // length now rather than after the repetitions that fit.
@@ -132,20 +194,27 @@ void run_bench(BenchArgs& a) {
   std::unique_ptr<Drafter> drafter;
   DraftConfig draft = make_draft_config(a.draft, *model, drafter);
   DraftStats drafted;
+  PrefillTotals pre;
+  std::vector<double> ttft;
   auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
     new_prompt();
     State st = model->new_state();
     gpu::Stats g0 = gpu != nullptr ? gpu->stats() : gpu::Stats{};
+    if (measured) pre.begin(*model);
     Stopwatch sw;
     std::vector<float> logits;
-    for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(a.engine.max_rows)) {
-      const size_t n = std::min(prompt.size() - b, static_cast<size_t>(a.engine.max_rows));
+    for (size_t b = 0; b < prompt.size(); b += chunk) {
+      const size_t n = std::min(prompt.size() - b, chunk);
       logits = model->forward(st, std::span<const int32_t>(prompt.data() + b, n));
     }
     prefill_s = sw.elapsed();
     if (measured) gpu_delta(g0, gpu_prefill);
     if (gpu != nullptr) g0 = gpu->stats();
     int32_t next = argmax(logits.data(), V);
+    if (measured) {
+      ttft.push_back(sw.elapsed());  // the first token is known here
+      pre.add(*model, a.prompt_tokens, prefill_s);
+    }
     const int64_t f0 = model->pass_stats().expert_fetches, p0 = model->pass_stats().passes;
     if (measured) dec.begin(*model);
     sw.reset();
@@ -206,6 +275,21 @@ void run_bench(BenchArgs& a) {
     disk_bw = std::max(disk_bw, measure_disk_bandwidth(files, a.engine.readers, 512ull << 20));
   }
   Summary ps = summarize(prefill_tps), ds = summarize(decode_tps);
+  // Prefill against its bound.
+  const double n_pre = static_cast<double>(std::max<int64_t>(1, pre.tokens));
+  const double pre_storage = static_cast<double>(pre.storage_read) / n_pre;
+  const double pre_bytes =
+      a.engine.mmap
+          ? pre_storage
+          : std::max(static_cast<double>(pre.expert_read + pre.trunk_read) / n_pre, pre_storage);
+  const double pre_flops = prefill_flops_per_token(*model, a.prompt_tokens);
+  const double peak = kernels::fma_peak_flops(global_pool());
+  const double pre_achieved = pre.seconds / n_pre;
+  const double pre_disk_time = disk_bw > 0 ? pre_bytes / disk_bw : 0.0;
+  const double pre_compute_time = peak > 0 ? pre_flops / peak : 0.0;
+  const double pre_roofline = std::max(pre_disk_time, pre_compute_time);
+  const double pre_ratio = pre_achieved > 0 ? pre_roofline / pre_achieved : 0.0;
+  const Summary ts = summarize(ttft);
   const double achieved = dec.seconds / n_tok;
   const double disk_time = disk_bw > 0 ? bytes_read / disk_bw : 0.0;
   const double ram_time = mem_bw > 0 ? ram_bytes_per_token / mem_bw : 0.0;
@@ -249,6 +333,20 @@ void run_bench(BenchArgs& a) {
   j["prefill_tokens_per_s"] = ps.median;
   j["prefill_tokens_per_s_min"] = ps.min;
   j["prefill_tokens_per_s_max"] = ps.max;
+  j["prefill_chunk"] = model->pass_plan().pass_rows;
+  j["prefill_chunk_auto"] = model->pass_plan().automatic;
+  j["prefill_passes_per_prompt"] = static_cast<double>(pre.passes) / std::max(1, a.reps);
+  j["ttft_s"] = ts.median;
+  j["prefill_bytes_per_token"] = pre_bytes;
+  j["prefill_expert_bytes_per_token"] = static_cast<double>(pre.expert_read) / n_pre;
+  j["prefill_trunk_bytes_per_token"] = static_cast<double>(pre.trunk_read) / n_pre;
+  j["prefill_flops_per_token"] = pre_flops;
+  j["prefill_flops_per_s"] = pre_achieved > 0 ? pre_flops / pre_achieved : 0.0;
+  j["fma_peak_flops_per_s"] = peak;
+  j["prefill_roofline_disk_s_per_token"] = pre_disk_time;
+  j["prefill_roofline_compute_s_per_token"] = pre_compute_time;
+  j["prefill_roofline_s_per_token"] = pre_roofline;
+  j["prefill_roofline_ratio"] = pre_ratio;
   j["decode_tokens_per_s"] = ds.median;
   j["decode_tokens_per_s_min"] = ds.min;
   j["decode_tokens_per_s_max"] = ds.max;
@@ -317,6 +415,16 @@ void run_bench(BenchArgs& a) {
       "prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n",
       ps.median, ps.min, ps.max, a.reps, a.prompt_tokens);
   fmt::print(
+      "prefill    {} passes of up to {} rows{}, time to first token {:.3f} s; {:.4f} GB read per "
+      "prompt token, {:.2f} GFLOP per token at {:.1f} GFLOP/s\n",
+      static_cast<double>(pre.passes) / std::max(1, a.reps), model->pass_plan().pass_rows,
+      model->pass_plan().automatic ? " (auto)" : "", ts.median, pre_bytes / 1e9, pre_flops / 1e9,
+      pre_achieved > 0 ? pre_flops / pre_achieved / 1e9 : 0.0);
+  fmt::print(
+      "prefill    roofline {:.5f} s/token = max(storage {:.5f}, compute {:.5f} at the FMA peak "
+      "{:.1f} GFLOP/s); achieved {:.5f} -> ratio {:.2f}\n",
+      pre_roofline, pre_disk_time, pre_compute_time, peak / 1e9, pre_achieved, pre_ratio);
+  fmt::print(
       "decode     {:.3f} tokens/s median (min {:.3f}, max {:.3f}), {:.4f} s/token, {} tokens per "
       "rep\n",
       ds.median, ds.min, ds.max, achieved, a.gen_tokens);
@@ -355,6 +463,10 @@ void register_bench(CLI::App& app) {
       "bench", "Measure prefill and decode speed on synthetic token ids, against the roofline");
   add_engine_options(cmd, a->engine);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length")->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Prompt tokens per forward pass: auto (as many as the memory budget holds) or N")
+      ->capture_default_str()
+      ->check(auto_or_positive());
   cmd->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per repetition")
       ->capture_default_str();
   cmd->add_option("--reps", a->reps, "Repetitions (after one warm-up)")->capture_default_str();

@@ -78,8 +78,9 @@ void run_chat(ChatArgs& a) {
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
-  a.engine.max_rows = std::max<int64_t>(a.gen.prefill_chunk, draft_rows(a.gen.draft));
+  plan_prefill(a.gen, a.engine, 0);  // auto: passes of up to the context, as the budget allows
   auto model = load_model(a.engine);
+  a.gen.prefill_rows = model->pass_plan().pass_rows;
   ChatSession session(*model, tok);
   // One drafter and one draft-length state for the session: the acceptance it learned and the
   // pass costs it measured carry over from turn to turn.

@@ -46,13 +46,6 @@ void run_run(RunArgs& a) {
         a.engine.model);
   }
   sampling_from(a.gen);  // checked before the (slow) model load
-  // Plan memory for what this run needs: its prompt chunk and its context.
-  a.engine.max_rows = std::max<int64_t>(a.gen.prefill_chunk, draft_rows(a.gen.draft));
-  auto model = load_model(a.engine);
-  if (tok && tok->vocab_size() > model->config().vocab) {
-    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(),
-         model->config().vocab);
-  }
 
   std::vector<int32_t> prompt;
   if (!a.prompt_ids.empty()) {
@@ -71,6 +64,15 @@ void run_run(RunArgs& a) {
       if (prompt.empty()) fail_arg("the prompt is empty");
     }
   }
+  // Plan memory for what this run needs: its prompt (in as few passes as the budget allows, or
+  // in --prefill-chunk rows) and its context.
+  plan_prefill(a.gen, a.engine, static_cast<int64_t>(prompt.size()));
+  auto model = load_model(a.engine);
+  if (tok && tok->vocab_size() > model->config().vocab) {
+    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(),
+         model->config().vocab);
+  }
+  a.gen.prefill_rows = model->pass_plan().pass_rows;
   GenerationParams params = make_params(a.gen, *model, tok ? &*tok : nullptr, a.chat);
   if (model->plan()) params.context_limit = model->plan()->context;
   params.start_channel = a.think == "on" ? Channel::think : Channel::response;

@@ -95,6 +95,26 @@ DraftConfig make_draft_config(const DraftOptions& o, Model& model,
   return cfg;
 }
 
+CLI::Validator auto_or_positive() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (v == "auto" || prefill_chunk_rows(v) > 0) return {};
+        return "expected auto or a whole number >= 1, got " + v;
+      },
+      "auto|N");
+}
+
+int64_t prefill_chunk_rows(const std::string& flag) {
+  if (flag == "auto") return 0;
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(flag, &used);
+    if (used == flag.size() && x >= 1) return x;
+  } catch (...) {
+  }
+  return -1;
+}
+
 void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
   auto* m = cmd->add_option("--model", o.model, "Model folder (config.json + safetensors shards)");
   if (!model_optional) m->required();

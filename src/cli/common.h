@@ -39,6 +39,10 @@ template <typename... Args>
 // Flag validators with one-line messages.
 CLI::Validator non_negative();
 CLI::Validator positive();
+// --prefill-chunk: "auto" or a whole number >= 1.
+CLI::Validator auto_or_positive();
+// The rows of --prefill-chunk: 0 for "auto" (the memory plan chooses), else the number.
+int64_t prefill_chunk_rows(const std::string& flag);
 
 // Speculative decoding flags of run, chat, bench and serve.
 struct DraftOptions {

@@ -47,9 +47,10 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
                 "No ANSI styling (also when NO_COLOR is set or stdout is not a terminal)");
   cmd->add_flag("--stats", o.stats, "Print statistics at the end (stderr)");
   cmd->add_flag("--stats-live", o.stats_live, "Also print a statistics line per token (stderr)");
-  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Prompt tokens per forward pass")
+  cmd->add_option("--prefill-chunk", o.prefill_chunk,
+                  "Prompt tokens per forward pass: auto (as many as the memory budget holds) or N")
       ->capture_default_str()
-      ->check(positive());
+      ->check(auto_or_positive());
   add_draft_options(cmd, o.draft);
 }
 
@@ -74,6 +75,14 @@ SamplingParams sampling_from(const GenOptions& o) {
   return s;
 }
 
+void plan_prefill(const GenOptions& o, EngineOptions& e, int64_t prompt_rows) {
+  // A verify pass holds the last token and its drafts: passes are planned for at least that.
+  const int64_t verify = draft_rows(o.draft);
+  e.max_rows = prefill_chunk_rows(o.prefill_chunk);
+  if (e.max_rows > 0) e.max_rows = std::max(e.max_rows, verify);
+  e.prefill_rows = prompt_rows > 0 ? std::max(prompt_rows, verify) : 0;
+}
+
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat) {
   GenerationParams p;
   p.max_new_tokens = o.max_new;
@@ -84,7 +93,7 @@ GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenize
     if (auto eom = tok->special_id("<|end_of_msg|>"); eom && *eom != m.config().eos_token_id)
       p.stop_ids.push_back(*eom);
   }
-  p.prefill_chunk = o.prefill_chunk;
+  p.prefill_chunk = m.pass_plan().pass_rows;
   p.context_limit = m.config().max_positions;
   p.chat = chat;
   return p;
@@ -112,7 +121,7 @@ Printer::Printer(const GenOptions& o, bool have_tokenizer, bool quiet)
 void Printer::on_step(Generation& g) {
   auto events = g.take_events();
   // Prompt progress on long prompts (stderr, terminals only).
-  if (g.prompt_size() > o_.prefill_chunk && ::isatty(STDERR_FILENO) &&
+  if (o_.prefill_rows > 0 && g.prompt_size() > o_.prefill_rows && ::isatty(STDERR_FILENO) &&
       g.prompt_done() != last_prefill_shown_) {
     last_prefill_shown_ = g.prompt_done();
     fmt::print(stderr, "\rprefill {} / {} tokens{}", g.prompt_done(), g.prompt_size(),

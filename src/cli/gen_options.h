@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/common.h"
+#include "engine/engine.h"
 #include "generate/generation.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
@@ -30,14 +31,18 @@ struct GenOptions {
   bool no_color = false;
   bool stats = false;
   bool stats_live = false;
-  int64_t prefill_chunk = 256;
+  std::string prefill_chunk = "auto";  // or rows per pass
+  int64_t prefill_rows = 0;            // what the loaded model's pass plan chose
   DraftOptions draft;
 };
 
 void add_gen_options(CLI::App* cmd, GenOptions& o);
 // The sampling settings of the flags, validated (throws InvalidArgument naming the field).
 SamplingParams sampling_from(const GenOptions& o);
-// The generation parameters for a model (stop ids: eos_token_id and <|end_of_msg|>).
+// Plans memory for --prefill-chunk (auto: up to `prompt_rows` rows per pass, 0 = the context).
+void plan_prefill(const GenOptions& o, EngineOptions& e, int64_t prompt_rows);
+// The generation parameters for a model (stop ids: eos_token_id and <|end_of_msg|>); the
+// prefill chunk is the model's pass plan (which honours --prefill-chunk).
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat);
 
 // Ctrl-C: the first SIGINT sets the flag (generation stops cleanly at the next pass); a second

@@ -62,8 +62,19 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
   std::optional<MemoryPlan> plan;
   if (o.mmap) {
     parts.trunk = std::make_unique<ResidentTrunk>(c, *ck);
+    // No budget to size passes from: an automatic pass takes what the prompt needs.
+    const int64_t ctx = o.plan.context > 0 ? std::min(o.plan.context, c.max_positions)
+                                           : std::min<int64_t>(c.max_positions, 8192);
+    PassPlan& pp = parts.pass_plan;
+    pp.automatic = o.plan.max_rows <= 0;
+    pp.pass_rows = std::max<int64_t>(
+        pp.automatic ? (o.plan.prefill_rows > 0 ? o.plan.prefill_rows : ctx) : o.plan.max_rows,
+        o.plan.sequences);
+    pp.block_rows = pass_block_rows(pp.pass_rows);
+    if (o.print_plan) fmt::print(stderr, "[plan] {}\n", pp.describe());
   } else {
     make_planned_providers(*ck, ef, o, parts, plan);
+    parts.pass_plan = plan->pass;
   }
   if (o.make_experts) {
     parts.experts = o.make_experts(c, *ck, ef);
@@ -117,6 +128,7 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.plan.max_rows = o.max_rows;
   lo.plan.draft_weight_bytes = o.draft_weight_bytes;
   lo.plan.draft_cache_bytes_per_position = o.draft_cache_bytes_per_position;
+  lo.plan.prefill_rows = o.prefill_rows;
   lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
   if (o.mmap && o.trunk == "int8") fail_arg("--trunk int8 needs the planned store (drop --mmap)");
   lo.cache_policy = parse_cache_policy(o.cache_policy);

@@ -83,9 +83,10 @@ struct EngineOptions {
   bool no_prefetch = false;
   bool no_direct_io = false;
   std::string trunk = "bf16";
-  int64_t ctx = 0;         // positions per sequence to plan for (0 = min(model, 8192))
-  int sequences = 1;       // states to plan for (the server sets this)
-  int64_t max_rows = 256;  // rows per pass to plan for
+  int64_t ctx = 0;           // positions per sequence to plan for (0 = min(model, 8192))
+  int sequences = 1;         // states to plan for (the server sets this)
+  int64_t max_rows = 256;    // rows per pass to plan for (0 = auto: from the budget)
+  int64_t prefill_rows = 0;  // with auto: the rows a prompt needs (0 = the context)
   bool verbose = false;  // print the memory plan and the kernels even when stderr is not a terminal
   std::string gpu = "off";    // --gpu auto|N|off
   std::string gpu_memory;     // --gpu-memory SIZE ("" = 3/4 of the device's memory)

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
+#include "core/timer.h"
 #include "kernels/kernels.h"
 #include "kernels/offload.h"
 
@@ -131,6 +132,35 @@ void matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, i
   pool.parallel_for(
       w.rows, grain, [&](int64_t b, int64_t e, int) { fn(w, b, e, x, M, ldx, y, ldy, accumulate); },
       16, kTasksPerThread);
+}
+
+double fma_peak_flops(ThreadPool& pool, double seconds) {
+  const KernelTable& t = active();
+  // Calibrate one thread's rounds to about `seconds`, then run them on every thread at once.
+  int64_t iters = int64_t{1} << 14;
+  std::atomic<float> sink{0};
+  for (;;) {
+    Stopwatch sw;
+    sink = sink + t.fma_loop(iters);
+    if (sw.elapsed() > seconds / 4 || iters > (int64_t{1} << 34)) {
+      iters =
+          static_cast<int64_t>(static_cast<double>(iters) * seconds / std::max(sw.elapsed(), 1e-6));
+      break;
+    }
+    iters *= 4;
+  }
+  iters = std::max<int64_t>(iters, 1);
+  const int n = pool.size();
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    Stopwatch sw;
+    pool.run(n, [&](int, int) { sink = sink + t.fma_loop(iters); });
+    const double el = sw.elapsed();
+    if (el > 0)
+      best = std::max(best,
+                      static_cast<double>(n) * static_cast<double>(iters) * t.fma_loop_flops / el);
+  }
+  return sink.load() == 12345.678f ? best + 1 : best;  // keeps the loops observable
 }
 
 MatmulTFn matmul_t_fn(WeightFormat f) {

@@ -37,12 +37,18 @@ using DotFn = float (*)(const float* a, const float* b, int64_t n);
 // y[i] += a * x[i]
 using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);
 
+// `iters` rounds of independent FMAs (fma_loop_flops floating-point operations per round) with
+// no memory traffic: the FMA peak that GEMM efficiency is measured against.
+using FmaLoopFn = float (*)(int64_t iters);
+
 struct KernelTable {
   const char* name;
   MatmulFn matmul[4];     // indexed by WeightFormat
   MatmulTFn matmul_t[4];  // indexed by WeightFormat (nullptr where unsupported)
   DotFn dot;
   AxpyFn axpy;
+  FmaLoopFn fma_loop;
+  int fma_loop_flops;
 };
 
 const KernelTable& scalar_table();
@@ -68,6 +74,10 @@ void select(const char* name);
 // for a format, the scalar one is used: the choice is made here, never in model code.
 MatmulFn matmul_fn(WeightFormat f);
 MatmulTFn matmul_t_fn(WeightFormat f);
+
+// The active table's FMA peak in FLOP/s over every thread of `pool` (each runs fma_loop for about
+// `seconds`; the best of three tries). What `bench` states prefill compute against.
+double fma_peak_flops(ThreadPool& pool, double seconds = 0.05);
 
 // Threaded front ends over the active table: split the output across the pool in chunks that
 // keep each thread's share of W contiguous.

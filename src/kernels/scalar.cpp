@@ -1,5 +1,6 @@
 // The reference kernels: straightforward loops in a fixed summation order (k ascending). Every
 // SIMD table is tested against these. They decode each weight exactly (matrix.h).
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -82,6 +83,17 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// Eight independent chains the compiler may vectorise or not: the scalar table's own peak.
+float fma_loop_scalar(int64_t iters) {
+  float acc[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (int64_t i = 0; i < iters; ++i) {
+    for (float& a : acc) a = std::fma(a, 0.9999999f, 1e-7f);
+  }
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
 }  // namespace
 
 const KernelTable& scalar_table() {
@@ -91,6 +103,8 @@ const KernelTable& scalar_table() {
       {matmul_t_scalar, matmul_t_scalar, matmul_t_scalar, matmul_t_scalar},
       dot_scalar,
       axpy_scalar,
+      fma_loop_scalar,
+      16,
   };
   return t;
 }

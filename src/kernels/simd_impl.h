@@ -63,6 +63,9 @@ constexpr int64_t round_up(int64_t v, int64_t a) {
   return (v + a - 1) / a * a;
 }
 
+// Accumulator chains of the FMA-peak loop (Impl::fma_loop).
+constexpr int kPeakChains = 12;
+
 // Compile-time loop: f(integral_constant<int, I>) for I in [1, N].
 template <int N, class Fn>
 inline void static_for(Fn&& f) {
@@ -832,8 +835,29 @@ struct Impl {
     }
   }
 
+  // ---- the FMA peak ----------------------------------------------------------------------------
+  // kPeakChains independent accumulator chains (enough to cover the FMA latency times the FMA
+  // ports of current x86 and ARM cores), no memory operands: what the core can do at best, the
+  // yardstick GEMM efficiency is stated against. Returns a value that depends on every chain.
+  static float fma_loop(int64_t iters) {
+    F acc[kPeakChains];
+    const F m = V::set1(0.9999999f), c = V::set1(1e-7f);
+    static_for<kPeakChains>([&](auto j) { acc[j - 1] = V::set1(static_cast<float>(j)); });
+    for (int64_t i = 0; i < iters; ++i) {
+      static_for<kPeakChains>([&](auto j) {
+        acc[j - 1] = V::fma(acc[j - 1], m, c);
+        V::in_register(acc[j - 1]);
+      });
+    }
+    F sum = V::zero();
+    static_for<kPeakChains>([&](auto j) { sum = V::add(sum, acc[j - 1]); });
+    return V::hsum(sum);
+  }
+
   static KernelTable table(const char* name) {
     KernelTable t{};
+    t.fma_loop = &fma_loop;
+    t.fma_loop_flops = 2 * L * kPeakChains;
     t.name = name;
     t.matmul[static_cast<int>(WeightFormat::kF32)] = &matmul<WeightFormat::kF32>;
     t.matmul[static_cast<int>(WeightFormat::kBF16)] = &matmul<WeightFormat::kBF16>;

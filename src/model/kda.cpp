@@ -149,7 +149,9 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       S = scratch.data();
       rec = &s.pending->layers[static_cast<size_t>(slot)];
     }
-    if (rec == nullptr && s.count >= kChunkRows) {  // long prefill: the chunked form
+    // Long prefill: the chunked form, chosen by the sequence's rows in the whole pass so a pass
+    // computed in blocks (pass_plan.h) runs the same recurrence as one that is not.
+    if (rec == nullptr && std::max(s.count, s.pass_count) >= kChunkRows) {
       const float* q0 = act.data() + s.begin * W3 + h * dk;
       kda_chunk_head(S, dk, dk, s.count, q0, q0 + Pk, q0 + 2 * Pk,
                      alpha.data() + s.begin * Pk + h * dk, beta.data() + s.begin * nh + h, W3, Pk,

@@ -21,7 +21,8 @@ struct SeqRows {
   int64_t count = 0;
   State* state = nullptr;
   PendingCommit* pending = nullptr;  // deferred KDA commit
-  int64_t base = 0;                  // position before the pass
+  int64_t base = 0;                  // position before these rows
+  int64_t pass_count = 0;            // this sequence's rows in the whole pass (>= count)
 };
 
 struct LayerContext {
@@ -54,10 +55,34 @@ void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, f
                  bool accumulate);
 // y = latent MoE(x) + shared experts(x); returns the number of distinct experts fetched.
 // `after_request` runs once this layer's expert reads are issued (the model predicts and
-// prefetches the next layer there).
+// prefetches the next layer there). One block: MoePass below with the whole pass as its block.
 int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
                     int layer, const float* x, float* y,
                     const std::function<void()>& after_request = {});
+
+// The MoE of one layer over a pass computed in blocks (model/pass_plan.h): route() each block
+// (router, latent input), run_experts() once — every chosen expert is requested once for the
+// pass and applied to all the pass's rows that chose it, at most `block_rows` rows at a time —
+// then finish() each block (weighted sum in id order, latent norm, up projection, shared
+// experts). x are the block's normed MLP inputs, the same rows to route() and to finish().
+class MoePass {
+ public:
+  MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t block_rows);
+  void route(const LayerContext& block, int64_t first_row, const float* x);
+  int64_t run_experts(ExpertProvider& experts, int layer,
+                      const std::function<void()>& after_request);
+  void finish(const LayerContext& block, int64_t first_row, const float* x, float* y);
+
+ private:
+  const LayerContext& pass_;
+  const MoeTrunkWeights& w_;
+  int64_t block_rows_;
+  std::vector<int> ids_;      // [rows][top_k], ascending per row
+  std::vector<float> wts_;    // [rows][top_k]
+  std::vector<float> xi_;     // [rows][latent]
+  std::vector<float> slot_;   // [rows][top_k][latent]: each (row, slot)'s expert output
+  std::vector<bool> chosen_;  // per expert
+};
 
 // The router's choice for every row of `x` (normed MLP inputs): the one top-k shared by the
 // MoE and by routing prediction. ids/weights are [rows][top_k], ascending ids per row;

@@ -36,27 +36,31 @@ class AttnResidual {
 
   float* partial() { return partial_.data(); }
 
-  // MIX(anchors ++ [p]): softmax over candidates of (score · c_j / rms(c_j)), applied to the
-  // raw candidates. Before the first bank there is nothing to mix with: out = p.
-  void mix(const std::vector<float>& score, float* out) const {
-    if (anchors_.empty()) {
-      std::copy(partial_.begin(), partial_.end(), out);
-      return;
-    }
+  // MIX(anchors ++ [p]) for rows [first, first + n) into out[n][H]: softmax over candidates of
+  // (score · c_j / rms(c_j)), applied to the raw candidates. A partial that is empty (just
+  // banked, nothing added yet) is no candidate: it is the last anchor now, so mixing right after
+  // a bank is the spec's mix right before it. A single candidate is the value itself (the spec's
+  // "nothing to mix with" before the first bank; a softmax over one is 1 exactly anyway).
+  void mix(const std::vector<float>& score, int64_t first, int64_t n_rows, float* out) const {
     std::vector<const float*> cands;
     for (const auto& an : anchors_) cands.push_back(an.data());
-    cands.push_back(partial_.data());
+    if (!empty_) cands.push_back(partial_.data());
     const size_t n = cands.size();
     const int64_t H = H_;
-    pool_.parallel_for(R_, 1, [&](int64_t b, int64_t e, int) {
+    if (n == 1) {
+      std::copy_n(cands[0] + first * H, n_rows * H, out);
+      return;
+    }
+    pool_.parallel_for(n_rows, 1, [&](int64_t b, int64_t e, int) {
       std::vector<float> s(n);
-      for (int64_t r = b; r < e; ++r) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = first + i;
         float mx = -INFINITY;
         for (size_t j = 0; j < n; ++j) {
           const float* cr = cands[j] + r * H;
           double d = 0.0;
-          for (int64_t i = 0; i < H; ++i)
-            d += static_cast<double>(cr[i]) * score[static_cast<size_t>(i)];
+          for (int64_t x = 0; x < H; ++x)
+            d += static_cast<double>(cr[x]) * score[static_cast<size_t>(x)];
           s[j] = static_cast<float>(d) * ops::inv_rms(cr, H, eps_);  // the keys' RMSNorm, 1e-5
           mx = std::max(mx, s[j]);
         }
@@ -65,7 +69,7 @@ class AttnResidual {
           s[j] = std::exp(s[j] - mx);
           sum += s[j];
         }
-        float* o = out + r * H;
+        float* o = out + i * H;
         std::fill(o, o + H, 0.0f);
         for (size_t j = 0; j < n; ++j) {
           kernels::active().axpy(static_cast<float>(s[j] / sum), cands[j] + r * H, o, H);
@@ -81,15 +85,17 @@ class AttnResidual {
     empty_ = true;
   }
 
-  // p = (p empty) ? y : p + y. `y` may be swapped out (it stays a buffer of the same size).
-  void add(std::vector<float>& y) {
+  // p = (p empty) ? y : p + y for rows [first, first + n); end_add() closes the sub-layer once
+  // all its rows have landed.
+  void add(int64_t first, int64_t n, const float* y) {
+    float* p = partial_.data() + first * H_;
     if (empty_) {
-      partial_.swap(y);
-      empty_ = false;
+      std::copy_n(y, n * H_, p);
       return;
     }
-    for (size_t j = 0; j < partial_.size(); ++j) partial_[j] += y[j];
+    for (int64_t j = 0; j < n * H_; ++j) p[j] += y[j];
   }
+  void end_add() { empty_ = false; }
 
  private:
   int64_t R_, H_;
@@ -163,6 +169,7 @@ PassRows group_rows(const ModelConfig& c, std::span<SequenceInput> inputs) {
     r.state = s.state;
     r.pending = s.pending;
     r.base = s.state->position();
+    r.pass_count = r.count;
     p.tokens.insert(p.tokens.end(), s.tokens.begin(), s.tokens.end());
     if (s.pending != nullptr) kda_begin_pending(c, r.base, r.count, *s.pending);
     if (s.all_logits) {
@@ -188,8 +195,10 @@ class TapCapture {
       outs_.push_back({&s, rec, rec->stage(s.base, s.count)});
     }
   }
-  // Copies the rows of `x` ([rows][hidden]) into every tap slot that asks for `layer`'s `stream`.
-  void take(int layer, TapStream stream, const float* x) const {
+  // Copies the rows of `x` into every tap slot that asks for `layer`'s `stream`; `x` holds the
+  // pass rows [first, first + n) ([n][hidden]: one block of a blocked prompt pass, or all rows).
+  void take(int layer, TapStream stream, const float* x, int64_t first = 0,
+            int64_t n_rows = INT64_MAX) const {
     for (const Out& o : outs_) {
       const TapSpec& spec = o.rec->spec();
       if (spec.stream != stream) continue;
@@ -197,7 +206,9 @@ class TapCapture {
       for (int64_t j = 0; j < n; ++j) {
         if (spec.layers[static_cast<size_t>(j)] != layer) continue;
         for (int64_t t = 0; t < o.seq->count; ++t) {
-          std::memcpy(o.buf + (t * n + j) * H_, x + (o.seq->begin + t) * H_,
+          const int64_t r = o.seq->begin + t;
+          if (r < first || r - first >= n_rows) continue;
+          std::memcpy(o.buf + (t * n + j) * H_, x + (r - first) * H_,
                       static_cast<size_t>(H_) * sizeof(float));
         }
       }
@@ -221,23 +232,70 @@ class TapCapture {
 };
 
 // §3.9: the mix over every anchor and the final partial, final norm, LM head on the rows whose
-// logits are wanted. `a` is scratch [rows][hidden].
+// logits are wanted (only those rows are mixed).
 std::vector<float> head_logits(TrunkProvider& trunk, const LayerContext& ctx,
-                               const AttnResidual& res, const std::vector<int64_t>& logit_rows,
-                               float* a) {
+                               const AttnResidual& res, const std::vector<int64_t>& logit_rows) {
   const ModelConfig& c = ctx.c;
   const int64_t H = c.hidden;
   const HeadLease head(trunk);
-  res.mix(head->out_res_score, a);
   const int64_t n_out = static_cast<int64_t>(logit_rows.size());
-  std::vector<float> normed(static_cast<size_t>(n_out * H));
+  std::vector<float> mixed(static_cast<size_t>(H)), normed(static_cast<size_t>(n_out * H));
   for (int64_t j = 0; j < n_out; ++j) {
-    ops::rmsnorm(a + logit_rows[static_cast<size_t>(j)] * H, head->final_norm.data(), c.rms_eps, H,
-                 normed.data() + j * H);
+    res.mix(head->out_res_score, logit_rows[static_cast<size_t>(j)], 1, mixed.data());
+    ops::rmsnorm(mixed.data(), head->final_norm.data(), c.rms_eps, H, normed.data() + j * H);
   }
   std::vector<float> logits(static_cast<size_t>(n_out * c.vocab));
   kernels::matmul(head->lm_head, normed.data(), n_out, H, logits.data(), c.vocab, ctx.pool);
   return logits;
+}
+
+// The pass's rows in blocks of at most `block_rows` (pass_plan.h). Blocks are consecutive runs
+// of the pass's rows; a sequence is only cut at a multiple of the KDA chunk from its own first
+// row, so its chunked recurrence is the one an uncut pass runs. Each part is positioned where
+// the previous one left its sequence. Deferred passes (a few drafted rows) stay one block: their
+// records are laid out for the whole pass.
+struct PassBlock {
+  int64_t first = 0;
+  std::vector<SeqRows> seqs;
+};
+
+std::vector<PassBlock> split_blocks(const PassRows& rows, int64_t block_rows) {
+  const int64_t R = rows.count();
+  bool pending = false;
+  for (const auto& s : rows.seqs) pending = pending || s.pending != nullptr;
+  if (pending || block_rows < kPassBlockQuantum || R <= block_rows)
+    return {PassBlock{0, rows.seqs}};
+  std::vector<PassBlock> blocks(1);
+  int64_t used = 0;  // rows in the open block
+  for (const auto& s : rows.seqs) {
+    for (int64_t off = 0; off < s.count;) {
+      int64_t take = std::min(s.count - off, block_rows - used);
+      if (take < s.count - off) take = take / kPassBlockQuantum * kPassBlockQuantum;
+      if (take == 0) {  // no whole chunk fits: the rest of this sequence opens the next block
+        blocks.push_back(PassBlock{blocks.back().first + used, {}});
+        used = 0;
+        continue;
+      }
+      SeqRows part = s;
+      part.begin = used;
+      part.count = take;
+      part.base = s.base + off;
+      blocks.back().seqs.push_back(part);
+      used += take;
+      off += take;
+      if (used == block_rows && (off < s.count || &s != &rows.seqs.back())) {
+        blocks.push_back(PassBlock{blocks.back().first + used, {}});
+        used = 0;
+      }
+    }
+  }
+  return blocks;
+}
+
+int64_t block_rows_of(const PassBlock& b) {
+  int64_t n = 0;
+  for (const auto& s : b.seqs) n += s.count;
+  return n;
 }
 
 }  // namespace
@@ -264,7 +322,8 @@ Model::Model(ModelParts parts)
       trunk_(std::move(parts.trunk)),
       experts_(std::move(parts.experts)),
       trunk_bytes_per_pass_(parts.trunk_bytes_per_pass),
-      plan_(attn_res_plan(config_)) {
+      plan_(attn_res_plan(config_)),
+      pass_plan_(parts.pass_plan) {
   if (!trunk_ || !experts_) fail("internal: a model needs a trunk and an expert provider");
 }
 
@@ -323,34 +382,62 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   AttnResidual res(R, H, c.rms_eps, ctx.pool);
   const TapCapture taps(rows.seqs, H);
   trunk_->embed(rows.tokens, res.partial());  // p = h0, decoded from BF16 exactly
-  std::vector<float> a(static_cast<size_t>(R * H)), u(a.size()), y(a.size());
+  const std::vector<PassBlock> blocks = split_blocks(rows, pass_plan_.block_rows);
+  std::vector<LayerContext> bctx;
+  int64_t most = 0;
+  for (const auto& b : blocks) {
+    bctx.push_back(LayerContext{c, ctx.pool, b.seqs, block_rows_of(b)});
+    most = std::max(most, bctx.back().rows);
+  }
+  std::vector<float> a(static_cast<size_t>(most * H)), u(a.size()), y(a.size());
+  // a = MIX(score) and u = RMSNorm(a) for block j.
+  auto mix_norm = [&](const std::vector<float>& score, const std::vector<float>& norm, size_t j) {
+    res.mix(score, blocks[j].first, bctx[j].rows, a.data());
+    rmsnorm_rows(a.data(), norm, c.rms_eps, bctx[j].rows, H, u.data());
+  };
   for (int i = 0; i < c.num_layers; ++i) {
     const LayerLease w(*trunk_, i);
-    res.mix(w->attn_res_score, a.data());
-    if (i > 0) taps.take(i - 1, TapStream::kMixture, a.data());
     if (plan_[static_cast<size_t>(i)].bank) res.bank();  // the raw incoming partial
-    rmsnorm_rows(a.data(), w->input_norm, c.rms_eps, R, H, u.data());
-    if (c.is_mla(i)) {
-      mla_forward(ctx, w->mla, i, u.data(), y.data());
-    } else {
-      kda_forward(ctx, w->kda, i, u.data(), y.data());
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      mix_norm(w->attn_res_score, w->input_norm, j);
+      if (i > 0) taps.take(i - 1, TapStream::kMixture, a.data(), blocks[j].first, bctx[j].rows);
+      if (c.is_mla(i)) {
+        mla_forward(bctx[j], w->mla, i, u.data(), y.data());
+      } else {
+        kda_forward(bctx[j], w->kda, i, u.data(), y.data());
+      }
+      res.add(blocks[j].first, bctx[j].rows, y.data());
     }
-    res.add(y);
-    res.mix(w->mlp_res_score, a.data());  // anchors are never empty here
-    rmsnorm_rows(a.data(), w->post_norm, c.rms_eps, R, H, u.data());
+    res.end_add();
+    // The MLP side (anchors are never empty here). Prediction only runs on passes of a few rows,
+    // which are one block, so `a` then holds the whole pass's mix.
     if (c.is_dense(i)) {
-      predictor.prefetch_after(i, a.data());
-      mlp_forward(ctx, w->dense, u.data(), y.data(), false);
+      for (size_t j = 0; j < blocks.size(); ++j) {
+        mix_norm(w->mlp_res_score, w->post_norm, j);
+        if (j == 0) predictor.prefetch_after(i, a.data());
+        mlp_forward(bctx[j], w->dense, u.data(), y.data(), false);
+        res.add(blocks[j].first, bctx[j].rows, y.data());
+      }
     } else {
+      MoePass moe(ctx, w->moe, pass_plan_.block_rows);
+      for (size_t j = 0; j < blocks.size(); ++j) {
+        mix_norm(w->mlp_res_score, w->post_norm, j);
+        moe.route(bctx[j], blocks[j].first, u.data());
+      }
       pass_stats_.expert_uses += R * c.moe.top_k;
-      pass_stats_.expert_fetches += moe_forward(ctx, w->moe, *experts_, i, u.data(), y.data(),
-                                                [&] { predictor.prefetch_after(i, a.data()); });
+      pass_stats_.expert_fetches +=
+          moe.run_experts(*experts_, i, [&] { predictor.prefetch_after(i, a.data()); });
+      for (size_t j = 0; j < blocks.size(); ++j) {
+        if (blocks.size() > 1) mix_norm(w->mlp_res_score, w->post_norm, j);  // else still in u
+        moe.finish(bctx[j], blocks[j].first, u.data(), y.data());
+        res.add(blocks[j].first, bctx[j].rows, y.data());
+      }
     }
-    res.add(y);
+    res.end_add();
     taps.take(i, TapStream::kPartial, res.partial());
   }
 
-  std::vector<float> logits = head_logits(*trunk_, ctx, res, rows.logit_rows, a.data());
+  std::vector<float> logits = head_logits(*trunk_, ctx, res, rows.logit_rows);
   for (auto& s : rows.seqs) {
     s.state->set_position(s.base + s.count);
     s.state->set_consistent(true);

@@ -26,6 +26,7 @@
 #include "kernels/offload.h"
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/pass_plan.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -74,6 +75,8 @@ struct ModelParts {
   // Another device for the matrix products of this model's passes (the engine's --gpu); null =
   // all on the CPU. Installed around each pass (kernels/offload.h): the layers do not know.
   std::shared_ptr<kernels::MatmulOffload> offload;
+  // How prompt passes are cut and walked (pass_plan.h); the engine sets it from the memory plan.
+  PassPlan pass_plan;
 };
 
 class Model {
@@ -113,6 +116,10 @@ class Model {
   // Weight bytes a decode step streams, excluding routed experts: the trunk once per pass.
   uint64_t trunk_bytes_per_pass() const { return trunk_bytes_per_pass_; }
   uint64_t expert_bytes() const { return experts_->expert_bytes(); }
+  // The prefill arrangement: rows per prompt pass (the front ends' prefill chunk) and the block
+  // size a pass is computed in.
+  const PassPlan& pass_plan() const { return pass_plan_; }
+  void set_pass_plan(const PassPlan& p) { pass_plan_ = p; }
 
  private:
   class Predictor;
@@ -124,6 +131,7 @@ class Model {
   std::unique_ptr<ExpertProvider> experts_;
   uint64_t trunk_bytes_per_pass_ = 0;
   std::vector<AttnResStep> plan_;
+  PassPlan pass_plan_;
   PassStats pass_stats_;
 };
 

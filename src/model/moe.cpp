@@ -1,8 +1,9 @@
 // Dense SiTU MLP (layer 0 and the shared experts) and the latent MoE with its router
-// (docs/MODEL.md §3.7–3.8). Routing is per row; then every selected expert is fetched once and
-// applied to all the rows that chose it, whichever sequences they belong to, as experts become
-// ready. Each row's expert outputs are summed in ascending expert-id order, so the result does not
-// depend on arrival order, batching or thread count.
+// (docs/MODEL.md §3.7–3.8). Routing is per row; then every selected expert is fetched once per
+// pass and applied to all the rows that chose it, whichever sequences (and blocks of a long
+// pass, pass_plan.h) they belong to, as experts become ready. Each row's expert outputs are summed
+// in ascending expert-id order, so the result does not depend on arrival order, batching or thread
+// count.
 #include <algorithm>
 #include <numeric>
 
@@ -71,29 +72,46 @@ Routing route_rows(const LayerContext& ctx, const Matrix& router,
   return out;
 }
 
-int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                    int layer, const float* x, float* y,
-                    const std::function<void()>& after_request) {
-  const ModelConfig& c = ctx.c;
-  const int64_t R = ctx.rows, H = c.hidden, E = c.moe.num_experts, k = c.moe.top_k;
+MoePass::MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t block_rows)
+    : pass_(pass), w_(w), block_rows_(block_rows > 0 ? block_rows : pass.rows) {
+  const ModelConfig& c = pass.c;
+  const auto R = static_cast<size_t>(pass.rows), k = static_cast<size_t>(c.moe.top_k);
+  const auto Hl = static_cast<size_t>(c.moe.latent_dim);
+  ids_.resize(R * k);
+  wts_.resize(R * k);
+  xi_.resize(R * Hl);
+  slot_.resize(R * k * Hl);
+  chosen_.assign(static_cast<size_t>(c.moe.num_experts), false);
+}
+
+void MoePass::route(const LayerContext& block, int64_t first_row, const float* x) {
+  const ModelConfig& c = pass_.c;
+  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim;
+  const Routing r = route_rows(block, w_.router, w_.score_bias, x);
+  std::copy(r.ids.begin(), r.ids.end(), ids_.begin() + first_row * k);
+  std::copy(r.weights.begin(), r.weights.end(), wts_.begin() + first_row * k);
+  for (int e : r.experts) chosen_[static_cast<size_t>(e)] = true;
+  kernels::matmul(w_.down, x, block.rows, c.hidden, xi_.data() + first_row * Hl, Hl, block.pool);
+}
+
+int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
+                             const std::function<void()>& after_request) {
+  const ModelConfig& c = pass_.c;
+  const int64_t R = pass_.rows, E = c.moe.num_experts, k = c.moe.top_k;
   const int64_t Hl = c.moe.latent_dim, I = c.moe.intermediate;
-  ThreadPool& pool = ctx.pool;
-
-  const Routing routing = route_rows(ctx, w.router, w.score_bias, x);
-  const std::vector<int>& ids = routing.ids;
-  const std::vector<float>& wts = routing.weights;
-  const std::vector<int>& wanted = routing.experts;
-
-  // Latent input and the expert -> (row, slot) lists.
-  std::vector<float> xi(static_cast<size_t>(R * Hl));
-  kernels::matmul(w.down, x, R, H, xi.data(), Hl, pool);
+  ThreadPool& pool = pass_.pool;
+  std::vector<int> wanted;
+  for (int64_t e = 0; e < E; ++e) {
+    if (chosen_[static_cast<size_t>(e)]) wanted.push_back(static_cast<int>(e));
+  }
+  // The expert -> (row, slot) lists over the whole pass.
   std::vector<std::vector<int64_t>> users(static_cast<size_t>(E));  // row * k + slot
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t s = 0; s < k; ++s) users[static_cast<size_t>(ids[r * k + s])].push_back(r * k + s);
+    for (int64_t s = 0; s < k; ++s)
+      users[static_cast<size_t>(ids_[static_cast<size_t>(r * k + s)])].push_back(r * k + s);
   }
-
-  // Apply each expert to its rows as it arrives; outputs land in their (row, slot).
-  std::vector<float> slot_out(static_cast<size_t>(R * k * Hl));
+  // Apply each expert to its rows as it arrives, at most a block of rows at a time (a row's
+  // result does not depend on how many rows run beside it); outputs land in their (row, slot).
   std::vector<float> xe, ge, ue, ye;
   auto batch = experts.request(layer, wanted);
   if (after_request) after_request();
@@ -101,38 +119,56 @@ int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertPro
   ExpertHandle handle;
   while (batch->next(index, handle)) {
     const auto& list = users[static_cast<size_t>(wanted[index])];
-    const int64_t n = static_cast<int64_t>(list.size());
-    xe.resize(static_cast<size_t>(n * Hl));
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = list[static_cast<size_t>(i)] / k;
-      std::copy_n(xi.data() + r * Hl, Hl, xe.data() + i * Hl);
-    }
-    ge.resize(static_cast<size_t>(n * I));
-    ue.resize(static_cast<size_t>(n * I));
-    ye.resize(static_cast<size_t>(n * Hl));
-    kernels::matmul(handle->w1, xe.data(), n, Hl, ge.data(), I, pool);
-    kernels::matmul(handle->w3, xe.data(), n, Hl, ue.data(), I, pool);
-    ops::situ_rows(ge.data(), ue.data(), n * I, c.situ_beta, c.situ_linear_beta, ge.data());
-    kernels::matmul(handle->w2, ge.data(), n, I, ye.data(), Hl, pool);
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(ye.data() + i * Hl, Hl, slot_out.data() + list[static_cast<size_t>(i)] * Hl);
+    const auto total = static_cast<int64_t>(list.size());
+    for (int64_t b = 0; b < total; b += block_rows_) {
+      const int64_t n = std::min(block_rows_, total - b);
+      xe.resize(static_cast<size_t>(n * Hl));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = list[static_cast<size_t>(b + i)] / k;
+        std::copy_n(xi_.data() + r * Hl, Hl, xe.data() + i * Hl);
+      }
+      ge.resize(static_cast<size_t>(n * I));
+      ue.resize(static_cast<size_t>(n * I));
+      ye.resize(static_cast<size_t>(n * Hl));
+      kernels::matmul(handle->w1, xe.data(), n, Hl, ge.data(), I, pool);
+      kernels::matmul(handle->w3, xe.data(), n, Hl, ue.data(), I, pool);
+      ops::situ_rows(ge.data(), ue.data(), n * I, c.situ_beta, c.situ_linear_beta, ge.data());
+      kernels::matmul(handle->w2, ge.data(), n, I, ye.data(), Hl, pool);
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(ye.data() + i * Hl, Hl, slot_.data() + list[static_cast<size_t>(b + i)] * Hl);
+      }
     }
     handle.reset();
   }
-
-  // Weighted sum per row in ascending expert order (slots are sorted by id), latent norm, up.
-  std::vector<float> ybar(static_cast<size_t>(R * Hl), 0.0f);
-  for (int64_t r = 0; r < R; ++r) {
-    float* out = ybar.data() + r * Hl;
-    for (int64_t s = 0; s < k; ++s) {
-      kernels::active().axpy(wts[static_cast<size_t>(r * k + s)],
-                             slot_out.data() + (r * k + s) * Hl, out, Hl);
-    }
-    if (c.moe.latent_norm) ops::rmsnorm(out, w.latent_norm.data(), c.rms_eps, Hl, out);
-  }
-  kernels::matmul(w.up, ybar.data(), R, Hl, y, H, pool);
-  if (c.moe.num_shared_experts > 0) mlp_forward(ctx, w.shared, x, y, /*accumulate=*/true);
   return static_cast<int64_t>(wanted.size());
+}
+
+void MoePass::finish(const LayerContext& block, int64_t first_row, const float* x, float* y) {
+  const ModelConfig& c = pass_.c;
+  const int64_t n = block.rows, k = c.moe.top_k, Hl = c.moe.latent_dim;
+  // Weighted sum per row in ascending expert order (slots are sorted by id), latent norm, up.
+  std::vector<float> ybar(static_cast<size_t>(n * Hl), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = first_row + i;
+    float* out = ybar.data() + i * Hl;
+    for (int64_t s = 0; s < k; ++s) {
+      kernels::active().axpy(wts_[static_cast<size_t>(r * k + s)], slot_.data() + (r * k + s) * Hl,
+                             out, Hl);
+    }
+    if (c.moe.latent_norm) ops::rmsnorm(out, w_.latent_norm.data(), c.rms_eps, Hl, out);
+  }
+  kernels::matmul(w_.up, ybar.data(), n, Hl, y, c.hidden, block.pool);
+  if (c.moe.num_shared_experts > 0) mlp_forward(block, w_.shared, x, y, /*accumulate=*/true);
+}
+
+int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
+                    int layer, const float* x, float* y,
+                    const std::function<void()>& after_request) {
+  MoePass moe(ctx, w, ctx.rows);
+  moe.route(ctx, 0, x);
+  const int64_t fetched = moe.run_experts(experts, layer, after_request);
+  moe.finish(ctx, 0, x, y);
+  return fetched;
 }
 
 }  // namespace deltafin

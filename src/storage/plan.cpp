@@ -83,13 +83,15 @@ std::string MemoryPlan::describe() const {
       trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(),
       gib(trunk_resident_bytes), gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes));
   s += fmt::format(
-      "[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}",
+      "[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}\n",
       gib(expert_cache_bytes), expert_slot_bytes ? expert_cache_bytes / expert_slot_bytes : 0,
       gib(expert_slot_bytes),
       all_experts_bytes
           ? 100.0 * static_cast<double>(expert_cache_bytes) / static_cast<double>(all_experts_bytes)
           : 0.0,
       gib(all_experts_bytes), gib(min_working_set));
+  s += fmt::format("[plan] {} ({} held per row, {} scratch per block row)", pass.describe(),
+                   gib(pass_row.held), gib(pass_row.scratch));
   return s;
 }
 
@@ -102,14 +104,16 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
   p.trunk = o.trunk;
   p.prefetch = o.prefetch && c.num_moe_layers() > 1;
   p.state_bytes = state_bytes(c, p.context) * static_cast<uint64_t>(p.sequences);
-  const int64_t rows = std::max<int64_t>(o.max_rows, p.sequences);
-  const int64_t anchors = (c.num_layers + c.attn_res_block - 1) / c.attn_res_block + 1;
-  const int64_t wide =
-      std::max({c.dense_intermediate, c.moe.shared_intermediate(), c.moe.intermediate});
-  const int64_t per_row = c.hidden * (anchors + 8) + 8 * c.kda.proj_dim() + 3 * wide +
-                          2 * c.moe.top_k * c.moe.latent_dim + c.moe.num_experts;
-  p.buffer_bytes =
-      static_cast<uint64_t>(rows * per_row) * 4 + static_cast<uint64_t>(p.sequences * c.vocab) * 4;
+  const uint64_t logits_bytes = static_cast<uint64_t>(p.sequences * c.vocab) * 4;
+  const int64_t wanted = std::max<int64_t>(
+      o.max_rows > 0 ? o.max_rows : (o.prefill_rows > 0 ? o.prefill_rows : p.context), p.sequences);
+  // The smallest pass the plan must hold (given rows, or one KDA chunk when automatic); an
+  // automatic plan grows it below, once the rest of the working set is known.
+  p.pass_row = pass_row_bytes(c);
+  p.pass.automatic = o.max_rows <= 0;
+  p.pass.pass_rows = p.pass.automatic ? std::min(wanted, kPassBlockQuantum) : wanted;
+  p.pass.block_rows = pass_block_rows(p.pass.pass_rows);
+  p.buffer_bytes = pass_bytes(c, p.pass.pass_rows, p.pass.block_rows) + logits_bytes;
   p.overhead_bytes = 32ull << 20;
   p.draft_weight_bytes = o.draft_weight_bytes;
   p.draft_cache_bytes = o.draft_cache_bytes_per_position * static_cast<uint64_t>(p.context) *
@@ -154,6 +158,22 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
         "context / parallel sequences",
         gib(p.budget), gib(p.min_working_set), gib(p.fixed_bytes()), gib(2 * largest), c.moe.top_k,
         gib(min_experts));
+  }
+  // An automatic prefill pass: as many rows as half the room beyond the minimum working set
+  // holds, up to what the prompt needs.
+  if (p.pass.automatic && wanted > p.pass.pass_rows) {
+    const PassRowBytes& rb = p.pass_row;
+    const uint64_t room = (p.budget - p.min_working_set) / 2 + p.buffer_bytes - logits_bytes;
+    const int64_t block = pass_block_rows(wanted);
+    const uint64_t scratch = rb.scratch * static_cast<uint64_t>(block);
+    if (room > scratch) {
+      const auto fit = static_cast<int64_t>((room - scratch) / rb.held);
+      if (fit > p.pass.pass_rows) {
+        p.pass.pass_rows = std::min(wanted, fit);
+        p.pass.block_rows = std::min(block, pass_block_rows(p.pass.pass_rows));
+        p.buffer_bytes = pass_bytes(c, p.pass.pass_rows, p.pass.block_rows) + logits_bytes;
+      }
+    }
   }
   // Trunk residency: everything if it fits beside the minimum expert cache; else the largest
   // layer prefix-in-order that leaves room for the stream buffers.

@@ -5,6 +5,12 @@
 // byte far less (K3's routing is flat), so the planner keeps as much trunk as fits next to the
 // smallest workable expert cache and gives the remainder to experts. A budget below the
 // minimum working set is refused with the minimum stated.
+//
+// Prefill passes (model/pass_plan.h) come out of the budget too: with an automatic chunk the
+// planner gives a pass as many rows as up to half of what is left after the minimum working set
+// holds (the other half stays for resident trunk and expert cache, which decode lives on), up
+// to the rows a prompt needs, so a prompt is read in as few passes as memory allows — each pass
+// reads every expert it needs once, whatever its length.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +18,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/pass_plan.h"
 
 namespace deltafin {
 
@@ -20,11 +27,14 @@ class Checkpoint;
 enum class TrunkFormat { kBF16, kInt8 };
 
 struct PlanOptions {
-  uint64_t budget = 0;     // 0 = default_memory_budget()
-  int sequences = 1;       // states kept at once (server: parallel + cached conversations)
-  int64_t context = 0;     // positions per sequence the MLA cache must hold (0 = min(model, 8192))
-  int64_t max_rows = 256;  // rows per forward pass (prefill chunk / batch)
-  bool prefetch = true;    // keep every MoE layer's router resident for prediction
+  uint64_t budget = 0;  // 0 = default_memory_budget()
+  int sequences = 1;    // states kept at once (server: parallel + cached conversations)
+  int64_t context = 0;  // positions per sequence the MLA cache must hold (0 = min(model, 8192))
+  // Rows per forward pass (prefill chunk / batch); 0 = auto: as many as the budget holds, up to
+  // `prefill_rows` (0 = the context), so a prompt runs in as few passes as memory allows.
+  int64_t max_rows = 256;
+  int64_t prefill_rows = 0;
+  bool prefetch = true;  // keep every MoE layer's router resident for prediction
   TrunkFormat trunk = TrunkFormat::kBF16;
   uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
   // A draft model next to the target (src/draft): its weights, and its cache per position of
@@ -37,10 +47,12 @@ struct MemoryPlan {
   uint64_t budget = 0;
   int64_t context = 0;
   int sequences = 0;
-  uint64_t state_bytes = 0;                                // all sequences
-  uint64_t buffer_bytes = 0;                               // activations of one pass
-  uint64_t overhead_bytes = 0;                             // tokenizer, allocator slack
-  uint64_t router_bytes = 0;                               // prefetch roster
+  uint64_t state_bytes = 0;     // all sequences
+  uint64_t buffer_bytes = 0;    // activations of one pass (pass.pass_rows rows) and its logits
+  PassPlan pass;                // rows per prompt pass and per block
+  PassRowBytes pass_row;        // what a pass holds per row
+  uint64_t overhead_bytes = 0;  // tokenizer, allocator slack
+  uint64_t router_bytes = 0;    // prefetch roster
   uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0;  // all sequences' draft caches
   uint64_t fixed_bytes() const {
     return state_bytes + buffer_bytes + overhead_bytes + router_bytes + draft_weight_bytes +
