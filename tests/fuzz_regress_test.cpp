@@ -4,6 +4,7 @@
 // sanitizers and without clang. A body aborts on a finding, which fails this test loudly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

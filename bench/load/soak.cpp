@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
         body["seed"] = static_cast<int>(rng() % 100000);
         const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
         bool ok = false;
+        std::string seen;  // the start of a streamed body, shown when its shape is wrong
         if (k == kPlain || k == kChat) {
           ok = plain_ok(cli.Post(path, body.dump(), "application/json"), chat, o.max_tokens);
         } else if (k == kStream || k == kChatStream || k == kSlow || k == kCancel) {
@@ -232,8 +233,10 @@ int main(int argc, char** argv) {
             return !(k == kCancel && got.find("\n\n") != std::string::npos);
           };
           auto r = cli.send(req);
+          seen = got.substr(0, 120);
           if (k == kCancel) {
-            ok = got.rfind("data: ", 0) == 0;  // the stream began, then we left
+            // The stream began (an event, or a keep-alive comment while queued), then we left.
+            ok = got.rfind("data: ", 0) == 0 || got.rfind(": ", 0) == 0;
           } else {
             ok = r && r->status == 200 && stream_ok(got, chat);
           }
@@ -258,7 +261,7 @@ int main(int argc, char** argv) {
         if (!ok) {
           std::lock_guard<std::mutex> l(bad_mu);
           if (bad_examples.size() < 10)
-            bad_examples.push_back(fmt::format("{} at {:.0f} s", kNames[k], since()));
+            bad_examples.push_back(fmt::format("{} at {:.0f} s: {:?}", kNames[k], since(), seen));
         }
       }
     });
