@@ -1,6 +1,8 @@
 # Convenience front end over CMake. `make demo` installs what is missing (Debian/Ubuntu),
 # builds, and runs the built-in demo model; `make test` builds and runs the whole test suite;
-# `make python` installs the Python package into .venv.
+# `make python` installs the Python package into .venv. `make test-asan` / `make test-tsan` run
+# the suite (all of it / the threaded parts) under sanitizers, `make fuzz` the libFuzzer targets
+# (fuzz/), each in its own build folder; CI (.ci/run) runs all three after `make test`.
 BUILD ?= build
 BUILD_TYPE ?= Release
 WERROR ?= OFF
@@ -8,10 +10,11 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev \
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev \
   libedit-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format \
-  python3-venv python3-numpy python3-pytest python3-wheel \
+  python3-venv python3-numpy python3-pytest python3-wheel clang libclang-rt-14-dev \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
 
-.PHONY: all deps configure build test test-deps demo python clean
+.PHONY: all deps configure build test test-deps demo python clean configure-asan test-asan \
+  configure-tsan test-tsan fuzz
 
 all: build
 
@@ -32,6 +35,49 @@ build: configure
 
 test: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Sanitizer builds: clang, -O1 with line tables (the usual sanitizer setting: quick to build,
+# readable reports). build-asan is
+# AddressSanitizer + UndefinedBehaviorSanitizer with libFuzzer's coverage instrumentation, so the
+# same build runs the whole suite (test-asan) and links the fuzz programs (fuzz). Excluded under
+# ASan, with the reason: PythonPackage (CPython cannot dlopen an ASan-built libdeltafin.so unless
+# the ASan runtime is preloaded into the interpreter) and CApiInstall (it compiles a program
+# from the installed pkg-config flags, which do not carry -fsanitize, so it cannot link).
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+SAN_CMAKE = CC=clang CXX=clang++ cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=Sanitize \
+  "-DCMAKE_CXX_FLAGS_SANITIZE=-O1 -gline-tables-only" -DDELTAFIN_BUILD_BENCH=OFF \
+  -DDELTAFIN_WERROR=$(WERROR)
+ASAN_EXCLUDE = ^(PythonPackage|CApiInstall)$$
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+# The threaded parts under ThreadSanitizer: the server (in-process units and the real binary,
+# itself built with TSan: a race in it makes it exit 66 and fails the test), the scheduler, the
+# thread and reader pools, the expert store and shard files, and the fault-injection tests.
+TSAN_TESTS = ^(Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|ConversationCache)[./]
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+
+configure-asan:
+	$(SAN_CMAKE) -B $(ASAN_BUILD) -DDELTAFIN_SANITIZE=ON -DDELTAFIN_FUZZ=ON
+
+test-asan: configure-asan test-deps
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -E '$(ASAN_EXCLUDE)'
+
+configure-tsan:
+	$(SAN_CMAKE) -B $(TSAN_BUILD) -DDELTAFIN_TSAN=ON
+
+test-tsan: configure-tsan test-deps
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target deltafin_tests deltafin
+	cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+
+# Each fuzz target for FUZZ_SECONDS (CI: a few seconds each, to catch a regression), its corpus
+# kept in $(ASAN_BUILD)/fuzz-corpus and seeded from tests/data/fuzz; see tools/fuzz.sh.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= safetensors config tokenizer_files tokenizer chat request http
+fuzz: configure-asan
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target deltafin_fuzzers
+	bash tools/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # The npm packages of the node tests (each pinned by its lockfile): the OpenAI client test and
 # the browser test (puppeteer-core); installed when missing or older than the lockfile. The

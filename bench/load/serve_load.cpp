@@ -28,9 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/synthetic.h"
-
-extern char** environ;
+#include "serve_child.h"
 
 namespace {
 
@@ -97,65 +95,19 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The server as a child process; its stderr goes to a file we read for the port.
-struct Server {
-  pid_t pid = -1;
-  int port = -1;
-  std::string log;
-
-  Server(const Options& o, int parallel) {
-    log = (std::filesystem::temp_directory_path() /
-           fmt::format("serve-load-{}-{}.log", getpid(), parallel))
-              .string();
-    std::vector<std::string> args = {o.deltafin,   "serve",
-                                     "--model",    o.model,
-                                     "--port",     "0",
-                                     "--parallel", std::to_string(parallel),
-                                     "--queue",    std::to_string(o.clients)};
+// The server as a child process (serve_child.h) with this run's --parallel and queue.
+struct Server : deltafin::bench::ServeChild {
+  Server(const Options& o, int parallel)
+      : ServeChild(o.deltafin, o.model, extra_args(o, parallel),
+                   fmt::format("serve-load-{}", parallel)) {}
+  static std::vector<std::string> extra_args(const Options& o, int parallel) {
+    std::vector<std::string> args = {"--parallel", std::to_string(parallel), "--queue",
+                                     std::to_string(o.clients)};
     if (!o.threads.empty()) {
       args.push_back("--threads");
       args.push_back(o.threads);
     }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    if (posix_spawn(&pid, args[0].c_str(), &fa, nullptr, argv.data(), environ) != 0) {
-      std::fprintf(stderr, "cannot start %s\n", args[0].c_str());
-      std::exit(1);
-    }
-    posix_spawn_file_actions_destroy(&fa);
-    const std::string listening = "listening on http://127.0.0.1:";
-    const auto deadline = Clock::now() + std::chrono::seconds(300);
-    while (Clock::now() < deadline) {
-      std::FILE* f = std::fopen(log.c_str(), "r");
-      std::string text;
-      if (f != nullptr) {
-        char buf[4096];
-        while (size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
-        std::fclose(f);
-      }
-      const size_t at = text.find(listening);
-      if (text.find("ready:") != std::string::npos && at != std::string::npos) {
-        port = std::atoi(text.c_str() + at + listening.size());
-        return;
-      }
-      if (waitpid(pid, nullptr, WNOHANG) == pid) {
-        std::fprintf(stderr, "the server exited:\n%s\n", text.c_str());
-        std::exit(1);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    std::fprintf(stderr, "the server did not become ready (log: %s)\n", log.c_str());
-    std::exit(1);
-  }
-  ~Server() {
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
-    std::filesystem::remove(log);
+    return args;
   }
 };
 
@@ -261,20 +213,12 @@ void run_one(const Options& o, int parallel) {
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   Options o = parse(argc, argv);
-  std::string made;
-  if (o.model.empty()) {
-    made = (std::filesystem::temp_directory_path() / fmt::format("serve-load-model-{}", getpid()))
-               .string();
-    std::filesystem::remove_all(made);
-    deltafin::make_model(made, deltafin::synthetic_preset("tiny"));
-    o.model = made;
-  }
+  const deltafin::bench::TinyModelIfNone tiny(o.model, "serve-load-model");
   fmt::print(
       "deltafin_serve_load: model {}, {} clients, {} endpoint, max_tokens {}, {:.0f} s per "
       "setting, {} hardware threads\n",
       o.model, o.clients, o.endpoint, o.max_tokens, o.duration,
       std::thread::hardware_concurrency());
   for (int p : o.parallel) run_one(o, p);
-  if (!made.empty()) std::filesystem::remove_all(made);
   return 0;
 }

@@ -3,10 +3,12 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/fault_inject.h"
 
 namespace deltafin {
 
 State::State(const ModelConfig& c) {
+  alloc_fault("sequence state");  // tests: DELTAFIN_FAULT=kind=oom (core/fault_inject.h)
   const int64_t dk = c.kda.head_dim;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.is_mla(i)) {

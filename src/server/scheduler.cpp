@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -168,6 +169,15 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     }
   } catch (const InvalidArgument& e) {
     fail(job, ApiError(400, e.what(), "invalid_request_error"));
+    return false;
+  } catch (const std::bad_alloc&) {
+    // Out of memory for this sequence's state: refuse this request, keep serving the others.
+    slot.gen.reset();
+    fail(job, ApiError(503,
+                       "not enough memory to start this sequence (its state could not be "
+                       "allocated); retry later or send a shorter request",
+                       "server_error")
+                  .with_retry_after(1));
     return false;
   } catch (const std::exception& e) {
     fail(job, ApiError(500, fmt::format("could not start the generation: {}", e.what()),

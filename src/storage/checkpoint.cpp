@@ -30,9 +30,9 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
         "is truncated or not a safetensors file",
         file, header_len, size);
   }
-  if (header_len > (100ull << 20)) {
-    fail("{}: safetensors header of {} bytes is implausibly large (limit 100 MiB)", file,
-         header_len);
+  if (header_len > kMaxHeaderBytes) {
+    fail("{}: safetensors header of {} bytes is implausibly large (limit {} MiB)", file, header_len,
+         kMaxHeaderBytes >> 20);
   }
   json header;
   check_json_depth(
@@ -48,11 +48,22 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
 
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = size - data_start;
+  // What a header may claim (SECURITY.md lists these): far above any real checkpoint's shard
+  // (K3's hold a few thousand tensors with names under 100 bytes and at most 3 dimensions).
+  const size_t n_tensors = header.size() - (header.contains("__metadata__") ? 1 : 0);
+  if (n_tensors > kMaxTensorsPerShard) {
+    fail("{}: safetensors header lists {} tensors (limit {} tensors per file)", file, n_tensors,
+         kMaxTensorsPerShard);
+  }
   std::vector<TensorInfo> out;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const json& e = it.value();
     const std::string& name = it.key();
+    if (name.empty() || name.size() > kMaxTensorNameBytes) {
+      fail("{}: a tensor name of {} bytes (expected 1 to {})", file, name.size(),
+           kMaxTensorNameBytes);
+    }
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
         !e.contains("data_offsets")) {
       fail("{}: tensor {}: header entry needs dtype, shape and data_offsets, found {}", file, name,
@@ -71,6 +82,10 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
     }
     t.dtype = *dt;
     if (!e["shape"].is_array()) fail("{}: tensor {}: shape is not a list", file, name);
+    if (e["shape"].size() > kMaxTensorRank) {
+      fail("{}: tensor {}: shape has {} dimensions (limit {})", file, name, e["shape"].size(),
+           kMaxTensorRank);
+    }
     for (const auto& d : e["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
         fail("{}: tensor {}: bad shape {}", file, name, e["shape"].dump());

@@ -36,6 +36,12 @@ class Checkpoint {
   std::map<std::string, TensorInfo> tensors_;
 };
 
+// Limits on what a safetensors header may claim (SECURITY.md lists them).
+inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+inline constexpr size_t kMaxTensorsPerShard = 1'000'000;
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr size_t kMaxTensorRank = 8;
+
 // Parses one safetensors header (exposed for tests). `file` is used in messages.
 std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t size,
                                                  const std::string& file);

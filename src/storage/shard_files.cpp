@@ -4,15 +4,45 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
+#include "core/fault_inject.h"
 #include "core/file_io.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
 #include "storage/checkpoint.h"
 
 namespace deltafin {
+
+namespace {
+
+// read_at, or the fault DELTAFIN_FAULT aims at this read (core/fault_inject.h). A short read
+// keeps the 4 KiB grid so an O_DIRECT descriptor takes it; a shrunk file ends right here.
+ReadResult read_or_fault(int fd, uint8_t* dst, uint64_t n, uint64_t offset, const std::string& what,
+                         const std::string& path) {
+  if (faults_enabled()) {
+    const ReadFault f = read_fault(what, path);
+    switch (f.kind) {
+      case FaultKind::eio:
+        return {0, EIO};
+      case FaultKind::short_read:
+        return read_at(fd, dst, io_align_down(n / 2), offset);
+      case FaultKind::shrink:
+        return {0, 0};
+      case FaultKind::slow:
+        std::this_thread::sleep_for(std::chrono::milliseconds(f.delay_ms));
+        break;
+      default:
+        break;
+    }
+  }
+  return read_at(fd, dst, n, offset);
+}
+
+}  // namespace
 
 ShardFiles::ShardFiles(const Checkpoint& ck, bool direct_io)
     : ck_(ck), shards_(new Shard[ck.shards().size()]), n_(ck.shards().size()) {
@@ -50,8 +80,8 @@ void ShardFiles::read_aligned(int shard, uint64_t offset, uint64_t length, uint8
   uint64_t got = 0;
   for (;;) {
     const bool direct = s.use_direct.load();
-    const ReadResult rd =
-        read_at(direct ? s.direct_fd : s.buffered_fd, dst + got, length - got, offset + got);
+    const ReadResult rd = read_or_fault(direct ? s.direct_fd : s.buffered_fd, dst + got,
+                                        length - got, offset + got, what, s.path);
     got += rd.bytes;
     if (rd.error == 0) break;  // all of it, or the end of the file
     if (rd.error == EINVAL && direct) {
@@ -72,7 +102,8 @@ void ShardFiles::read_aligned(int shard, uint64_t offset, uint64_t length, uint8
 void ShardFiles::read_buffered(int shard, uint64_t offset, uint64_t size, void* dst,
                                const std::string& what) const {
   const Shard& s = shards_[static_cast<size_t>(shard)];
-  const ReadResult rd = read_at(s.buffered_fd, dst, size, offset);
+  const ReadResult rd =
+      read_or_fault(s.buffered_fd, static_cast<uint8_t*>(dst), size, offset, what, s.path);
   if (rd.error != 0)
     fail_io("{} from {} at offset {}: {}", what, s.path, offset + rd.bytes,
             std::strerror(rd.error));
