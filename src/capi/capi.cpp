@@ -16,6 +16,7 @@
 #include "core/json_parse.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
+#include "draft/draft_model.h"
 #include "kernels/kernels.h"
 #include "server/api_error.h"
 #include "tokenizer/chat.h"
@@ -225,6 +226,7 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     if (p.draft_max < 0)
       fail_arg("draft_max: expected 0 (auto) or a number of drafts >= 1, got {}", p.draft_max);
     m->draft_max = p.draft_max;
+    register_draft_models();     // a draft model folder works here as on the command line
     make_drafter(m->draft, {});  // an unknown drafter fails before the (slow) load
     if (m->draft != "none") {
       p.max_rows =

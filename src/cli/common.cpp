@@ -46,8 +46,9 @@ CLI::Validator positive() {
 
 void add_draft_options(CLI::App* cmd, DraftOptions& o) {
   cmd->add_option("--draft", o.draft,
-                  "Speculative decoding: none, or ngram (drafts from the sequence's own text, "
-                  "verified in one pass; output is unchanged)")
+                  "Speculative decoding: none, ngram (drafts from the sequence's own text) or a "
+                  "draft model folder (EAGLE-3.x, DSpark); drafts are verified in one pass and "
+                  "the output is unchanged")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
@@ -58,7 +59,7 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
             }
             return {};
           },
-          "none|ngram"));
+          "none|ngram|DIR"));
   cmd->add_option("--draft-max", o.draft_max,
                   "Most drafts verified per pass: auto (chosen per pass from measured pass costs "
                   "and acceptance, up to 16) or N (always up to N)")

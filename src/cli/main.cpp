@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "draft/draft_model.h"
 
 namespace {
 
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(false);
 
+  deltafin::register_draft_models();  // --draft DIR on every command
   deltafin::cli::register_all(app);
 
   try {

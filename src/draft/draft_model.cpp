@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "core/error.h"
 #include "draft/dspark.h"
@@ -49,6 +51,21 @@ std::unique_ptr<Drafter> open_drafter(const std::string& spec, Model& target) {
         spec);
   }
   return open_draft_model(spec, target.config())->new_drafter(target);
+}
+
+void register_draft_models() {
+  set_folder_drafter_opener([](const std::string& dir, Model& target) -> std::unique_ptr<Drafter> {
+    static std::mutex mu;
+    static std::map<std::pair<std::string, const Model*>, std::shared_ptr<DraftModel>> opened;
+    std::shared_ptr<DraftModel> m;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::shared_ptr<DraftModel>& slot = opened[{dir, &target}];
+      if (!slot) slot = open_draft_model(dir, target.config());
+      m = slot;
+    }
+    return m->new_drafter(target);
+  });
 }
 
 }  // namespace deltafin

@@ -48,5 +48,9 @@ class DraftModel : public std::enable_shared_from_this<DraftModel> {
 std::shared_ptr<DraftModel> open_draft_model(const std::string& dir, const ModelConfig& target);
 // `spec`: "none" (nullptr), "ngram", or a draft folder.
 std::unique_ptr<Drafter> open_drafter(const std::string& spec, Model& target);
+// Installs the folder opener of generate's make_drafter, so `--draft DIR` works on every surface
+// (run, chat, serve, bench, the C API). Each folder is opened once per target model and shared by
+// the drafters of all its sequences.
+void register_draft_models();
 
 }  // namespace deltafin

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -107,11 +108,34 @@ std::unique_ptr<Drafter> make_replay(const std::string& spec, const DrafterConte
 }
 }  // namespace
 
+namespace {
+FolderDrafterOpener& folder_opener() {
+  static FolderDrafterOpener opener;
+  return opener;
+}
+}  // namespace
+
+void set_folder_drafter_opener(FolderDrafterOpener opener) {
+  folder_opener() = std::move(opener);
+}
+
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx) {
   if (spec == "none") return nullptr;
   if (spec == "ngram") return std::make_unique<NgramDrafter>();
   if (spec.rfind("replay:", 0) == 0 || spec.rfind("replay/", 0) == 0) return make_replay(spec, ctx);
-  throw InvalidArgument("--draft " + spec + ": unknown drafter (expected none or ngram)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(spec, ec)) {
+    if (!folder_opener())
+      throw InvalidArgument("--draft " + spec + ": draft model folders are not available here");
+    if (!std::filesystem::is_regular_file(std::filesystem::path(spec) / "config.json", ec))
+      throw InvalidArgument("--draft " + spec +
+                            ": no config.json (expected a draft model folder: config.json + "
+                            "model.safetensors)");
+    if (ctx.model == nullptr) return nullptr;  // checked; built once the target is loaded
+    return folder_opener()(spec, *ctx.model);
+  }
+  throw InvalidArgument("--draft " + spec +
+                        ": unknown drafter (expected none, ngram or a draft model folder)");
 }
 
 void validate_draft_max(int64_t n) {

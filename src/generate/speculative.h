@@ -82,13 +82,23 @@ class ReplayDrafter : public Drafter {
 // What a drafter may need to be built; a struct so fields can be added (a draft model's
 // checkpoint, say) without changing make_drafter's callers.
 struct DrafterContext {
-  int64_t vocab = 0;             // the target's vocabulary
-  const Model* model = nullptr;  // the target, when the drafter needs it
+  int64_t vocab = 0;       // the target's vocabulary
+  Model* model = nullptr;  // the target, when the drafter needs it (draft models tap it)
 };
 
+// Draft models (EAGLE-3.x, DSpark) live in a layer above this one (src/draft), so generate
+// cannot build them: that layer installs an opener (register_draft_models() in
+// draft/draft_model.h; the CLI and the C API call it at start) that make_drafter uses for a
+// folder. Without one, a folder is refused with a line saying so.
+using FolderDrafterOpener =
+    std::function<std::unique_ptr<Drafter>(const std::string& dir, Model& target)>;
+void set_folder_drafter_opener(FolderDrafterOpener opener);
+
 // The one factory the surfaces call. "none" gives nullptr, "ngram" an NgramDrafter,
-// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong); anything else
-// throws InvalidArgument naming the spec and what was expected.
+// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong), a folder a draft
+// model through the installed opener (with no `ctx.model` the folder is only checked and nullptr
+// returned: the surfaces validate flags before the slow load); anything else throws
+// InvalidArgument naming the spec and what was expected.
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx = {});
 // Throws InvalidArgument unless n >= 1.
 void validate_draft_max(int64_t n);
