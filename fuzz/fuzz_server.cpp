@@ -84,7 +84,7 @@ LiveServers& live() {
     const server::ServeLimits limits = limits_for(l->tok, l->model->config().vocab);
     server::HttpOptions ho;
     ho.port = 0;
-    ho.threads = 8;
+    ho.max_connections = 8;
     ho.timeout_s = 10;
     ho.max_request_bytes = 1 << 20;
     l->open = std::make_unique<server::HttpServer>(ho, l->tok, l->metrics);

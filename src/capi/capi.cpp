@@ -92,7 +92,7 @@ json parse_object(const char* text, const char* what) {
   check_json_depth(text, kMaxJsonDepth, what);
   try {
     j = json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     fail_arg("{}: not valid JSON ({})", what, json_error_text(e));
   }
   if (!j.is_object()) fail_arg("{}: expected a JSON object, got {}", what, j.type_name());

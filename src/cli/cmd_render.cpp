@@ -47,7 +47,7 @@ void run_render(const RenderOptions& o) {
   check_json_depth(text, kMaxJsonDepth, "--request " + o.request);
   try {
     body = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     fail_arg("--request {}: invalid JSON: {}", o.request, json_error_text(e));
   }
   check_chat_body(body);  // the server's checks: what it refuses, render refuses too

@@ -54,7 +54,7 @@ std::vector<int32_t> parse_id_list(const std::string& input, const std::string& 
   check_json_depth(input, kMaxJsonDepth, source);
   try {
     j = nlohmann::json::parse(input);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     fail_arg("{}: expected a JSON array of token ids: {}", source, json_error_text(e));
   }
   if (!j.is_array()) fail_arg("{}: expected a JSON array of token ids", source);

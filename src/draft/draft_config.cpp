@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_parse.h"
 #include "core/mapped_file.h"
 #include "model/field_reader.h"
 
@@ -83,10 +84,11 @@ std::vector<int> tap_layers(FieldReader& r, const char* key) {
 
 DraftModelConfig parse_draft_config(const std::string& text, const std::string& path) {
   json j;
+  check_json_depth(text, kMaxJsonDepth, path);
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
+  } catch (const json::exception& e) {  // parse errors and numbers beyond a double
+    fail("{}: not valid JSON: {}", path, json_error_text(e));
   }
   if (!j.is_object()) fail("{}: expected a JSON object", path);
   DraftModelConfig d;

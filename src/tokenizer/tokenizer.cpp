@@ -266,7 +266,7 @@ std::map<int32_t, std::string> parse_config(const std::string& text, const std::
   check_json_depth(text, kMaxJsonDepth, origin);
   try {
     cfg = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON: {}", origin, json_error_text(e));
   }
   if (!cfg.is_object()) fail("{}: expected a JSON object at the top level", origin);
