@@ -1,11 +1,14 @@
 // `--draft DIR` on the surfaces: a draft model folder (the golden EAGLE-3 case as released, and
 // synthetic EAGLE-3.1 and DSpark folders written by `make-model --drafter`) drives `run` through
-// the real binary, and the completion is plain greedy decoding's, token for token, with drafts
-// actually proposed and verified. A folder that is not a draft model gets one clear line.
+// the real binary, `chat` across turns and `serve --parallel 4` with concurrent clients, and the
+// completion is plain greedy decoding's, token for token, with drafts actually proposed and
+// verified. A folder that is not a draft model gets one clear line.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "server_util.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -27,18 +30,21 @@ json run_json(const std::vector<std::string>& extra) {
   return r.exit_code == 0 ? json::parse(r.out) : json::object();
 }
 
+// A synthetic draft folder of `kind` for `target`, written by the binary.
+std::string draft_for(const std::string& target, const std::string& kind) {
+  const std::string out = test::temp_dir("draft_surfaces_" + kind) + "/draft";
+  auto r =
+      test::run_deltafin({"make-model", out, "--drafter", kind, "--target", target, "--quiet"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return out;
+}
+
 TEST(DraftSurfaces, RunWithADraftModelFolderKeepsTheGreedyOutput) {
   const json plain = run_json({});
   ASSERT_EQ(plain["completion_ids"].size(), 16u);
-  const std::string root = test::temp_dir("draft_surfaces");
-  std::vector<std::string> folders = {test::data_dir() + "/eagle3-tiny/model"};
-  for (const std::string kind : {"eagle3.1", "dspark"}) {
-    const std::string out = root + "/" + kind;
-    auto r = test::run_deltafin(
-        {"make-model", out, "--drafter", kind, "--target", target_dir(), "--quiet"});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    folders.push_back(out);
-  }
+  const std::vector<std::string> folders = {test::data_dir() + "/eagle3-tiny/model",
+                                            draft_for(target_dir(), "eagle3.1"),
+                                            draft_for(target_dir(), "dspark")};
   for (const auto& dir : folders) {
     for (const std::string k : {"4", "auto"}) {
       const json j = run_json({"--draft", dir, "--draft-max", k});
@@ -49,6 +55,57 @@ TEST(DraftSurfaces, RunWithADraftModelFolderKeepsTheGreedyOutput) {
       }
     }
   }
+}
+
+TEST(DraftSurfaces, ChatAndServeWithADraftModelFolderKeepTheOutput) {
+  const std::string& model = test::server_model_dir();
+  const std::string draft = draft_for(model, "eagle3.1");
+  const std::string turns = "Hello there\nTell me more\nAnd again\n";
+  const std::vector<std::string> base = {"chat",      "--model", model,        "--threads", "1",
+                                         "--max-new", "16",      "--no-color", "--stats"};
+  auto plain = test::run_deltafin(base, turns);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  auto args = base;
+  args.insert(args.end(), {"--draft", draft, "--draft-max", "3"});
+  auto drafted = test::run_deltafin(args, turns);
+  ASSERT_EQ(drafted.exit_code, 0) << drafted.err;
+  EXPECT_EQ(drafted.out, plain.out);
+
+  const std::vector<std::string> prompts = {"72,101,108,108,111", "84,104,101,32,99,97,116",
+                                            "79,110,99,101,32,117,112", "65,32,98,105,114,100"};
+  auto texts = [&](test::ServerProcess& srv, std::vector<json>& out) {
+    out.assign(prompts.size(), json());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        auto c = srv.client();
+        json body = {{"model", "kimi-k3"},
+                     {"prompt", json::parse("[" + prompts[i] + "]")},
+                     {"max_tokens", 16},
+                     {"temperature", 0}};
+        out[i] = test::post_json(*c, "/v1/completions", body).j;
+      });
+    }
+    for (auto& t : clients) t.join();
+  };
+  std::vector<json> plain_texts, drafted_texts;
+  {
+    test::ServerProcess srv({"--parallel", "4", "--threads", "1"}, model);
+    ASSERT_TRUE(srv.ready()) << srv.err();
+    texts(srv, plain_texts);
+  }
+  test::ServerProcess srv(
+      {"--parallel", "4", "--threads", "1", "--draft", draft, "--draft-max", "3"}, model);
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  texts(srv, drafted_texts);
+  int64_t proposed = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(plain_texts[i].contains("choices")) << plain_texts[i].dump();
+    ASSERT_TRUE(drafted_texts[i].contains("choices")) << drafted_texts[i].dump();
+    EXPECT_EQ(drafted_texts[i]["choices"][0]["text"], plain_texts[i]["choices"][0]["text"]) << i;
+    proposed += drafted_texts[i]["timings"].value("draft_n", int64_t{0});
+  }
+  EXPECT_GT(proposed, 0);
 }
 
 TEST(DraftSurfaces, AFolderThatIsNotADraftModelGetsOneLine) {

@@ -163,7 +163,10 @@ TEST(Prefill, APromptAtTheBoundReadsEachExpertOnce) {
   ASSERT_LT(p.expert_cache_bytes, p.all_experts_bytes) << p.describe();
 
   std::string prompt;
-  for (int32_t t : ids(T, 9, 250)) prompt += (prompt.empty() ? "" : ",") + std::to_string(t);
+  for (int32_t t : ids(T, 9, 250)) {
+    if (!prompt.empty()) prompt += ',';  // appended, not "," + string (GCC 12 -Wrestrict)
+    prompt += std::to_string(t);
+  }
   auto run = [&](const std::string& chunk, uint64_t b) {
     auto r =
         test::run_deltafin({"run", "--json", "--model", dir, "--prompt-ids", prompt, "--max-new",

@@ -61,6 +61,10 @@ void drive_step(Model& model, State& state, Generation& gen, DraftConfig* draft,
                 const std::function<void(std::span<float>)>& adjust) {
   if (gen.finished()) return;
   if (draft != nullptr && !draft->cost) draft->cost = PassCostModel::for_model(model);
+  if (draft != nullptr && draft->drafter != nullptr && draft->attached != &state) {
+    draft->drafter->attach(state);
+    draft->attached = &state;
+  }
   auto input = gen.next_input();
   const bool decode = draft != nullptr && !gen.in_prefill();
   const uint64_t bytes0 = decode ? bytes_read_so_far(model) : 0;
@@ -89,7 +93,10 @@ void drive_step(Model& model, State& state, Generation& gen, DraftConfig* draft,
 
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
            const std::function<void(Generation&)>& on_step, DraftConfig* draft) {
-  if (draft != nullptr && draft->drafter != nullptr) draft->drafter->attach(state);
+  if (draft != nullptr && draft->drafter != nullptr) {
+    draft->drafter->attach(state);
+    draft->attached = &state;
+  }
   while (!gen.finished()) {
     if (cancel != nullptr && cancel->load()) {
       gen.cancel();

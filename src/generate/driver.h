@@ -29,6 +29,9 @@ struct DraftConfig {
   DraftStats stats;  // accumulated over the decode passes driven
   AcceptanceEstimate acceptance;
   std::optional<PassCostModel> cost;  // made from the model at the first pass when unset
+  // The state the drafter was last attached to (Drafter::attach): drive attaches at each call,
+  // drive_step at its first pass on a state, so callers stepping by hand need not.
+  const State* attached = nullptr;
 };
 
 // Trunk and expert bytes the model has read so far (the numerator of bytes per token).

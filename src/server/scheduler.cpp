@@ -186,6 +186,7 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
   }
   try {
     slot.drafter = make_drafter(opt_.draft, {vocab, &model_});
+    if (slot.drafter) slot.drafter->attach(slot.state);  // a draft model taps this sequence
   } catch (const std::exception& e) {
     fail(job,
          ApiError(500, fmt::format("could not start the drafter: {}", e.what()), "server_error"));
