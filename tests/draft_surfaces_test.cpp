@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "server_util.h"
 #include "test_util.h"
@@ -73,31 +72,16 @@ TEST(DraftSurfaces, ChatAndServeWithADraftModelFolderKeepTheOutput) {
 
   const std::vector<std::string> prompts = {"72,101,108,108,111", "84,104,101,32,99,97,116",
                                             "79,110,99,101,32,117,112", "65,32,98,105,114,100"};
-  auto texts = [&](test::ServerProcess& srv, std::vector<json>& out) {
-    out.assign(prompts.size(), json());
-    std::vector<std::thread> clients;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      clients.emplace_back([&, i] {
-        auto c = srv.client();
-        json body = {{"model", "kimi-k3"},
-                     {"prompt", json::parse("[" + prompts[i] + "]")},
-                     {"max_tokens", 16},
-                     {"temperature", 0}};
-        out[i] = test::post_json(*c, "/v1/completions", body).j;
-      });
-    }
-    for (auto& t : clients) t.join();
-  };
   std::vector<json> plain_texts, drafted_texts;
   {
     test::ServerProcess srv({"--parallel", "4", "--threads", "1"}, model);
     ASSERT_TRUE(srv.ready()) << srv.err();
-    texts(srv, plain_texts);
+    plain_texts = test::concurrent_completions(srv, prompts, 16);
   }
   test::ServerProcess srv(
       {"--parallel", "4", "--threads", "1", "--draft", draft, "--draft-max", "3"}, model);
   ASSERT_TRUE(srv.ready()) << srv.err();
-  texts(srv, drafted_texts);
+  drafted_texts = test::concurrent_completions(srv, prompts, 16);
   int64_t proposed = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_TRUE(plain_texts[i].contains("choices")) << plain_texts[i].dump();

@@ -174,6 +174,25 @@ HttpResult post_json(httplib::Client& c, const std::string& path, const json& bo
   return result_of(c.Post(path.c_str(), headers, body.dump(), "application/json"));
 }
 
+std::vector<nlohmann::json> concurrent_completions(ServerProcess& srv,
+                                                   const std::vector<std::string>& prompts,
+                                                   int max_tokens) {
+  std::vector<nlohmann::json> out(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      auto c = srv.client();
+      json body = {{"model", "kimi-k3"},
+                   {"prompt", json::parse("[" + prompts[i] + "]")},
+                   {"max_tokens", max_tokens},
+                   {"temperature", 0}};
+      out[i] = post_json(*c, "/v1/completions", body).j;
+    });
+  }
+  for (auto& t : clients) t.join();
+  return out;
+}
+
 HttpResult get(httplib::Client& c, const std::string& path, const httplib::Headers& headers) {
   return result_of(c.Get(path.c_str(), headers));
 }

@@ -57,6 +57,11 @@ struct HttpResult {
 HttpResult post_json(httplib::Client& c, const std::string& path, const json& body,
                      const httplib::Headers& headers = {});
 HttpResult get(httplib::Client& c, const std::string& path, const httplib::Headers& headers = {});
+// Greedy /v1/completions of `prompts` (comma-separated token ids), `max_tokens` each, sent at once
+// from one client thread per prompt: the replies, in prompt order.
+std::vector<nlohmann::json> concurrent_completions(ServerProcess& srv,
+                                                   const std::vector<std::string>& prompts,
+                                                   int max_tokens);
 
 // Splits an SSE body into its `data:` payloads; fails the test on a frame that is not
 // "data: ...\n\n" (comments starting with ':' are skipped). The last must be "[DONE]".

@@ -163,31 +163,16 @@ TEST(SpeculativeCli, ServeParallelWithConcurrentClientsIsIdentical) {
   }
   const std::string known = test::temp_dir("servereplay") + "/known.txt";
   test::spit(known, known_ids);
-  auto texts = [&](test::ServerProcess& srv, std::vector<json>& out) {
-    out.assign(prompts.size(), json());
-    std::vector<std::thread> clients;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      clients.emplace_back([&, i] {
-        auto c = srv.client();
-        json body = {{"model", "kimi-k3"},
-                     {"prompt", json::parse("[" + prompts[i] + "]")},
-                     {"max_tokens", 24},
-                     {"temperature", 0}};
-        out[i] = test::post_json(*c, "/v1/completions", body).j;
-      });
-    }
-    for (auto& t : clients) t.join();
-  };
   std::vector<json> plain, drafted;
   {
     test::ServerProcess srv({"--parallel", "4", "--threads", "1"}, model);
     ASSERT_TRUE(srv.ready()) << srv.err();
-    texts(srv, plain);
+    plain = test::concurrent_completions(srv, prompts, 24);
   }
   test::ServerProcess srv({"--parallel", "4", "--threads", "1", "--draft", "replay/3:" + known},
                           model);
   ASSERT_TRUE(srv.ready()) << srv.err();
-  texts(srv, drafted);
+  drafted = test::concurrent_completions(srv, prompts, 24);
   int64_t accepted = 0, proposed = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_TRUE(plain[i].contains("choices")) << plain[i].dump();
