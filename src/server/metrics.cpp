@@ -64,12 +64,16 @@ void Metrics::set_gauges(int64_t queued, int64_t active) {
 }
 
 void Metrics::set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits,
-                          uint64_t recall_requested) {
+                          uint64_t recall_requested, std::optional<ExpertHeat> heat) {
   std::lock_guard<std::mutex> lock(m_);
   experts_ = experts;
   trunk_ = trunk;
   recall_hits_ = recall_hits;
   recall_requested_ = recall_requested;
+  if (heat) {
+    heat_ = std::move(*heat);
+    ++heat_version_;
+  }
 }
 
 void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
@@ -89,12 +93,6 @@ void Metrics::set_ready(bool ready) {
 void Metrics::set_cache_entries(int64_t n) {
   std::lock_guard<std::mutex> lock(m_);
   cache_entries_ = n;
-}
-
-void Metrics::set_heat(ExpertHeat heat) {
-  std::lock_guard<std::mutex> lock(m_);
-  heat_ = std::move(heat);
-  ++heat_version_;
 }
 
 void Metrics::set_engine_info(nlohmann::ordered_json info) {

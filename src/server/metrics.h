@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -36,16 +37,14 @@ class Metrics {
   void set_gauges(int64_t queued, int64_t active);
   // Storage counters after a pass: the expert provider's, the trunk streamer's, and the
   // look-ahead predictor's recall totals (requested experts that had been predicted, of those
-  // requested in layers with a prediction).
+  // requested in layers with a prediction). With `heat`, the per (layer, expert) counters are
+  // replaced under the same lock, so a snapshot's heat map sums to its expert totals.
   void set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits,
-                   uint64_t recall_requested);
+                   uint64_t recall_requested, std::optional<ExpertHeat> heat = std::nullopt);
   void set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
                   int64_t cache_capacity);
   void set_ready(bool ready);
   void set_cache_entries(int64_t n);
-  // Per (layer, expert) hits/misses for the engine view (the engine thread calls it at most a
-  // few times a second: it is a copy of layers x experts counters).
-  void set_heat(ExpertHeat heat);
   // What does not change while serving: the memory plan and the probed disk bandwidth.
   void set_engine_info(nlohmann::ordered_json info);
 

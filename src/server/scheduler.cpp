@@ -56,19 +56,24 @@ Scheduler::~Scheduler() {
   stop();
 }
 
-void Scheduler::publish_storage() {
+void Scheduler::publish_storage(bool with_heat) {
   uint64_t hits = 0, requested = 0;
   for (const auto& l : model_.prefetch_recall()) {
     hits += l.predicted_hits;
     requested += l.requested;
   }
-  metrics_.set_storage(model_.experts().stats(), model_.trunk_stats(), hits, requested);
   // The heat map is layers x experts counters: copied a few times a second, not every pass.
+  // Passes run on this thread only, so the totals and the map read here agree; Metrics takes
+  // both under one lock, and a snapshot never pairs one pass's totals with another's map.
   const double now = now_seconds();
-  if (now - heat_published_ >= 0.25) {
+  std::optional<ExpertHeat> heat;
+  if (with_heat || now - heat_published_ >= 0.25) {
     heat_published_ = now;
-    metrics_.set_heat(model_.experts().heat());
+    heat = model_.experts().heat();
+    heat_stale_ = false;
   }
+  metrics_.set_storage(model_.experts().stats(), model_.trunk_stats(), hits, requested,
+                       std::move(heat));
 }
 
 void Scheduler::stop() {
@@ -238,6 +243,7 @@ void Scheduler::fail(Slot& s, const ApiError& e) {
 }
 
 void Scheduler::finish(Slot& s) {
+  if (heat_stale_) publish_storage(true);
   const Generation& g = *s.gen;
   const Usage usage = usage_of(s);
   metrics_.count_finished(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens);
@@ -314,6 +320,7 @@ void Scheduler::step() {
     std::vector<float> logits;
     bool ok = true;
     try {
+      heat_stale_ = true;  // even a pass that throws may have counted expert lookups
       logits = model_.forward(seqs);
     } catch (const std::exception& e) {
       ok = false;
@@ -474,7 +481,7 @@ void Scheduler::run() {
     update_gauges();
     step();
     update_gauges();
-    if (active_.empty()) metrics_.set_heat(model_.experts().heat());  // the last pass's counts
+    if (active_.empty() && heat_stale_) publish_storage(true);  // the last pass's counts
   }
   const ApiError down(503, "the server is shutting down", "server_error", std::nullopt,
                       "shutting_down");

@@ -145,7 +145,9 @@ class Scheduler {
   void fail(Slot& s, const ApiError& e);  // records the slot's usage first
   Usage usage_of(const Slot& s) const;
   void update_gauges();
-  void publish_storage();  // the model's storage counters -> metrics
+  // The model's storage counters -> metrics; the heat map too when `with_heat` or when it was
+  // last copied over a quarter second ago.
+  void publish_storage(bool with_heat = false);
 
   Model& model_;
   const Tokenizer& tok_;
@@ -160,10 +162,13 @@ class Scheduler {
   bool stop_ = false;
   std::atomic<int64_t> active_count_{0};
   std::vector<Slot> active_;  // engine thread only
-  double heat_published_ = 0;
+  double heat_published_ = 0;  // when the per-expert counters were last copied to metrics
+  // A pass ran since the heat map was last copied: finish() copies it before it completes a
+  // request, so what a client reads after its response holds that response's passes.
+  bool heat_stale_ = true;
   // Test-only: DELTAFIN_DEBUG_STEP_DELAY_MS slows every step, to try the page against a server
   // as slow as K3 on real hardware (0.2 tokens/s is 5000) with the tiny model.
-  int step_delay_ms_ = 0;  // when the per-expert counters were last copied to metrics
+  int step_delay_ms_ = 0;
   std::thread thread_;
 };
 
