@@ -263,6 +263,56 @@ TEST(CApi, ChatTurnReusesTheKeptState) {
   deltafin_model_free(m);
 }
 
+// max_rows 0 (the default) lets the plan size prefill passes from the budget, as the CLI's
+// --prefill-chunk auto: a prompt of the whole context is one pass; generation takes the model's
+// pass rows by default, and its logits are those of a model planned for 16-row passes.
+TEST(CApi, PrefillPassesAreSizedByThePlanByDefault) {
+  deltafin_model* a = load(tiny());
+  ASSERT_NE(a, nullptr);
+  char* out = nullptr;
+  ASSERT_EQ(deltafin_model_memory_plan_json(a, &out), DELTAFIN_OK);
+  const json plan = json::parse(take(out));
+  EXPECT_EQ(plan["pass_rows_auto"], true) << plan.dump();
+  EXPECT_EQ(plan["pass_rows"], 512) << "the planned context (512) fits the 1 GiB budget";
+
+  deltafin_model_params p;
+  deltafin_model_params_init(&p);
+  EXPECT_EQ(p.max_rows, 0);
+  p.threads = 1;
+  p.memory_budget = 1ull << 30;
+  p.ctx = 512;
+  p.max_rows = 16;
+  deltafin_model* b = nullptr;
+  ASSERT_EQ(deltafin_model_load(tiny().c_str(), &p, &b), DELTAFIN_OK) << deltafin_last_error();
+  ASSERT_EQ(deltafin_model_memory_plan_json(b, &out), DELTAFIN_OK);
+  const json fixed = json::parse(take(out));
+  EXPECT_EQ(fixed["pass_rows_auto"], false);
+  EXPECT_EQ(fixed["pass_rows"], 16);
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + i * 7 % 400);
+  const json ja = greedy(a, prompt, 6), jb = greedy(b, prompt, 6);
+  EXPECT_EQ(ja["completion_ids"], jb["completion_ids"]);
+  // 100 prompt rows: one pass with the planned 512 rows, seven of 16; decoding is the same.
+  EXPECT_EQ(jb["passes"].get<int64_t>() - ja["passes"].get<int64_t>(), 6) << ja.dump() << jb.dump();
+
+  p.max_rows = -1;
+  deltafin_model* c = nullptr;
+  EXPECT_EQ(deltafin_model_load(tiny().c_str(), &p, &c), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("max_rows"), std::string::npos);
+  deltafin_sampling_params sp;
+  deltafin_sampling_params_init(&sp);
+  EXPECT_EQ(sp.prefill_chunk, 0);
+  sp.prefill_chunk = -2;
+  deltafin_session* s = nullptr;
+  ASSERT_EQ(deltafin_session_new(a, &s), DELTAFIN_OK);
+  EXPECT_EQ(deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, nullptr, nullptr, &out),
+            DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("prefill_chunk"), std::string::npos);
+  deltafin_session_free(s);
+  deltafin_model_free(b);
+  deltafin_model_free(a);
+}
+
 TEST(CApi, ErrorsAreStatusesWithMessages) {
   deltafin_model* m = nullptr;
   EXPECT_EQ(deltafin_model_load("/nonexistent/k3", nullptr, &m), DELTAFIN_ERR_ARGUMENT);

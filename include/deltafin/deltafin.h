@@ -91,7 +91,8 @@ typedef struct deltafin_model_params {
   const char* trunk;        /* NULL = "bf16"; "int8" is LOSSY (see README) */
   int64_t ctx;              /* context positions per sequence to plan for; 0 = min(model, 8192) */
   int32_t sequences;        /* states to plan memory for (sessions alive at once; default 1) */
-  int64_t max_rows;         /* rows per forward pass to plan for (default 256) */
+  int64_t max_rows;         /* rows per forward pass to plan for; 0 (default) = auto: as many as
+                               the memory budget holds, so a prompt takes few passes */
   int32_t verbose;          /* 1 = print the memory plan and the kernel set to stderr */
   const char* heat_file;    /* NULL/"" = none; where the expert heat counts persist (pinned) */
   /* Appended (ABI 1 still): speculative decoding for this model's generations and streams.
@@ -192,7 +193,7 @@ typedef struct deltafin_sampling_params {
   int32_t has_seed;        /* 0 = a random seed (reported in the result) */
   const char* const* stop; /* stop strings (the match is not emitted) */
   size_t n_stop;
-  int64_t prefill_chunk; /* prompt rows per forward pass (default 256) */
+  int64_t prefill_chunk; /* prompt rows per forward pass; 0 (default) = the model's pass rows */
   int32_t chat;          /* 1 = parse the output as a K3 assistant turn */
 } deltafin_sampling_params;
 

@@ -203,7 +203,8 @@ class Model(_Handle):
         trunk: "bf16" (exact) or "int8" (lossy).
         ctx: context positions per sequence to plan for (0 = min(model, 8192)).
         sequences: sessions/chats/streams alive at once to plan memory for.
-        max_rows: rows per forward pass to plan for (the prefill chunk).
+        max_rows: rows per forward pass to plan for (the prefill chunk); 0 = auto, as many as
+            the memory budget holds (as the CLI's --prefill-chunk auto).
         verbose: print the memory plan to stderr.
         heat_file: where expert heat counts persist (for cache_policy="pinned").
         draft: speculative decoding, "none" or "ngram" (prompt lookup); the output is the
@@ -218,7 +219,7 @@ class Model(_Handle):
                  memory_budget: str | int | None = None, mmap: bool = False,
                  cache_policy: str = "lru", readers: int = 4, prefetch: bool = True,
                  direct_io: bool = True, trunk: str = "bf16", ctx: int = 0, sequences: int = 1,
-                 max_rows: int = 256, verbose: bool = False, heat_file: str | None = None,
+                 max_rows: int = 0, verbose: bool = False, heat_file: str | None = None,
                  draft: str = "none", draft_max: int = 0):
         self._h = c_void_p()
         if not isinstance(path, (str, os.PathLike)):
@@ -239,7 +240,7 @@ class Model(_Handle):
         p.trunk = self._trunk
         p.ctx = _int("ctx", ctx, 0)
         p.sequences = _int("sequences", sequences, 1)
-        p.max_rows = _int("max_rows", max_rows, 1)
+        p.max_rows = _int("max_rows", max_rows, 0)
         p.verbose = _bool("verbose", verbose)
         self._heat = None if heat_file is None else _str("heat_file", heat_file).encode()
         p.heat_file = self._heat
@@ -437,11 +438,12 @@ class Session(_Handle):
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  min_p: float = 0.0, repeat_penalty: float = 1.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 seed: int | None = None, stop: Sequence[str] = (), prefill_chunk: int = 256,
+                 seed: int | None = None, stop: Sequence[str] = (), prefill_chunk: int = 0,
                  chat: bool = False,
                  on_token: Callable[[int, str], bool | None] | None = None) -> dict:
         """Feeds `ids`, then generates with `deltafin run`'s settings (same names and defaults).
-        `on_token(id, text)` is called per token; returning True stops generation. Returns the
+        `on_token(id, text)` is called per token; returning True stops generation.
+        `prefill_chunk` 0 takes the model's pass rows (see `max_rows`). Returns the
         object `deltafin run --json` prints (completion_ids, text, stop_reason, stats)."""
         arr = _ids("ids", ids)
         p = SamplingParams()
@@ -463,7 +465,7 @@ class Session(_Handle):
         arr_stop = (c_char_p * len(stops))(*stops)
         p.stop = ctypes.cast(arr_stop, POINTER(c_char_p))
         p.n_stop = len(stops)
-        p.prefill_chunk = _int("prefill_chunk", prefill_chunk, 1)
+        p.prefill_chunk = _int("prefill_chunk", prefill_chunk, 0)
         p.chat = _bool("chat", chat)
         raised: list[BaseException] = []
 

@@ -111,7 +111,11 @@ std::unique_ptr<LoadedModel> load_engine(const std::string& dir, const deltafin_
   if (p.readers < 1) fail_arg("readers: expected a whole number >= 1, got {}", p.readers);
   if (p.ctx < 0) fail_arg("ctx: expected a whole number >= 0, got {}", p.ctx);
   if (p.sequences < 1) fail_arg("sequences: expected a whole number >= 1, got {}", p.sequences);
-  if (p.max_rows < 1) fail_arg("max_rows: expected a whole number >= 1, got {}", p.max_rows);
+  if (p.max_rows < 0)
+    fail_arg(
+        "max_rows: expected 0 (auto: as many as the memory budget holds) or a whole number "
+        ">= 1, got {}",
+        p.max_rows);
   const std::string trunk = p.trunk != nullptr && *p.trunk ? p.trunk : "bf16";
   if (trunk != "bf16" && trunk != "int8")
     fail_arg("trunk: {} is not a trunk format (expected bf16 or int8)", trunk);
@@ -201,7 +205,7 @@ void deltafin_model_params_init(deltafin_model_params* p) {
   p->prefetch = 1;
   p->direct_io = 1;
   p->sequences = 1;
-  p->max_rows = 256;
+  p->max_rows = 0;  // auto: the pass plan sizes prefill passes from the memory budget
 }
 
 deltafin_status deltafin_model_load(const char* path, const deltafin_model_params* params,
@@ -228,7 +232,7 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     m->draft_max = p.draft_max;
     register_draft_models();     // a draft model folder works here as on the command line
     make_drafter(m->draft, {});  // an unknown drafter fails before the (slow) load
-    if (m->draft != "none") {
+    if (m->draft != "none" && p.max_rows > 0) {
       p.max_rows =
           std::max<int64_t>(p.max_rows, 1 + (p.draft_max > 0 ? p.draft_max : kAutoDraftMax));
     }
@@ -243,6 +247,7 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     }
     const ModelConfig& c = m->model->config();
     auto& l = m->limits;
+    l.prefill_chunk = m->model->pass_plan().pass_rows;  // what the plan holds per pass
     l.model_id = fs::path(path).filename().string();
     l.aliases = {"*"};
     l.context = m->model->plan() ? std::min(c.max_positions, m->model->plan()->context)
@@ -331,6 +336,8 @@ deltafin_status deltafin_model_memory_plan_json(deltafin_model* model, char** ou
            {"all_experts_bytes", p->all_experts_bytes},
            {"min_working_set", p->min_working_set},
            {"streamed_bytes_per_pass", p->streamed_bytes_per_pass()},
+           {"pass_rows", p->pass.pass_rows},
+           {"pass_rows_auto", p->pass.automatic},
            {"trunk", p->trunk == TrunkFormat::kInt8 ? "int8" : "bf16"},
            {"describe", p->describe()}};
     }
@@ -492,7 +499,7 @@ void deltafin_sampling_params_init(deltafin_sampling_params* p) {
   p->max_new_tokens = 256;
   p->top_p = 1.0f;
   p->repeat_penalty = 1.0f;
-  p->prefill_chunk = 256;
+  p->prefill_chunk = 0;  // the model's pass rows (deltafin_model_params.max_rows, or auto)
 }
 
 deltafin_status deltafin_session_generate(deltafin_session* session, const int32_t* prompt,
@@ -519,7 +526,9 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     deltafin_model& m = *session->m;
     GenerationParams gp;
     if (sp.max_new_tokens < 0) fail_arg("max_new_tokens: expected >= 0, got {}", sp.max_new_tokens);
-    if (sp.prefill_chunk < 1) fail_arg("prefill_chunk: expected >= 1, got {}", sp.prefill_chunk);
+    if (sp.prefill_chunk < 0)
+      fail_arg("prefill_chunk: expected 0 (the model's pass rows) or >= 1, got {}",
+               sp.prefill_chunk);
     gp.max_new_tokens = sp.max_new_tokens;
     gp.sampling.temperature = sp.temperature;
     gp.sampling.top_k = sp.top_k;
@@ -537,7 +546,7 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
       gp.stop_strings.emplace_back(sp.stop[i]);
     }
     gp.stop_ids = m.limits.stop_ids;
-    gp.prefill_chunk = sp.prefill_chunk;
+    gp.prefill_chunk = sp.prefill_chunk > 0 ? sp.prefill_chunk : m.limits.prefill_chunk;
     gp.context_limit = m.limits.context;
     gp.chat = sp.chat != 0;
     if (gp.chat) m.tokenizer("chat generation");

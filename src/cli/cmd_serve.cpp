@@ -47,7 +47,7 @@ struct ServeArgs {
   int64_t max_tokens = 0;
   std::string max_request_bytes = "16M";
   int cache = 4;
-  int64_t prefill_chunk = 256;
+  std::string prefill_chunk = "auto";
   bool no_webui = false;
   DraftOptions draft;
 };
@@ -179,11 +179,15 @@ void run_serve(ServeArgs& a) {
   http.start();
 
   // The memory plan reserves a full-context state for every active sequence and every kept
-  // conversation, and rows for every sequence's prefill chunk in one pass.
+  // conversation, and the rows of one pass: with --prefill-chunk auto as many as the budget
+  // holds (prompts share them, decoding rows first), with N every sequence's N rows.
   a.engine.sequences = a.parallel + a.cache;
+  const int64_t chunk = prefill_chunk_rows(a.prefill_chunk);
+  const int64_t decode_rows = static_cast<int64_t>(a.parallel) * draft_rows(a.draft);
   a.engine.max_rows =
-      static_cast<int64_t>(a.parallel) * std::max<int64_t>(a.prefill_chunk, draft_rows(a.draft));
+      chunk > 0 ? static_cast<int64_t>(a.parallel) * std::max(chunk, draft_rows(a.draft)) : 0;
   auto model = load_model(a.engine);
+  const int64_t pass_rows = std::max(model->pass_plan().pass_rows, decode_rows);
   const auto& cfg = model->config();
   if (tok.vocab_size() > cfg.vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), cfg.vocab);
@@ -201,7 +205,7 @@ void run_serve(ServeArgs& a) {
   for (const int64_t id : cfg.eos_token_ids) limits.stop_ids.push_back(static_cast<int32_t>(id));
   if (auto eom = tok.special_id("<|end_of_msg|>"); eom && *eom != cfg.eos_token_id)
     limits.stop_ids.push_back(*eom);
-  limits.prefill_chunk = a.prefill_chunk;
+  limits.prefill_chunk = chunk > 0 ? chunk : pass_rows;
 
   server::SchedulerOptions so;
   so.parallel = a.parallel;
@@ -209,9 +213,10 @@ void run_serve(ServeArgs& a) {
   so.cache = static_cast<size_t>(a.cache);
   so.draft = a.draft.draft;
   so.draft_max = parse_draft_max(a.draft.draft_max);
+  so.pass_rows = chunk > 0 ? 0 : pass_rows;
   metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
-  metrics.set_static(context, a.parallel, a.queue, a.cache);
+  metrics.set_static(context, a.parallel, a.queue, a.cache, so.pass_rows);
   metrics.set_ready(true);
   http.set_ready(&scheduler, limits);
   ready.store(true);
@@ -280,9 +285,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
-                  "Prompt tokens per sequence per forward pass")
+                  "Prompt tokens per forward pass: auto (as many as the memory budget holds, "
+                  "shared by the sequences) or N per sequence")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(auto_or_positive());
   cmd->add_flag("--no-webui", a->no_webui,
                 "Do not serve the browser page (chat and engine view) at /");
   add_draft_options(cmd, a->draft);

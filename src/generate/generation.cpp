@@ -69,6 +69,11 @@ std::span<const int32_t> Generation::next_input() const {
   return input_;
 }
 
+void Generation::limit_input(int64_t rows) {
+  if (!in_prefill() || rows < 1 || static_cast<int64_t>(input_.size()) <= rows) return;
+  input_.resize(static_cast<size_t>(rows));  // input_ is prompt_[fed_, ...): consume() goes on
+}
+
 std::optional<int32_t> Generation::unconsumed_token() const {
   if (tokens_.empty() || last_consumed_) return std::nullopt;
   return tokens_.back().id;

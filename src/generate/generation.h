@@ -61,6 +61,9 @@ class Generation {
              const Tokenizer* tokenizer, int64_t vocab, int64_t start_position = 0);
 
   std::span<const int32_t> next_input() const;
+  // While the prompt is being fed: the next pass takes at most `rows` (>= 1) of it. A scheduler
+  // sharing one pass among sequences uses it; the rest of the prompt follows in later passes.
+  void limit_input(int64_t rows);
   // The logits of the last row of the pass that consumed next_input().
   void on_logits(std::span<const float> logits);
   // A row of a verify pass (src/generate/speculative.h): the logits after next_input(), when

@@ -24,6 +24,7 @@ void Metrics::count_pass(int64_t rows, int64_t prompt_rows, int64_t generated, i
   std::lock_guard<std::mutex> lock(m_);
   ++passes_;
   rows_ += static_cast<uint64_t>(rows);
+  rows_max_ = std::max(rows_max_, static_cast<uint64_t>(rows));
   prompt_rows_ += static_cast<uint64_t>(prompt_rows);
   generated_ += static_cast<uint64_t>(generated);
   batched_sequences_ += static_cast<uint64_t>(sequences);
@@ -77,8 +78,9 @@ void Metrics::set_storage(const ExpertStats& experts, const TrunkStats& trunk, u
 }
 
 void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
-                         int64_t cache_capacity) {
+                         int64_t cache_capacity, int64_t pass_rows) {
   std::lock_guard<std::mutex> lock(m_);
+  pass_rows_limit_ = pass_rows;
   context_ = context;
   parallel_ = parallel;
   queue_capacity_ = queue_capacity;
@@ -184,6 +186,12 @@ std::string Metrics::render() const {
          "Forward passes (one carries a row block of every active sequence).", passes_);
   sample("deltafin_forward_rows_total", "counter", "Rows (tokens) run through forward passes.",
          rows_);
+  sample("deltafin_forward_rows_max", "gauge", "Most rows one forward pass has carried.",
+         rows_max_);
+  sample("deltafin_forward_rows_limit", "gauge",
+         "Rows one pass may carry, from the memory plan (--prefill-chunk auto; 0: N per "
+         "sequence).",
+         pass_rows_limit_);
   sample("deltafin_forward_sequences_total", "counter",
          "Sequences per pass, summed (divide by passes for the batch size).", batched_sequences_);
   sample("deltafin_forward_seconds_total", "counter", "Time spent in forward passes.",

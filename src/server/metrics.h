@@ -12,8 +12,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -41,8 +41,9 @@ class Metrics {
   // replaced under the same lock, so a snapshot's heat map sums to its expert totals.
   void set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits,
                    uint64_t recall_requested, std::optional<ExpertHeat> heat = std::nullopt);
-  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
-                  int64_t cache_capacity);
+  // pass_rows: the rows one pass may carry (the plan's, with --prefill-chunk auto; 0 = no cap).
+  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity,
+                  int64_t pass_rows = 0);
   void set_ready(bool ready);
   void set_cache_entries(int64_t n);
   // What does not change while serving: the memory plan and the probed disk bandwidth.
@@ -60,6 +61,8 @@ class Metrics {
   mutable std::mutex m_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t passes_ = 0, rows_ = 0, prompt_rows_ = 0, generated_ = 0, batched_sequences_ = 0;
+  uint64_t rows_max_ = 0;
+  int64_t pass_rows_limit_ = 0;
   double pass_seconds_ = 0;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, finished_ = 0;
   uint64_t kept_ = 0, not_kept_ = 0;

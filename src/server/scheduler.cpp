@@ -291,6 +291,23 @@ void Scheduler::step() {
       drop[i] = true;
       continue;
     }
+    if (!active_[i].gen->in_prefill())
+      rows += static_cast<int64_t>(active_[i].gen->next_input().size());
+  }
+  // Prompt rows fill what the pass plan leaves after the decoding rows, in admission order: a
+  // long prompt takes whole passes (each routed expert read once for all of its rows) and a
+  // prompt that finds no room this pass waits for the next one.
+  std::vector<bool> wait(active_.size(), false);
+  for (size_t i = 0; i < active_.size(); ++i) {
+    if (drop[i] || !active_[i].gen->in_prefill()) continue;
+    if (opt_.pass_rows > 0) {
+      const int64_t room = opt_.pass_rows - rows;
+      if (room <= 0) {
+        wait[i] = true;
+        continue;
+      }
+      active_[i].gen->limit_input(room);
+    }
     rows += static_cast<int64_t>(active_[i].gen->next_input().size());
   }
   std::vector<std::vector<int32_t>> proposals(active_.size());
@@ -301,7 +318,7 @@ void Scheduler::step() {
   std::vector<PendingCommit> pending(active_.size());
   rows = 0;
   for (size_t i = 0; i < active_.size(); ++i) {
-    if (drop[i]) continue;
+    if (drop[i] || wait[i]) continue;
     auto in = active_[i].gen->next_input();
     if (active_[i].gen->in_prefill()) prompt_rows += static_cast<int64_t>(in.size());
     if (drafts[i].tokens.empty()) {

@@ -99,6 +99,9 @@ struct SchedulerOptions {
   // sequence, and the most drafts per sequence and pass (0: auto, the draft-length choice).
   std::string draft = "none";
   int draft_max = 0;
+  // Rows one forward pass may hold (the pass plan's, with --prefill-chunk auto): prompt rows
+  // fill what decoding leaves. 0: no cap (each prompt brings its own --prefill-chunk rows).
+  int64_t pass_rows = 0;
 };
 
 class Scheduler {
@@ -161,7 +164,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Job>> queue_;
   bool stop_ = false;
   std::atomic<int64_t> active_count_{0};
-  std::vector<Slot> active_;  // engine thread only
+  std::vector<Slot> active_;   // engine thread only
   double heat_published_ = 0;  // when the per-expert counters were last copied to metrics
   // A pass ran since the heat map was last copied: finish() copies it before it completes a
   // request, so what a client reads after its response holds that response's passes.
