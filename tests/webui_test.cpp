@@ -174,7 +174,10 @@ TEST(WebUi, BenchReportIsSelfContainedHtml) {
   EXPECT_EQ(html.find("http"), html.find("http://www.w3.org/2000/svg"));  // no outside links
   size_t svgs = 0;
   for (size_t at = 0; (at = html.find("<svg", at)) != std::string::npos; ++at) ++svgs;
-  EXPECT_EQ(svgs, 4u);  // decode, prefill, bytes per token, roofline
+  EXPECT_EQ(svgs, 5u);  // decode, prefill, bytes per token, decode and prefill rooflines
+  EXPECT_NE(html.find("Prefill roofline"), std::string::npos);
+  EXPECT_NE(html.find(fmt::format("time to first token {:.3f} s", j["ttft_s"].get<double>())),
+            std::string::npos);
   EXPECT_NE(html.find("repetition 2"), std::string::npos);
   EXPECT_NE(
       html.find(fmt::format("{:.3f} tokens/s", j["decode_tokens_per_s_reps"][1].get<double>())),

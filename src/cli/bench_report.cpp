@@ -154,7 +154,17 @@ std::string bench_report_html(const json& j) {
                   j.value("prompt_tokens", 0), j.value("gen_tokens", 0), j.value("reps", 0)));
   row("decode", fmt::format("{:.3f} tokens/s median ({:.4f} s/token)",
                             num(j, "decode_tokens_per_s"), num(j, "s_per_token")));
-  row("prefill", fmt::format("{:.2f} tokens/s median", num(j, "prefill_tokens_per_s")));
+  row("prefill", fmt::format("{:.2f} tokens/s median, time to first token {:.3f} s",
+                             num(j, "prefill_tokens_per_s"), num(j, "ttft_s")));
+  row("prefill passes",
+      fmt::format("{:.0f} per prompt of up to {} rows ({}), {:.0f} bytes read per prompt token",
+                  num(j, "prefill_passes_per_prompt"), j.value("prefill_chunk", int64_t{0}),
+                  j.value("prefill_chunk_auto", false) ? "auto" : "--prefill-chunk",
+                  num(j, "prefill_bytes_per_token")));
+  row("prefill roofline ratio",
+      fmt::format("{:.2f} (compute at {:.1f} of {:.1f} GFLOP/s peak)",
+                  num(j, "prefill_roofline_ratio"), num(j, "prefill_flops_per_s") / 1e9,
+                  num(j, "fma_peak_flops_per_s") / 1e9));
   row("expert hit rate", fmt::format("{:.1f}%", 100 * num(j, "expert_hit_rate")));
   row("disk / memory bandwidth",
       fmt::format("{:.2f} / {:.2f} GB/s", num(j, "disk_bandwidth_bytes_per_s") / 1e9,
@@ -171,6 +181,13 @@ std::string bench_report_html(const json& j) {
                   {"storage bound", num(j, "roofline_disk_s_per_token"), "#e08a1e"},
                   {"memory bound", num(j, "roofline_memory_s_per_token"), "#2d5bd7"}},
                  "s", 4);
+  h += bar_chart(
+      "Prefill roofline: seconds per prompt token",
+      {{"achieved", num(j, "prefill_tokens_per_s") > 0 ? 1.0 / num(j, "prefill_tokens_per_s") : 0.0,
+        "#d64545"},
+       {"storage bound", num(j, "prefill_roofline_disk_s_per_token"), "#e08a1e"},
+       {"compute bound", num(j, "prefill_roofline_compute_s_per_token"), "#2a9d55"}},
+      "s", 5);
   h += "</body></html>\n";
   return h;
 }
