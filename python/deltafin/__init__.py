@@ -211,7 +211,7 @@ class Model(_Handle):
         draft_max: most drafts verified per pass (0 = auto, from measured pass costs).
         gpu: the Vulkan GPU for the matrix products, as the CLI's --gpu: "off" (default),
             "auto" (a GPU if there is one) or a device index such as "0" (an int works too).
-            fp32 throughout; `info()["gpu"]` names the device used (None: the CPU).
+            fp32 throughout; `info["gpu"]` names the device used (None: the CPU).
 
     A Model may be used from several threads (passes are serialised per model); separate
     Models run in parallel. Use `with deltafin.Model(...) as m:` or `close()` to free it early.

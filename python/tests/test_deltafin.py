@@ -91,7 +91,7 @@ def test_gpu_option(model, model_dir):
     with pytest.raises(TypeError, match="gpu"):
         deltafin.Model(model_dir, gpu=1.5, **OPTIONS)
     with deltafin.Model(model_dir, gpu="auto", **OPTIONS) as m:
-        if m.info()["gpu"] is None:  # no GPU (lavapipe is only taken by index): the CPU's bits
+        if m.info["gpu"] is None:  # no GPU (lavapipe is only taken by index): the CPU's bits
             assert np.array_equal(m.logits(ids), cpu)
     try:
         m = deltafin.Model(model_dir, gpu=0, **OPTIONS)
@@ -100,7 +100,7 @@ def test_gpu_option(model, model_dir):
             pytest.skip(str(e))
         raise
     with m:
-        assert m.info()["gpu"].startswith("0: ")
+        assert m.info["gpu"].startswith("0: ")
         np.testing.assert_allclose(m.logits(ids), cpu, rtol=0, atol=2e-3)
 
 

@@ -7,7 +7,8 @@
 // What runs here: y = x·Wᵀ for f32, bf16 and MXFP4 weights (the model's projections, through
 // kernels/offload.h) and the expert-grouped product (several experts' W, each over its own
 // rows: the MoE's routed experts in prefill passes, uploaded once per pass in double-buffered
-// batches that overlap the copy of one batch with the compute of the one before). Exactness: weights are decoded exactly to fp32, activations stay fp32, sums are fp32
+// batches that overlap the copy of one batch with the compute of the one before).
+// Exactness: weights are decoded exactly to fp32, activations stay fp32, sums are fp32
 // (matmul.comp states the order); results differ from the CPU tables in the last bits only.
 // Nothing lossy: no fp16/bf16/int8 activations, no low-precision matrix units. int8 weights
 // (--trunk int8) are declined and stay on the CPU.
