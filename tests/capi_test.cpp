@@ -5,6 +5,8 @@
 #include <deltafin/deltafin.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -118,6 +120,61 @@ TEST(CApi, LogitsEqualTheCliBitForBit) {
   EXPECT_NE(std::string(deltafin_last_error()).find("no tokenizer"), std::string::npos);
   deltafin_session_free(s);
   deltafin_model_free(m);
+}
+
+// The appended `gpu` option: a bad choice is an argument error naming it; a caller built before
+// it (a smaller struct_size) runs on the CPU; "0" runs the golden model's prefill on the first
+// Vulkan device (lavapipe here; the experts of a 20-row pass as grouped products) with logits
+// within 2e-3 of the CPU's, and the info JSON names the device.
+TEST(CApi, GpuOptionRunsTheModelOnTheDevice) {
+  const std::string dir = test::data_dir() + "/k3-tiny-mxfp4/model";
+  deltafin_model_params p;
+  deltafin_model_params_init(&p);
+  p.threads = 1;
+  p.gpu = "seven";
+  deltafin_model* m = nullptr;
+  EXPECT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("expected auto, off or a device index"),
+            std::string::npos)
+      << deltafin_last_error();
+  std::vector<int32_t> ids(20);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(7 + 23 * i);
+  auto logits = [&](deltafin_model* model) {
+    std::vector<float> out(ids.size() * static_cast<size_t>(deltafin_model_vocab(model)));
+    deltafin_session* s = nullptr;
+    EXPECT_EQ(deltafin_session_new(model, &s), DELTAFIN_OK);
+    EXPECT_EQ(deltafin_session_eval(s, ids.data(), ids.size(), 1, out.data()), DELTAFIN_OK)
+        << deltafin_last_error();
+    deltafin_session_free(s);
+    return out;
+  };
+  auto gpu_of = [](deltafin_model* model) {
+    char* info = nullptr;
+    EXPECT_EQ(deltafin_model_info_json(model, &info), DELTAFIN_OK);
+    return json::parse(take(info))["gpu"];
+  };
+  p.gpu = "0";
+  p.struct_size = offsetof(deltafin_model_params, gpu);  // an older caller: no gpu field
+  ASSERT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_OK) << deltafin_last_error();
+  EXPECT_TRUE(gpu_of(m).is_null());
+  const std::vector<float> cpu = logits(m);
+  deltafin_model_free(m);
+  p.struct_size = sizeof p;
+  const deltafin_status st = deltafin_model_load(dir.c_str(), &p, &m);
+  const std::string err = st == DELTAFIN_OK ? "" : deltafin_last_error();
+  if (err.find("no Vulkan") != std::string::npos ||
+      err.find("no Vulkan backend") != std::string::npos)
+    GTEST_SKIP() << err;
+  ASSERT_EQ(st, DELTAFIN_OK) << err;
+  EXPECT_EQ(gpu_of(m).get<std::string>().rfind("0: ", 0), 0u) << gpu_of(m);
+  const std::vector<float> dev = logits(m);
+  deltafin_model_free(m);
+  ASSERT_EQ(dev.size(), cpu.size());
+  double worst = 0;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(cpu[i] - dev[i])));
+  EXPECT_LE(worst, 2e-3);
+  EXPECT_NE(dev, cpu);  // the device's summation order: it did run there
 }
 
 int stop_after_three(const deltafin_token_event* ev, void* user) {

@@ -96,8 +96,9 @@ INSTANTIATE_TEST_SUITE_P(AllModes, Golden,
                          case_name);
 
 // The same through the Vulkan backend (--gpu 0: lavapipe where there is no GPU): the trunk
-// resident on the device and, with --gpu-min-rows 1, the routed experts uploaded per product
-// too. fp32 summation order differs from the CPU's, nothing else. Few cases: lavapipe is slow.
+// resident on the device and, in passes of at least --gpu-min-rows rows, the routed experts as
+// grouped products (each uploaded once per pass). fp32 summation order differs from the CPU's,
+// nothing else. Few cases: lavapipe is slow.
 struct GpuCase {
   const char* model;
   const char* mode;

@@ -211,6 +211,24 @@ TEST(Gpu, StagedCopiesGiveTheSameResults) {
   EXPECT_EQ(staged->stats().imported_bytes, 0u);
 }
 
+// Each row of a grouped product's y against the single-row product of its expert (bit for bit)
+// and the float64 reference (1e-6).
+void expect_rows_match_single_products(gpu::Backend& gpu, const std::vector<TestMatrix>& experts,
+                                       const std::vector<std::vector<int32_t>>& rows,
+                                       const float* x, int64_t K, const float* y) {
+  int64_t at = 0;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const Matrix& w = experts[e].m;
+    for (int32_t r : rows[e]) {
+      std::vector<float> one(static_cast<size_t>(w.rows));
+      gpu.run(w, x + r * K, 1, K, one.data(), w.rows, false);
+      EXPECT_EQ(0, std::memcmp(one.data(), y + at * w.rows, one.size() * 4)) << "expert " << e;
+      EXPECT_LE(rel_error(w, x + r * K, 1, K, y + at * w.rows, w.rows), 1e-6);
+      ++at;
+    }
+  }
+}
+
 // The expert-grouped product: each expert's rows (any subset of x, any order) against its own
 // W, in one dispatch; equal bit for bit to the per-expert products.
 TEST(Gpu, GroupedProductMatchesPerExpertProducts) {
@@ -231,16 +249,43 @@ TEST(Gpu, GroupedProductMatchesPerExpertProducts) {
     }
     std::vector<float> y(static_cast<size_t>(total * N), -1.0f);
     gpu->run_grouped(groups, x.data(), K, y.data());
-    int64_t at = 0;
-    for (int e = 0; e < 4; ++e) {
-      for (int32_t r : rows[e]) {
-        std::vector<float> one(N);
-        gpu->run(experts[e].m, x.data() + r * K, 1, K, one.data(), N, false);
-        EXPECT_EQ(0, std::memcmp(one.data(), y.data() + at * N, N * 4)) << "expert " << e;
-        EXPECT_LE(rel_error(experts[e].m, x.data() + r * K, 1, K, y.data() + at * N, N), 1e-6);
-        ++at;
-      }
+    expect_rows_match_single_products(*gpu, experts, rows, x.data(), K, y.data());
+  }
+}
+
+// The grouped product as a pipeline: eight experts (one without rows, one with more rows than a
+// buffer holds) in batches, each uploaded into one of two buffer sets while the device computes
+// the batch before it, mapped and through the staging buffer of discrete GPUs. Every row equals
+// the single-row product bit for bit, each expert's weights are uploaded once (the one cut in
+// two: once per part), and later batches' uploads overlapped earlier batches' compute.
+TEST(Gpu, GroupedBatchesOverlapUploadsWithCompute) {
+  for (bool staged : {false, true}) {
+    // 6 KiB buffers: 24 rows of 64 floats per x block
+    DELTAFIN_GPU_OR_SKIP(gpu, o_.staged = staged; o_.max_buffer = 6144);
+    std::mt19937 rng(29);
+    const int64_t N = 24, K = 64, R = 48;
+    std::vector<TestMatrix> experts;
+    for (int e = 0; e < 8; ++e) experts.emplace_back(WeightFormat::kMXFP4, N, K, rng);
+    std::vector<float> x = random_x(R, K, rng);
+    const std::vector<int> counts = {3, 0, 30, 1, 5, 17, 2, 9};
+    std::vector<std::vector<int32_t>> rows(8);
+    std::uniform_int_distribution<int32_t> pick(0, R - 1);
+    std::vector<gpu::Group> groups;
+    int64_t total = 0;
+    for (int e = 0; e < 8; ++e) {
+      for (int i = 0; i < counts[static_cast<size_t>(e)]; ++i) rows[e].push_back(pick(rng));
+      groups.push_back({experts[e].m, rows[e]});
+      total += counts[static_cast<size_t>(e)];
     }
+    std::vector<float> y(static_cast<size_t>(total * N), -1.0f);
+    gpu->run_grouped(groups, x.data(), K, y.data());
+    const gpu::Stats st = gpu->stats();
+    EXPECT_EQ(st.grouped_products, 1);
+    EXPECT_GE(st.products, 4);                                                    // batches
+    EXPECT_EQ(st.expert_bytes, static_cast<uint64_t>(8 * experts[0].m.bytes()));  // 7 + 1 cut
+    EXPECT_GT(st.overlapped_bytes, 0u);
+    EXPECT_LT(st.overlapped_bytes, st.expert_bytes);  // the first batch had nothing to overlap
+    expect_rows_match_single_products(*gpu, experts, rows, x.data(), K, y.data());
   }
 }
 
@@ -320,6 +365,97 @@ TEST_P(GpuLayers, EveryLayerMatchesTheCpuLayer) {
   EXPECT_GT(gpu->stats().products, 0);
   EXPECT_EQ(gpu->stats().declined, 0);  // nothing fell back to the CPU
   EXPECT_FALSE(gpu->failed());
+}
+
+// The first MoE layer of a golden model over R random rows: its CPU output, and the same layer
+// with only run_experts() under the device (route() and finish() stay on the CPU).
+struct MoeLayer {
+  ModelConfig c;
+  std::unique_ptr<Checkpoint> ck;
+  std::unique_ptr<ResidentTrunk> trunk;
+  std::unique_ptr<MmapExpertProvider> experts;
+  ThreadPool pool{2};
+  int layer;
+  const MoeTrunkWeights* w = nullptr;
+  std::vector<float> u, cpu;
+  std::unique_ptr<State> st;
+  SeqRows seq;
+  std::unique_ptr<LayerContext> ctx;
+
+  MoeLayer(const std::string& model, int64_t R, uint32_t seed) {
+    const std::string dir = test::data_dir() + "/" + model + "/model";
+    c = load_config(dir);
+    ck = Checkpoint::open(dir);
+    trunk = std::make_unique<ResidentTrunk>(c, *ck);
+    experts = std::make_unique<MmapExpertProvider>(c, *ck, check_inventory(c, *ck).expert_format);
+    layer = static_cast<int>(c.first_k_dense);
+    w = &trunk->acquire(layer).moe;
+    std::mt19937 rng(seed);
+    u = random_x(R, c.hidden, rng);
+    st = std::make_unique<State>(c);
+    seq = {0, R, st.get(), nullptr, 0};
+    ctx =
+        std::make_unique<LayerContext>(LayerContext{c, pool, std::span<const SeqRows>(&seq, 1), R});
+    cpu.assign(static_cast<size_t>(R * c.hidden), 0.0f);
+    moe_forward(*ctx, *w, *experts, layer, u.data(), cpu.data());
+  }
+  ~MoeLayer() { trunk->release(layer); }
+  std::vector<float> on(gpu::Backend& device) {
+    std::vector<float> y(cpu.size());
+    MoePass moe(*ctx, *w, ctx->rows);
+    moe.route(*ctx, 0, u.data());
+    {
+      const kernels::OffloadScope scope(&device);
+      moe.run_experts(*experts, layer, {});
+    }
+    moe.finish(*ctx, 0, u.data(), y.data());
+    return y;
+  }
+};
+
+// The MoE of a prefill pass (rows >= min_rows) with the device taking its routed experts as
+// grouped products: gate/up then down per window of experts, each chosen expert's weights
+// uploaded exactly once for the pass and no expert product left to the CPU; the layer agrees
+// with the CPU layer to fp32 summation order.
+TEST_P(GpuLayers, MoePassRunsEachExpertGroupedOnce) {
+  DELTAFIN_GPU_OR_SKIP(gpu, o_.min_rows = 16);
+  MoeLayer m(GetParam(), 40, 31);
+  // what the pass must upload: every chosen expert's three matrices, once
+  const Routing routing = route_rows(*m.ctx, m.w->router, m.w->score_bias, m.u.data());
+  uint64_t want = 0;
+  for (int e : routing.experts) {
+    ExpertHandle h = m.experts->acquire(m.layer, e);
+    want += static_cast<uint64_t>(h->w1.bytes() + h->w2.bytes() + h->w3.bytes());
+  }
+  const std::vector<float> dev = m.on(*gpu);
+  const gpu::Stats s = gpu->stats();
+  const auto windows = static_cast<int64_t>((routing.experts.size() + 15) / 16);
+  EXPECT_EQ(s.grouped_products, 2 * windows);  // gate/up, then down, per window
+  EXPECT_EQ(s.expert_bytes, want);
+  EXPECT_EQ(s.declined, 0);
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < dev.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(m.cpu[i] - dev[i])));
+    mag = std::max(mag, static_cast<double>(std::fabs(m.cpu[i])));
+  }
+  EXPECT_GT(mag, 0.0);
+  EXPECT_LE(diff / mag, 1e-5);
+}
+
+// A grouped product the device cannot run (an expert larger than the capped buffer) is a device
+// error: said once, and the pass's experts then run on the CPU with exactly the CPU's result.
+TEST_P(GpuLayers, MoeDeviceErrorRunsTheExpertsOnTheCpu) {
+  DELTAFIN_GPU_OR_SKIP(gpu, o_.min_rows = 16; o_.max_buffer = 256);
+  MoeLayer m(GetParam(), 24, 37);
+  ::testing::internal::CaptureStderr();
+  const std::vector<float> dev = m.on(*gpu);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(dev, m.cpu);
+  EXPECT_TRUE(gpu->failed());
+  EXPECT_EQ(gpu->stats().grouped_products, 0);
+  const size_t first = err.find("[gpu] device error");
+  ASSERT_NE(first, std::string::npos) << err;
+  EXPECT_EQ(err.find("[gpu] device error", first + 1), std::string::npos) << err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, GpuLayers, ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"),

@@ -6,9 +6,12 @@
 #   tools/gpu-check.sh [BUILD_DIR]   (default build; configured and built here when missing)
 # Steps: 1 the Vulkan driver (vulkaninfo --summary); 2 kernel microbenchmarks at K3 shapes
 # (deltafin_gpu_bench: MXFP4 GEMV 3072x3584, BF16 GEMV 12288x7168, T=2048 GEMMs, the
-# expert-grouped GEMM; time, GB/s, TFLOPS, max error); 3 a K3-dimension synthetic model
-# (make-model --preset k3, 2 layers): logits on the GPU against the CPU path (max difference,
-# same greedy tokens), then bench prefill/decode on both.
+# expert-grouped GEMM with its batches and the share of weight uploads made while the device
+# computed; time, GB/s, TFLOPS, max error); 3 a K3-dimension synthetic model (make-model
+# --preset k3, 2 layers): logits on the GPU against the CPU path (max difference, same greedy
+# tokens; the prompt's MoE passes run their routed experts as grouped products), then bench
+# prefill/decode on both (the `gpu prefill:` line: grouped products, expert bytes uploaded per
+# pass, overlap).
 # Environment: GPU (default auto; a device index to pick one), SKIP_BUILD=1, KEEP=1 (keep the
 # model in $WORK), WORK (default a temporary folder).
 set -uo pipefail

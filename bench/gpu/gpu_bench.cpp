@@ -128,9 +128,11 @@ void grouped(gpu::Backend& g, int64_t N, int64_t K, int experts, int64_t rows, i
   }
   std::vector<float> y(static_cast<size_t>(total * N));
   g.run_grouped(groups, x.data(), K, y.data());
+  const gpu::Stats s0 = g.stats();
   double t0 = now();
   for (int r = 0; r < reps; ++r) g.run_grouped(groups, x.data(), K, y.data());
   const double gpu_s = (now() - t0) / reps;
+  const gpu::Stats s1 = g.stats();
   // error: expert 0's rows
   std::vector<float> x0;
   for (int32_t r : rows_of[0]) x0.insert(x0.end(), x.begin() + r * K, x.begin() + (r + 1) * K);
@@ -149,8 +151,14 @@ void grouped(gpu::Backend& g, int64_t N, int64_t K, int experts, int64_t rows, i
                     yc.data(), N, global_pool());
   }
   const double cpu_s = now() - t0;
-  std::printf("(grouped: %d MXFP4 experts, %lld rows x top-%d = %lld expert rows)\n", experts,
-              static_cast<long long>(rows), top, static_cast<long long>(total));
+  const double up = static_cast<double>(s1.expert_bytes - s0.expert_bytes);
+  std::printf(
+      "(grouped: %d MXFP4 experts, %lld rows x top-%d = %lld expert rows; %lld batches, %.1f MB "
+      "of weights uploaded per product, %.0f%% of it while the device computed)\n",
+      experts, static_cast<long long>(rows), top, static_cast<long long>(total),
+      static_cast<long long>((s1.products - s0.products) / std::max(reps, 1)),
+      up / 1e6 / std::max(reps, 1),
+      up > 0 ? 100.0 * static_cast<double>(s1.overlapped_bytes - s0.overlapped_bytes) / up : 0.0);
   report("grouped MXFP4 GEMM", all, total / experts, gpu_s, cpu_s, err);
 }
 

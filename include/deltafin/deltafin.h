@@ -99,6 +99,11 @@ typedef struct deltafin_model_params {
    * Output is unchanged by it (greedy token for token; seeded sampling too for "ngram"). */
   const char* draft; /* NULL/"" = "none"; "ngram" = prompt lookup */
   int32_t draft_max; /* most drafts per pass; 0 = auto (chosen from measured pass costs) */
+  /* Appended (ABI 1 still): the Vulkan GPU for the matrix products (README "GPU"), as the
+   * CLI's --gpu: NULL/"" = "off"; "auto" = a GPU if the machine has one, else the CPU; "0",
+   * "1", ... = that Vulkan device (lavapipe too). fp32 throughout; logits agree with the CPU's
+   * to fp32 summation order. The selection line goes to stderr; "gpu" in the info JSON. */
+  const char* gpu;
 } deltafin_model_params;
 
 /* Fills `p` with the defaults above. */
@@ -122,7 +127,7 @@ DELTAFIN_API int64_t deltafin_model_context(const deltafin_model* model);
 DELTAFIN_API int deltafin_model_has_tokenizer(const deltafin_model* model);
 
 /* JSON: {"path", "config": {...}, "eos_token_id", "vocab", "context", "kernels", "threads",
- * "describe"}. */
+ * "describe", "gpu"}; "gpu" is the Vulkan device the products run on, or null (the CPU). */
 DELTAFIN_API deltafin_status deltafin_model_info_json(deltafin_model* model, char** out_json);
 /* JSON: the memory plan ({"budget", "context", "sequences", "state_bytes", ...,
  * "expert_cache_bytes", "resident_trunk_units", "describe"}), or null in mmap mode. */

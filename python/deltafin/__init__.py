@@ -210,6 +210,9 @@ class Model(_Handle):
         draft: speculative decoding, "none" or "ngram" (prompt lookup); the output is the
             same with it (greedy token for token, seeded sampling too).
         draft_max: most drafts verified per pass (0 = auto, from measured pass costs).
+        gpu: the Vulkan GPU for the matrix products, as the CLI's --gpu: "off" (default),
+            "auto" (a GPU if there is one) or a device index such as "0" (an int works too).
+            fp32 throughout; `info["gpu"]` names the device used (None: the CPU).
 
     A Model may be used from several threads (passes are serialised per model); separate
     Models run in parallel. Use `with deltafin.Model(...) as m:` or `close()` to free it early.
@@ -220,7 +223,7 @@ class Model(_Handle):
                  cache_policy: str = "lru", readers: int = 4, prefetch: bool = True,
                  direct_io: bool = True, trunk: str = "bf16", ctx: int = 0, sequences: int = 1,
                  max_rows: int = 0, verbose: bool = False, heat_file: str | None = None,
-                 draft: str = "none", draft_max: int = 0):
+                 draft: str = "none", draft_max: int = 0, gpu: str | int = "off"):
         self._h = c_void_p()
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path: expected a folder path, got {type(path).__name__}")
@@ -247,6 +250,10 @@ class Model(_Handle):
         self._draft = _str("draft", draft).encode()
         p.draft = self._draft
         p.draft_max = _int("draft_max", draft_max, 0)
+        if isinstance(gpu, int) and not isinstance(gpu, bool):
+            gpu = str(_int("gpu", gpu, 0))
+        self._gpu = _str("gpu", gpu).encode()
+        p.gpu = self._gpu
         self.path = os.fspath(path)
         self._local = threading.local()
         check(lib.deltafin_model_load(self.path.encode(), byref(p), byref(self._h)))

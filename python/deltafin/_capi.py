@@ -54,7 +54,9 @@ class ModelParams(ctypes.Structure):
                 ("trunk", c_char_p), ("ctx", c_int64), ("sequences", c_int32),
                 ("max_rows", c_int64), ("verbose", c_int32), ("heat_file", c_char_p),
                 # appended: speculative decoding
-                ("draft", c_char_p), ("draft_max", c_int32)]
+                ("draft", c_char_p), ("draft_max", c_int32),
+                # appended: the Vulkan GPU
+                ("gpu", c_char_p)]
 
 
 class SamplingParams(ctypes.Structure):

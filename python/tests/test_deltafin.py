@@ -82,6 +82,28 @@ def test_drafting_keeps_the_output_and_reports_its_stats(binary, model_dir):
         deltafin.Model(model_dir, draft="ngram", draft_max=-1)
 
 
+def test_gpu_option(model, model_dir):
+    # 40 prompt rows: one prefill pass whose routed experts run as grouped products on the GPU
+    ids = list(range(3, 43))
+    cpu = model.logits(ids)
+    with pytest.raises(deltafin.ArgumentError, match="expected auto, off or a device index"):
+        deltafin.Model(model_dir, gpu="seven", **OPTIONS)
+    with pytest.raises(TypeError, match="gpu"):
+        deltafin.Model(model_dir, gpu=1.5, **OPTIONS)
+    with deltafin.Model(model_dir, gpu="auto", **OPTIONS) as m:
+        if m.info["gpu"] is None:  # no GPU (lavapipe is only taken by index): the CPU's bits
+            assert np.array_equal(m.logits(ids), cpu)
+    try:
+        m = deltafin.Model(model_dir, gpu=0, **OPTIONS)
+    except deltafin.ArgumentError as e:
+        if "no Vulkan" in str(e):
+            pytest.skip(str(e))
+        raise
+    with m:
+        assert m.info["gpu"].startswith("0: ")
+        np.testing.assert_allclose(m.logits(ids), cpu, rtol=0, atol=2e-3)
+
+
 def test_seeded_sampling_matches_run_json(model, binary, model_dir):
     args = dict(temperature=0.9, top_p=0.95, top_k=50, seed=42)
     cli = run_json(binary, model_dir, "--prompt", "Once upon a time", "--max-new", "12",

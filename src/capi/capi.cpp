@@ -17,6 +17,7 @@
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "draft/draft_model.h"
+#include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "server/api_error.h"
 #include "tokenizer/chat.h"
@@ -149,6 +150,7 @@ std::unique_ptr<LoadedModel> load_engine(const std::string& dir, const deltafin_
   lo.prefetch = p.prefetch != 0;
   lo.print_plan = p.verbose != 0;
   lo.heat_file = p.heat_file != nullptr ? p.heat_file : "";
+  lo.gpu.select = p.gpu != nullptr && *p.gpu ? p.gpu : "off";
   return load_model(dir, lo);
 }
 
@@ -306,7 +308,9 @@ deltafin_status deltafin_model_info_json(deltafin_model* model, char** out_json)
               {"stop_ids", model->limits.stop_ids},
               {"tokenizer", model->tok.has_value()},
               {"kernels", kernels::active().name},
-              {"describe", model->model->describe()}};
+              {"describe", model->model->describe()},
+              {"gpu",
+               model->model->gpu() ? json(model->model->gpu()->info().describe()) : json(nullptr)}};
     *out_json = capi::copy_string(j.dump());
   });
 }

@@ -188,6 +188,9 @@ void run_bench(BenchArgs& a) {
     sum.seconds += now.seconds - before.seconds;
     sum.flops += now.flops - before.flops;
     sum.uploaded_bytes += now.uploaded_bytes - before.uploaded_bytes;
+    sum.grouped_products += now.grouped_products - before.grouped_products;
+    sum.expert_bytes += now.expert_bytes - before.expert_bytes;
+    sum.overlapped_bytes += now.overlapped_bytes - before.overlapped_bytes;
   };
   // With --draft the decode is greedy generation driven with drafting (the first decode pass
   // is the plain pass over the prompt's token; the others verify drafts).
@@ -315,16 +318,21 @@ void run_bench(BenchArgs& a) {
     j["trunk_resident_bytes"] = model->plan()->trunk_resident_bytes;
   }
   j["gpu"] = gpu != nullptr ? gpu->info().describe() : std::string("none");
-  auto gpu_json = [](const gpu::Stats& g) {
+  auto gpu_json = [](const gpu::Stats& g, int64_t passes) {
     return nlohmann::json{{"device_products", g.products},
                           {"cpu_products", g.declined},
                           {"device_seconds", g.seconds},
                           {"device_flops", g.flops},
-                          {"uploaded_bytes", g.uploaded_bytes}};
+                          {"uploaded_bytes", g.uploaded_bytes},
+                          {"uploaded_bytes_per_pass",
+                           g.uploaded_bytes / static_cast<uint64_t>(std::max<int64_t>(passes, 1))},
+                          {"grouped_expert_products", g.grouped_products},
+                          {"expert_uploaded_bytes", g.expert_bytes},
+                          {"overlapped_upload_bytes", g.overlapped_bytes}};
   };
   if (gpu != nullptr) {
-    j["gpu_prefill"] = gpu_json(gpu_prefill);
-    j["gpu_decode"] = gpu_json(gpu_decode);
+    j["gpu_prefill"] = gpu_json(gpu_prefill, pre.passes);
+    j["gpu_decode"] = gpu_json(gpu_decode, dec.passes);
     j["gpu_plan"] = model->gpu_plan().describe();
   }
   j["prompt_tokens"] = a.prompt_tokens;
@@ -400,16 +408,22 @@ void run_bench(BenchArgs& a) {
   if (gpu == nullptr) {
     fmt::print("gpu        none: every product on the CPU\n");
   } else {
-    auto phase = [](const gpu::Stats& g) {
+    auto phase = [](const gpu::Stats& g, int64_t passes) {
       return fmt::format(
-          "{} products on the device ({:.3f} s, {:.1f} GFLOP, {:.3f} GB uploaded), "
-          "{} on the CPU",
+          "{} products on the device ({:.3f} s, {:.1f} GFLOP, {:.3f} GB uploaded, {:.2f} MB "
+          "per pass), {} on the CPU; routed experts: {} grouped products, {:.3f} GB uploaded, "
+          "{:.0f}% of it while the device computed",
           g.products, g.seconds, g.flops / 1e9, static_cast<double>(g.uploaded_bytes) / 1e9,
-          g.declined);
+          static_cast<double>(g.uploaded_bytes) / 1e6 /
+              static_cast<double>(std::max<int64_t>(passes, 1)),
+          g.declined, g.grouped_products, static_cast<double>(g.expert_bytes) / 1e9,
+          g.expert_bytes > 0 ? 100.0 * static_cast<double>(g.overlapped_bytes) /
+                                   static_cast<double>(g.expert_bytes)
+                             : 0.0);
     };
     fmt::print("gpu        {}\n", gpu->info().describe());
-    fmt::print("gpu        prefill: {}\n", phase(gpu_prefill));
-    fmt::print("gpu        decode: {}\n", phase(gpu_decode));
+    fmt::print("gpu        prefill: {}\n", phase(gpu_prefill, pre.passes));
+    fmt::print("gpu        decode: {}\n", phase(gpu_decode, dec.passes));
   }
   fmt::print(
       "prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n",

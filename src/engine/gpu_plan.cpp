@@ -46,9 +46,9 @@ std::string GpuPlan::describe() const {
   const int layers = static_cast<int>(resident.size()) - 1;
   return fmt::format(
       "[gpu] plan: {} of {} trunk units resident on the device ({}; {:.1f} MiB of device "
-      "memory); other trunk units and the routed experts: on the device in passes with enough "
-      "rows (weights uploaded per product), else on the CPU; KDA recurrence and MLA attention "
-      "on the CPU",
+      "memory); other trunk units: on the device in passes with enough rows (weights uploaded "
+      "per product); routed experts: in such passes grouped per expert on the device (each "
+      "uploaded once per pass), else on the CPU; KDA recurrence and MLA attention on the CPU",
       n, resident.size(), ranges(resident, layers),
       static_cast<double>(resident_bytes) / (1 << 20));
 }

@@ -4,7 +4,8 @@
 // block, which is then copied out to the caller's y (adding when accumulating, as the CPU
 // kernels do: y + sum). Weights come from the resident set (keyed by their address, valid for
 // the backend's life), else are imported zero-copy (unified memory) or uploaded into reused
-// scratch buffers for this product. Calls are serialised by one mutex.
+// scratch buffers for this product. Grouped products (the routed experts) always copy, in
+// batches pipelined over two buffer sets (grouped_product). Calls are serialised by one mutex.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -137,7 +138,11 @@ struct Backend::State {
   uint64_t resident_bytes = 0;
   uint64_t budget = 0;
   std::vector<std::shared_ptr<Buffer>> scratch;  // per piece: W data, scales
-  std::shared_ptr<Buffer> xbuf, ybuf, tiles, rows;
+  std::shared_ptr<Buffer> xbuf, ybuf;
+  struct GroupSlot {  // one of the two buffer sets of grouped products
+    std::shared_ptr<Buffer> w, s, x, y, tiles, rows;
+  };
+  GroupSlot group_slots[2];
   bool failed = false;
   Stats stats;
 };
@@ -282,13 +287,7 @@ bool Backend::matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, fl
   try {
     out = product(w, x, M, ldx);
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (!s.failed) {
-      fmt::print(stderr, "[gpu] device error: {}; the CPU computes everything from here on\n",
-                 e.what());
-      s.failed = true;
-    }
-    ++s.stats.declined;
+    note_failure(e);
     return false;
   }
   for (int64_t m = 0; m < M; ++m) {
@@ -301,6 +300,17 @@ bool Backend::matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, fl
     }
   }
   return true;
+}
+
+void Backend::note_failure(const std::exception& e) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.failed) {
+    fmt::print(stderr, "[gpu] device error: {}; the CPU computes everything from here on\n",
+               e.what());
+    s.failed = true;
+  }
+  ++s.stats.declined;
 }
 
 void Backend::run(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
@@ -380,68 +390,153 @@ std::vector<float> Backend::product(const Matrix& w, const float* x, int64_t M, 
   return out;
 }
 
-void Backend::run_grouped(std::span<const Group> groups, const float* x, int64_t ldx, float* y) {
-  if (groups.empty()) return;
+namespace {
+// Whether every group's W is one supported shape and format.
+bool groupable(std::span<const Group> groups) {
   const Matrix& w0 = groups[0].w;
   for (const Group& g : groups) {
-    if (!supported(g.w) || g.w.rows != w0.rows || g.w.cols != w0.cols || g.w.format != w0.format)
-      fail("a grouped product needs supported weights of one shape and format ({} {}x{})",
-           weight_format_name(w0.format), w0.rows, w0.cols);
+    if (!supported(g.w) || g.w.rows != w0.rows || g.w.cols != w0.cols || g.w.format != w0.format ||
+        (g.w.scales == nullptr) != (w0.scales == nullptr))
+      return false;
   }
+  return true;
+}
+}  // namespace
+
+void Backend::run_grouped(std::span<const Group> groups, const float* x, int64_t ldx, float* y) {
+  if (groups.empty()) return;
+  if (!groupable(groups))
+    fail("a grouped product needs supported weights of one shape and format ({} {}x{})",
+         weight_format_name(groups[0].w.format), groups[0].w.rows, groups[0].w.cols);
+  grouped_product(groups, x, ldx, y);
+}
+
+bool Backend::takes_grouped(int64_t pass_rows) const {
+  return pass_rows >= options_.min_rows && !failed();
+}
+
+bool Backend::grouped(std::span<const Group> groups, const float* x, int64_t ldx, float* y) {
+  if (groups.empty()) return true;
+  State& s = *state_;
+  if (!groupable(groups) || failed()) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ++s.stats.declined;
+    return false;
+  }
+  try {
+    grouped_product(groups, x, ldx, y);
+  } catch (const std::exception& e) {
+    note_failure(e);
+    return false;
+  }
+  return true;
+}
+
+// The pipeline of one grouped product: batch b fills buffer set b % 2 (weights, x rows, tile
+// and row lists) and is submitted without waiting; before set b % 2 is filled again its earlier
+// batch is waited for and its y read back. So the copy of batch b + 1's weights (a memcpy into
+// mapped memory, or into the staging buffer) runs while the device computes batch b.
+void Backend::grouped_product(std::span<const Group> groups, const float* x, int64_t ldx,
+                              float* y) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.failed) fail("the device failed earlier");
   const auto t0 = std::chrono::steady_clock::now();
   Device& dev = *device_;
+  const Matrix& w0 = groups[0].w;
   const int64_t N = w0.rows, K = w0.cols;
   const uint64_t range = range_limit();
   const bool scaled = w0.format == WeightFormat::kMXFP4;
   const uint64_t wb = round_up16(static_cast<uint64_t>(N * w0.row_bytes()));
   const uint64_t sb = scaled ? round_up16(static_cast<uint64_t>(N * w0.scale_row_bytes())) : 0;
   if (wb > range) fail("one expert's {}x{} weights exceed a device buffer", N, K);
-  // Batches of experts whose weights fit one buffer each, and whose rows fit x and y.
   const int64_t max_rows = static_cast<int64_t>(
       std::min(range / static_cast<uint64_t>(K * 4), range / static_cast<uint64_t>(N * 4)));
+  if (max_rows < 1) fail("a {}x{} grouped product does not fit the device's buffers", N, K);
+  // Groups with rows, a group cut where its rows exceed one buffer (its W is then uploaded once
+  // per cut); the output rows of each part follow one another as the groups' do.
+  std::vector<Group> parts;
+  for (const Group& g : groups) {
+    const auto n = static_cast<int64_t>(g.rows.size());
+    for (int64_t i = 0; i < n; i += max_rows)
+      parts.push_back({g.w, g.rows.subspan(static_cast<size_t>(i),
+                                           static_cast<size_t>(std::min(max_rows, n - i)))});
+  }
+  // Batches of consecutive parts: weights within one buffer and at most about a quarter of the
+  // product's (so that uploads overlap compute), rows within the x and y buffers.
+  const uint64_t quarter = (parts.size() + 3) / 4;
+  const uint64_t per_batch = std::max<uint64_t>(1, std::min<uint64_t>(range / wb, quarter));
+  struct Batch {
+    size_t first = 0, end = 0;
+    int64_t out_row = 0, rows = 0;
+  };
+  std::vector<Batch> batches;
   int64_t out_row = 0;
-  size_t g0 = 0;
-  while (g0 < groups.size()) {
-    size_t g1 = g0;
-    int64_t rows = 0;
-    while (g1 < groups.size() && (g1 - g0 + 1) * wb <= range &&
-           rows + static_cast<int64_t>(groups[g1].rows.size()) <= max_rows) {
-      rows += static_cast<int64_t>(groups[g1].rows.size());
-      ++g1;
+  for (size_t p = 0; p < parts.size();) {
+    Batch b{p, p, out_row, 0};
+    while (b.end < parts.size() && b.end - b.first < per_batch &&
+           b.rows + static_cast<int64_t>(parts[b.end].rows.size()) <= max_rows) {
+      b.rows += static_cast<int64_t>(parts[b.end].rows.size());
+      ++b.end;
     }
-    if (g1 == g0)
-      fail("an expert group of {} rows exceeds a device buffer", groups[g0].rows.size());
-    const uint64_t experts = g1 - g0;
-    if (s.scratch.size() < 2) s.scratch.resize(2);
-    Buffer& wbuf = grow(dev, s.scratch[0], experts * wb);
-    Buffer& sbuf = grow(dev, s.scratch[1], std::max<uint64_t>(experts * sb, 16));
+    batches.push_back(b);
+    out_row += b.rows;
+    p = b.end;
+  }
+  struct InFlight {
+    uint64_t ticket = 0;
+    const Batch* batch = nullptr;
+  };
+  InFlight flight[2];
+  auto land = [&](int slot) {  // waits for the slot's batch and reads its y back
+    InFlight& f = flight[slot];
+    if (f.batch == nullptr) return;
+    dev.wait(f.ticket);
+    dev.download(*s.group_slots[slot].y, 0, y + f.batch->out_row * N,
+                 static_cast<uint64_t>(f.batch->rows * N * 4));
+    f.batch = nullptr;
+  };
+  try {
     std::vector<uint32_t> tiles, xrows;
     std::vector<float> xb;
-    for (size_t g = g0; g < g1; ++g) {
-      const Matrix& w = groups[g].w;
-      const uint64_t e = g - g0;
-      dev.upload(wbuf, e * wb, w.data, static_cast<uint64_t>(N * w.row_bytes()));
-      if (scaled)
-        dev.upload(sbuf, e * sb, w.scales, static_cast<uint64_t>(N * w.scale_row_bytes()));
-      s.stats.uploaded_bytes += static_cast<uint64_t>(w.bytes());
-      const int64_t n = static_cast<int64_t>(groups[g].rows.size());
-      for (int64_t i = 0; i < n; i += kMaxTm) {
-        tiles.push_back(static_cast<uint32_t>(e));
-        tiles.push_back(static_cast<uint32_t>(xrows.size() + static_cast<size_t>(i)));
-        tiles.push_back(static_cast<uint32_t>(std::min<int64_t>(kMaxTm, n - i)));
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const Batch& b = batches[bi];
+      const int slot = static_cast<int>(bi % 2);
+      land(slot);
+      const bool overlapped = flight[1 - slot].batch != nullptr;
+      State::GroupSlot& gs = s.group_slots[slot];
+      const uint64_t experts = b.end - b.first;
+      Buffer& wbuf = grow(dev, gs.w, experts * wb);
+      Buffer& sbuf = grow(dev, gs.s, std::max<uint64_t>(experts * sb, 16));
+      tiles.clear();
+      xrows.clear();
+      xb.clear();
+      uint64_t bytes = 0;
+      for (size_t g = b.first; g < b.end; ++g) {
+        const Matrix& w = parts[g].w;
+        const uint64_t e = g - b.first;
+        dev.upload(wbuf, e * wb, w.data, static_cast<uint64_t>(N * w.row_bytes()));
+        if (scaled)
+          dev.upload(sbuf, e * sb, w.scales, static_cast<uint64_t>(N * w.scale_row_bytes()));
+        bytes += static_cast<uint64_t>(w.bytes());
+        const auto n = static_cast<int64_t>(parts[g].rows.size());
+        for (int64_t i = 0; i < n; i += kMaxTm) {
+          tiles.push_back(static_cast<uint32_t>(e));
+          tiles.push_back(static_cast<uint32_t>(xrows.size() + static_cast<size_t>(i)));
+          tiles.push_back(static_cast<uint32_t>(std::min<int64_t>(kMaxTm, n - i)));
+        }
+        for (int32_t r : parts[g].rows) {
+          xrows.push_back(static_cast<uint32_t>(xb.size() / static_cast<size_t>(K)));
+          xb.insert(xb.end(), x + r * ldx, x + r * ldx + K);
+        }
       }
-      for (int32_t r : groups[g].rows) {
-        xrows.push_back(static_cast<uint32_t>(xb.size() / static_cast<size_t>(K)));
-        xb.insert(xb.end(), x + r * ldx, x + r * ldx + K);
-      }
-    }
-    if (rows > 0) {
-      Buffer& xbuf = grow(dev, s.xbuf, xb.size() * 4);
-      Buffer& ybuf = grow(dev, s.ybuf, static_cast<uint64_t>(rows * N * 4));
-      Buffer& tbuf = grow(dev, s.tiles, tiles.size() * 4);
-      Buffer& rbuf = grow(dev, s.rows, xrows.size() * 4);
+      s.stats.uploaded_bytes += bytes;
+      s.stats.expert_bytes += bytes;
+      if (overlapped) s.stats.overlapped_bytes += bytes;
+      Buffer& xbuf = grow(dev, gs.x, xb.size() * 4);
+      Buffer& ybuf = grow(dev, gs.y, static_cast<uint64_t>(b.rows * N * 4));
+      Buffer& tbuf = grow(dev, gs.tiles, tiles.size() * 4);
+      Buffer& rbuf = grow(dev, gs.rows, xrows.size() * 4);
       dev.upload(xbuf, 0, xb.data(), xb.size() * 4);
       dev.upload(tbuf, 0, tiles.data(), tiles.size() * 4);
       dev.upload(rbuf, 0, xrows.data(), xrows.size() * 4);
@@ -461,15 +556,23 @@ void Backend::run_grouped(std::span<const Group> groups, const float* x, int64_t
       d.push[8] = static_cast<uint32_t>(wb);
       d.push[9] = static_cast<uint32_t>(sb);
       set_groups(d, N, static_cast<int64_t>(tiles.size() / 3), dev.max_groups_x());
-      dev.run(std::span<const Dispatch>(&d, 1));
-      dev.download(ybuf, 0, y + out_row * N, static_cast<uint64_t>(rows * N * 4));
+      flight[slot] = {dev.submit(std::span<const Dispatch>(&d, 1)), &b};
+      s.stats.products += 1;
+      s.stats.rows += b.rows;
+      s.stats.flops += 2.0 * static_cast<double>(b.rows) * static_cast<double>(N * K);
     }
-    s.stats.products += 1;
-    s.stats.rows += rows;
-    s.stats.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(N * K);
-    out_row += rows;
-    g0 = g1;
+    land(static_cast<int>(batches.size() % 2));  // the older of the last two first
+    land(static_cast<int>((batches.size() + 1) % 2));
+  } catch (...) {
+    for (InFlight& f : flight) {  // nothing may still read the buffers when they go
+      try {
+        if (f.batch != nullptr) dev.wait(f.ticket);
+      } catch (...) {
+      }
+    }
+    throw;
   }
+  s.stats.grouped_products += 1;
   s.stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -1,8 +1,11 @@
 // The Vulkan device (see device.h). The loader is opened with dlopen and every entry point is
 // fetched through vkGetInstanceProcAddr / vkGetDeviceProcAddr (VK_NO_PROTOTYPES), so nothing
 // links against libvulkan: a machine without Vulkan gets a clear "no loader" from probe() and
-// runs on the CPU. Submission is synchronous (one fence): a product's upload, dispatches and
-// read-back complete before it returns, so no buffer is in flight when the backend reuses it.
+// runs on the CPU. Copies (staged uploads and read-backs) are synchronous (their own command
+// buffer and fence). Dispatches go through two submission slots, each with its command buffer,
+// fence and descriptor pool: submit() returns at once so the caller can fill the other slot's
+// buffers while the device computes (the backend's double-buffered uploads), and a slot is
+// reused only after its previous work has finished, so no buffer is rewritten while in flight.
 #include "gpu/device.h"
 
 #include <dlfcn.h>
@@ -60,6 +63,10 @@ std::shared_ptr<Buffer> Device::import(const void*, uint64_t, uint64_t&) {
 }
 void Device::upload(Buffer&, uint64_t, const void*, uint64_t) {}
 void Device::download(Buffer&, uint64_t, void*, uint64_t) {}
+uint64_t Device::submit(std::span<const Dispatch>) {
+  return 0;
+}
+void Device::wait(uint64_t) {}
 void Device::run(std::span<const Dispatch>) {}
 uint64_t buffer_size(const Buffer&) {
   return 0;
@@ -277,12 +284,21 @@ struct Device::Impl {
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t family = 0;
   VkCommandPool cmd_pool = VK_NULL_HANDLE;
-  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;  // copies
   VkFence fence = VK_NULL_HANDLE;
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   VkPipelineLayout pipe_layout = VK_NULL_HANDLE;
-  VkDescriptorPool desc_pool = VK_NULL_HANDLE;
-  uint32_t desc_pool_sets = 0;
+  // The two submission slots for dispatches (ticket t uses slot t % 2).
+  struct Slot {
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    uint32_t pool_sets = 0;
+    uint64_t ticket = 0;
+    bool busy = false;
+  };
+  Slot slots[2];
+  uint64_t next_ticket = 1;
   std::map<std::pair<std::string, uint32_t>, VkPipeline> pipelines;
   std::map<std::string, VkShaderModule> modules;
   bool import = false;
@@ -302,7 +318,11 @@ struct Device::Impl {
     dummy.reset();
     for (auto& [k, p] : pipelines) vkDestroyPipeline(dev, p, nullptr);
     for (auto& [k, m] : modules) vkDestroyShaderModule(dev, m, nullptr);
-    if (desc_pool) vkDestroyDescriptorPool(dev, desc_pool, nullptr);
+    for (Slot& sl : slots) {
+      if (sl.busy) vkWaitForFences(dev, 1, &sl.fence, VK_TRUE, UINT64_MAX);
+      if (sl.pool) vkDestroyDescriptorPool(dev, sl.pool, nullptr);
+      if (sl.fence) vkDestroyFence(dev, sl.fence, nullptr);
+    }
     if (pipe_layout) vkDestroyPipelineLayout(dev, pipe_layout, nullptr);
     if (set_layout) vkDestroyDescriptorSetLayout(dev, set_layout, nullptr);
     if (fence) vkDestroyFence(dev, fence, nullptr);
@@ -380,27 +400,38 @@ struct Device::Impl {
     return b;
   }
 
-  void begin() {
-    check(vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer");
+  void begin(VkCommandBuffer c) {
+    check(vkResetCommandBuffer(c, 0), "vkResetCommandBuffer");
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    check(vkBeginCommandBuffer(cmd, &bi), "vkBeginCommandBuffer");
+    check(vkBeginCommandBuffer(c, &bi), "vkBeginCommandBuffer");
   }
-  void submit_and_wait() {
-    check(vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
-    check(vkResetFences(dev, 1, &fence), "vkResetFences");
+  void begin() {
+    begin(cmd);
+  }
+  void submit(VkCommandBuffer c, VkFence f) {
+    check(vkEndCommandBuffer(c), "vkEndCommandBuffer");
+    check(vkResetFences(dev, 1, &f), "vkResetFences");
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd;
-    check(vkQueueSubmit(queue, 1, &si, fence), "vkQueueSubmit");
+    si.pCommandBuffers = &c;
+    check(vkQueueSubmit(queue, 1, &si, f), "vkQueueSubmit");
+  }
+  void submit_and_wait() {
+    submit(cmd, fence);
     check(vkWaitForFences(dev, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
   }
-  void barrier() {
+  void finish(Slot& sl) {
+    if (!sl.busy) return;
+    sl.busy = false;  // a failed wait leaves nothing to wait for again
+    check(vkWaitForFences(dev, 1, &sl.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  }
+  void barrier(VkCommandBuffer c) {
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
     mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
     mb.dstAccessMask =
         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+    vkCmdPipelineBarrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
                              VK_PIPELINE_STAGE_HOST_BIT,
                          0, 1, &mb, 0, nullptr, 0, nullptr);
@@ -436,19 +467,23 @@ struct Device::Impl {
     return p;
   }
 
-  void ensure_descriptor_sets(uint32_t n) {
-    if (n <= desc_pool_sets) {
-      check(vkResetDescriptorPool(dev, desc_pool, 0), "vkResetDescriptorPool");
+  // The slot's descriptor pool, emptied, with room for `n` sets (its work has finished).
+  void ensure_descriptor_sets(Slot& sl, uint32_t n) {
+    if (n <= sl.pool_sets) {
+      check(vkResetDescriptorPool(dev, sl.pool, 0), "vkResetDescriptorPool");
       return;
     }
-    if (desc_pool) vkDestroyDescriptorPool(dev, desc_pool, nullptr);
-    desc_pool_sets = std::max<uint32_t>(n, 64);
-    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 6 * desc_pool_sets};
+    if (sl.pool) vkDestroyDescriptorPool(dev, sl.pool, nullptr);
+    sl.pool = VK_NULL_HANDLE;
+    sl.pool_sets = 0;
+    const uint32_t sets = std::max<uint32_t>(n, 64);
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 6 * sets};
     VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-    pi.maxSets = desc_pool_sets;
+    pi.maxSets = sets;
     pi.poolSizeCount = 1;
     pi.pPoolSizes = &size;
-    check(vkCreateDescriptorPool(dev, &pi, nullptr, &desc_pool), "vkCreateDescriptorPool");
+    check(vkCreateDescriptorPool(dev, &pi, nullptr, &sl.pool), "vkCreateDescriptorPool");
+    sl.pool_sets = sets;
   }
 };
 
@@ -532,6 +567,10 @@ std::unique_ptr<Device> Device::open(int index, bool staged) {
   check(d.vkAllocateCommandBuffers(d.dev, &ci, &d.cmd), "vkAllocateCommandBuffers");
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   check(d.vkCreateFence(d.dev, &fi, nullptr, &d.fence), "vkCreateFence");
+  for (Device::Impl::Slot& sl : d.slots) {
+    check(d.vkAllocateCommandBuffers(d.dev, &ci, &sl.cmd), "vkAllocateCommandBuffers");
+    check(d.vkCreateFence(d.dev, &fi, nullptr, &sl.fence), "vkCreateFence");
+  }
   VkDescriptorSetLayoutBinding bindings[6];
   for (uint32_t i = 0; i < 6; ++i)
     bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
@@ -615,14 +654,16 @@ void Device::download(Buffer& src, uint64_t offset, void* dst, uint64_t bytes) {
   }
 }
 
-void Device::run(std::span<const Dispatch> dispatches) {
+uint64_t Device::submit(std::span<const Dispatch> dispatches) {
   Impl& d = *impl_;
-  if (dispatches.empty()) return;
-  d.ensure_descriptor_sets(static_cast<uint32_t>(dispatches.size()));
+  const uint64_t ticket = d.next_ticket;
+  Impl::Slot& sl = d.slots[ticket % 2];
+  d.finish(sl);  // the slot's previous work (two tickets ago)
+  d.ensure_descriptor_sets(sl, static_cast<uint32_t>(std::max<size_t>(dispatches.size(), 1)));
   std::vector<VkDescriptorSet> sets(dispatches.size());
   std::vector<VkDescriptorSetLayout> layouts(dispatches.size(), d.set_layout);
   VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-  ai.descriptorPool = d.desc_pool;
+  ai.descriptorPool = sl.pool;
   ai.descriptorSetCount = static_cast<uint32_t>(sets.size());
   ai.pSetLayouts = layouts.data();
   check(d.vkAllocateDescriptorSets(d.dev, &ai, sets.data()), "vkAllocateDescriptorSets");
@@ -645,18 +686,32 @@ void Device::run(std::span<const Dispatch> dispatches) {
   d.vkUpdateDescriptorSets(d.dev, static_cast<uint32_t>(writes.size()), writes.data(), 0, nullptr);
   std::vector<VkPipeline> pipes;
   for (const Dispatch& x : dispatches) pipes.push_back(d.pipeline(x.module, x.tm));
-  d.begin();
+  d.begin(sl.cmd);
   for (size_t i = 0; i < dispatches.size(); ++i) {
     const Dispatch& x = dispatches[i];
-    d.vkCmdBindPipeline(d.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipes[i]);
-    d.vkCmdBindDescriptorSets(d.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.pipe_layout, 0, 1, &sets[i],
+    d.vkCmdBindPipeline(sl.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipes[i]);
+    d.vkCmdBindDescriptorSets(sl.cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.pipe_layout, 0, 1, &sets[i],
                               0, nullptr);
-    d.vkCmdPushConstants(d.cmd, d.pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(x.push),
+    d.vkCmdPushConstants(sl.cmd, d.pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(x.push),
                          x.push);
-    d.vkCmdDispatch(d.cmd, x.groups[0], x.groups[1], x.groups[2]);
-    d.barrier();
+    d.vkCmdDispatch(sl.cmd, x.groups[0], x.groups[1], x.groups[2]);
+    d.barrier(sl.cmd);
   }
-  d.submit_and_wait();
+  d.submit(sl.cmd, sl.fence);
+  sl.ticket = ticket;
+  sl.busy = true;
+  d.next_ticket = ticket + 1;
+  return ticket;
+}
+
+void Device::wait(uint64_t ticket) {
+  Impl::Slot& sl = impl_->slots[ticket % 2];
+  if (sl.ticket == ticket) impl_->finish(sl);  // else it finished before its slot was reused
+}
+
+void Device::run(std::span<const Dispatch> dispatches) {
+  if (dispatches.empty()) return;
+  wait(submit(dispatches));
 }
 
 #endif  // DELTAFIN_HAVE_VULKAN

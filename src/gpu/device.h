@@ -49,7 +49,14 @@ class Device {
   // Copies host bytes in (mapped memcpy, or through the staging buffer) and out.
   void upload(Buffer& dst, uint64_t offset, const void* src, uint64_t bytes);
   void download(Buffer& src, uint64_t offset, void* dst, uint64_t bytes);
-  // Runs the dispatches in order (a barrier between each) and waits for them.
+  // Records the dispatches (in order, a barrier after each) and submits them without waiting;
+  // returns a ticket for wait(). Two submissions may be in flight: a third first waits for the
+  // one two tickets before it, whose slot it takes. Copies (upload, download) queue behind
+  // submitted work that writes what they read.
+  uint64_t submit(std::span<const Dispatch> dispatches);
+  // Waits until the submission `ticket` has finished (at once if it already has).
+  void wait(uint64_t ticket);
+  // submit() and wait().
   void run(std::span<const Dispatch> dispatches);
 
   struct Impl;

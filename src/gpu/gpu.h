@@ -6,7 +6,9 @@
 //
 // What runs here: y = x·Wᵀ for f32, bf16 and MXFP4 weights (the model's projections, through
 // kernels/offload.h) and the expert-grouped product (several experts' W, each over its own
-// rows). Exactness: weights are decoded exactly to fp32, activations stay fp32, sums are fp32
+// rows: the MoE's routed experts in prefill passes, uploaded once per pass in double-buffered
+// batches that overlap the copy of one batch with the compute of the one before).
+// Exactness: weights are decoded exactly to fp32, activations stay fp32, sums are fp32
 // (matmul.comp states the order); results differ from the CPU tables in the last bits only.
 // Nothing lossy: no fp16/bf16/int8 activations, no low-precision matrix units. int8 weights
 // (--trunk int8) are declined and stay on the CPU.
@@ -64,14 +66,17 @@ struct Stats {
   double flops = 0;             // 2 * M * N * K summed
   uint64_t uploaded_bytes = 0;  // weight bytes copied to the device for one product
   uint64_t imported_bytes = 0;  // weight bytes used zero-copy for one product
-  double seconds = 0;           // wall time inside device products
+  // Expert-grouped products (the routed experts of prefill passes), and of uploaded_bytes
+  // those that were expert weights and those copied while the device was still computing an
+  // earlier batch of the same product (the double-buffered staging).
+  int64_t grouped_products = 0;
+  uint64_t expert_bytes = 0;
+  uint64_t overlapped_bytes = 0;
+  double seconds = 0;  // wall time inside device products
 };
 
 // One row group of an expert-grouped product: x rows `rows` use weights `w`.
-struct Group {
-  Matrix w;
-  std::span<const int32_t> rows;
-};
+using Group = kernels::RowGroup;
 
 class Device;
 
@@ -97,8 +102,14 @@ class Backend : public kernels::MatmulOffload {
            bool accumulate);
   // Expert-grouped product: for each group g and each i, y[(sum of earlier groups' rows) + i]
   // = x[rows_g[i]] · W_gᵀ (y dense, [total rows][N]). Every W has the same shape and format.
-  // Throws Error on a device error.
+  // Each group's W is uploaded once (a group with more rows than one buffer holds: once per
+  // buffer of rows); groups are cut into batches, each uploaded into one of two buffer sets
+  // while the device computes the batch before it. Throws Error on a device error.
   void run_grouped(std::span<const Group> groups, const float* x, int64_t ldx, float* y);
+  // kernels::MatmulOffload: the MoE's routed experts in passes of at least min_rows rows; a
+  // device error is said once and declines (the pass's experts then run on the CPU).
+  bool takes_grouped(int64_t pass_rows) const override;
+  bool grouped(std::span<const Group> groups, const float* x, int64_t ldx, float* y) override;
 
   // Keeps `w` in device memory for the backend's life (the caller keeps its bytes valid and
   // unchanged as long): true when it is (or already was) resident, false when the budget is
@@ -115,6 +126,8 @@ class Backend : public kernels::MatmulOffload {
   Backend(Options o, std::unique_ptr<Device> d);
   uint64_t range_limit() const;
   std::vector<float> product(const Matrix& w, const float* x, int64_t M, int64_t ldx);
+  void grouped_product(std::span<const Group> groups, const float* x, int64_t ldx, float* y);
+  void note_failure(const std::exception& e);  // says it once; later products decline
   Options options_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<State> state_;

@@ -8,10 +8,17 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "tensor/matrix.h"
 
 namespace deltafin::kernels {
+
+// One row group of an expert-grouped product: the x rows `rows` use the weights `w`.
+struct RowGroup {
+  Matrix w;
+  std::span<const int32_t> rows;
+};
 
 class MatmulOffload {
  public:
@@ -20,6 +27,24 @@ class MatmulOffload {
   // Returns false, leaving y untouched, when it does not take the product.
   virtual bool matmul(const Matrix& w, const float* x, int64_t M, int64_t ldx, float* y,
                       int64_t ldy, bool accumulate) = 0;
+
+  // The routed experts of a pass go to grouped() instead of one matmul per expert and matrix
+  // when this says so for a pass of `pass_rows` rows (the MoE asks once per layer pass).
+  virtual bool takes_grouped(int64_t pass_rows) const {
+    (void)pass_rows;
+    return false;
+  }
+  // Expert-grouped product: for each group g and each i, y[(rows of earlier groups) + i] =
+  // x[rows_g[i] * ldx ...] · W_gᵀ, y dense [total rows][N]; every W has one shape and format,
+  // and each group's W is read once for all its rows. Returns false when it does not take the
+  // product: y's contents are then unspecified and the caller computes it on the CPU.
+  virtual bool grouped(std::span<const RowGroup> groups, const float* x, int64_t ldx, float* y) {
+    (void)groups;
+    (void)x;
+    (void)ldx;
+    (void)y;
+    return false;
+  }
 };
 
 // Installs `offload` (may be null) for kernels::matmul calls made by this thread until the

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -15,6 +16,9 @@
 namespace deltafin {
 
 class ThreadPool;
+namespace kernels {
+class MatmulOffload;
+}
 
 struct SeqRows {
   int64_t begin = 0;  // first row of this sequence in the batch
@@ -65,6 +69,9 @@ int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertPro
 // pass and applied to all the pass's rows that chose it, at most `block_rows` rows at a time —
 // then finish() each block (weighted sum in id order, latent norm, up projection, shared
 // experts). x are the block's normed MLP inputs, the same rows to route() and to finish().
+// Under an offload that takes grouped products for the pass (kernels/offload.h: the GPU in
+// prefill), run_experts() gives the experts to it in windows of grouped gate/up and down
+// products instead, and runs on the CPU whatever it declines.
 class MoePass {
  public:
   MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t block_rows);
@@ -74,14 +81,19 @@ class MoePass {
   void finish(const LayerContext& block, int64_t first_row, const float* x, float* y);
 
  private:
+  void apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list);
+  bool apply_on_device(kernels::MatmulOffload& device,
+                       std::span<const std::pair<int, ExpertHandle>> window,
+                       const std::vector<std::vector<int64_t>>& users);
   const LayerContext& pass_;
   const MoeTrunkWeights& w_;
   int64_t block_rows_;
-  std::vector<int> ids_;      // [rows][top_k], ascending per row
-  std::vector<float> wts_;    // [rows][top_k]
-  std::vector<float> xi_;     // [rows][latent]
-  std::vector<float> slot_;   // [rows][top_k][latent]: each (row, slot)'s expert output
-  std::vector<bool> chosen_;  // per expert
+  std::vector<int> ids_;                  // [rows][top_k], ascending per row
+  std::vector<float> wts_;                // [rows][top_k]
+  std::vector<float> xi_;                 // [rows][latent]
+  std::vector<float> slot_;               // [rows][top_k][latent]: each (row, slot)'s expert output
+  std::vector<bool> chosen_;              // per expert
+  std::vector<float> xe_, ge_, ue_, ye_;  // one expert's CPU scratch
 };
 
 // The router's choice for every row of `x` (normed MLP inputs): the one top-k shared by the

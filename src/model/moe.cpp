@@ -3,13 +3,18 @@
 // pass and applied to all the rows that chose it, whichever sequences (and blocks of a long
 // pass, pass_plan.h) they belong to, as experts become ready. Each row's expert outputs are summed
 // in ascending expert-id order, so the result does not depend on arrival order, batching or thread
-// count.
+// count. When the pass's offload takes grouped products (the GPU in a prefill pass), experts are
+// gathered in windows as they arrive and each window runs as two grouped products on the device
+// — gate and up of all its experts over their rows, then down — with SiTU between them on the
+// CPU (the same ops::situ_rows): each expert's weights go to the device once per pass, and a
+// window the device declines runs on the CPU as without it.
 #include <algorithm>
 #include <numeric>
 
 #include "core/thread_pool.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
+#include "kernels/offload.h"
 #include "model/layers.h"
 #include "model/ops.h"
 
@@ -94,12 +99,84 @@ void MoePass::route(const LayerContext& block, int64_t first_row, const float* x
   kernels::matmul(w_.down, x, block.rows, c.hidden, xi_.data() + first_row * Hl, Hl, block.pool);
 }
 
+namespace {
+// Experts gathered before a window goes to the device: enough for long grouped products whose
+// uploads overlap, few enough that pinning them all asks little of an expert store's budget.
+constexpr size_t kDeviceWindow = 16;
+}  // namespace
+
+// One expert over its (row, slot) users on the CPU, at most a block of rows at a time (a row's
+// result does not depend on how many rows run beside it); outputs land in their (row, slot).
+void MoePass::apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list) {
+  const ModelConfig& c = pass_.c;
+  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim, I = c.moe.intermediate;
+  ThreadPool& pool = pass_.pool;
+  const auto total = static_cast<int64_t>(list.size());
+  for (int64_t b = 0; b < total; b += block_rows_) {
+    const int64_t n = std::min(block_rows_, total - b);
+    xe_.resize(static_cast<size_t>(n * Hl));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = list[static_cast<size_t>(b + i)] / k;
+      std::copy_n(xi_.data() + r * Hl, Hl, xe_.data() + i * Hl);
+    }
+    ge_.resize(static_cast<size_t>(n * I));
+    ue_.resize(static_cast<size_t>(n * I));
+    ye_.resize(static_cast<size_t>(n * Hl));
+    kernels::matmul(w.w1, xe_.data(), n, Hl, ge_.data(), I, pool);
+    kernels::matmul(w.w3, xe_.data(), n, Hl, ue_.data(), I, pool);
+    ops::situ_rows(ge_.data(), ue_.data(), n * I, c.situ_beta, c.situ_linear_beta, ge_.data());
+    kernels::matmul(w.w2, ge_.data(), n, I, ye_.data(), Hl, pool);
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(ye_.data() + i * Hl, Hl, slot_.data() + list[static_cast<size_t>(b + i)] * Hl);
+  }
+}
+
+// A window of experts as two grouped products on the device; false (nothing written) when the
+// device declines either.
+bool MoePass::apply_on_device(kernels::MatmulOffload& device,
+                              std::span<const std::pair<int, ExpertHandle>> window,
+                              const std::vector<std::vector<int64_t>>& users) {
+  const ModelConfig& c = pass_.c;
+  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim, I = c.moe.intermediate;
+  std::vector<std::vector<int32_t>> rows(window.size());
+  int64_t total = 0;
+  std::vector<kernels::RowGroup> gate_up, down;
+  for (size_t e = 0; e < window.size(); ++e) {
+    for (int64_t u : users[static_cast<size_t>(window[e].first)])
+      rows[e].push_back(static_cast<int32_t>(u / k));
+    total += static_cast<int64_t>(rows[e].size());
+    gate_up.push_back({window[e].second->w1, rows[e]});
+    gate_up.push_back({window[e].second->w3, rows[e]});
+  }
+  // [expert][gate rows, then up rows][I]
+  std::vector<float> gu(static_cast<size_t>(2 * total * I));
+  if (!device.grouped(gate_up, xi_.data(), Hl, gu.data())) return false;
+  std::vector<float> h(static_cast<size_t>(total * I));
+  std::vector<int32_t> hrows(static_cast<size_t>(total));
+  std::iota(hrows.begin(), hrows.end(), 0);
+  int64_t at = 0;
+  for (size_t e = 0; e < window.size(); ++e) {
+    const auto n = static_cast<int64_t>(rows[e].size());
+    const float* g = gu.data() + 2 * at * I;
+    ops::situ_rows(g, g + n * I, n * I, c.situ_beta, c.situ_linear_beta, h.data() + at * I);
+    down.push_back({window[e].second->w2, std::span<const int32_t>(hrows).subspan(
+                                              static_cast<size_t>(at), static_cast<size_t>(n))});
+    at += n;
+  }
+  std::vector<float> y(static_cast<size_t>(total * Hl));
+  if (!device.grouped(down, h.data(), I, y.data())) return false;
+  at = 0;
+  for (const auto& [expert, handle] : window) {
+    for (int64_t u : users[static_cast<size_t>(expert)])
+      std::copy_n(y.data() + (at++) * Hl, Hl, slot_.data() + u * Hl);
+  }
+  return true;
+}
+
 int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
                              const std::function<void()>& after_request) {
   const ModelConfig& c = pass_.c;
   const int64_t R = pass_.rows, E = c.moe.num_experts, k = c.moe.top_k;
-  const int64_t Hl = c.moe.latent_dim, I = c.moe.intermediate;
-  ThreadPool& pool = pass_.pool;
   std::vector<int> wanted;
   for (int64_t e = 0; e < E; ++e) {
     if (chosen_[static_cast<size_t>(e)]) wanted.push_back(static_cast<int>(e));
@@ -110,36 +187,30 @@ int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
     for (int64_t s = 0; s < k; ++s)
       users[static_cast<size_t>(ids_[static_cast<size_t>(r * k + s)])].push_back(r * k + s);
   }
-  // Apply each expert to its rows as it arrives, at most a block of rows at a time (a row's
-  // result does not depend on how many rows run beside it); outputs land in their (row, slot).
-  std::vector<float> xe, ge, ue, ye;
+  kernels::MatmulOffload* device = kernels::current_offload();
+  if (device != nullptr && !device->takes_grouped(R)) device = nullptr;
+  std::vector<std::pair<int, ExpertHandle>> window;  // (expert id, pinned weights)
+  auto flush = [&] {
+    if (!apply_on_device(*device, window, users)) {
+      for (const auto& [expert, handle] : window)
+        apply_on_cpu(*handle, users[static_cast<size_t>(expert)]);
+    }
+    window.clear();
+  };
   auto batch = experts.request(layer, wanted);
   if (after_request) after_request();
   size_t index = 0;
   ExpertHandle handle;
   while (batch->next(index, handle)) {
-    const auto& list = users[static_cast<size_t>(wanted[index])];
-    const auto total = static_cast<int64_t>(list.size());
-    for (int64_t b = 0; b < total; b += block_rows_) {
-      const int64_t n = std::min(block_rows_, total - b);
-      xe.resize(static_cast<size_t>(n * Hl));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = list[static_cast<size_t>(b + i)] / k;
-        std::copy_n(xi_.data() + r * Hl, Hl, xe.data() + i * Hl);
-      }
-      ge.resize(static_cast<size_t>(n * I));
-      ue.resize(static_cast<size_t>(n * I));
-      ye.resize(static_cast<size_t>(n * Hl));
-      kernels::matmul(handle->w1, xe.data(), n, Hl, ge.data(), I, pool);
-      kernels::matmul(handle->w3, xe.data(), n, Hl, ue.data(), I, pool);
-      ops::situ_rows(ge.data(), ue.data(), n * I, c.situ_beta, c.situ_linear_beta, ge.data());
-      kernels::matmul(handle->w2, ge.data(), n, I, ye.data(), Hl, pool);
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(ye.data() + i * Hl, Hl, slot_.data() + list[static_cast<size_t>(b + i)] * Hl);
-      }
+    if (device == nullptr) {
+      apply_on_cpu(*handle, users[static_cast<size_t>(wanted[index])]);
+    } else {
+      window.emplace_back(wanted[index], std::move(handle));
+      if (window.size() == kDeviceWindow) flush();
     }
     handle.reset();
   }
+  if (!window.empty()) flush();
   return static_cast<int64_t>(wanted.size());
 }
 
