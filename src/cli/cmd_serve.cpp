@@ -119,6 +119,7 @@ void run_serve(ServeArgs& a) {
   }
   if (max_body == 0) fail_usage("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
+  resolve_default_draft(a.draft, a.engine.model);
   require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
     const ModelConfig cfg = load_config(a.engine.model);
@@ -183,6 +184,7 @@ void run_serve(ServeArgs& a) {
   a.engine.sequences = a.parallel + a.cache;
   a.engine.max_rows =
       static_cast<int64_t>(a.parallel) * std::max<int64_t>(a.prefill_chunk, draft_rows(a.draft));
+  plan_draft_model(a.draft.draft, a.engine);  // counted for every planned sequence
   auto model = load_model(a.engine);
   const auto& cfg = model->config();
   if (tok.vocab_size() > cfg.vocab) {

@@ -9,6 +9,19 @@
 
 namespace deltafin {
 
+std::string describe_draft_choice(const DraftConfig& c) {
+  std::string w;
+  for (size_t k = 0; k < c.widths.size(); ++k) {
+    if (c.widths[k] > 0)
+      w += fmt::format("{}{} drafts x {}", w.empty() ? "" : ", ", k, c.widths[k]);
+  }
+  return fmt::format(
+      "[draft] {} length; decode passes by drafts verified: {}; acceptance estimate {:.2f}; pass "
+      "cost {}",
+      c.auto_length ? "auto" : fmt::format("fixed {}", c.max), w.empty() ? "none" : w,
+      c.acceptance.rate(), c.cost ? c.cost->describe() : "not measured");
+}
+
 uint64_t bytes_read_so_far(Model& model) {
   return model.experts().stats().bytes_read + model.trunk_stats().bytes_streamed;
 }
@@ -52,6 +65,9 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
   for (size_t t = gen.tokens().size() - static_cast<size_t>(v.tokens); t < gen.tokens().size(); ++t)
     emitted.push_back(gen.tokens()[t].id);
   draft.acceptance.observe_pass(proposal, proposed, v.accepted, emitted);
+  if (draft.widths.size() <= static_cast<size_t>(proposed))
+    draft.widths.resize(static_cast<size_t>(proposed) + 1);
+  ++draft.widths[static_cast<size_t>(proposed)];
   draft.stats.proposed += proposed;
   draft.stats.accepted += v.accepted;
   draft.stats.tokens += v.tokens;
