@@ -3,7 +3,10 @@
 // its own float64 perplexity of a held-out text and its greedy continuations of several prompts
 // (tests/data/k3-demo/expected.json, written by tools/train/crosscheck.py). Two independent
 // implementations agreeing on a trained model is the strongest check short of real K3 weights;
-// the figures are stored, so this test needs no PyTorch.
+// the figures are stored, so this test needs no PyTorch. The demo ships a trained EAGLE-3.1
+// drafter (draft/, tools/train/train_eagle.py) that decoding uses by default: its proposals
+// match the PyTorch drafter's (tests/data/k3-demo/eagle-expected.json, crosscheck_eagle.py), and
+// drafting with it keeps the greedy output while drafts are really accepted.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,6 +64,50 @@ TEST(DemoModel, GreedyContinuationsMatchThePyTorchImplementation) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["completion_ids"], c["completion_ids"]) << c["prompt"];
   }
+}
+
+std::string join(const json& ids) {
+  std::string s;
+  for (const auto& t : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(t.get<int>());
+  }
+  return s;
+}
+
+TEST(DemoModel, DrafterProposalsMatchThePyTorchDrafter) {
+  const json e = json::parse(test::slurp(test::data_dir() + "/k3-demo/eagle-expected.json"));
+  ASSERT_GE(e["cases"].size(), 3u);
+  for (const auto& c : e["cases"]) {
+    auto r = test::run_deltafin({"propose", "--model", demo_dir(), "--draft", demo_dir() + "/draft",
+                                 "--tokens", join(c["prefix"]), "--anchor",
+                                 std::to_string(c["anchor"].get<int>()), "--drafts",
+                                 std::to_string(e["drafts"].get<int>()), "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["draft_ids"], c["draft_ids"]) << c["prompt"];
+  }
+}
+
+TEST(DemoModel, DraftsWithItsDrafterByDefaultAndKeepsTheGreedyOutput) {
+  int64_t accepted = 0;
+  for (const std::string prompt : {"The king said unto", "Tell me a story.", "Love is"}) {
+    const std::vector<std::string> base = {"run",  "--model",   demo_dir(), "--prompt",
+                                           prompt, "--max-new", "32",       "--json"};
+    auto plain = test::run_deltafin([&] {
+      auto a = base;
+      a.insert(a.end(), {"--draft", "none"});
+      return a;
+    }());
+    auto drafted = test::run_deltafin(base);
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(drafted.exit_code, 0) << drafted.err;
+    const json p = json::parse(plain.out), d = json::parse(drafted.out);
+    EXPECT_EQ(d["completion_ids"], p["completion_ids"]) << prompt;
+    EXPECT_EQ(p["draft_proposed"], 0);
+    EXPECT_GT(d["draft_proposed"].get<int64_t>(), 0) << prompt;
+    accepted += d["draft_accepted"].get<int64_t>();
+  }
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace

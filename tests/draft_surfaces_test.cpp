@@ -7,7 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "draft/draft_model.h"
+#include "model/config.h"
 #include "server_util.h"
+#include "storage/plan.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -90,6 +93,45 @@ TEST(DraftSurfaces, ChatAndServeWithADraftModelFolderKeepTheOutput) {
     proposed += drafted_texts[i]["timings"].value("draft_n", int64_t{0});
   }
   EXPECT_GT(proposed, 0);
+}
+
+// The draft model's weights and its cache are counted in the memory plan before anything loads,
+// on every surface, and -v prints them: the [plan] line carries the bytes the opened drafter binds
+// and its cache for the planned context and sequences, and a "draft:" line describes it.
+TEST(DraftSurfaces, EverySurfaceCountsTheDraftModelInTheMemoryPlan) {
+  const std::string& model = test::server_model_dir();
+  const ModelConfig cfg = load_config(model);
+  for (const std::string kind : {"eagle3.1", "dspark"}) {
+    const std::string draft = draft_for(model, kind);
+    const auto dm = open_draft_model(draft, cfg);
+    ASSERT_GT(dm->weight_bytes(), 0u);
+    auto want = [&](int sequences) {
+      return "draft model " + gib(dm->weight_bytes()) + " + its cache " +
+             gib(dm->cache_bytes_per_position() * 256 * static_cast<uint64_t>(sequences));
+    };
+    const std::vector<std::string> common = {"--model", model,     "--threads", "1", "--ctx",
+                                             "256",     "--draft", draft,       "-v"};
+    auto with = [&](std::vector<std::string> args) {
+      args.insert(args.end(), common.begin(), common.end());
+      return args;
+    };
+    const auto run = test::run_deltafin(with({"run", "--prompt-ids", "5,6,7", "--max-new", "2"}));
+    const auto chat = test::run_deltafin(with({"chat", "--max-new", "2", "--no-color"}), "Hi\n");
+    const auto bench = test::run_deltafin(with(
+        {"bench", "--prompt-tokens", "4", "--gen-tokens", "2", "--reps", "1", "--no-disk-probe"}));
+    for (const auto* r : {&run, &chat, &bench}) {
+      ASSERT_EQ(r->exit_code, 0) << kind << ": " << r->err;
+      EXPECT_NE(r->err.find(want(1)), std::string::npos) << kind << ": " << r->err;
+      EXPECT_NE(r->err.find("draft: " + dm->describe()), std::string::npos) << r->err;
+    }
+    test::ServerProcess srv({"--parallel", "2", "--threads", "1", "--ctx", "256", "--draft", draft,
+                             "--draft-max", "3", "-v"},
+                            model);
+    ASSERT_TRUE(srv.ready()) << srv.err();
+    EXPECT_NE(srv.err().find("draft model " + gib(dm->weight_bytes()) + " + its cache "),
+              std::string::npos)
+        << srv.err();
+  }
 }
 
 TEST(DraftSurfaces, AFolderThatIsNotADraftModelGetsOneLine) {

@@ -203,8 +203,8 @@ TEST(Eagle3, ProposalsMatchTheGoldenCase) {
     EXPECT_LT(max_abs_diff(logits,
                            read_f32(eagle_dir() + "/" + p["draft_logits_file"].get<std::string>())),
               2e-3f);
-    ASSERT_EQ(d.q.size(), d.tokens.size());
-    for (const auto& q : d.q) EXPECT_EQ(q.size(), 512u);
+    // A top-1 chain is a deterministic drafter: no q (speculative_sampling_test shows why).
+    EXPECT_TRUE(d.q.empty());
   }
 }
 

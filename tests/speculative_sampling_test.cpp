@@ -2,8 +2,10 @@
 // the first three tokens on the tiny golden model, with drafters that are often wrong (a
 // deterministic one, and one drawing from a synthetic q it reports), are compared with the
 // exact joint distribution computed from the model's own logits by a chi-square test; the
-// deterministic drafter must also give exactly the seeded plain tokens. The draft-length choice
-// is tested on its own: it may only change how much is verified, never what is emitted.
+// deterministic drafter must also give exactly the seeded plain tokens. The draft models
+// (synthetic EAGLE-3.1, EAGLE-3 and DSpark folders for the same target) run through drive() on
+// real passes, since their drafts depend on the target's taps. The draft-length choice is tested
+// on its own: it may only change how much is verified, never what is emitted.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +13,9 @@
 #include <numeric>
 #include <random>
 
+#include "draft/draft_model.h"
+#include "draft/synthetic_draft.h"
+#include "draft/tap_drafter.h"
 #include "engine/engine.h"
 #include "generate/draft_length.h"
 #include "generate/driver.h"
@@ -150,7 +155,25 @@ class SpeculativeSampling : public ::testing::Test {
     return g.completion_ids();
   }
 
+  // One seeded generation of three tokens through drive() on real passes, the prompt prefilled
+  // on an emptied state (one kept, as allocating a state per draw would dominate) so a draft
+  // model's tap recorder sees every position.
+  std::vector<int32_t> drive_sampled(uint64_t seed, Drafter* drafter, DraftStats* stats) {
+    Generation g(prompt_, params(seed), nullptr, vocab_);
+    if (!scratch_) scratch_ = std::make_unique<State>(model_->new_state());
+    State& s = *scratch_;
+    s.reset();
+    s.set_taps(nullptr);
+    DraftConfig cfg;
+    cfg.drafter = drafter;
+    cfg.max = 2;
+    drive(*model_, s, g, nullptr, nullptr, drafter != nullptr ? &cfg : nullptr);
+    if (stats != nullptr) *stats += cfg.stats;
+    return g.completion_ids();
+  }
+
   std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<State> scratch_;
   int64_t vocab_ = 0;
   std::vector<int32_t> prompt_ = {3, 1, 4, 1, 5, 9, 2, 6};
   State base_;
@@ -254,6 +277,59 @@ TEST_F(SpeculativeSampling, RejectionSamplingWithQKeepsTheDistribution) {
     naive[{first, d.tokens[0], d.tokens[1]}]++;
   }
   EXPECT_GT(chi_square(exact_, naive, n).first, crit);
+}
+
+// Remembers the first draft of the first proposal (the token after the prompt and the first
+// sampled one) of the model drafter it wraps.
+class FirstDraft : public Drafter {
+ public:
+  explicit FirstDraft(Drafter& d) : d_(d) {}
+  void attach(State& s) override { d_.attach(s); }
+  DraftProposal propose(std::span<const int32_t> history, int max_tokens) override {
+    DraftProposal p = d_.propose(history, max_tokens);
+    if (first < 0 && !p.tokens.empty()) first = p.tokens[0];
+    return p;
+  }
+  int32_t first = -1;
+
+ private:
+  Drafter& d_;
+};
+
+// The draft models of issue 13: each is a top-1 chain (a deterministic drafter), so seeded
+// sampling gives the plain three tokens and the distribution of the first two (the second is
+// where the first draft is judged; real passes make thousands of draws slow) is the target's. The
+// test has power: a broken acceptance that keeps the model's first draft is rejected.
+TEST_F(SpeculativeSampling, DraftModelsKeepTheDistribution) {
+  std::map<std::vector<int32_t>, double> exact2;  // the first two tokens
+  for (const auto& [k, p] : exact_) exact2[{k[0], k[1]}] += p;
+  for (const char* kind : {"eagle3.1", "eagle3", "dspark"}) {
+    const std::string dir = test::temp_dir(std::string("spec_sampling_") + kind) + "/draft";
+    make_draft_model(dir, synthetic_draft_preset(kind), model_->config());
+    const auto dm = open_draft_model(dir, model_->config());
+    const int n = 200;  // real passes each (not memoised): enough for the 0.1% test
+    std::map<std::vector<int32_t>, int> observed, kept;
+    DraftStats st;
+    for (int i = 0; i < n; ++i) {
+      const auto drafter = dm->new_drafter(*model_);
+      FirstDraft first(*drafter);
+      const auto ids = drive_sampled(static_cast<uint64_t>(i), &first, &st);
+      ASSERT_EQ(ids.size(), 3u);
+      ASSERT_TRUE(drafter->fallback_reason().empty()) << drafter->fallback_reason();
+      if (i < 50) {
+        EXPECT_EQ(ids, drive_sampled(static_cast<uint64_t>(i), nullptr, nullptr))
+            << kind << " seed " << i;
+      }
+      observed[{ids[0], ids[1]}]++;  // the second token is where the first draft is judged
+      kept[{ids[0], first.first}]++;
+    }
+    EXPECT_GE(st.proposed, n) << kind;
+    const auto [stat, crit] = chi_square(exact2, observed, n);
+    EXPECT_LT(stat, crit) << kind << ": chi-square " << stat << " over the 0.1% critical value "
+                          << crit;
+    const auto [broken, crit2] = chi_square(exact2, kept, n);
+    EXPECT_GT(broken, crit2) << kind << ": keeping every draft was not rejected";
+  }
 }
 
 // Through drive() on the real passes: greedy with a q drafter is the argmax, and seeded

@@ -3,7 +3,9 @@
 # tokenizer_config.json) into assets/demo/k3-demo.tar.gz, the archive the deltafin binary embeds
 # as its built-in demo (src/cli/demo.cpp). The archive is deterministic (sorted names, zero
 # mtimes and owners, gzip without a timestamp) so the same checkpoint always gives the same
-# bytes, and it carries demo.json whose "about" text is the notice users see.
+# bytes, and it carries demo.json whose "about" text is the notice users see. With --draft, the
+# demo's drafter folder (config.json + model.safetensors, the released layout; tools/train/
+# train_eagle.py) goes in as draft/, which run/chat/serve/bench use by default on the demo.
 import argparse
 import gzip
 import io
@@ -18,6 +20,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("model_dir")
     ap.add_argument("--about", required=True, help="one sentence: what the demo model is")
+    ap.add_argument("--draft", help="a draft model folder (config.json + model.safetensors) to ship as draft/")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "assets", "demo", "k3-demo.tar.gz"))
     a = ap.parse_args()
     names = sorted(os.listdir(a.model_dir))
@@ -34,6 +37,10 @@ def main():
         for n in files:
             with open(os.path.join(a.model_dir, n), "rb") as f:
                 add(n, f.read())
+        if a.draft:
+            for n in ("config.json", "model.safetensors"):
+                with open(os.path.join(a.draft, n), "rb") as f:
+                    add("draft/" + n, f.read())
         add("demo.json", (json.dumps({"about": a.about}, indent=1) + "\n").encode())
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "wb") as f:

@@ -144,11 +144,13 @@ void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
     fail_usage("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
+  resolve_default_draft(a.draft, a.engine.model);
   // Passes of --prefill-chunk rows (auto: as many as the budget holds, up to the prompt), and
   // at least a verify pass's rows when drafting.
   a.engine.max_rows = prefill_chunk_rows(a.prefill_chunk);
   if (a.engine.max_rows > 0) a.engine.max_rows = std::max(a.engine.max_rows, draft_rows(a.draft));
   a.engine.prefill_rows = std::max<int64_t>(a.prompt_tokens, draft_rows(a.draft));
+  plan_draft_model(a.draft.draft, a.engine);
   auto model = load_model(a.engine);
   const auto chunk = static_cast<size_t>(model->pass_plan().pass_rows);
   const ModelConfig& c = model->config();

@@ -76,9 +76,11 @@ const char* plural(int64_t n) {
 void run_chat(ChatArgs& a) {
   if (a.think != "on" && a.think != "off") fail_usage("--think {}: expected on or off", a.think);
   a.engine.model = resolve_model_dir(a.engine.model);
+  resolve_default_draft(a.gen.draft, a.engine.model);
   require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
   plan_prefill(a.gen, a.engine, 0);  // auto: passes of up to the context, as the budget allows
+  plan_draft_model(a.gen.draft.draft, a.engine);
   auto model = load_model(a.engine);
   a.gen.prefill_rows = model->pass_plan().pass_rows;
   ChatSession session(*model, tok);

@@ -35,11 +35,9 @@ void run_propose(const ProposeArgs& a) {
   if (ids.empty()) fail_arg("--tokens: expected at least one committed token id");
   // The draft is opened first so the target's memory plan counts it.
   require_model_folder(a.engine.model);
-  auto draft_model = open_draft_model(a.draft, load_config(a.engine.model));
   EngineOptions engine = a.engine;
-  engine.draft_weight_bytes = draft_model->weight_bytes();
-  engine.draft_cache_bytes_per_position = draft_model->cache_bytes_per_position();
-  if (engine.verbose) fmt::print(stderr, "draft: {}\n", draft_model->describe());
+  auto draft_model = plan_draft_model(a.draft, engine);
+  if (!draft_model) fail_arg("--draft {}: expected a draft model folder", a.draft);
   auto model = load_model(engine);
   const int64_t vocab = model->config().vocab;
   if (a.anchor < 0 || a.anchor >= vocab)

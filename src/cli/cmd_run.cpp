@@ -36,6 +36,7 @@ void run_run(RunArgs& a) {
     fail_usage("--chat renders text; it cannot take --prompt-ids");
   if (!a.chat && !a.system.empty()) fail_usage("--system needs --chat");
   a.engine.model = resolve_model_dir(a.engine.model);
+  resolve_default_draft(a.gen.draft, a.engine.model);
   std::optional<Tokenizer> tok;
   if (has_tokenizer(a.engine.model)) {
     tok = Tokenizer::load(a.engine.model);
@@ -67,6 +68,7 @@ void run_run(RunArgs& a) {
   // Plan memory for what this run needs: its prompt (in as few passes as the budget allows, or
   // in --prefill-chunk rows) and its context.
   plan_prefill(a.gen, a.engine, static_cast<int64_t>(prompt.size()));
+  plan_draft_model(a.gen.draft.draft, a.engine);
   auto model = load_model(a.engine);
   if (tok && tok->vocab_size() > model->config().vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(),
@@ -87,6 +89,8 @@ void run_run(RunArgs& a) {
   drive(
       *model, state, gen, &interrupted(), [&](Generation& g) { printer.on_step(g); }, &draft);
   printer.finish();
+  if (a.engine.verbose && draft.drafter != nullptr)
+    fmt::print(stderr, "{}\n", describe_draft_choice(draft));
   RunStats stats = rec.finish(gen);
   stats.draft = draft.stats;
   if (a.json) {

@@ -119,6 +119,7 @@ void run_serve(ServeArgs& a) {
   }
   if (max_body == 0) fail_usage("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
+  resolve_default_draft(a.draft, a.engine.model);
   require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
     const ModelConfig cfg = load_config(a.engine.model);
@@ -186,6 +187,7 @@ void run_serve(ServeArgs& a) {
   const int64_t decode_rows = static_cast<int64_t>(a.parallel) * draft_rows(a.draft);
   a.engine.max_rows =
       chunk > 0 ? static_cast<int64_t>(a.parallel) * std::max(chunk, draft_rows(a.draft)) : 0;
+  plan_draft_model(a.draft.draft, a.engine);  // counted for every planned sequence
   auto model = load_model(a.engine);
   const int64_t pass_rows = std::max(model->pass_plan().pass_rows, decode_rows);
   const auto& cfg = model->config();

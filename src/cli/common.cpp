@@ -10,6 +10,7 @@
 #include "cli/demo.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "draft/draft_model.h"
 #include "engine/engine.h"
 #include "engine/synthetic.h"
 #include "kernels/kernels.h"
@@ -48,8 +49,8 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
   cmd->add_option("--draft", o.draft,
                   "Speculative decoding: none, ngram (drafts from the sequence's own text) or a "
                   "draft model folder (EAGLE-3.x, DSpark); drafts are verified in one pass and "
-                  "the output is unchanged")
-      ->capture_default_str()
+                  "the output is unchanged. Default: the model folder's draft/ subfolder when it "
+                  "has one (the built-in demo's trained EAGLE-3.1 drafter), else none")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             try {
@@ -80,6 +81,26 @@ int64_t draft_rows(const DraftOptions& o) {
   if (o.draft == "none") return 1;
   const int n = parse_draft_max(o.draft_max);
   return 1 + (n == 0 ? kAutoDraftMax : n);
+}
+
+void resolve_default_draft(DraftOptions& o, const std::string& model_dir) {
+  if (!o.draft.empty()) return;
+  const std::filesystem::path own = std::filesystem::path(model_dir) / "draft";
+  std::error_code ec;
+  o.draft = std::filesystem::exists(own / "config.json", ec) ? own.string() : "none";
+}
+
+std::shared_ptr<DraftModel> plan_draft_model(const std::string& spec, EngineOptions& e) {
+  if (spec == "none" || spec == "ngram" || spec.rfind("replay", 0) == 0 ||
+      !std::filesystem::is_directory(spec)) {
+    return nullptr;
+  }
+  require_model_folder(e.model);
+  auto dm = open_draft_model(spec, load_config(e.model));
+  e.draft_weight_bytes = dm->weight_bytes();
+  e.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
+  if (e.verbose) fmt::print(stderr, "draft: {}\n", dm->describe());
+  return dm;
 }
 
 DraftConfig make_draft_config(const DraftOptions& o, Model& model,

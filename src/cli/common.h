@@ -11,6 +11,10 @@
 #include "engine/engine.h"
 #include "generate/driver.h"
 
+namespace deltafin {
+class DraftModel;
+}  // namespace deltafin
+
 namespace deltafin::cli {
 
 // The engine options and loading live in the engine (engine/engine.h), shared with the server
@@ -46,13 +50,24 @@ int64_t prefill_chunk_rows(const std::string& flag);
 
 // Speculative decoding flags of run, chat, bench and serve.
 struct DraftOptions {
-  std::string draft = "none";      // none | ngram (replay:FILE is a test aid)
+  // "" (the default): the model folder's draft/ subfolder when it has one, else none; then
+  // none | ngram | DIR (replay:FILE is a test aid).
+  std::string draft;
   std::string draft_max = "auto";  // auto (the cost model chooses) or N
 };
+// The default drafter of a model folder: its draft/ subfolder (a draft model folder, as the
+// built-in demo ships its trained EAGLE-3.1 drafter) when --draft was not given; `--draft none`
+// turns it off. Call once the model folder is known.
+void resolve_default_draft(DraftOptions& o, const std::string& model_dir);
 // Adds --draft and --draft-max; a bad value is a usage error (one line, exit 2).
 void add_draft_options(CLI::App* cmd, DraftOptions& o);
 // Rows a decode pass of one sequence may have with these flags (1 + the most drafts).
 int64_t draft_rows(const DraftOptions& o);
+// A draft model folder (`--draft DIR`) counted in the target's memory plan before either loads:
+// its weights and its cache per position (from its config and safetensors headers, through the
+// same opener decoding uses, so the figures are the ones the loaded drafter binds); -v prints
+// the draft's line. Returns the opened draft (nullptr for none / ngram / replay).
+std::shared_ptr<DraftModel> plan_draft_model(const std::string& spec, EngineOptions& e);
 // The drafter the flags name for `model` (nullptr for none) and the DraftConfig to drive with;
 // the config points into `holder`.
 DraftConfig make_draft_config(const DraftOptions& o, Model& model,

@@ -79,7 +79,8 @@ void write_file(const fs::path& path, std::string_view data) {
   if (!out) fail("demo model: cannot write {}", path.string());
 }
 
-// Unpacks the regular files of a ustar archive into dir (flat names only).
+// Unpacks the regular files of a ustar archive into dir: flat names, plus the files of one
+// draft/ subfolder (the demo's drafter, which `--draft` uses by default).
 void untar(const std::string& tar, const fs::path& dir) {
   size_t pos = 0;
   while (pos + 512 <= tar.size()) {
@@ -91,8 +92,12 @@ void untar(const std::string& tar, const fs::path& dir) {
     pos += 512;
     if (pos + size > tar.size()) fail("demo model: the embedded tar archive is truncated");
     if (type == '0' || type == '\0') {
-      if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
+      const bool draft = name.rfind("draft/", 0) == 0;
+      const std::string file = draft ? name.substr(6) : name;
+      if (file.empty() || file.find('/') != std::string::npos || file[0] == '.')
         fail("demo model: unexpected entry '{}' in the embedded archive", name);
+      std::error_code ec;  // a folder that cannot be made fails in write_file, naming the file
+      if (draft) fs::create_directories(dir / "draft", ec);
       write_file(dir / name, std::string_view(tar.data() + pos, size));
     }
     pos += (size + 511) / 512 * 512;

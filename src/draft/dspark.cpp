@@ -127,7 +127,6 @@ DraftProposal DSparkDrafter::draft(std::span<const int32_t> history, int max_tok
     }
     prev = argmax_row(corrected);
     out.tokens.push_back(prev);
-    out.q.push_back(softmax_row(corrected));
   }
   return out;
 }

@@ -9,7 +9,7 @@
 //     K3's embedding: pre-norm MLA layers attending to every context row and every block row (no
 //     mask), SiLU MLP, final_norm, then K3's own lm_head. Block rows never enter the context.
 //   - Markov-corrected sequential choice: prev = anchor; d_r = argmax(logits_r + w2 · w1[prev]);
-//     q_r is the softmax of that corrected row (what sampling-exact acceptance needs).
+//     a deterministic choice, so no q is reported (eagle3.h says why).
 //   - Confidence head: sigmoid(w_c · [final-normed hidden_r ; w1[prev_r]] + b_c) per row, the
 //     conditional survival whose running product sizes the verify width (DraftProposal
 //     confidence).

@@ -125,7 +125,6 @@ DraftProposal Eagle3Drafter::draft(std::span<const int32_t> history, int max_tok
     const std::span<const float> row(logits, static_cast<size_t>(V));
     x = argmax_row(row);
     out.tokens.push_back(x);
-    out.q.push_back(softmax_row(row));
     h = c_.norm_output ? y : a;
   }
   cache_.resize(static_cast<size_t>(cache_len_ * cw));  // chain rows are dropped

@@ -9,7 +9,10 @@
 //     until the anchor is known; committed rows are always rebuilt from the target's real taps;
 //   - a top-1 chain: step 1 runs (g_{L-1}, anchor) at L-1, step j the previous step's hidden
 //     (3.1: the normed y; 3.0: the pre-norm r) with d_{j-1}; chain rows are seen by later steps,
-//     then dropped. Logits come from the draft's own lm_head; q = their softmax.
+//     then dropped. Logits come from the draft's own lm_head. The chain is a deterministic
+//     drafter (no q): reporting softmax q for an argmax draft would bias sampling (the draft
+//     was never drawn from q), so under sampling a draft is kept while it equals the token the
+//     target samples — exact, and seeded output equals plain decoding's.
 // Committing only builds the latent row of each new position (fc, two norms, kv_a): the chain
 // is the only part that runs the whole layer and the head.
 #pragma once

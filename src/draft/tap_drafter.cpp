@@ -1,4 +1,4 @@
-// The shared drafter shell (see tap_drafter.h): attach, the fallback on failure, q rows.
+// The shared drafter shell (see tap_drafter.h): attach, the fallback on failure, argmax.
 #include "draft/tap_drafter.h"
 
 #include <algorithm>
@@ -36,19 +36,6 @@ DraftProposal TapDrafter::propose(std::span<const int32_t> history, int max_toke
     last_logits_.clear();
     return {};
   }
-}
-
-std::vector<float> softmax_row(std::span<const float> logits) {
-  std::vector<float> q(logits.size());
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (size_t i = 0; i < q.size(); ++i) {
-    q[i] = std::exp(logits[i] - mx);
-    sum += q[i];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (float& v : q) v *= inv;
-  return q;
 }
 
 int32_t argmax_row(std::span<const float> logits) {

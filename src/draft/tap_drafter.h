@@ -45,8 +45,6 @@ class TapDrafter : public Drafter {
   std::string name_, why_;
 };
 
-// softmax(logits) as the draft distribution q of a proposed token (sampling-exact acceptance).
-std::vector<float> softmax_row(std::span<const float> logits);
 int32_t argmax_row(std::span<const float> logits);
 
 }  // namespace deltafin

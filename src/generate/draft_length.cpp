@@ -2,6 +2,8 @@
 // per-sequence acceptance, and a greedy search over added drafts.
 #include "generate/draft_length.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -41,6 +43,16 @@ double PassCostModel::bytes(int64_t rows) const {
   // At least one byte per row, so a model without experts or trunk still grows with rows.
   return trunk_ + expert_ * static_cast<double>(layers_) * union_experts +
          static_cast<double>(rows);
+}
+
+std::string PassCostModel::describe() const {
+  std::string s;
+  for (size_t r = 1; r < cells_.size(); ++r) {
+    if (cells_[r].count == 0) continue;
+    s += fmt::format("{}rows {}: {:.4f} s x {} passes, prior {:.3g} GB", s.empty() ? "" : "; ", r,
+                     cells_[r].seconds, cells_[r].count, bytes(static_cast<int64_t>(r)) / 1e9);
+  }
+  return s.empty() ? "no pass measured" : s;
 }
 
 void PassCostModel::observe(int64_t rows, double seconds) {

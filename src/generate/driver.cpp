@@ -3,11 +3,25 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/sysinfo.h"
 #include "core/timer.h"
 
 namespace deltafin {
+
+std::string describe_draft_choice(const DraftConfig& c) {
+  std::string w;
+  for (size_t k = 0; k < c.widths.size(); ++k) {
+    if (c.widths[k] > 0)
+      w += fmt::format("{}{} drafts x {}", w.empty() ? "" : ", ", k, c.widths[k]);
+  }
+  return fmt::format(
+      "[draft] {} length; decode passes by drafts verified: {}; acceptance estimate {:.2f}; pass "
+      "cost {}",
+      c.auto_length ? "auto" : fmt::format("fixed {}", c.max), w.empty() ? "none" : w,
+      c.acceptance.rate(), c.cost ? c.cost->describe() : "not measured");
+}
 
 uint64_t bytes_read_so_far(Model& model) {
   return model.experts().stats().bytes_read + model.trunk_stats().bytes_streamed;
@@ -20,8 +34,15 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
                         const std::function<void(std::span<float>)>& adjust) {
   std::vector<int32_t> history(gen.prompt().begin(), gen.prompt().end());
   for (int32_t t : gen.completion_ids()) history.push_back(t);
-  // Drafts past the token limit could never be emitted.
-  const int room = static_cast<int>(std::min<int64_t>(draft.max, gen.tokens_left() - 1));
+  // Drafts past the token limit could never be emitted. With the automatic length, the drafter
+  // is asked for at most two drafts beyond the run it is expected to get accepted (r / (1 − r) at
+  // acceptance r): a draft model's chain step costs real time (on the demo model about a target
+  // pass), and drafts the cost model then cuts would be drafted for nothing.
+  int room = static_cast<int>(std::min<int64_t>(draft.max, gen.tokens_left() - 1));
+  if (draft.auto_length) {
+    const double r = std::min(draft.acceptance.rate(), 0.95);
+    room = std::min(room, static_cast<int>(std::ceil(r / (1 - r))) + 2);
+  }
   DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
   if (static_cast<int>(d.tokens.size()) > room) d.tokens.resize(static_cast<size_t>(room));
   const std::span<const int32_t> input = gen.next_input();
@@ -52,6 +73,9 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
   for (size_t t = gen.tokens().size() - static_cast<size_t>(v.tokens); t < gen.tokens().size(); ++t)
     emitted.push_back(gen.tokens()[t].id);
   draft.acceptance.observe_pass(proposal, proposed, v.accepted, emitted);
+  if (draft.widths.size() <= static_cast<size_t>(proposed))
+    draft.widths.resize(static_cast<size_t>(proposed) + 1);
+  ++draft.widths[static_cast<size_t>(proposed)];
   draft.stats.proposed += proposed;
   draft.stats.accepted += v.accepted;
   draft.stats.tokens += v.tokens;

@@ -32,7 +32,12 @@ struct DraftConfig {
   // The state the drafter was last attached to (Drafter::attach): drive attaches at each call,
   // drive_step at its first pass on a state, so callers stepping by hand need not.
   const State* attached = nullptr;
+  // Decode passes by the number of drafts they verified (index = drafts), for -v.
+  std::vector<int64_t> widths;
 };
+// One line for -v: the verify widths chosen, the acceptance estimate and the measured pass
+// costs they were chosen from.
+std::string describe_draft_choice(const DraftConfig& c);
 
 // Trunk and expert bytes the model has read so far (the numerator of bytes per token).
 uint64_t bytes_read_so_far(Model& model);

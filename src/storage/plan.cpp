@@ -19,12 +19,6 @@ uint64_t align_up(uint64_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;
 }
 
-std::string gib(uint64_t b) {
-  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / 1073741824.0);
-  if (b >= (1ull << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / 1048576.0);
-  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0);
-}
-
 // RAM a unit of tensors needs: file bytes (bf16) or int8 bytes for its BF16 matrices.
 uint64_t unit_ram(const Checkpoint& ck, const std::vector<std::string>& names, TrunkFormat f,
                   bool& any_int8) {
@@ -93,6 +87,12 @@ std::string MemoryPlan::describe() const {
   s += fmt::format("[plan] {} ({} held per row, {} scratch per block row)", pass.describe(),
                    gib(pass_row.held), gib(pass_row.scratch));
   return s;
+}
+
+std::string gib(uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / 1073741824.0);
+  if (b >= (1ull << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / 1048576.0);
+  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0);
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOptions& o) {

@@ -75,6 +75,9 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
+// Bytes as the plan lines print them ("12.5 KiB", "3.4 MiB", "1.25 GiB").
+std::string gib(uint64_t bytes);
+
 // 75% of the physical memory or of the cgroup limit, whichever is smaller.
 uint64_t default_memory_budget();
 // Memory this process uses outside the budget (code, libraries, allocator, page tables): what

@@ -285,8 +285,12 @@ class K3(torch.nn.Module):
             stats.append((L, s.detach(), sel.detach()))
         return routed + self.mlp(x, pre + "shared_experts.")
 
-    def forward(self, tokens, stats=None):
+    def forward(self, tokens, stats=None, taps=None):
+        """Logits [B,T,V]; with `taps` (0-based layers), also the raw within-block Attention-Residual
+        partial sum after each of those layers, [B,T,len(taps),H] (the vector EAGLE-3 drafters read,
+        docs/DRAFTERS.md §1.3)."""
         c = self.cfg
+        tapped = {}
         h0 = self.w("model.embed_tokens.weight")[tokens]
         anchors, p = [], h0
         for i in range(c.layers):
@@ -302,8 +306,13 @@ class K3(torch.nn.Module):
             x = rms(m, self.w(pre + "post_attention_layernorm.weight"), c.eps)
             z = self.mlp(x, pre + "mlp.") if i < c.dense_k else self.moe(x, i, stats)
             p = p + z
+            if taps is not None and i in taps:
+                tapped[i] = p
         out = self.mix(anchors + [p], "model.output_attn_res")
-        return rms(out, self.w("model.norm.weight"), c.eps) @ self.w("lm_head.weight").T
+        logits = rms(out, self.w("model.norm.weight"), c.eps) @ self.w("lm_head.weight").T
+        if taps is None:
+            return logits
+        return logits, torch.stack([tapped[i] for i in taps], dim=2)
 
 
 def stack_experts(tensors, cfg, dtype):
