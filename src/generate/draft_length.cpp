@@ -173,4 +173,9 @@ std::vector<int> choose_draft_lengths(std::span<const std::vector<double>> expec
   return best_k;
 }
 
+int auto_draft_room(int room, double acceptance) {
+  const double r = std::min(acceptance, 0.95);
+  return std::min(room, static_cast<int>(std::ceil(r / (1 - r))) + 2);
+}
+
 }  // namespace deltafin

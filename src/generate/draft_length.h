@@ -76,6 +76,12 @@ std::vector<double> expected_tokens(const DraftProposal& d, double rate);
 // Drafts to verify per sequence (each at most expected[s].size() − 1) in one pass that also
 // carries `base_rows` rows (every sequence's own input included): the lengths maximising
 // sum_s expected[s][k_s] / cost.predict(base_rows + sum_s k_s).
+// With the automatic length, how many drafts to ask a drafter for: at most `room`, and at most
+// two beyond the run expected to be accepted (r / (1 - r) at acceptance r). A draft model's
+// chain step costs real time (on the demo model about a target pass), and drafts the cost
+// model then cuts would be drafted for nothing.
+int auto_draft_room(int room, double acceptance);
+
 std::vector<int> choose_draft_lengths(std::span<const std::vector<double>> expected,
                                       int64_t base_rows, const PassCostModel& cost);
 

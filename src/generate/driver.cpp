@@ -34,15 +34,9 @@ static void verify_step(Model& model, State& state, Generation& gen, DraftConfig
                         const std::function<void(std::span<float>)>& adjust) {
   std::vector<int32_t> history(gen.prompt().begin(), gen.prompt().end());
   for (int32_t t : gen.completion_ids()) history.push_back(t);
-  // Drafts past the token limit could never be emitted. With the automatic length, the drafter
-  // is asked for at most two drafts beyond the run it is expected to get accepted (r / (1 − r) at
-  // acceptance r): a draft model's chain step costs real time (on the demo model about a target
-  // pass), and drafts the cost model then cuts would be drafted for nothing.
+  // Drafts past the token limit could never be emitted.
   int room = static_cast<int>(std::min<int64_t>(draft.max, gen.tokens_left() - 1));
-  if (draft.auto_length) {
-    const double r = std::min(draft.acceptance.rate(), 0.95);
-    room = std::min(room, static_cast<int>(std::ceil(r / (1 - r))) + 2);
-  }
+  if (draft.auto_length) room = auto_draft_room(room, draft.acceptance.rate());
   DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
   if (static_cast<int>(d.tokens.size()) > room) d.tokens.resize(static_cast<size_t>(room));
   const std::span<const int32_t> input = gen.next_input();

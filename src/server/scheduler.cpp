@@ -427,8 +427,9 @@ std::vector<DraftProposal> Scheduler::propose_drafts(const std::vector<bool>& dr
   for (size_t i = 0; i < active_.size(); ++i) {
     Slot& s = active_[i];
     if (drop[i] || !s.drafter || s.gen->in_prefill()) continue;
-    // Drafts past the token limit could never be emitted.
-    const int room = static_cast<int>(std::min<int64_t>(cap, s.gen->tokens_left() - 1));
+    // Drafts past the token limit could never be emitted; auto asks for what may be accepted.
+    int room = static_cast<int>(std::min<int64_t>(cap, s.gen->tokens_left() - 1));
+    if (opt_.draft_max == 0) room = auto_draft_room(room, s.acceptance.rate());
     if (room <= 0) continue;
     std::vector<int32_t> history = s.seen;
     history.insert(history.end(), s.input.begin(), s.input.end());
