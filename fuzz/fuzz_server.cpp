@@ -5,7 +5,7 @@
 // The http target runs the real HttpServer in this process, on a loopback port, ready over a
 // Scheduler with the tiny test model (mmap, one thread, at most 4 new tokens, so a valid
 // generation request costs milliseconds). Each input is sent as the bytes of one connection
-// (see exchange()); the server must answer or close within 10 s, and must still answer
+// (see exchange()); the server must answer or close within kAnswerSeconds, and must still answer
 // GET /health afterwards — a bad request may never harm the next one. Two servers share the
 // scheduler, one without and one with an API key, so both the open and the authenticated paths
 // are reached (the first input byte picks).
@@ -107,11 +107,19 @@ LiveServers& live() {
 // for the next one on a kept-alive connection) the client half-closes, which ends the wait at
 // once (httplib treats a half-closed client as gone, so a request still being answered at that
 // point is cancelled, as for any client that leaves). `answered` is false when the server
-// neither closed nor stopped talking within 10 s.
+// neither closed nor stopped talking within kAnswerSeconds.
+//
+// kAnswerSeconds is a hang detector, not a latency bound: a correct server closes at once after
+// the half-close. It was 10 s until a run at nice 15 on the shared 2-core machine (load ~13, an
+// execution a second) was starved past it once; that input (tests/data/fuzz/http/
+// crash-starved-models-request) replays in under 2 s, alone and after the whole corpus. 25 s
+// stays below libFuzzer's -timeout=30 (tools/fuzz.sh), so a real hang is still reported.
+constexpr int kAnswerSeconds = 25;
+
 std::string exchange(int port, const std::string& bytes, bool* answered) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   fuzz_check(fd >= 0, "socket() failed");
-  timeval tv{10, 0};
+  timeval tv{kAnswerSeconds, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -129,7 +137,7 @@ std::string exchange(int port, const std::string& bytes, bool* answered) {
   char buf[4096];
   bool half_closed = false;
   *answered = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kAnswerSeconds);
   while (std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 200) == 0) {
@@ -183,13 +191,13 @@ void http(const uint8_t* data, size_t size) {
   bool answered = false;
   const std::string reply =
       exchange(port, std::string(reinterpret_cast<const char*>(data + 1), size - 1), &answered);
-  fuzz_check(answered, "the server neither answered nor closed the connection within 10 s");
+  fuzz_check(answered, "the server neither answered nor closed the connection in time");
   if (!reply.empty())
     fuzz_check(reply.rfind("HTTP/1.", 0) == 0, "the server's reply is not an HTTP response");
   const std::string health = exchange(
       s.open_port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &answered);
   if (!answered || health.rfind("HTTP/1.1 200", 0) != 0)
-    std::fprintf(stderr, "GET /health answered %s:\n%s\n", answered ? "yes" : "no (10 s)",
+    std::fprintf(stderr, "GET /health answered %s:\n%s\n", answered ? "yes" : "no (timed out)",
                  health.substr(0, 400).c_str());
   fuzz_check(answered && health.rfind("HTTP/1.1 200", 0) == 0,
              "GET /health does not answer 200 after a fuzzed request");
