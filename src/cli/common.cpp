@@ -45,36 +45,33 @@ CLI::Validator positive() {
       "N>=1");
 }
 
+// A flag validator from the parser the value goes to later: its exception text is the message.
+template <class Parse>
+CLI::Validator parses_with(Parse parse, const char* shape) {
+  return CLI::Validator(
+      [parse](std::string& v) -> std::string {
+        try {
+          parse(v);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return {};
+      },
+      shape);
+}
+
 void add_draft_options(CLI::App* cmd, DraftOptions& o) {
   cmd->add_option("--draft", o.draft,
                   "Speculative decoding: none, ngram (drafts from the sequence's own text) or a "
                   "draft model folder (EAGLE-3.x, DSpark); drafts are verified in one pass and "
                   "the output is unchanged. Default: the model folder's draft/ subfolder when it "
                   "has one (the built-in demo's trained EAGLE-3.1 drafter), else none")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            try {
-              make_drafter(v);
-            } catch (const std::exception& e) {
-              return e.what();
-            }
-            return {};
-          },
-          "none|ngram|DIR"));
+      ->check(parses_with([](const std::string& v) { make_drafter(v); }, "none|ngram|DIR"));
   cmd->add_option("--draft-max", o.draft_max,
                   "Most drafts verified per pass: auto (chosen per pass from measured pass costs "
                   "and acceptance, up to 16) or N (always up to N)")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            try {
-              parse_draft_max(v);
-            } catch (const std::exception& e) {
-              return e.what();
-            }
-            return {};
-          },
-          "auto|N>=1"));
+      ->check(parses_with([](const std::string& v) { parse_draft_max(v); }, "auto|N>=1"));
 }
 
 int64_t draft_rows(const DraftOptions& o) {
