@@ -18,7 +18,8 @@
 //     Scaling by a power of two commutes with rounding, so this is the exact decoded weight
 //     W = E2M1 * 2^(e - 127) up to overflow/underflow, which behave like the reference's.
 // The small-M path (M <= 4: each weight row streamed once, decoded in registers) and the large-M
-// path (a 16-row panel of W decoded into a per-thread f32 buffer, register-blocked micro-kernel)
+// path (register-blocked micro-kernel over K blocks; f32 and bf16 read W in place and widen it
+// in registers, MXFP4 and int8 first decode a panel of W into a per-thread f32 buffer)
 // perform exactly these operations, so y[m, n] depends on neither the thread count, nor n0/n1,
 // nor M, nor the other rows of x: a token gets bit-identical outputs alone or in any batch.
 //
@@ -436,8 +437,10 @@ struct Impl {
     int64_t ldp;     // panel row stride (floats)
     const float* s;  // MXFP4: panel scales of row j (per group of this block)
     int64_t lds;
-    int64_t kb;  // valid columns in this block
-    F* acc;      // carried accumulators of (m, j), row stride kNB vectors
+    const uint8_t* w;  // direct formats (f32, bf16): W row j at column kb0, not decoded
+    int64_t ldw;       // bytes between W rows
+    int64_t kb;        // valid columns in this block
+    F* acc;            // carried accumulators of (m, j), row stride kNB vectors
     bool first, last;
     float* y;  // y + m * ldy + n
     int64_t ldy;
@@ -490,6 +493,45 @@ struct Impl {
       F wv[NR];
       DF_UNROLL
       for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);  // zero-padded
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i) {
+        F xv = V::load_partial(t.x + i * t.ldx + k, rem);
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
+      }
+    }
+    finish_tile<MR, NR>(t, acc);
+  }
+
+  // f32 and bf16 tiles read W where it lies and widen it in registers (a shift for bf16), like
+  // the GEMV does: the same products in the same order as a decoded panel would give, without
+  // writing and re-reading one. Decoding a panel cost more than the widening it saves: its
+  // short far-apart row segments stalled on every line (18% of a BF16 GEMM at M = 64).
+  template <WeightFormat Fmt, int MR, int NR>
+  static void micro_direct(const Tile& t) {
+    F acc[MR][NR];
+    start_tile<MR, NR>(t, acc);
+    Row<Fmt> row[NR];
+    DF_UNROLL
+    for (int r = 0; r < NR; ++r) row[r].p = t.w + r * t.ldw;
+    int64_t k = 0;
+    for (; k + L <= t.kb; k += L) {
+      F wv[NR];
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) wv[r] = row[r].load(k);
+      DF_UNROLL
+      for (int i = 0; i < MR; ++i) {
+        F xv = V::load(t.x + i * t.ldx + k);
+        V::in_register(xv);
+        DF_UNROLL
+        for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
+      }
+    }
+    if (k < t.kb) {
+      const int rem = static_cast<int>(t.kb - k);
+      F wv[NR];
+      DF_UNROLL
+      for (int r = 0; r < NR; ++r) wv[r] = row[r].load_tail(k, rem);
       DF_UNROLL
       for (int i = 0; i < MR; ++i) {
         F xv = V::load_partial(t.x + i * t.ldx + k, rem);
@@ -570,6 +612,7 @@ struct Impl {
   static void gemm(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
                    float* y, int64_t ldy, bool accumulate) {
     constexpr bool kMx = Fmt == WeightFormat::kMXFP4;
+    constexpr bool kDirect = Fmt == WeightFormat::kF32 || Fmt == WeightFormat::kBF16;
     constexpr int MR = kMx ? V::kMxMR : V::kMR;
     constexpr int NR = kMx ? V::kMxNR : V::kNR;
     static_assert(kMB % MR == 0 && kNB % NR == 0);
@@ -577,7 +620,7 @@ struct Impl {
     // Panel row stride: a whole K block, or all of K (rounded to vectors / MXFP4 blocks).
     const int64_t ldp = imin(kKB, kMx ? mx_padded(K) : round_up(K, L));
     const int64_t lds = ldp / kBC;  // MXFP4: scale vectors per panel row
-    float* panel = t_panel.floats(kNB * ldp);
+    float* panel = kDirect ? nullptr : t_panel.floats(kNB * ldp);
     float* scales = kMx ? t_scales.floats(kNB * lds * L) : nullptr;
     F* accbuf = K > kKB ? reinterpret_cast<F*>(t_acc.floats(int64_t{kMB} * kNB * L)) : nullptr;
     // x is packed per block of rows: contiguous rows (in the MXFP4 decoder's column order where
@@ -592,6 +635,7 @@ struct Impl {
     t.accumulate = accumulate;
     t.ldp = ldp;
     t.lds = lds;
+    t.ldw = w.row_bytes();
     for (int64_t mb0 = 0; mb0 < M; mb0 += kMB) {
       const int mb = static_cast<int>(imin(kMB, M - mb0));
       for (int m = 0; m < mb; ++m) {
@@ -620,7 +664,7 @@ struct Impl {
                 for (int u = 0; u < kNV; ++u) V::store(panel + i * ldp + b * kBC + u * L, c[u]);
                 V::store(scales + (i * lds + b) * L, s);
               }
-            } else {
+            } else if constexpr (!kDirect) {
               Row<Fmt> row;
               row.init(w, nb0 + i);
               row.decode(kb0, kb, panel + i * ldp);
@@ -637,10 +681,16 @@ struct Impl {
               t.p = panel + j * ldp;
               t.s = kMx ? scales + j * lds * L : nullptr;
               t.acc = accbuf != nullptr ? accbuf + m * kNB + j : nullptr;
+              if constexpr (kDirect) {
+                t.w = static_cast<const uint8_t*>(w.data) + (nb0 + j) * t.ldw +
+                      kb0 * (Fmt == WeightFormat::kF32 ? 4 : 2);
+              }
               t.y = y + (mb0 + m) * ldy + nb0 + j;
               with_tile<MR, NR>(mr, nr, [&](auto mm, auto nn) {
                 if constexpr (kMx) {
                   micro_mx<decltype(mm)::value, decltype(nn)::value>(t);
+                } else if constexpr (kDirect) {
+                  micro_direct<Fmt, decltype(mm)::value, decltype(nn)::value>(t);
                 } else {
                   micro_plain<decltype(mm)::value, decltype(nn)::value>(t);
                 }
