@@ -20,7 +20,8 @@ struct Neon {
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
   static constexpr bool kMxRegHalves = false;
-  static constexpr int kNB = 32;  // panel rows (decoded weights)
+  static constexpr int kMxGemvMaxM = 4;  // MXFP4: GEMV groups up to this many rows
+  static constexpr int kNB = 32;         // panel rows (decoded weights)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 512;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 16 columns

@@ -19,6 +19,7 @@ struct Avx2 {
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
   static constexpr int kMxMR = 3, kMxNR = 2;  // MXFP4 micro-kernel tile
   static constexpr bool kMxRegHalves = true;
+  static constexpr int kMxGemvMaxM = 16;  // MXFP4: GEMV groups up to this many rows
   static constexpr int kNB = 32;          // panel rows (decoded weights, in L1/L2)
   static constexpr int kMB = 96;          // activation rows per block
   static constexpr int64_t kKB = 512;     // panel columns
