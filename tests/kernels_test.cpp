@@ -253,6 +253,29 @@ TEST_P(Matmul, SplitAndBatchInvariant) {
   }
 }
 
+// A batch taller than one packed block of x (the GEMM packs at most ~8 MiB of x at a time:
+// 292 rows at K = 7168) is cut into row blocks; every row still gets the GEMV's bits.
+TEST_P(Matmul, TallBatchMatchesRowByRow) {
+  auto [name, f] = GetParam();
+  REQUIRE_TABLE(t, name);
+  std::mt19937 rng(11);
+  const auto fn = t->matmul[static_cast<int>(f)];
+  const int64_t K = 7168, N = 12, M = 300;
+  TestMatrix tw = make_matrix(f, N, K, rng);
+  const Matrix w = tw.view();
+  std::vector<float> x = random_floats(static_cast<size_t>(M * K), rng);
+  std::vector<float> full(static_cast<size_t>(M * N));
+  fn(w, 0, N, x.data(), M, K, full.data(), N, false);
+  std::vector<float> one(static_cast<size_t>(N));
+  for (int64_t m = 0; m < M; ++m) {
+    fn(w, 0, N, x.data() + m * K, 1, K, one.data(), N, false);
+    for (int64_t n = 0; n < N; ++n) {
+      ASSERT_TRUE(same_bits(one[n], full[m * N + n]))
+          << fmt_name(f) << " m=" << m << " n=" << n << ": " << one[n] << " vs " << full[m * N + n];
+    }
+  }
+}
+
 // The threaded front end gives the same bits with 1, 2 or 3 threads as one single call.
 TEST_P(Matmul, ThreadedFrontEndIsDeterministic) {
   auto [name, f] = GetParam();

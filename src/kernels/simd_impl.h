@@ -703,12 +703,18 @@ struct Impl {
     const int64_t lds = ldp / kBC;  // MXFP4: scale vectors per panel row
     float* panel = kDirect ? nullptr : t_panel.floats(kNB * ldp);
     float* scales = kMx ? t_scales.floats(kNB * lds * L) : nullptr;
-    F* accbuf = K > kKB ? reinterpret_cast<F*>(t_acc.floats(int64_t{kMB} * kNB * L)) : nullptr;
     // x is packed per block of rows: contiguous rows (in the MXFP4 decoder's column order where
     // that is permuted), zero-padded, with a row stride that is not a multiple of 4 KiB, so the
     // MR rows of a tile do not all fall into the same L1 sets (K = 7168 floats is 7 x 4 KiB).
     const int64_t kp = (kMx ? mx_padded(K) : round_up(K, L)) + 16;
-    float* xpack = t_xpack.floats(kMB * kp);
+    // Rows per block: every block streams all of W (from DRAM for the trunk's large matrices),
+    // so a block is as tall as kXPackBytes of packed x allows (at least kMB rows): a 256-row
+    // prefill pass over a 7168-column matrix reads W once instead of three times.
+    constexpr int64_t kXPackBytes = int64_t{8} << 20;
+    const int64_t fit = kXPackBytes / (kp * 4) / MR * MR;
+    const int64_t mbr = M <= (fit > kMB ? fit : kMB) ? M : (fit > kMB ? fit : kMB);
+    F* accbuf = K > kKB ? reinterpret_cast<F*>(t_acc.floats(mbr * kNB * L)) : nullptr;
+    float* xpack = t_xpack.floats(mbr * kp);
     const int64_t groups = K / 32;
     Tile t{};
     t.ldx = kp;
@@ -717,8 +723,8 @@ struct Impl {
     t.ldp = ldp;
     t.lds = lds;
     t.ldw = w.row_bytes();
-    for (int64_t mb0 = 0; mb0 < M; mb0 += kMB) {
-      const int mb = static_cast<int>(imin(kMB, M - mb0));
+    for (int64_t mb0 = 0; mb0 < M; mb0 += mbr) {
+      const int mb = static_cast<int>(imin(mbr, M - mb0));
       for (int m = 0; m < mb; ++m) {
         const float* src = x + (mb0 + m) * ldx;
         float* dst = xpack + m * kp;
