@@ -188,8 +188,8 @@ void draft_attention(const DraftModelConfig& c, const DraftMla& w, const Yarn& y
     mt(wk, 0, dc, qh, 1, qw, qt.data(), cw);
     std::memcpy(qt.data() + dc, qh + dn, static_cast<size_t>(dr) * sizeof(float));
     const int64_t n = visible[r];
-    std::vector<float> scores(static_cast<size_t>(n)), obar(static_cast<size_t>(dc));
-    latent_attention(qt.data(), cache, n, cw, dc, scale, scores.data(), obar.data());
+    std::vector<float> obar(static_cast<size_t>(dc));
+    latent_attention(qt.data(), cache, n, cw, dc, scale, obar.data());
     mm(wv, 0, dv, obar.data(), 1, dc, o.data() + r * nH * dv + h * dv, nH * dv, false);
   });
   kernels::matmul(w.o, o.data(), R, nH * dv, y, c.hidden, pool);

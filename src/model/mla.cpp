@@ -75,13 +75,9 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
       std::memcpy(qt.data() + t * cw + dc, q.data() + (s.begin + t) * qw + h * (dn + dr) + dn,
                   static_cast<size_t>(dr) * sizeof(float));
     }
-    std::vector<float> scores(static_cast<size_t>(s.base + s.count));
-    std::vector<float> obar(static_cast<size_t>(s.count * dc), 0.0f);
-    for (int64_t t = 0; t < s.count; ++t) {
-      const int64_t n = s.base + t + 1;  // causal: positions 0 .. base + t
-      latent_attention(qt.data() + t * cw, cache.rows.data(), n, cw, dc, scale, scores.data(),
-                       obar.data() + t * dc);
-    }
+    std::vector<float> obar(static_cast<size_t>(s.count * dc));
+    latent_attention_rows(qt.data(), s.count, s.base, cache.rows.data(), cw, dc, scale,
+                          obar.data());
     mm(wv, 0, dv, obar.data(), s.count, dc, o.data() + s.begin * nH * dv + h * dv, nH * dv, false);
   });
 
@@ -91,22 +87,49 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
   kernels::matmul(w.o, o.data(), R, nH * dv, y, H, pool);
 }
 
+void latent_attention_rows(const float* q, int64_t count, int64_t base, const float* cache,
+                           int64_t cw, int64_t dc, float scale, float* obar) {
+  // Query rows go through in blocks: the block's scores are one product with the cache rows
+  // the block sees (each cache row read once per block, not once per query row), and its
+  // weighted sums one transposed product. Later positions of the block's own rows get weight
+  // 0 in that product, which adds exact zeros.
+  constexpr int64_t kBlock = 32;
+  const kernels::MatmulFn mm = kernels::matmul_fn(WeightFormat::kF32);
+  const kernels::MatmulTFn mt = kernels::matmul_t_fn(WeightFormat::kF32);
+  std::vector<float> scores(static_cast<size_t>(std::min(kBlock, count) * (base + count)));
+  std::fill(obar, obar + count * dc, 0.0f);
+  for (int64_t t0 = 0; t0 < count; t0 += kBlock) {
+    const int64_t tb = std::min(kBlock, count - t0), nb = base + t0 + tb;
+    Matrix rows;
+    rows.format = WeightFormat::kF32;
+    rows.rows = nb;
+    rows.cols = cw;
+    rows.data = cache;
+    mm(rows, 0, nb, q + t0 * cw, tb, cw, scores.data(), nb, false);
+    for (int64_t t = 0; t < tb; ++t) {
+      float* sc = scores.data() + t * nb;
+      const int64_t n = base + t0 + t + 1;  // causal: positions 0 .. base + t0 + t
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        sc[j] *= scale;
+        mx = std::max(mx, sc[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        sc[j] = std::exp(sc[j] - mx);
+        sum += sc[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
+      std::fill(sc + n, sc + nb, 0.0f);
+    }
+    mt(rows, 0, dc, scores.data(), tb, nb, obar + t0 * dc, dc);
+  }
+}
+
 void latent_attention(const float* q, const float* cache, int64_t n, int64_t cw, int64_t dc,
-                      float scale, float* scores, float* obar) {
-  const auto& K = kernels::active();
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] = K.dot(q, cache + j * cw, cw) * scale;
-    mx = std::max(mx, scores[j]);
-  }
-  double sum = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
-    sum += scores[j];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  std::fill(obar, obar + dc, 0.0f);
-  for (int64_t j = 0; j < n; ++j) K.axpy(scores[j] * inv, cache + j * cw, obar, dc);
+                      float scale, float* obar) {
+  latent_attention_rows(q, 1, n - 1, cache, cw, dc, scale, obar);
 }
 
 }  // namespace deltafin
