@@ -695,6 +695,7 @@ TEST_F(Server, DisconnectWhileQueuedOrInPrefillFreesTheSlot) {
 
 TEST_F(Server, EightConcurrentStreamingClients) {
   start({"--parallel", "4", "--queue", "8"});
+  test::prime_client(*srv_);
   std::vector<std::thread> threads;
   std::atomic<int> good{0};
   std::vector<std::string> bodies(8);

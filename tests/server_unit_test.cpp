@@ -102,6 +102,23 @@ Driven drive(const json& body, const std::string& output, bool logprobs = false)
   return d;
 }
 
+// The scheduler's thread hands ApiError copies to connection threads: a copy must own its
+// message (std::runtime_error's copies would share one reference-counted string; see api_error.h).
+TEST(ServerResponse, ApiErrorCopiesOwnTheirMessage) {
+  const server::ApiError e(429, "the queue is full", "rate_limit_error", std::nullopt,
+                           "queue_full");
+  const server::ApiError copy(e);
+  EXPECT_STREQ(copy.what(), e.what());
+  EXPECT_NE(static_cast<const void*>(copy.what()), static_cast<const void*>(e.what()));
+  server::ApiError assigned(500, "x", "server_error");
+  assigned = e;
+  EXPECT_STREQ(assigned.what(), "the queue is full");
+  EXPECT_NE(static_cast<const void*>(assigned.what()), static_cast<const void*>(e.what()));
+  EXPECT_EQ(assigned.status(), 429);
+  EXPECT_EQ(assigned.code(), std::optional<std::string>("queue_full"));
+  EXPECT_EQ(copy.to_json(), e.to_json());
+}
+
 TEST(ServerResponse, ToolCallsFromK3Output) {
   Driven d = drive(weather_request(), kModelOutput);
   EXPECT_EQ(d.generated, k3().encode_with_special(kModelOutput));

@@ -174,10 +174,16 @@ HttpResult post_json(httplib::Client& c, const std::string& path, const json& bo
   return result_of(c.Post(path.c_str(), headers, body.dump(), "application/json"));
 }
 
+void prime_client(const ServerProcess& srv) {
+  auto c = srv.client();
+  get(*c, "/health");
+}
+
 std::vector<nlohmann::json> concurrent_completions(ServerProcess& srv,
                                                    const std::vector<std::string>& prompts,
                                                    int max_tokens) {
   std::vector<nlohmann::json> out(prompts.size());
+  prime_client(srv);
   std::vector<std::thread> clients;
   for (size_t i = 0; i < prompts.size(); ++i) {
     clients.emplace_back([&, i] {

@@ -59,6 +59,13 @@ HttpResult post_json(httplib::Client& c, const std::string& path, const json& bo
 HttpResult get(httplib::Client& c, const std::string& path, const httplib::Headers& headers = {});
 // Greedy /v1/completions of `prompts` (comma-separated token ids), `max_tokens` each, sent at once
 // from one client thread per prompt: the replies, in prompt order.
+// One answered request from this thread. httplib, a compiled Debian library that ThreadSanitizer
+// does not instrument, builds the regex it reads status lines with on a client's first response
+// (a function-local static): TSan cannot see the static's guard, so client threads that each make
+// the first response race on it in its eyes. Tests that start client threads call this first, so
+// the regex is built before the threads exist.
+void prime_client(const ServerProcess& srv);
+
 std::vector<nlohmann::json> concurrent_completions(ServerProcess& srv,
                                                    const std::vector<std::string>& prompts,
                                                    int max_tokens);

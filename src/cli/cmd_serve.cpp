@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -137,23 +138,29 @@ void run_serve(ServeArgs& a) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  std::atomic<bool> ready{false};
-  std::mutex m;
-  std::condition_variable cv;
-  bool stop = false;
-  std::thread([&, sigs] {
+  // The detached signal thread shares ownership of what it touches: the main thread may return
+  // (and would destroy a stack condition variable) while notify_all is still running, which
+  // ThreadSanitizer reported as a race on every shutdown.
+  struct StopSignal {
+    std::atomic<bool> ready{false};
+    std::mutex m;
+    std::condition_variable cv;
+    bool stop = false;
+  };
+  const auto stop_signal = std::make_shared<StopSignal>();
+  std::thread([s = stop_signal, sigs] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    if (!ready.load()) {
+    if (!s->ready.load()) {
       fmt::print(stderr, "deltafin serve: interrupted while loading the model\n");
       std::_Exit(128 + sig);
     }
     fmt::print(stderr, "deltafin serve: shutting down (signal {})\n", sig);
     {
-      std::lock_guard<std::mutex> lock(m);
-      stop = true;
+      std::lock_guard<std::mutex> lock(s->m);
+      s->stop = true;
     }
-    cv.notify_all();
+    s->cv.notify_all();
   }).detach();
 
   server::Metrics metrics;
@@ -221,7 +228,7 @@ void run_serve(ServeArgs& a) {
   metrics.set_static(context, a.parallel, a.queue, a.cache, so.pass_rows);
   metrics.set_ready(true);
   http.set_ready(&scheduler, limits);
-  ready.store(true);
+  stop_signal->ready.store(true);
   fmt::print(stderr,
              "deltafin serve: ready: {} as `{}`{}; context {} tokens (model max {}), max tokens "
              "{}, parallel {}, "
@@ -243,8 +250,8 @@ void run_serve(ServeArgs& a) {
   }
 
   {
-    std::unique_lock<std::mutex> lock(m);
-    cv.wait(lock, [&] { return stop; });
+    std::unique_lock<std::mutex> lock(stop_signal->m);
+    stop_signal->cv.wait(lock, [&] { return stop_signal->stop; });
   }
   http.set_stopping();
   scheduler.stop();

@@ -24,6 +24,28 @@ class ApiError : public std::runtime_error {
         type_(std::move(type)),
         param_(std::move(param)),
         code_(std::move(code)) {}
+  // A copy gets its own message. std::runtime_error shares one reference-counted string among
+  // its copies, and libstdc++ counts it where ThreadSanitizer cannot see; the scheduler's thread
+  // hands ApiError copies to connection threads, and TSan reported the last copy's release (in
+  // whichever thread it fell) as a race with the other thread's read of the message. Not sharing
+  // the string between threads costs one small copy per error.
+  ApiError(const ApiError& o)
+      : std::runtime_error(std::string(o.what())),
+        status_(o.status_),
+        type_(o.type_),
+        param_(o.param_),
+        code_(o.code_),
+        retry_after_(o.retry_after_) {}
+  ApiError& operator=(const ApiError& o) {
+    if (this == &o) return *this;
+    std::runtime_error::operator=(std::runtime_error(std::string(o.what())));
+    status_ = o.status_;
+    type_ = o.type_;
+    param_ = o.param_;
+    code_ = o.code_;
+    retry_after_ = o.retry_after_;
+    return *this;
+  }
 
   int status() const { return status_; }
   const std::string& type() const { return type_; }

@@ -36,8 +36,12 @@ bool address_of(const sockaddr_storage& ss, std::string& addr, int& port) {
 
 }  // namespace
 
-ConnectionProbe::ConnectionProbe(std::string remote_addr, int remote_port, int local_port)
-    : remote_addr_(std::move(remote_addr)), remote_port_(remote_port), local_port_(local_port) {}
+ConnectionProbe::ConnectionProbe(std::string remote_addr, int remote_port, int local_port, int fd)
+    : remote_addr_(std::move(remote_addr)),
+      remote_port_(remote_port),
+      local_port_(local_port),
+      fd_(fd),
+      searched_(fd >= 0) {}
 
 bool ConnectionProbe::matches(int fd) const {
   struct stat st {};

@@ -8,7 +8,10 @@
 // positive evidence counts as a disconnect: a hang-up, an error, or end of stream on a read
 // peek (so a client that half-closes its side after sending the request counts as gone; HTTP
 // clients do not do that). If the socket cannot be found, the probe says "connected" and the
-// request still ends by a failed write or its timeout.
+// request still ends by a failed write or its timeout. Under Deltafin's own connection loop the
+// handler knows its socket (ConnectionContext::fd) and the probe is given it: no search, so the
+// probe never touches a descriptor that another connection's thread may be closing (ThreadSanitizer
+// reported the search's fstat racing with such a close).
 #pragma once
 
 #include <string>
@@ -17,7 +20,8 @@ namespace deltafin::server {
 
 class ConnectionProbe {
  public:
-  ConnectionProbe(std::string remote_addr, int remote_port, int local_port);
+  // fd: the connection's socket when the caller knows it (>= 0), else it is searched for.
+  ConnectionProbe(std::string remote_addr, int remote_port, int local_port, int fd = -1);
   // True when the client has closed the connection (or it broke).
   bool closed();
 

@@ -320,6 +320,7 @@ void ConnectionLoop::serve(int fd) {
     if (!strm.wait_readable(now_seconds() + wait)) break;  // idle or gone: close quietly
     ctx = ConnectionContext{};
     ctx.limits = &limits_;
+    ctx.fd = fd;
     ctx.deadline = now_seconds() + limits_.header_timeout_s;
     ctx.remaining = limits_.keep_alive_max - count;
     const bool last = count == limits_.keep_alive_max;

@@ -61,6 +61,7 @@ struct ConnectionContext {
   bool close_after = false;      // close the connection after this response
   int remaining = 0;             // requests this connection may make after this one
   const ConnectionLimits* limits = nullptr;
+  int fd = -1;  // the connection's socket (the handlers' ConnectionProbe polls it)
 
   // The headers are read; the body (of `bytes`, or up to `bytes` when its size is not declared)
   // may take body_floor_s + bytes / body_min_bytes_per_s.

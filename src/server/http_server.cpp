@@ -45,6 +45,14 @@ constexpr const char* kPagePolicy =
 // read), the handler gives up this long after the deadline so the client still hears back.
 constexpr double kHandlerGraceS = 60.0;
 
+// The probe of this request's client: given the socket when the request came through Deltafin's
+// connection loop (connection_probe.h says why that matters).
+std::unique_ptr<ConnectionProbe> probe_for(const httplib::Request& req) {
+  const ConnectionContext* c = current_connection();
+  return std::make_unique<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port,
+                                           c != nullptr ? c->fd : -1);
+}
+
 ApiError handler_timeout() {
   return ApiError(
       504,
@@ -412,7 +420,7 @@ void HttpServer::engine_events(const httplib::Request& req, httplib::Response& r
                    "rate_limit_error", std::nullopt, "too_many_streams")
         .with_retry_after(5);
   }
-  auto probe = std::make_shared<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port);
+  auto probe = std::shared_ptr<ConnectionProbe>(probe_for(req));
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -482,7 +490,7 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
       static_cast<int64_t>(std::time(nullptr)), opt_.model_id, r.logprobs, r.include_usage);
   x->job = std::make_shared<Job>(std::move(r), x->start + opt_.timeout_s, x->start);
   x->sched = sched;
-  x->probe = std::make_unique<ConnectionProbe>(req.remote_addr, req.remote_port, req.local_port);
+  x->probe = probe_for(req);
   sched->submit(x->job);
 
   // Wait for the start (streaming) or the end (non-streaming), watching the client.
