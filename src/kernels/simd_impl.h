@@ -578,51 +578,6 @@ struct Impl {
     finish_tile<MR, NR>(t, acc);
   }
 
-  // MXFP4 tile with both half sums in registers (2 x MR x NR of them; the accumulators carried
-  // in L1): for the traits whose register file holds them (V::kMxRegHalves). The same
-  // operations per output as mx_block_dot, without the L1 round trip of the half sums.
-  template <int MR, int NR>
-  static void micro_mx_reg(const Tile& t) {
-    alignas(64) float accm[MR][NR][L];
-    DF_UNROLL
-    for (int i = 0; i < MR; ++i) DF_UNROLL
-    for (int r = 0; r < NR; ++r)
-      V::store(accm[i][r],
-               t.first ? V::zero() : V::load(reinterpret_cast<const float*>(t.acc + i * kNB + r)));
-    for (int64_t b = 0; b * kBC < t.kb; ++b) {
-      const int64_t k = b * kBC;
-      F ga[MR][NR], gb[MR][NR];
-      DF_UNROLL
-      for (int u = 0; u < kNV; ++u) {
-        F w[NR];
-        DF_UNROLL
-        for (int r = 0; r < NR; ++r) w[r] = V::load(t.p + r * t.ldp + k + u * L);
-        DF_UNROLL
-        for (int i = 0; i < MR; ++i) {
-          F xv = V::load(t.x + i * t.ldx + k + u * L);
-          V::in_register(xv);
-          DF_UNROLL
-          for (int r = 0; r < NR; ++r) {
-            F(&g)[MR][NR] = u % 2 == 0 ? ga : gb;
-            g[i][r] = u < 2 ? V::mul(xv, w[r]) : V::fma(xv, w[r], g[i][r]);
-          }
-        }
-      }
-      DF_UNROLL
-      for (int r = 0; r < NR; ++r) {
-        const F s = V::load(t.s + (r * t.lds + b) * L);
-        DF_UNROLL
-        for (int i = 0; i < MR; ++i)
-          V::store(accm[i][r], V::fma(V::add(ga[i][r], gb[i][r]), s, V::load(accm[i][r])));
-      }
-    }
-    F acc[MR][NR];
-    DF_UNROLL
-    for (int i = 0; i < MR; ++i) DF_UNROLL
-    for (int r = 0; r < NR; ++r) acc[i][r] = V::load(accm[i][r]);
-    finish_tile<MR, NR>(t, acc);
-  }
-
   // MXFP4 tile: per block, the even-vector half sums of all MR x NR outputs first (kept in L1),
   // then the odd ones, then acc = fma(even + odd, s, acc) with acc also kept in L1. Only one set
   // of half sums is live in registers, so the tile can be as tall as the plain one (the AVX2
@@ -774,9 +729,7 @@ struct Impl {
               }
               t.y = y + (mb0 + m) * ldy + nb0 + j;
               with_tile<MR, NR>(mr, nr, [&](auto mm, auto nn) {
-                if constexpr (kMx && V::kMxRegHalves) {
-                  micro_mx_reg<decltype(mm)::value, decltype(nn)::value>(t);
-                } else if constexpr (kMx) {
+                if constexpr (kMx) {
                   micro_mx<decltype(mm)::value, decltype(nn)::value>(t);
                 } else if constexpr (kDirect) {
                   micro_direct<Fmt, decltype(mm)::value, decltype(nn)::value>(t);
