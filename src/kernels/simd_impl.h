@@ -720,7 +720,7 @@ struct Impl {
             for (int j = 0; j < nb; j += NR) {
               const int nr = static_cast<int>(imin(NR, nb - j));
               t.x = xb + m * t.ldx + kb0;
-              t.p = panel + j * ldp;
+              t.p = kDirect ? nullptr : panel + j * ldp;  // direct tiles have no panel
               t.s = kMx ? scales + j * lds * L : nullptr;
               t.acc = accbuf != nullptr ? accbuf + m * kNB + j : nullptr;
               if constexpr (kDirect) {
