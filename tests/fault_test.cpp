@@ -115,6 +115,10 @@ TEST_P(ReadFaults, FailOnlyTheRequestThatNeededTheData) {
   const std::string msg = error_message(hit);
   EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
   EXPECT_NE(msg.find(".safetensors"), std::string::npos) << "names the shard: " << msg;
+  // The server's stderr reaches the test through a pipe read on another thread, so the fault
+  // line may arrive just after the response (seen under TSan): wait for it, up to 10 s.
+  for (int i = 0; i < 200 && srv->err().find("DELTAFIN_FAULT: injecting") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_NE(srv->err().find("DELTAFIN_FAULT: injecting"), std::string::npos) << srv->err();
 
   EXPECT_EQ(get(*cli, "/health").status, 200);
