@@ -507,54 +507,33 @@ struct Impl {
     }
   }
 
-  template <int MR, int NR>
-  static void micro_plain(const Tile& t) {
-    F acc[MR][NR];
-    start_tile<MR, NR>(t, acc);
-    int64_t k = 0;
-    for (; k + L <= t.kb; k += L) {
-      F wv[NR];
-      DF_UNROLL
-      for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);
-      DF_UNROLL
-      for (int i = 0; i < MR; ++i) {
-        F xv = V::load(t.x + i * t.ldx + k);
-        V::in_register(xv);
-        DF_UNROLL
-        for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
-      }
-    }
-    if (k < t.kb) {
-      int rem = static_cast<int>(t.kb - k);
-      F wv[NR];
-      DF_UNROLL
-      for (int r = 0; r < NR; ++r) wv[r] = V::load(t.p + r * t.ldp + k);  // zero-padded
-      DF_UNROLL
-      for (int i = 0; i < MR; ++i) {
-        F xv = V::load_partial(t.x + i * t.ldx + k, rem);
-        DF_UNROLL
-        for (int r = 0; r < NR; ++r) acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
-      }
-    }
-    finish_tile<MR, NR>(t, acc);
-  }
-
-  // f32 and bf16 tiles read W where it lies and widen it in registers (a shift for bf16), like
-  // the GEMV does: the same products in the same order as a decoded panel would give, without
-  // writing and re-reading one. Decoding a panel cost more than the widening it saves: its
-  // short far-apart row segments stalled on every line (18% of a BF16 GEMM at M = 64).
-  template <WeightFormat Fmt, int MR, int NR>
-  static void micro_direct(const Tile& t) {
-    F acc[MR][NR];
-    start_tile<MR, NR>(t, acc);
+  // Where a plain tile's weights come from: the decoded panel (int8; zero-padded, so the last
+  // partial vector is a plain load), or, for f32 and bf16, W itself, widened in registers (a
+  // shift for bf16) like the GEMV does. Reading W in place gives the same products in the same
+  // order without writing and re-reading a panel, whose short far-apart row segments stalled on
+  // every line (18% of a BF16 GEMM at M = 64).
+  struct PanelRows {
+    const float* p;
+    int64_t ldp;
+    DF_ALWAYS_INLINE F load(int r, int64_t k) const { return V::load(p + r * ldp + k); }
+    DF_ALWAYS_INLINE F load_tail(int r, int64_t k, int) const { return load(r, k); }
+  };
+  template <WeightFormat Fmt, int NR>
+  struct DirectRows {
     Row<Fmt> row[NR];
-    DF_UNROLL
-    for (int r = 0; r < NR; ++r) row[r].p = t.w + r * t.ldw;
+    DF_ALWAYS_INLINE F load(int r, int64_t k) const { return row[r].load(k); }
+    F load_tail(int r, int64_t k, int rem) const { return row[r].load_tail(k, rem); }
+  };
+
+  template <int MR, int NR, class Src>
+  static void micro_plain(const Tile& t, const Src& src) {
+    F acc[MR][NR];
+    start_tile<MR, NR>(t, acc);
     int64_t k = 0;
     for (; k + L <= t.kb; k += L) {
       F wv[NR];
       DF_UNROLL
-      for (int r = 0; r < NR; ++r) wv[r] = row[r].load(k);
+      for (int r = 0; r < NR; ++r) wv[r] = src.load(r, k);
       DF_UNROLL
       for (int i = 0; i < MR; ++i) {
         F xv = V::load(t.x + i * t.ldx + k);
@@ -567,7 +546,7 @@ struct Impl {
       const int rem = static_cast<int>(t.kb - k);
       F wv[NR];
       DF_UNROLL
-      for (int r = 0; r < NR; ++r) wv[r] = row[r].load_tail(k, rem);
+      for (int r = 0; r < NR; ++r) wv[r] = src.load_tail(r, k, rem);
       DF_UNROLL
       for (int i = 0; i < MR; ++i) {
         F xv = V::load_partial(t.x + i * t.ldx + k, rem);
@@ -732,9 +711,12 @@ struct Impl {
                 if constexpr (kMx) {
                   micro_mx<decltype(mm)::value, decltype(nn)::value>(t);
                 } else if constexpr (kDirect) {
-                  micro_direct<Fmt, decltype(mm)::value, decltype(nn)::value>(t);
+                  DirectRows<Fmt, decltype(nn)::value> src;
+                  DF_UNROLL
+                  for (int r = 0; r < decltype(nn)::value; ++r) src.row[r].p = t.w + r * t.ldw;
+                  micro_plain<decltype(mm)::value, decltype(nn)::value>(t, src);
                 } else {
-                  micro_plain<decltype(mm)::value, decltype(nn)::value>(t);
+                  micro_plain<decltype(mm)::value, decltype(nn)::value>(t, PanelRows{t.p, t.ldp});
                 }
               });
             }
