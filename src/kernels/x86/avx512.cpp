@@ -1,11 +1,11 @@
 // AVX-512 kernels (x86-64), compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
-// for this file only. The build machine has no AVX-512, so this file is deliberately thin: the
-// algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON tables run in the tests;
-// only the 16-lane traits below are specific (loads, masked tails via __mmask16, a fixed-order
-// 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8/MXFP4 decoders mirroring the AVX2 ones, MXFP4 four
-// groups per vector). With 32 zmm registers the tiles are 6x4 (plain) and 2x4 (+ 2 x 2x4 partial
-// sums, MXFP4). Run
-// `tests/deltafin_tests --gtest_filter='Kernels*'` on an AVX-512 machine to check it.
+// for this file only. The algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON
+// tables run too; only the 16-lane traits below are specific (loads, masked tails via __mmask16, a
+// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8/MXFP4 decoders mirroring the AVX2 ones,
+// MXFP4 four groups per vector). With 32 zmm registers both tiles are 6x4: the plain one (24
+// accumulators) and the MXFP4 one (24 half sums in registers, the other half and the carried sums
+// in L1). The sizes were tuned on a Zen 5 core (docs/PERFORMANCE.md, "GEMM efficiency on AVX-512");
+// `tests/deltafin_tests --gtest_filter='Kernels*'` checks this table wherever the CPU has AVX-512.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's avx512fintrin.h builds _mm512_undefined_*() from a self-initialised variable, which
 // -Wuninitialized reports wherever such an intrinsic is inlined (GCC bug 105593). This file only.
@@ -25,9 +25,10 @@ struct Avx512 {
   using F = __m512;
   static constexpr int L = 16;
   static constexpr int kMR = 6, kNR = 4;
-  static constexpr int kMxMR = 2, kMxNR = 4;
-  static constexpr int kMxGemvMaxM = 4;  // MXFP4: GEMV groups up to this many rows
-  static constexpr int kNB = 32;         // panel rows (decoded weights)
+  static constexpr int kMxMR = 6, kMxNR = 4;
+  // MXFP4: GEMV groups up to this many rows (Zen 5, M = 8: 45% of peak, the 6x4 GEMM 37%).
+  static constexpr int kMxGemvMaxM = 16;
+  static constexpr int kNB = 32;  // panel rows (decoded weights)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 512;
   static constexpr int kTM = 6, kTV = 4;  // matmul_t tile: 6 rows x 64 columns
