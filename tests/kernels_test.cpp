@@ -456,16 +456,19 @@ TEST(KernelsMxfp4, ReferenceNibbleOrder) {
 
 // Every table decodes every code at every nibble position and every edge scale byte exactly: a
 // one-hot x picks out a single weight, so y must be exactly E2M1[code] * 2^(e - 127) (NaN for
-// e = 255), through the small-M path (M = 1), the panel path (M = 6) and matmul_t.
+// e = 255), through the small-M path (M = 1), the panel path (M = 6) and matmul_t. Five groups,
+// so that a table decoding four groups at a time meets both a full block and a partial one (their
+// scales are built differently).
 TEST(KernelsMxfp4, EveryCodeAndScaleExactInEveryTable) {
-  const int64_t K = 96;  // three groups
+  const int64_t K = 160;
+  const int64_t G = K / 32;
   for (const char* name : {"scalar", "avx2", "avx512", "neon"}) {
     const KernelTable* t = table_by_name(name);
     if (t == nullptr) continue;
     for (int e : {0, 1, 2, 126, 127, 128, 200, 254, 255}) {
       for (int code = 0; code < 16; ++code) {
-        for (int64_t col :
-             {int64_t{0}, int64_t{1}, int64_t{36}, int64_t{63}, int64_t{94}, int64_t{95}}) {
+        for (int64_t col : {int64_t{0}, int64_t{1}, int64_t{36}, int64_t{63}, int64_t{94},
+                            int64_t{95}, int64_t{127}, int64_t{128}, int64_t{159}}) {
           // Rows: 0 holds the code at `col`; row 1 holds it at col ^ 1 (the other nibble).
           std::vector<uint8_t> q(2 * K / 2, 0), s(2 * K / 32, 127);
           auto put = [&](int64_t r, int64_t c) {
@@ -474,8 +477,8 @@ TEST(KernelsMxfp4, EveryCodeAndScaleExactInEveryTable) {
           };
           put(0, col);
           put(1, col ^ 1);
-          s[0 * 3 + col / 32] = static_cast<uint8_t>(e);
-          s[1 * 3 + col / 32] = static_cast<uint8_t>(e);
+          s[0 * G + col / 32] = static_cast<uint8_t>(e);
+          s[1 * G + col / 32] = static_cast<uint8_t>(e);
           Matrix w;
           w.format = WeightFormat::kMXFP4;
           w.rows = 2;
