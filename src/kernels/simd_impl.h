@@ -1,7 +1,7 @@
 // The SIMD matrix kernels, written once over a small vector-traits type `V` and included by each
 // ISA's translation unit (x86/avx2.cpp, x86/avx512.cpp, arm/neon.cpp), which supplies V (vector
 // type, lane count, loads, FMA, a fixed-order horizontal sum, bf16/int8/MXFP4 decoders, tile
-// sizes). One algorithm means the AVX-512 table, which this build machine cannot run, is the same
+// sizes). One algorithm means the AVX-512 table, on a machine without AVX-512, is still the same
 // code that the AVX2 and NEON tables run in the tests, with only the traits differing.
 //
 // Summation order (what makes results reproducible). For every output element y[m, n] of

@@ -80,8 +80,8 @@ struct Avx512 {
   // bytes widen to 16 dword lanes, and vpermps, which reads only an index's low 4 bits, looks
   // the low and then the high nibbles up in a 16-float table of doubled E2M1 values. So vector
   // 2u + h, lane 4g + t holds nibble h of byte 4u + t of group g: column
-  // 32g + 2 (4u + t) + h, and lanes 4g..4g+3 belong to group g in every vector. Four ops per
-  // two vectors (the shuffle-and-unpack decoder needed 13).
+  // 32g + 2 (4u + t) + h, and lanes 4g..4g+3 belong to group g in every vector. 21 operations
+  // per 64 bytes, load included (the shuffle-and-unpack decoder needed 26).
   static constexpr int kMxGroups = 4;
   static constexpr bool kMxPermuted = true;
   static constexpr int mx_column(int v, int l) {
