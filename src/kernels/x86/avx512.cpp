@@ -1,10 +1,11 @@
 // AVX-512 kernels (x86-64), compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 // for this file only. The algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON
 // tables run too; only the 16-lane traits below are specific (loads, masked tails via __mmask16, a
-// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8/MXFP4 decoders mirroring the AVX2 ones,
-// MXFP4 four groups per vector). With 32 zmm registers both tiles are 6x4: the plain one (24
-// accumulators) and the MXFP4 one (24 half sums in registers, the other half and the carried sums
-// in L1). The sizes were tuned on a Zen 5 core (docs/PERFORMANCE.md, "GEMM efficiency on AVX-512");
+// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8 decoders mirroring the AVX2 ones, an
+// MXFP4 decoder of its own, four groups per block). With 32 zmm registers both tiles are 6x4: the
+// plain one (24 accumulators) and the MXFP4 one (24 half sums in registers, the other half and the
+// carried sums in L1). The sizes were tuned on a Zen 5 core (docs/PERFORMANCE.md, "On a Zen 5 core
+// with AVX-512");
 // `tests/deltafin_tests --gtest_filter='Kernels*'` checks this table wherever the CPU has AVX-512.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's avx512fintrin.h builds _mm512_undefined_*() from a self-initialised variable, which
@@ -105,10 +106,11 @@ struct Avx512 {
     const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(s)));
   }
-  // The same from the four scale bytes, computed in the vector unit (2^(e - 128) is the float
-  // with exponent field e - 1 for e >= 2, the subnormal 0x200000 << e below, NaN for 255) rather
-  // than gathered from kHalfScale through memory: four table loads and a reload per block and
-  // row were a fifth of the GEMV's operations.
+  // The same from the four scale bytes: half_scale_of (simd_impl.h) computed in the vector unit
+  // (the float with exponent field e - 1 for e >= 2, the subnormal 0x200000 << e below, NaN for
+  // 255); KernelsMxfp4.EveryCodeAndScaleExactInEveryTable holds the two equal for every edge
+  // byte. Looked up in kHalfScale instead, four scalar loads and a stack reload per block and row
+  // were a fifth of the one-row GEMV's operations, and a 4-lane gather made it 5-15% slower.
   DF_ALWAYS_INLINE static F mx_scales(const uint8_t* e) {
     uint32_t e4;
     std::memcpy(&e4, e, 4);
