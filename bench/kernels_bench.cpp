@@ -46,7 +46,13 @@ std::unique_ptr<OwnedMatrix> make(WeightFormat f, int64_t rows, int64_t cols) {
   o->data.resize(static_cast<size_t>(rows * o->m.row_bytes()));
   uint8_t* d = o->data.data();
   size_t n = o->data.size();
-  if (f == WeightFormat::kBF16) {
+  if (f == WeightFormat::kF32) {
+    // Floats in [-1, 1] (no denormals, which would time the FPU's slow path).
+    for (size_t i = 0; i + 4 <= n; i += 4) {
+      const float v = static_cast<float>(static_cast<int64_t>(next_rand() % 2001) - 1000) * 1e-3f;
+      std::memcpy(d + i, &v, 4);
+    }
+  } else if (f == WeightFormat::kBF16) {
     // Finite bf16 values of magnitude ~2^-7 .. 2^-6.
     for (size_t i = 0; i + 8 <= n; i += 8) {
       uint64_t r = (next_rand() & 0x807F807F807F807Full) | 0x3C003C003C003C00ull;
@@ -235,9 +241,10 @@ void FmaPeak(benchmark::State& state) {
 // Prefill GEMM efficiency: one expert-shaped product [3072 x 3584] (gate/up; the weights stay
 // in L3 as they do while a pass applies an expert to its rows) at the row counts a routed
 // expert gets in a pass (M = 4 .. 256), in % of the FMA peak on as many threads.
-// Args: (format: 0 = BF16, 1 = MXFP4; M; threads).
+// Args: (format: 0 = BF16, 1 = MXFP4, 2 = F32; M; threads). F32 runs the BF16 tile without the
+// widening (and with twice the weight bytes), which tells the decoder's share from the tile's.
 void GemmEfficiency(benchmark::State& state) {
-  const WeightFormat f = state.range(0) == 0 ? kB : kQ;
+  const WeightFormat f = state.range(0) == 0 ? kB : state.range(0) == 1 ? kQ : WeightFormat::kF32;
   const int64_t M = state.range(1), rows = 3072, cols = 3584;
   const int threads = static_cast<int>(state.range(2));
   ThreadPool& pool = pool_of(threads);
@@ -263,8 +270,8 @@ void GemmEfficiency(benchmark::State& state) {
 
 BENCHMARK(FmaPeak)->Arg(1)->Arg(2)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(GemmEfficiency)
-    ->ArgsProduct({{0, 1}, {4, 8, 16, 32, 64, 256}, {1, 2}})
-    ->ArgNames({"mxfp4", "M", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {4, 8, 16, 32, 64, 256}, {1, 2}})
+    ->ArgNames({"format", "M", "threads"})
     ->UseRealTime()
     ->MinTime(0.5)
     ->Unit(benchmark::kMillisecond);

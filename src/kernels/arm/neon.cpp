@@ -19,6 +19,7 @@ struct Neon {
   static constexpr int L = 4;
   static constexpr int kMR = 6, kNR = 4;
   static constexpr int kMxMR = 2, kMxNR = 4;
+  static constexpr bool kMxInRegisters = false;
   static constexpr int kMxGemvMaxM = 4;  // MXFP4: GEMV groups up to this many rows
   static constexpr int kNB = 32;         // panel rows (decoded weights)
   static constexpr int kMB = 96;

@@ -18,6 +18,7 @@ struct Avx2 {
   static constexpr int L = 8;
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
   static constexpr int kMxMR = 6, kMxNR = 2;  // MXFP4 micro-kernel tile
+  static constexpr bool kMxInRegisters = false;
   static constexpr int kMxGemvMaxM = 16;      // MXFP4: GEMV groups up to this many rows
   static constexpr int kNB = 32;              // panel rows (decoded weights, in L1/L2)
   static constexpr int kMB = 96;              // activation rows per block

@@ -1,11 +1,11 @@
 // AVX-512 kernels (x86-64), compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 // for this file only. The algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON
 // tables run too; only the 16-lane traits below are specific (loads, masked tails via __mmask16, a
-// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum, bf16/int8 decoders mirroring the AVX2 ones, an
-// MXFP4 decoder of its own, four groups per block). With 32 zmm registers both tiles are 6x4: the
-// plain one (24 accumulators) and the MXFP4 one (24 half sums in registers, the other half and the
-// carried sums in L1). The sizes were tuned on a Zen 5 core (docs/PERFORMANCE.md, "On a Zen 5 core
-// with AVX-512");
+// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum and its four-at-once form, a bf16 widening by one
+// permute, an int8 decoder mirroring AVX2's, an MXFP4 decoder of its own, four groups per block).
+// With 32 zmm registers the plain tile is 6x4 (24 accumulators) and the MXFP4 tile 4x2 with its
+// even and odd half sums and its accumulators all in registers (24 vectors). The sizes were tuned
+// on a Zen 5 core (docs/PERFORMANCE.md, "On a Zen 5 core with AVX-512");
 // `tests/deltafin_tests --gtest_filter='Kernels*'` checks this table wherever the CPU has AVX-512.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's avx512fintrin.h builds _mm512_undefined_*() from a self-initialised variable, which
@@ -26,7 +26,10 @@ struct Avx512 {
   using F = __m512;
   static constexpr int L = 16;
   static constexpr int kMR = 6, kNR = 4;
-  static constexpr int kMxMR = 6, kMxNR = 4;
+  // MXFP4: 4x2 with everything in registers beat 6x4 with half sums through L1 by 12-20%
+  // (Zen 5, M = 32..256); 2x4 and 3x3 were slower than both.
+  static constexpr int kMxMR = 4, kMxNR = 2;
+  static constexpr bool kMxInRegisters = true;
   // MXFP4: GEMV groups up to this many rows (Zen 5, M = 8: 45% of peak, the 6x4 GEMM 37%).
   static constexpr int kMxGemvMaxM = 16;
   static constexpr int kNB = 32;  // panel rows (decoded weights)
@@ -68,9 +71,34 @@ struct Avx512 {
     t = _mm_add_ss(t, _mm_movehdup_ps(t));
     return _mm_cvtss_f32(t);
   }
+  // y[0..3] (+)= hsum(a), hsum(b), hsum(c), hsum(d): each step of hsum's tree (lanes i + (i + 8),
+  // then i + (i + 4), i + (i + 2), i + (i + 1), with the same operand order), applied to the
+  // four vectors side by side, so every sum is bit-identical to hsum's.
+  DF_ALWAYS_INLINE static void hsum4_store(F a, F b, F c, F d, float* y, bool accumulate) {
+    const F ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    const F cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+    F t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(3, 2, 3, 2)));
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 1, 1, 1)));
+    const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m128 r = _mm512_castps512_ps128(_mm512_permutexvar_ps(first, t));
+    if (accumulate) r = _mm_add_ps(_mm_loadu_ps(y), r);
+    _mm_storeu_ps(y, r);
+  }
+  // bf16 -> f32: each bf16 into the high half of its dword by one zero-masking word permute (lane
+  // order kept, so sums are unchanged). The widen-and-shift it replaces took two vector ALU
+  // operations per 16 weights, which on Zen 5 compete with the FMAs for a port: the 6x4 BF16 tile
+  // went from 58-64% to 63-75% of the FMA peak. A masked or expanding 16-bit load (no ALU
+  // operation at all) measured half the speed.
   DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0,
+                                         6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(
+        _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, _mm512_castsi256_si512(h)));
   }
   DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
     __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
