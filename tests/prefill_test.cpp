@@ -12,6 +12,7 @@
 #include "engine/synthetic.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "model/pass_arena.h"
 #include "storage/checkpoint.h"
 #include "storage/plan.h"
 #include "test_util.h"
@@ -206,6 +207,36 @@ TEST(Prefill, APromptAtTheBoundReadsEachExpertOnce) {
 // The yardstick of prefill compute (bench's prefill roofline, the GEMM efficiency benchmark):
 // every table on this CPU has an FMA loop whose result depends on its rounds, and the measured
 // peak is a positive rate.
+// The pass's scratch: buffers of one sub-layer are aligned and disjoint; after the first round
+// the next sub-layers get the same memory back (nothing allocated, zeroed or faulted again), and
+// a sub-layer larger than all before grows the arena once, after which it is one block again.
+TEST(Prefill, PassArenaHandsTheSameMemoryToEachSubLayer) {
+  PassArena arena;
+  auto sub_layer = [&](std::vector<int64_t> sizes) {
+    arena.reset();
+    std::vector<float*> got;
+    for (int64_t n : sizes) {
+      float* p = arena.take(n);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(got.size());  // write it all
+      got.push_back(p);
+    }
+    for (size_t b = 0; b < got.size(); ++b)  // nothing overwrote another buffer
+      for (int64_t i = 0; i < sizes[b]; ++i) EXPECT_EQ(got[b][i], static_cast<float>(b));
+    return got;
+  };
+  sub_layer({1000, 17, 5000});               // "KDA": three blocks at first
+  const auto moe = sub_layer({3000, 2000});  // "MoE": one block of the KDA's total
+  const auto kda = sub_layer({1000, 17, 5000});
+  const auto moe2 = sub_layer({3000, 2000});
+  EXPECT_EQ(moe2, moe);
+  EXPECT_EQ(sub_layer({1000, 17, 5000}), kda);
+  EXPECT_EQ(kda[0], moe[0]);  // one block, reused from its start by every sub-layer
+  sub_layer({20000, 1});      // larger than any before: grows
+  const auto after = sub_layer({1000, 17, 5000});
+  EXPECT_EQ(sub_layer({20000, 1})[0], after[0]);  // and is one block again
+}
+
 TEST(Prefill, FmaPeakLoopsRunOnEveryTable) {
   for (const kernels::KernelTable* t :
        {&kernels::scalar_table(), kernels::avx2_table(), kernels::avx512_table()}) {

@@ -51,27 +51,31 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   const int64_t rank = w.f_a.rows;
   ThreadPool& pool = ctx.pool;
 
+  // Every buffer below is written whole before it is read (the arena's are uninitialised).
+  PassArena own;
+  PassArena& arena = ctx.arena != nullptr ? *ctx.arena : own;
+  arena.reset();
   // Projections: pre-conv q | k | v per row (the layout of the conv history), gate, decay, beta.
-  std::vector<float> qkv(static_cast<size_t>(R * W3));
-  kernels::matmul(w.q, u, R, H, qkv.data(), W3, pool);
-  kernels::matmul(w.k, u, R, H, qkv.data() + Pk, W3, pool);
-  kernels::matmul(w.v, u, R, H, qkv.data() + 2 * Pk, W3, pool);
-  std::vector<float> gate(static_cast<size_t>(R * Pk));
-  kernels::matmul(w.g, u, R, H, gate.data(), Pk, pool);
-  std::vector<float> fa(static_cast<size_t>(R * rank));
-  kernels::matmul(w.f_a, u, R, H, fa.data(), rank, pool);
-  std::vector<float> z(static_cast<size_t>(R * Pk));
-  kernels::matmul(w.f_b, fa.data(), R, rank, z.data(), Pk, pool);
-  std::vector<float> bl(static_cast<size_t>(R * nh));
-  kernels::matmul(w.b, u, R, H, bl.data(), nh, pool);
+  float* qkv = arena.take(R * W3);
+  kernels::matmul(w.q, u, R, H, qkv, W3, pool);
+  kernels::matmul(w.k, u, R, H, qkv + Pk, W3, pool);
+  kernels::matmul(w.v, u, R, H, qkv + 2 * Pk, W3, pool);
+  float* gate = arena.take(R * Pk);
+  kernels::matmul(w.g, u, R, H, gate, Pk, pool);
+  float* fa = arena.take(R * rank);
+  kernels::matmul(w.f_a, u, R, H, fa, rank, pool);
+  float* z = arena.take(R * Pk);
+  kernels::matmul(w.f_b, fa, R, rank, z, Pk, pool);
+  float* bl = arena.take(R * nh);
+  kernels::matmul(w.b, u, R, H, bl, nh, pool);
 
   // Short causal depthwise conv + SiLU, per sequence, over [history ; new rows].
-  std::vector<float> act(static_cast<size_t>(R * W3));
+  float* act = arena.take(R * W3);
   for (const SeqRows& s : ctx.seqs) {
     KdaLayerState& st = s.state->kda()[static_cast<size_t>(s.state->kda_slot(layer))];
     const float* hrows = st.conv.data();                // [hist][W3]
     auto input = [&](int64_t t, int64_t ch) -> float {  // t relative to the sequence's first row
-      if (t >= 0) return qkv[static_cast<size_t>((s.begin + t) * W3 + ch)];
+      if (t >= 0) return qkv[(s.begin + t) * W3 + ch];
       return hrows[static_cast<size_t>((hist + t) * W3 + ch)];
     };
     pool.parallel_for(W3, 256, [&](int64_t c0, int64_t c1, int) {
@@ -82,13 +86,13 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
         for (int64_t t = 0; t < s.count; ++t) {
           float acc = 0.0f;
           for (int64_t j = 0; j < Kc; ++j) acc += taps[j] * input(t - hist + j, ch);
-          act[static_cast<size_t>((s.begin + t) * W3 + ch)] = ops::silu(acc);
+          act[(s.begin + t) * W3 + ch] = ops::silu(acc);
         }
       }
     });
     if (s.pending != nullptr) {
       auto& rec = s.pending->layers[static_cast<size_t>(s.state->kda_slot(layer))];
-      rec.conv_in.assign(qkv.begin() + s.begin * W3, qkv.begin() + (s.begin + s.count) * W3);
+      rec.conv_in.assign(qkv + s.begin * W3, qkv + (s.begin + s.count) * W3);
     } else if (hist > 0) {
       // New history = the last `hist` inputs of [history ; new rows].
       std::vector<float> nh_rows(static_cast<size_t>(hist * W3));
@@ -102,13 +106,14 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   }
 
   // Per row and head: L2-normalised q (scaled by dk^-1/2) and k, decay alpha, beta.
-  std::vector<float> alpha(static_cast<size_t>(R * Pk)), beta(static_cast<size_t>(R * nh));
+  float* alpha = arena.take(R * Pk);
+  float* beta = arena.take(R * nh);
   const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
   const float lb = c.kda.gate_lower_bound;
   pool.parallel_for(R * nh, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t r = idx / nh, h = idx % nh;
-      float* q = act.data() + r * W3 + h * dk;
+      float* q = act + r * W3 + h * dk;
       float* k = q + Pk;
       double sq = 0, sk = 0;
       for (int64_t d = 0; d < dk; ++d) {
@@ -125,16 +130,16 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
       const float ae = w.a_exp[static_cast<size_t>(h)];
       for (int64_t d = 0; d < dk; ++d) {
         const int64_t ch = h * dk + d;
-        const float zz = z[static_cast<size_t>(r * Pk + ch)] + w.dt_bias[static_cast<size_t>(ch)];
+        const float zz = z[r * Pk + ch] + w.dt_bias[static_cast<size_t>(ch)];
         // The lower bound scales the sigmoid (g ∈ (lb, 0)); it is not a clamp on g.
-        alpha[static_cast<size_t>(r * Pk + ch)] = std::exp(lb * ops::sigmoid(ae * zz));
+        alpha[r * Pk + ch] = std::exp(lb * ops::sigmoid(ae * zz));
       }
-      beta[static_cast<size_t>(r * nh + h)] = ops::sigmoid(bl[static_cast<size_t>(r * nh + h)]);
+      beta[r * nh + h] = ops::sigmoid(bl[r * nh + h]);
     }
   });
 
   // The recurrence, one task per (sequence, head).
-  std::vector<float> o(static_cast<size_t>(R * Pk));
+  float* o = arena.take(R * Pk);
   const int64_t n_tasks = static_cast<int64_t>(ctx.seqs.size()) * nh;
   pool.run(static_cast<int>(n_tasks), [&](int task, int) {
     const SeqRows& s = ctx.seqs[static_cast<size_t>(task / nh)];
@@ -152,20 +157,19 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
     // Long prefill: the chunked form, chosen by the sequence's rows in the whole pass so a pass
     // computed in blocks (pass_plan.h) runs the same recurrence as one that is not.
     if (rec == nullptr && std::max(s.count, s.pass_count) >= kChunkRows) {
-      const float* q0 = act.data() + s.begin * W3 + h * dk;
-      kda_chunk_head(S, dk, dk, s.count, q0, q0 + Pk, q0 + 2 * Pk,
-                     alpha.data() + s.begin * Pk + h * dk, beta.data() + s.begin * nh + h, W3, Pk,
-                     nh, o.data() + s.begin * Pk + h * dk, Pk);
+      const float* q0 = act + s.begin * W3 + h * dk;
+      kda_chunk_head(S, dk, dk, s.count, q0, q0 + Pk, q0 + 2 * Pk, alpha + s.begin * Pk + h * dk,
+                     beta + s.begin * nh + h, W3, Pk, nh, o + s.begin * Pk + h * dk, Pk);
       return;
     }
     for (int64_t t = 0; t < s.count; ++t) {
       const int64_t r = s.begin + t;
-      const float* q = act.data() + r * W3 + h * dk;
+      const float* q = act + r * W3 + h * dk;
       const float* k = q + Pk;
       const float* v = q + 2 * Pk;
-      const float* a = alpha.data() + r * Pk + h * dk;
-      const float b = beta[static_cast<size_t>(r * nh + h)];
-      kda_step_head(S, dk, dk, q, k, v, a, b, e.data(), o.data() + r * Pk + h * dk);
+      const float* a = alpha + r * Pk + h * dk;
+      const float b = beta[r * nh + h];
+      kda_step_head(S, dk, dk, q, k, v, a, b, e.data(), o + r * Pk + h * dk);
       if (rec != nullptr) {
         const size_t off = static_cast<size_t>((t * nh + h) * dk);
         std::copy(k, k + dk, rec->k.begin() + off);
@@ -180,13 +184,13 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   const float eps = c.rms_eps;  // o_norm uses the config's 1e-5 like the other norms (§3.1)
   pool.parallel_for(R * nh, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t idx = b; idx < e; ++idx) {
-      float* oh = o.data() + idx * dk;  // rows are [nh][dk], so (r, h) is idx
-      const float* gh = gate.data() + idx * dk;
+      float* oh = o + idx * dk;  // rows are [nh][dk], so (r, h) is idx
+      const float* gh = gate + idx * dk;
       ops::rmsnorm(oh, w.o_norm.data(), eps, dk, oh);
       for (int64_t d = 0; d < dk; ++d) oh[d] *= ops::sigmoid(gh[d]);
     }
   });
-  kernels::matmul(w.o, o.data(), R, Pk, y, H, pool);
+  kernels::matmul(w.o, o, R, Pk, y, H, pool);
 }
 
 void kda_begin_pending(const ModelConfig& c, int64_t base, int64_t rows, PendingCommit& pending) {

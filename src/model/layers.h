@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/pass_arena.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -34,6 +35,9 @@ struct LayerContext {
   ThreadPool& pool;
   std::span<const SeqRows> seqs;
   int64_t rows;
+  // The pass's scratch, handed from sub-layer to sub-layer (KDA and the MoE take theirs from it);
+  // null: each call allocates its own.
+  PassArena* arena = nullptr;
 };
 
 // y[R][hidden] = KDA(u)
@@ -88,10 +92,12 @@ class MoePass {
   const LayerContext& pass_;
   const MoeTrunkWeights& w_;
   int64_t block_rows_;
-  std::vector<int> ids_;                  // [rows][top_k], ascending per row
-  std::vector<float> wts_;                // [rows][top_k]
-  std::vector<float> xi_;                 // [rows][latent]
-  std::vector<float> slot_;               // [rows][top_k][latent]: each (row, slot)'s expert output
+  std::vector<int> ids_;    // [rows][top_k], ascending per row
+  std::vector<float> wts_;  // [rows][top_k]
+  PassArena own_arena_;     // where the pass has no arena
+  float* xi_ = nullptr;     // [rows][latent], from the arena
+  float* slot_ =
+      nullptr;  // [rows][top_k][latent], from the arena: each (row, slot)'s expert output
   std::vector<bool> chosen_;              // per expert
   std::vector<float> xe_, ge_, ue_, ye_;  // one expert's CPU scratch
 };

@@ -374,7 +374,8 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   const int64_t H = c.hidden;
   PassRows rows = group_rows(c, seqs);
   const int64_t R = rows.count();
-  const LayerContext ctx{c, pool_ ? *pool_ : global_pool(), rows.seqs, R};
+  PassArena arena;
+  const LayerContext ctx{c, pool_ ? *pool_ : global_pool(), rows.seqs, R, &arena};
   const kernels::OffloadScope offload(offload_.get());  // null: every product on the CPU
   const Predictor predictor(*this, ctx);
   for (auto& s : rows.seqs) s.state->set_consistent(false);  // until the pass completes
@@ -386,7 +387,7 @@ std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   std::vector<LayerContext> bctx;
   int64_t most = 0;
   for (const auto& b : blocks) {
-    bctx.push_back(LayerContext{c, ctx.pool, b.seqs, block_rows_of(b)});
+    bctx.push_back(LayerContext{c, ctx.pool, b.seqs, block_rows_of(b), &arena});
     most = std::max(most, bctx.back().rows);
   }
   std::vector<float> a(static_cast<size_t>(most * H)), u(a.size()), y(a.size());

@@ -98,8 +98,11 @@ MoePass::MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t blo
   const auto Hl = static_cast<size_t>(c.moe.latent_dim);
   ids_.resize(R * k);
   wts_.resize(R * k);
-  xi_.resize(R * Hl);
-  slot_.resize(R * k * Hl);
+  // Every row's latent input is written by route(), every (row, slot) by its expert.
+  PassArena& arena = pass.arena != nullptr ? *pass.arena : own_arena_;
+  arena.reset();
+  xi_ = arena.take(static_cast<int64_t>(R * Hl));
+  slot_ = arena.take(static_cast<int64_t>(R * k * Hl));
   chosen_.assign(static_cast<size_t>(c.moe.num_experts), false);
 }
 
@@ -110,7 +113,7 @@ void MoePass::route(const LayerContext& block, int64_t first_row, const float* x
   std::copy(r.ids.begin(), r.ids.end(), ids_.begin() + first_row * k);
   std::copy(r.weights.begin(), r.weights.end(), wts_.begin() + first_row * k);
   for (int e : r.experts) chosen_[static_cast<size_t>(e)] = true;
-  kernels::matmul(w_.down, x, block.rows, c.hidden, xi_.data() + first_row * Hl, Hl, block.pool);
+  kernels::matmul(w_.down, x, block.rows, c.hidden, xi_ + first_row * Hl, Hl, block.pool);
 }
 
 namespace {
@@ -131,7 +134,7 @@ void MoePass::apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list
     xe_.resize(static_cast<size_t>(n * Hl));
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = list[static_cast<size_t>(b + i)] / k;
-      std::copy_n(xi_.data() + r * Hl, Hl, xe_.data() + i * Hl);
+      std::copy_n(xi_ + r * Hl, Hl, xe_.data() + i * Hl);
     }
     ge_.resize(static_cast<size_t>(n * I));
     ue_.resize(static_cast<size_t>(n * I));
@@ -141,7 +144,7 @@ void MoePass::apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list
     situ_parallel(pool, ge_.data(), ue_.data(), n * I, c.situ_beta, c.situ_linear_beta, ge_.data());
     kernels::matmul(w.w2, ge_.data(), n, I, ye_.data(), Hl, pool);
     for (int64_t i = 0; i < n; ++i)
-      std::copy_n(ye_.data() + i * Hl, Hl, slot_.data() + list[static_cast<size_t>(b + i)] * Hl);
+      std::copy_n(ye_.data() + i * Hl, Hl, slot_ + list[static_cast<size_t>(b + i)] * Hl);
   }
 }
 
@@ -164,7 +167,7 @@ bool MoePass::apply_on_device(kernels::MatmulOffload& device,
   }
   // [expert][gate rows, then up rows][I]
   std::vector<float> gu(static_cast<size_t>(2 * total * I));
-  if (!device.grouped(gate_up, xi_.data(), Hl, gu.data())) return false;
+  if (!device.grouped(gate_up, xi_, Hl, gu.data())) return false;
   std::vector<float> h(static_cast<size_t>(total * I));
   std::vector<int32_t> hrows(static_cast<size_t>(total));
   std::iota(hrows.begin(), hrows.end(), 0);
@@ -183,7 +186,7 @@ bool MoePass::apply_on_device(kernels::MatmulOffload& device,
   at = 0;
   for (const auto& [expert, handle] : window) {
     for (int64_t u : users[static_cast<size_t>(expert)])
-      std::copy_n(y.data() + (at++) * Hl, Hl, slot_.data() + u * Hl);
+      std::copy_n(y.data() + (at++) * Hl, Hl, slot_ + u * Hl);
   }
   return true;
 }
@@ -238,8 +241,8 @@ void MoePass::finish(const LayerContext& block, int64_t first_row, const float* 
     const int64_t r = first_row + i;
     float* out = ybar.data() + i * Hl;
     for (int64_t s = 0; s < k; ++s) {
-      kernels::active().axpy(wts_[static_cast<size_t>(r * k + s)], slot_.data() + (r * k + s) * Hl,
-                             out, Hl);
+      kernels::active().axpy(wts_[static_cast<size_t>(r * k + s)], slot_ + (r * k + s) * Hl, out,
+                             Hl);
     }
     if (c.moe.latent_norm) ops::rmsnorm(out, w_.latent_norm.data(), c.rms_eps, Hl, out);
   }
