@@ -1,8 +1,8 @@
 // AVX-512 kernels (x86-64), compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 // for this file only. The algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON
 // tables run too; only the 16-lane traits below are specific (loads, masked tails via __mmask16, a
-// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum and its four-at-once form, a bf16 widening by one
-// permute, an int8 decoder mirroring AVX2's, an MXFP4 decoder of its own, four groups per block).
+// fixed-order 16 -> 8 -> 4 -> 1 horizontal sum and its four-at-once form, a bf16 widen-and-shift
+// and an int8 decoder mirroring AVX2's, an MXFP4 decoder of its own, four groups per block).
 // With 32 zmm registers the plain tile is 6x4 (24 accumulators) and the MXFP4 tile 4x2 with its
 // even and odd half sums and its accumulators all in registers (24 vectors). The sizes were tuned
 // on a Zen 5 core (docs/PERFORMANCE.md, "On a Zen 5 core with AVX-512");
@@ -88,17 +88,9 @@ struct Avx512 {
     if (accumulate) r = _mm_add_ps(_mm_loadu_ps(y), r);
     _mm_storeu_ps(y, r);
   }
-  // bf16 -> f32: each bf16 into the high half of its dword by one zero-masking word permute (lane
-  // order kept, so sums are unchanged). The widen-and-shift it replaces took two vector ALU
-  // operations per 16 weights, which on Zen 5 compete with the FMAs for a port: the 6x4 BF16 tile
-  // went from 58-64% to 63-75% of the FMA peak. A masked or expanding 16-bit load (no ALU
-  // operation at all) measured half the speed.
   DF_ALWAYS_INLINE static F load_bf16(const uint16_t* p) {
-    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0,
-                                         6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(
-        _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, _mm512_castsi256_si512(h)));
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
     __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
