@@ -19,11 +19,11 @@ struct Avx2 {
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
   static constexpr int kMxMR = 6, kMxNR = 2;  // MXFP4 micro-kernel tile
   static constexpr bool kMxInRegisters = false;
-  static constexpr int kMxGemvMaxM = 16;      // MXFP4: GEMV groups up to this many rows
-  static constexpr int kNB = 32;              // panel rows (decoded weights, in L1/L2)
-  static constexpr int kMB = 96;              // activation rows per block
-  static constexpr int64_t kKB = 512;         // panel columns
-  static constexpr int kTM = 4, kTV = 3;      // matmul_t tile: 4 rows x 24 columns
+  static constexpr int kMxGemvMaxM = 16;  // MXFP4: GEMV groups up to this many rows
+  static constexpr int kNB = 32;          // panel rows (decoded weights, in L1/L2)
+  static constexpr int kMB = 96;          // activation rows per block
+  static constexpr int64_t kKB = 512;     // panel columns
+  static constexpr int kTM = 4, kTV = 3;  // matmul_t tile: 4 rows x 24 columns
   static constexpr int gemv_rows(int m) { return m <= 2 ? 4 : 3; }
   static constexpr int gemv_rows_mx(int m) { return m <= 2 ? 4 : 2; }
 
