@@ -9,7 +9,7 @@ WERROR ?= OFF
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev \
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev \
-  libedit-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format \
+  libedit-dev libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format \
   python3-venv python3-numpy python3-pytest python3-wheel clang libclang-rt-14-dev \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
 

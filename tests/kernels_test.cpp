@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -415,6 +416,96 @@ TEST_P(Vec, DotAndAxpyMatchScalar) {
     for (int64_t i = 1; i <= n; ++i) {
       EXPECT_NEAR(y[i], yr[i], 1e-6 * (std::fabs(yr[i]) + std::fabs(alpha * a[i])))
           << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+// Distance in representable floats (0: same value; +0 and -0 are one apart). Both finite.
+int64_t ulp_distance(float a, float b) {
+  auto key = [](float v) {
+    int32_t i;
+    std::memcpy(&i, &v, 4);
+    return i < 0 ? -static_cast<int64_t>(i & 0x7fffffff) - 1 : static_cast<int64_t>(i);
+  };
+  return std::llabs(key(a) - key(b));
+}
+
+// Arguments for exp and tanh: a dense sweep over the ranges that matter, the edges of exp's
+// range (overflow past 88.72, subnormal results below -87.3), tiny and huge magnitudes.
+std::vector<float> unary_arguments() {
+  std::vector<float> x;
+  for (float v = -110.0f; v <= 95.0f; v += 0.0137f) x.push_back(v);
+  for (float v = -4.0f; v <= 4.0f; v += 1.0f / 1024) x.push_back(v);
+  for (int e = -149; e <= 127; e += 3) {
+    x.push_back(std::ldexp(1.0f, e));
+    x.push_back(-std::ldexp(1.3f, e));
+  }
+  for (float v : {0.0f, -0.0f, 88.72f, 88.73f, -87.33f, -103.9f, 1e-30f, -1e-30f}) x.push_back(v);
+  return x;
+}
+
+TEST_P(Vec, ExpAndTanhAccurateWhereverTheValueSits) {
+  REQUIRE_TABLE(t, GetParam());
+  const std::vector<float> x = unary_arguments();
+  const int64_t n = static_cast<int64_t>(x.size());
+  // SLEEF (the x86 tables) is within 1 ULP; the scalar and NEON tables use libm, whose tanhf
+  // glibc documents at up to 2 ULP (seen here: tanh(0.53125) two floats off).
+  const int64_t bound = GetParam() == "scalar" || GetParam() == "neon" ? 2 : 1;
+  for (int fn = 0; fn < 2; ++fn) {
+    const kernels::UnaryFn f = fn == 0 ? t->exp : t->tanh;
+    const char* name = fn == 0 ? "exp" : "tanh";
+    std::vector<float> y(x.size() + 1, 7.0f);
+    f(x.data(), y.data(), n);
+    EXPECT_EQ(y[x.size()], 7.0f) << name << " wrote past the end";
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double xd = x[i];
+      const float ref = static_cast<float>(fn == 0 ? std::exp(xd) : std::tanh(xd));
+      if (std::isinf(ref)) {
+        EXPECT_EQ(y[i], ref) << name << "(" << x[i] << ")";
+        continue;
+      }
+      EXPECT_LE(ulp_distance(y[i], ref), bound)
+          << name << "(" << x[i] << ") = " << y[i] << ", not " << ref;
+      // The same bits alone (n = 1, a tail of one lane) as at position i of a long call.
+      float alone = 0;
+      f(&x[i], &alone, 1);
+      EXPECT_TRUE(same_bits(alone, y[i])) << name << "(" << x[i] << ") depends on its position";
+    }
+    // In place, as callers use it.
+    std::vector<float> z = x;
+    f(z.data(), z.data(), n);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(same_bits(z[i], y[i])) << name << " in place";
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float sx[6] = {inf, -inf, nan, 0.0f, -0.0f, 100.0f}, e[6], th[6];
+  t->exp(sx, e, 6);
+  t->tanh(sx, th, 6);
+  EXPECT_EQ(e[0], inf);
+  EXPECT_EQ(e[1], 0.0f);
+  EXPECT_TRUE(std::isnan(e[2]));
+  EXPECT_EQ(e[3], 1.0f);
+  EXPECT_EQ(e[5], inf);
+  EXPECT_EQ(th[0], 1.0f);
+  EXPECT_EQ(th[1], -1.0f);
+  EXPECT_TRUE(std::isnan(th[2]));
+  EXPECT_TRUE(same_bits(th[4], -0.0f));
+  EXPECT_EQ(th[5], 1.0f);
+}
+
+// SLEEF's "finz" functions promise the same bits on every FMA ISA: the AVX2 and AVX-512 tables
+// must agree exactly, so a machine's choice of table never changes an activation.
+TEST(KernelsVec, X86TablesAgreeOnExpAndTanh) {
+  const KernelTable* a = kernels::avx2_table();
+  const KernelTable* b = kernels::avx512_table();
+  if (a == nullptr || b == nullptr) GTEST_SKIP() << "needs both AVX2 and AVX-512";
+  const std::vector<float> x = unary_arguments();
+  std::vector<float> ya(x.size()), yb(x.size());
+  for (int fn = 0; fn < 2; ++fn) {
+    (fn == 0 ? a->exp : a->tanh)(x.data(), ya.data(), static_cast<int64_t>(x.size()));
+    (fn == 0 ? b->exp : b->tanh)(x.data(), yb.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_TRUE(same_bits(ya[i], yb[i])) << (fn == 0 ? "exp(" : "tanh(") << x[i] << ")";
     }
   }
 }

@@ -15,7 +15,9 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/synthetic.h"
+#include "kernels/kernels.h"
 #include "model/layers.h"
+#include "model/ops.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -31,6 +33,46 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
     m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
   return m;
+}
+
+// SiTU over rows (the kernels' vector tanh and exp) against the formula in double precision, and,
+// on the scalar table, bit for bit against ops::situ: the same operations in the same order.
+TEST(Situ, RowsFollowTheFormulaOnEveryTable) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-40.0f, 40.0f);
+  std::vector<float> g(1000), u(1000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = d(rng), u[i] = d(rng);
+  for (float v : {0.0f, -0.0f, 1e-20f, -1e-20f, 90.0f, -90.0f, 200.0f, -200.0f}) {
+    g.push_back(v), u.push_back(1.5f);
+    g.push_back(0.75f), u.push_back(v);
+  }
+  const float beta = 4.0f, lbeta = 25.0f;
+  const std::string before = kernels::active().name;
+  for (const char* name : {"scalar", "avx2", "avx512", "neon"}) {
+    try {
+      kernels::select(name);
+    } catch (const Error&) {
+      continue;  // not on this CPU
+    }
+    std::vector<float> out(g.size());
+    ops::situ_rows(g.data(), u.data(), static_cast<int64_t>(g.size()), beta, lbeta, out.data());
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double gd = g[i], ud = u[i];
+      const double ref =
+          beta * std::tanh(gd / beta) / (1.0 + std::exp(-gd)) * lbeta * std::tanh(ud / lbeta);
+      EXPECT_NEAR(out[i], ref, 2e-6 * std::fabs(ref) + 1e-37)
+          << name << ": situ(" << g[i] << ", " << u[i] << ")";
+      if (std::string(name) == "scalar") {
+        EXPECT_EQ(out[i], ops::situ(g[i], u[i], beta, lbeta))
+            << "situ(" << g[i] << ", " << u[i] << ")";
+      }
+    }
+    // In place over g, as the MoE calls it.
+    std::vector<float> gi = g;
+    ops::situ_rows(gi.data(), u.data(), static_cast<int64_t>(g.size()), beta, lbeta, gi.data());
+    EXPECT_EQ(gi, out) << name;
+  }
+  kernels::select(before.c_str());
 }
 
 TEST(Router, BiasChangesSelectionNotWeights) {

@@ -37,6 +37,12 @@ using DotFn = float (*)(const float* a, const float* b, int64_t n);
 // y[i] += a * x[i]
 using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);
 
+// y[i] = f(x[i]) for i in [0, n), element-wise (y may alias x): a value's result depends on
+// nothing but the value — not n, its position or the thread — so a row gets the same bits alone,
+// batched or split. The x86 tables use SLEEF's deterministic 1-ULP functions ("finz": the same
+// bits on every FMA ISA, so AVX2 and AVX-512 agree exactly); scalar and NEON use libm.
+using UnaryFn = void (*)(const float* x, float* y, int64_t n);
+
 // `iters` rounds of independent FMAs (fma_loop_flops floating-point operations per round) with
 // no memory traffic: the FMA peak that GEMM efficiency is measured against.
 using FmaLoopFn = float (*)(int64_t iters);
@@ -47,6 +53,8 @@ struct KernelTable {
   MatmulTFn matmul_t[4];  // indexed by WeightFormat (nullptr where unsupported)
   DotFn dot;
   AxpyFn axpy;
+  UnaryFn exp;   // e^x, within 1 ULP
+  UnaryFn tanh;  // tanh(x), within 1 ULP
   FmaLoopFn fma_loop;
   int fma_loop_flops;
 };

@@ -83,6 +83,14 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void exp_scalar(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+void tanh_scalar(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
 // Eight independent chains the compiler may vectorise or not: the scalar table's own peak.
 float fma_loop_scalar(int64_t iters) {
   float acc[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -103,6 +111,8 @@ const KernelTable& scalar_table() {
       {matmul_t_scalar, matmul_t_scalar, matmul_t_scalar, matmul_t_scalar},
       dot_scalar,
       axpy_scalar,
+      exp_scalar,
+      tanh_scalar,
       fma_loop_scalar,
       16,
   };

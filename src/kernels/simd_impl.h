@@ -966,6 +966,19 @@ struct Impl {
     }
   }
 
+  // ---- element-wise functions ----------------------------------------------------------------
+  // A tail shorter than a vector goes through the same vector function, from a zero-padded
+  // load, so every value meets the same code wherever it sits.
+  template <F (*Fn)(F)>
+  static void map(const float* x, float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + L <= n; i += L) V::store(y + i, Fn(V::load(x + i)));
+    if (i < n) {
+      const int rem = static_cast<int>(n - i);
+      V::store_partial(y + i, Fn(V::load_partial(x + i, rem)), rem);
+    }
+  }
+
   // ---- the FMA peak ----------------------------------------------------------------------------
   // kPeakChains independent accumulator chains (enough to cover the FMA latency times the FMA
   // ports of current x86 and ARM cores), no memory operands: what the core can do at best, the
@@ -1013,6 +1026,8 @@ struct Impl {
     t.matmul_t[static_cast<int>(WeightFormat::kInt8)] = &matmul_t<WeightFormat::kInt8>;
     t.dot = &dot;
     t.axpy = &axpy;
+    t.exp = &map<&V::exp>;
+    t.tanh = &map<&V::tanh>;
     return t;
   }
 };

@@ -5,6 +5,7 @@
 // registers allow 6x4 plain tiles and 3x4 (+ 2 x 2x4 partial sums) MXFP4 tiles. tools/test-neon.sh
 // cross-builds the kernel tests and runs them under qemu-aarch64.
 #include <arm_neon.h>
+#include <math.h>
 
 #include <cstring>
 
@@ -43,6 +44,16 @@ struct Neon {
     float t[4];
     vst1q_f32(t, v);
     std::memcpy(p, t, static_cast<size_t>(n) * sizeof(float));
+  }
+  // Element-wise e^x and tanh (KernelTable::exp/tanh): libm per lane, the scalar table's values.
+  static F exp(F v) { return lanes<expf>(v); }
+  static F tanh(F v) { return lanes<tanhf>(v); }
+  template <float (*Fn)(float)>
+  static F lanes(F v) {
+    float a[4];
+    vst1q_f32(a, v);
+    for (float& e : a) e = Fn(e);
+    return vld1q_f32(a);
   }
   DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
   DF_ALWAYS_INLINE static F mul(F a, F b) { return vmulq_f32(a, b); }

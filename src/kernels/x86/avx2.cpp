@@ -6,6 +6,7 @@
 // mx_decode). The register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain
 // micro-kernel and for the MXFP4 half sums (the MXFP4 accumulators live in L1).
 #include <immintrin.h>
+#include <sleef.h>
 
 #include "kernels/kernels.h"
 #include "kernels/simd_impl.h"
@@ -49,6 +50,9 @@ struct Avx2 {
   DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) {
     _mm256_maskstore_ps(p, tail_mask(n), v);
   }
+  // Element-wise e^x and tanh (KernelTable::exp/tanh): SLEEF's deterministic 1-ULP functions.
+  static F exp(F v) { return Sleef_finz_expf8_u10avx2(v); }
+  static F tanh(F v) { return Sleef_finz_tanhf8_u10avx2(v); }
   DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   DF_ALWAYS_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   DF_ALWAYS_INLINE static F add(F a, F b) { return _mm256_add_ps(a, b); }

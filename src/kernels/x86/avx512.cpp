@@ -15,6 +15,7 @@
 #endif
 
 #include <immintrin.h>
+#include <sleef.h>
 
 #include "kernels/kernels.h"
 #include "kernels/simd_impl.h"
@@ -57,6 +58,9 @@ struct Avx512 {
   DF_ALWAYS_INLINE static void store_partial(float* p, F v, int n) {
     _mm512_mask_storeu_ps(p, tail_mask(n), v);
   }
+  // Element-wise e^x and tanh (KernelTable::exp/tanh): SLEEF's deterministic 1-ULP functions.
+  static F exp(F v) { return Sleef_finz_expf16_u10avx512f(v); }
+  static F tanh(F v) { return Sleef_finz_tanhf16_u10avx512f(v); }
   DF_ALWAYS_INLINE static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   DF_ALWAYS_INLINE static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   DF_ALWAYS_INLINE static F add(F a, F b) { return _mm512_add_ps(a, b); }
