@@ -50,7 +50,10 @@ TSAN_BUILD ?= build-tsan
 SAN_CMAKE = CC=clang CXX=clang++ cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=Sanitize \
   "-DCMAKE_CXX_FLAGS_SANITIZE=-O1 -gline-tables-only" -DDELTAFIN_BUILD_BENCH=OFF \
   -DCMAKE_UNITY_BUILD=ON -DDELTAFIN_WERROR=$(WERROR)
-ASAN_EXCLUDE = ^(PythonPackage|CApiInstall)$$
+# ServerClients.(ClaudeCodePrintMode|CodexExec) too: each prefills an agent's 30,000-50,000-token
+# prompt, minutes under ASan; the same server paths run under ASan through the SDK tests
+# (ServerClients.AnthropicSdk, .OpenAiResponses, .OllamaLibrary) and ServerApi.*.
+ASAN_EXCLUDE = ^(PythonPackage|CApiInstall|ServerClients[.](ClaudeCodePrintMode|CodexExec))$$
 export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # The threaded parts under ThreadSanitizer: the server (in-process units and the real binary,
@@ -86,11 +89,16 @@ fuzz: configure-asan
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target deltafin_fuzzers
 	bash tools/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
-# The npm packages of the node tests (each pinned by its lockfile): the OpenAI client test and
-# the browser test (puppeteer-core); installed when missing or older than the lockfile. The
-# browser test also needs Debian's chromium, installed here when apt can (root or sudo); without
-# npm or chromium those tests skip themselves.
-NODE_TESTS = tests/openai_client tests/webui
+# The npm packages of the node tests (each pinned by its lockfile): the OpenAI client test, the
+# browser test (puppeteer-core), the Anthropic / OpenAI Responses / Ollama SDK tests
+# (tests/api_clients) and the agents (tests/agent_clients: Claude Code and Codex, ~760 MB with
+# their native programs). The rule that keeps CI time small: each folder is installed with
+# `npm ci` only when node_modules is missing or older than its lockfile, so a machine installs
+# the agents once (about 20 s from the registry here) and later runs of `make test` reuse them;
+# a fresh CI machine installs them once per run (docs/PERFORMANCE.md, "CI"). The browser test also
+# needs Debian's chromium, installed here when apt can (root or sudo); without npm or chromium
+# those tests skip themselves.
+NODE_TESTS = tests/openai_client tests/webui tests/api_clients tests/agent_clients
 test-deps:
 	@for d in $(NODE_TESTS); do \
 	  if command -v npm >/dev/null 2>&1 && \

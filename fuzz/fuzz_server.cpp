@@ -1,5 +1,6 @@
-// Fuzz bodies for what an HTTP client sends: the OpenAI request validator (request: a body for
-// /v1/chat/completions or /v1/completions, with the real test tokenizer) and whole HTTP requests
+// Fuzz bodies for what an HTTP client sends: the request translators and validator (request: a
+// body for the OpenAI, Anthropic Messages, OpenAI Responses or Ollama endpoints, with the real
+// test tokenizer) and whole HTTP requests
 // through the server's own entry point (http).
 //
 // The http target runs the real HttpServer in this process, on a loopback port, ready over a
@@ -26,10 +27,13 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "fuzz_targets.h"
+#include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/ollama_api.h"
 #include "server/request.h"
+#include "server/responses_api.h"
 #include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -158,17 +162,35 @@ std::string exchange(int port, const std::string& bytes, bool* answered) {
 
 }  // namespace
 
-// First byte: bit 0 picks the endpoint. The rest is the JSON body.
+// First byte: bits 1-2 pick the API (OpenAI, Anthropic Messages, OpenAI Responses, Ollama),
+// bit 0 the endpoint within it (chat or completions; messages or count_tokens; -; chat or
+// generate). The rest is the JSON body. Whatever the translation accepts must be a request the
+// engine can run within the limits.
 void request(const uint8_t* data, size_t size) {
   if (size == 0) return;
   const Tokenizer& tok = request_tokenizer();
   const auto limits = limits_for(tok, tok.vocab_size());
-  const bool chat = (data[0] & 1) == 0;
+  const bool first = (data[0] & 1) == 0;
+  const int api = (data[0] >> 1) & 3;
   try {
     const auto body = server::parse_body(
         std::string(reinterpret_cast<const char*>(data + 1), size - 1), limits.max_json_depth);
-    const server::ServeRequest r = chat ? server::parse_chat_request(body, limits, tok)
-                                        : server::parse_completion_request(body, limits, tok);
+    server::ServeRequest r;
+    if (api == 0) {
+      r = first ? server::parse_chat_request(body, limits, tok)
+                : server::parse_completion_request(body, limits, tok);
+    } else if (api == 1 && !first) {
+      const auto n = server::anthropic_count_tokens(body, limits, tok)["input_tokens"];
+      fuzz_check(n.is_number_integer() && n.get<int64_t>() > 0, "count_tokens counted nothing");
+      return;
+    } else if (api == 1) {
+      r = std::move(server::anthropic_messages(body, limits, tok).request);
+    } else if (api == 2) {
+      r = std::move(server::responses_create(body, limits, tok).request);
+    } else {
+      if (server::ollama_load_only(first, body, limits)) return;
+      r = std::move(server::ollama_generate(first, body, limits, tok).request);
+    }
     fuzz_check(!r.prompt.empty(), "an accepted request has an empty prompt");
     for (int32_t id : r.prompt)
       fuzz_check(id >= 0 && id < limits.vocab, "an accepted prompt id is outside the vocabulary");

@@ -20,6 +20,7 @@ struct MakeModelArgs {
   std::string out;
   std::string preset = "tiny";
   int64_t layers = 0, experts = 0, top_k = 0, hidden = 0, vocab = 0, dense_layers = -1, block = 0;
+  int64_t max_positions = 0;
   std::vector<int64_t> mla_layers;
   double scaling = 0;
   std::string format;
@@ -76,6 +77,7 @@ void run_make_model(const MakeModelArgs& a) {
   if (a.top_k > 0) s.top_k = a.top_k;
   if (a.hidden > 0) s.hidden = a.hidden;
   if (a.vocab > 0) s.vocab = a.vocab;
+  if (a.max_positions > 0) s.max_positions = a.max_positions;
   if (a.dense_layers >= 0) s.first_k_dense = a.dense_layers;
   if (a.block > 0) s.attn_res_block = a.block;
   if (!a.mla_layers.empty()) s.mla_layers = a.mla_layers;
@@ -132,6 +134,9 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--top-k", a->top_k, "Experts per token")->check(positive());
   cmd->add_option("--hidden", a->hidden, "Hidden size")->check(positive());
   cmd->add_option("--vocab", a->vocab, "Vocabulary size (>= 512; the last 256 ids are special)")
+      ->check(positive());
+  cmd->add_option("--max-positions", a->max_positions,
+                  "max_position_embeddings: the context the model allows (tiny: 4096)")
       ->check(positive());
   cmd->add_option("--dense-layers", a->dense_layers,
                   "first_k_dense_replace: leading dense-FFN layers")

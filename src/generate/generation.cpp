@@ -116,7 +116,13 @@ void Generation::handle_content(std::string delta) {
   if (max_stop_ > 0) {
     // Earliest stop-string match in held text (held never contains a complete match).
     size_t best = std::string::npos;
-    for (const auto& s : params_.stop_strings) best = std::min(best, held_.find(s));
+    for (const auto& s : params_.stop_strings) {
+      const size_t at = held_.find(s);
+      if (at < best || (at == best && at != std::string::npos && s.size() > stop_string_.size())) {
+        best = at;
+        stop_string_ = s;
+      }
+    }
     if (best != std::string::npos) {
       std::string out = held_.substr(0, best);
       held_.clear();

@@ -78,6 +78,8 @@ class Generation {
 
   bool finished() const { return stop_ != StopReason::kNone; }
   StopReason stop_reason() const { return stop_; }
+  // The stop string that ended the generation (kStopString), else empty.
+  const std::string& stop_string() const { return stop_string_; }
   bool in_prefill() const { return fed_ < static_cast<int64_t>(prompt_.size()); }
   int64_t prompt_done() const { return fed_; }
   std::span<const int32_t> prompt() const { return prompt_; }
@@ -129,6 +131,7 @@ class Generation {
   bool malformed_ = false;
   bool last_consumed_ = true;
   StopReason stop_ = StopReason::kNone;
+  std::string stop_string_;
   GenerationTiming timing_;
 };
 

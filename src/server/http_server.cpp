@@ -18,11 +18,15 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/connection_probe.h"
 #include "server/http_connections.h"
+#include "server/ollama_api.h"
 #include "server/response.h"
+#include "server/responses_api.h"
 #include "server/scheduler.h"
+#include "server/tokens_api.h"
 #include "server/web_assets.h"
 
 namespace deltafin::server {
@@ -109,10 +113,16 @@ void stream_to(const httplib::Request& req, httplib::Response& res, const char* 
 
 }  // namespace
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  send_json(res, e.status(), e.to_json());
+void send_error(httplib::Response& res, const ApiError& e, ErrorStyle style) {
+  send_json(res, e.status(), error_json(e, style));
   if (e.retry_after() > 0) res.set_header("Retry-After", std::to_string(e.retry_after()));
   if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer");
+}
+
+ErrorStyle error_style(const std::string& path) {
+  if (starts_with(path, "/v1/messages")) return ErrorStyle::anthropic;
+  if (starts_with(path, "/api/")) return ErrorStyle::ollama;
+  return ErrorStyle::openai;
 }
 
 HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics& metrics)
@@ -156,7 +166,8 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
   svr_->Options("/.*", handler);
   // Errors httplib produces itself (unreadable request, body over the cap) get OpenAI's shape.
   svr_->set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        const ErrorStyle style = error_style(req.path);
         if (!res.body.empty() || res.content_provider_)
           return httplib::Server::HandlerResponse::Unhandled;
         // A read that passed its deadline, or headers past their cap, reach here as the
@@ -165,31 +176,37 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
             c != nullptr && (c->timed_out || c->header_overflow)) {
           c->close_after = true;
           if (c->header_overflow) {
-            send_error(res, ApiError(431,
-                                     fmt::format("the request line and headers exceed {} bytes",
-                                                 c->limits->max_header_bytes),
-                                     "invalid_request_error", std::nullopt, "headers_too_large"));
+            send_error(res,
+                       ApiError(431,
+                                fmt::format("the request line and headers exceed {} bytes",
+                                            c->limits->max_header_bytes),
+                                "invalid_request_error", std::nullopt, "headers_too_large"),
+                       style);
           } else {
-            send_error(res, ApiError(408,
-                                     c->phase == ConnectionContext::Phase::headers
-                                         ? fmt::format("the request headers did not arrive "
-                                                       "within {} s",
-                                                       c->limits->header_timeout_s)
-                                         : "the request body did not arrive in time (allowed: "
-                                           "10 s plus 1 s per 64 KiB declared)",
-                                     "invalid_request_error", std::nullopt, "request_timeout"));
+            send_error(res,
+                       ApiError(408,
+                                c->phase == ConnectionContext::Phase::headers
+                                    ? fmt::format("the request headers did not arrive "
+                                                  "within {} s",
+                                                  c->limits->header_timeout_s)
+                                    : "the request body did not arrive in time (allowed: "
+                                      "10 s plus 1 s per 64 KiB declared)",
+                                "invalid_request_error", std::nullopt, "request_timeout"),
+                       style);
           }
           return httplib::Server::HandlerResponse::Handled;
         }
         const std::string code = res.status == 413   ? "request_too_large"
                                  : res.status == 404 ? "not_found"
                                                      : "bad_request";
-        send_error(res, ApiError(res.status, error_message(res.status), "invalid_request_error",
-                                 std::nullopt, code));
+        send_error(res,
+                   ApiError(res.status, error_message(res.status), "invalid_request_error",
+                            std::nullopt, code),
+                   style);
         return httplib::Server::HandlerResponse::Handled;
       }));
   svr_->set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown error";
         try {
           if (ep) std::rethrow_exception(ep);
@@ -197,7 +214,8 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
           what = e.what();
         } catch (...) {
         }
-        send_error(res, ApiError(500, "internal error: " + what, "server_error"));
+        send_error(res, ApiError(500, "internal error: " + what, "server_error"),
+                   error_style(req.path));
       });
 }
 
@@ -216,7 +234,7 @@ void HttpServer::start() {
 
 bool HttpServer::before_body(const httplib::Request& req, httplib::Response& res) {
   auto refuse = [&](const ApiError& e) {
-    send_error(res, e);
+    send_error(res, e, error_style(req.path));
     if (ConnectionContext* c = current_connection()) c->close_after = true;  // body unread
     return true;
   };
@@ -271,10 +289,14 @@ void HttpServer::stop() {
 
 bool HttpServer::authorized(const httplib::Request& req) const {
   if (opt_.api_key.empty()) return true;
+  // Authorization: Bearer KEY (OpenAI's clients, Ollama front ends), or x-api-key: KEY (what
+  // Anthropic's clients send).
   const std::string h = req.get_header_value("Authorization");
   std::string token;
   if (h.size() > 7 && (h.compare(0, 7, "Bearer ") == 0 || h.compare(0, 7, "bearer ") == 0))
     token = h.substr(7);
+  else if (h.empty())
+    token = req.get_header_value("x-api-key");
   while (!token.empty() && token.back() == ' ') token.pop_back();
   // Comparing digests keeps the time independent of where (and whether) the keys differ.
   unsigned char d[32];
@@ -298,9 +320,10 @@ void HttpServer::dispatch(const httplib::Request& req, httplib::Response& res) {
   try {
     route(req, res, label);
   } catch (const ApiError& e) {
-    send_error(res, e);
+    send_error(res, e, error_style(req.path));
   } catch (const std::exception& e) {
-    send_error(res, ApiError(500, fmt::format("internal error: {}", e.what()), "server_error"));
+    send_error(res, ApiError(500, fmt::format("internal error: {}", e.what()), "server_error"),
+               error_style(req.path));
   }
   if (res.status == -1) res.status = 200;
   metrics_.count_request(label, res.status);
@@ -311,7 +334,7 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   // The OpenAI paths are also served without the /v1 prefix (some clients drop it).
   if (path == "/models" || starts_with(path, "/models/") || path == "/chat/completions" ||
-      path == "/completions") {
+      path == "/completions" || path == "/responses") {
     path = "/v1" + path;
   }
   if (path == "/v1/health") path = "/health";
@@ -329,9 +352,16 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
   } else if (path == "/v1/engine/events") {
     route = path;
     method = "GET";
-  } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
+  } else if (path == "/v1/chat/completions" || path == "/v1/completions" ||
+             path == "/v1/messages" || path == "/v1/messages/count_tokens" ||
+             path == "/v1/responses" || path == "/tokenize" || path == "/detokenize" ||
+             path == "/api/chat" || path == "/api/generate" || path == "/api/show" ||
+             path == "/api/embed" || path == "/api/embeddings") {
     route = path;
     method = "POST";
+  } else if (path == "/api/version" || path == "/api/tags" || path == "/api/ps") {
+    route = path;
+    method = "GET";
   } else {
     throw ApiError(404, fmt::format("unknown path {}", path.substr(0, 200)),
                    "invalid_request_error", std::nullopt, "not_found");
@@ -353,10 +383,12 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     return send_json(res, 200, {{"status", "ok"}});
   }
   if (!authorized(req)) {
-    const bool given = req.has_header("Authorization");
+    const bool given = req.has_header("Authorization") || req.has_header("x-api-key");
     throw ApiError(401,
                    given ? "Incorrect API key provided"
-                         : "Missing API key: send the header Authorization: Bearer KEY",
+                   : error_style(path) == ErrorStyle::anthropic
+                       ? "Missing API key: send the header x-api-key: KEY"
+                       : "Missing API key: send the header Authorization: Bearer KEY",
                    "invalid_request_error", std::nullopt, "invalid_api_key");
   }
   if (route == "/metrics") {
@@ -374,10 +406,7 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
   }
   if (route == "/v1/models/{id}") {
     const std::string id = path.substr(std::string("/v1/models/").size());
-    ServeLimits names;
-    names.model_id = opt_.model_id;
-    names.aliases = opt_.aliases;
-    if (!model_matches(names, id)) {
+    if (!model_matches(served(), id)) {
       throw ApiError(
           404,
           fmt::format("The model `{}` does not exist; this server serves `{}`", id, opt_.model_id),
@@ -385,7 +414,48 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     }
     return send_json(res, 200, model_object(id));
   }
-  generate(route == "/v1/chat/completions" ? Endpoint::chat : Endpoint::completions, req, res);
+  if (route == "/api/version" || route == "/api/tags" || route == "/api/ps" ||
+      route == "/api/show" || route == "/api/embed" || route == "/api/embeddings") {
+    return send_json(res, 200, ollama_info(route, req.body, served(), created_));
+  }
+  ready();
+  const json body = parse_body(req.body, limits_.max_json_depth);
+  if (route == "/v1/messages/count_tokens")
+    return send_json(res, 200, anthropic_count_tokens(body, limits_, tok_));
+  if (route == "/tokenize") return send_json(res, 200, tokenize(body, tok_));
+  if (route == "/detokenize") return send_json(res, 200, detokenize(body, tok_));
+  if (route == "/v1/messages") return generate(req, res, anthropic_messages(body, limits_, tok_));
+  if (route == "/v1/responses") return generate(req, res, responses_create(body, limits_, tok_));
+  if (route == "/api/chat" || route == "/api/generate") {
+    const bool chat = route == "/api/chat";
+    if (auto loaded = ollama_load_only(chat, body, limits_)) return send_json(res, 200, *loaded);
+    return generate(req, res, ollama_generate(chat, body, limits_, tok_));
+  }
+  ServeRequest r = route == "/v1/chat/completions" ? parse_chat_request(body, limits_, tok_)
+                                                   : parse_completion_request(body, limits_, tok_);
+  auto wire = openai_wire(tok_, r, opt_.model_id);
+  generate(req, res, {std::move(r), std::move(wire)});
+}
+
+ServeLimits HttpServer::served() const {
+  if (scheduler_.load(std::memory_order_acquire) != nullptr) return limits_;
+  ServeLimits names;
+  names.model_id = opt_.model_id;
+  names.aliases = opt_.aliases;
+  return names;
+}
+
+Scheduler* HttpServer::ready() const {
+  Scheduler* sched = scheduler_.load(std::memory_order_acquire);
+  if (stopping_.load())
+    throw ApiError(503, "the server is shutting down", "server_error", std::nullopt,
+                   "shutting_down");
+  if (sched == nullptr) {
+    throw ApiError(503, "the model is still loading; retry shortly", "server_error", std::nullopt,
+                   "model_loading")
+        .with_retry_after(5);
+  }
+  return sched;
 }
 
 bool HttpServer::serve_page(const std::string& path, const httplib::Request& req,
@@ -448,7 +518,7 @@ namespace {
 struct Exchange {
   std::shared_ptr<Job> job;
   Scheduler* sched = nullptr;
-  std::unique_ptr<ResponseBuilder> builder;
+  std::unique_ptr<Wire> wire;
   std::unique_ptr<ConnectionProbe> probe;
   std::vector<StepUpdate> early;  // updates taken before the response started
   JobPhase phase = JobPhase::queued;
@@ -456,6 +526,10 @@ struct Exchange {
   double start = 0;
   std::string what;  // for the log line
 };
+
+Outcome outcome(const Job& job) {
+  return {job.stop(), job.stop_string(), job.usage()};
+}
 
 void log_done(const Exchange& x, int status, const char* how) {
   const Usage u = x.job->usage();
@@ -466,29 +540,16 @@ void log_done(const Exchange& x, int status, const char* how) {
 
 }  // namespace
 
-void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Response& res) {
-  Scheduler* sched = scheduler_.load(std::memory_order_acquire);
-  if (stopping_.load())
-    throw ApiError(503, "the server is shutting down", "server_error", std::nullopt,
-                   "shutting_down");
-  if (sched == nullptr) {
-    throw ApiError(503, "the model is still loading; retry shortly", "server_error", std::nullopt,
-                   "model_loading")
-        .with_retry_after(5);
-  }
+void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Translation t) {
+  Scheduler* sched = ready();
   auto x = std::make_shared<Exchange>();
   x->start = now_seconds();
   x->what = req.method + " " + req.path;
-  const json body = parse_body(req.body, limits_.max_json_depth);
-  ServeRequest r = ep == Endpoint::chat ? parse_chat_request(body, limits_, tok_)
-                                        : parse_completion_request(body, limits_, tok_);
-  const bool stream = r.stream;
-  if (r.max_tokens_capped)
-    res.set_header("X-Deltafin-Max-Tokens", std::to_string(r.params.max_new_tokens));
-  x->builder = std::make_unique<ResponseBuilder>(
-      tok_, ep, random_id(ep == Endpoint::chat ? "chatcmpl-" : "cmpl-"),
-      static_cast<int64_t>(std::time(nullptr)), opt_.model_id, r.logprobs, r.include_usage);
-  x->job = std::make_shared<Job>(std::move(r), x->start + opt_.timeout_s, x->start);
+  const bool stream = t.request.stream;
+  if (t.request.max_tokens_capped)
+    res.set_header("X-Deltafin-Max-Tokens", std::to_string(t.request.params.max_new_tokens));
+  x->wire = std::move(t.wire);
+  x->job = std::make_shared<Job>(std::move(t.request), x->start + opt_.timeout_s, x->start);
   x->sched = sched;
   x->probe = probe_for(req);
   sched->submit(x->job);
@@ -517,10 +578,9 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
   }
 
   if (!stream) {
-    for (const auto& u : x->early) x->builder->add(u);
+    for (const auto& u : x->early) x->wire->add(u);
     x->early.clear();
-    auto text =
-        std::make_shared<std::string>(dump(x->builder->response(x->job->stop(), x->job->usage())));
+    auto text = std::make_shared<std::string>(dump(x->wire->response(outcome(*x->job))));
     res.status = 200;
     res.set_content_provider(
         text->size(), "application/json",
@@ -528,7 +588,7 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
           return sink.write(text->data() + offset, length);
         },
         [x](bool success) {
-          if (success) x->sched->publish(*x->job, *x->builder);
+          if (success) x->sched->publish(*x->job, x->wire->answer());
           log_done(*x, 200, success ? "ok" : "not delivered");
         });
     return;
@@ -538,29 +598,24 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   stream_to(
-      req, res, "text/event-stream",  // exactly this type: httplib never compresses it
+      req, res, x->wire->stream_type(),  // text/event-stream: httplib never compresses it
       [x](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto write = [&](const std::string& s) {
+          return s.empty() || sink.write(s.data(), s.size());
+        };
         auto give_up = [&] {
           x->sched->cancel(x->job);
           return false;
         };
-        for (const auto& c : x->builder->begin()) {
-          if (!write(sse(c))) return give_up();
-        }
+        if (!write(x->wire->begin())) return give_up();
         for (const auto& u : x->early) {
-          for (const auto& c : x->builder->add(u)) {
-            if (!write(sse(c))) return give_up();
-          }
+          if (!write(x->wire->add(u))) return give_up();
         }
         x->early.clear();
         double last_write = now_seconds();
         for (;;) {
           if (x->phase == JobPhase::done) {
-            for (const auto& c : x->builder->end(x->job->stop(), x->job->usage())) {
-              if (!write(sse(c))) return give_up();
-            }
-            if (!write(kSseDone)) return give_up();
+            if (!write(x->wire->end(outcome(*x->job)))) return give_up();
             x->delivered = true;
             sink.done();
             return true;
@@ -568,14 +623,13 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
           auto snap = x->job->take(kPoll, x->phase);
           x->phase = snap.phase;
           for (const auto& u : snap.updates) {
-            for (const auto& c : x->builder->add(u)) {
-              if (!write(sse(c))) return give_up();
-              last_write = now_seconds();
-            }
+            const std::string out = x->wire->add(u);
+            if (!write(out)) return give_up();
+            if (!out.empty()) last_write = now_seconds();
           }
           if (snap.phase == JobPhase::failed) {
-            // Headers are sent: the error travels as an SSE event, then the stream ends.
-            if (!write(sse(snap.error->to_json())) || !write(kSseDone)) return give_up();
+            // Headers are sent: the error travels in the stream, which then ends.
+            if (!write(x->wire->failure(*snap.error))) return give_up();
             sink.done();
             return true;
           }
@@ -583,20 +637,20 @@ void HttpServer::generate(Endpoint ep, const httplib::Request& req, httplib::Res
           if (x->probe->closed()) return give_up();
           if (now_seconds() > x->job->deadline + kHandlerGraceS) {
             x->sched->cancel(x->job);
-            if (!write(sse(handler_timeout().to_json())) || !write(kSseDone)) return false;
+            if (!write(x->wire->failure(handler_timeout()))) return false;
             x->phase = JobPhase::failed;
             sink.done();
             return true;
           }
           if (now_seconds() - last_write > kKeepAliveS) {
-            if (!write(": keep-alive\n\n")) return give_up();
+            if (!write(x->wire->keep_alive())) return give_up();
             last_write = now_seconds();
           }
         }
       },
       [x](bool success) {
         if (success && x->delivered) {
-          x->sched->publish(*x->job, *x->builder);
+          x->sched->publish(*x->job, x->wire->answer());
           log_done(*x, 200, "streamed");
         } else {
           x->sched->cancel(x->job);

@@ -32,6 +32,7 @@
 
 #include "server/metrics.h"
 #include "server/request.h"
+#include "server/wire.h"
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {
@@ -79,7 +80,12 @@ class HttpServer {
   bool before_body(const httplib::Request& req, httplib::Response& res);
   void dispatch(const httplib::Request& req, httplib::Response& res);
   void route(const httplib::Request& req, httplib::Response& res, std::string& label);
-  void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
+  // The scheduler once generation may start; throws 503 while loading or stopping.
+  Scheduler* ready() const;
+  // Runs a translated request and answers it in its API's shapes (wire.h).
+  void generate(const httplib::Request& req, httplib::Response& res, Translation t);
+  // The served names and limits (the context is 0 while the model loads).
+  ServeLimits served() const;
   // GET /v1/engine/events: an SSE stream of Metrics::engine_snapshot() every 0.5 s.
   void engine_events(const httplib::Request& req, httplib::Response& res);
   // The embedded page; false when `path` is not one of its files (or the page is off).
@@ -100,7 +106,10 @@ class HttpServer {
   unsigned char key_digest_[32] = {0};
 };
 
-// Writes an ApiError to a response (status, JSON body, Retry-After).
-void send_error(httplib::Response& res, const ApiError& e);
+// The error style of the API a path belongs to (/v1/messages: Anthropic, /api/: Ollama, else
+// OpenAI).
+ErrorStyle error_style(const std::string& path);
+// Writes an ApiError to a response in `style` (status, JSON body, Retry-After).
+void send_error(httplib::Response& res, const ApiError& e, ErrorStyle style);
 
 }  // namespace deltafin::server

@@ -28,6 +28,11 @@ StopReason Job::stop() const {
   return stop_;
 }
 
+std::string Job::stop_string() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return stop_string_;
+}
+
 Usage Job::usage() const {
   std::lock_guard<std::mutex> lock(m_);
   return usage_;
@@ -48,8 +53,21 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
     step_delay_ms_ = std::clamp(std::atoi(d), 0, 60000);
     log_warn("DELTAFIN_DEBUG_STEP_DELAY_MS: every engine step is slowed by {} ms", step_delay_ms_);
   }
+  if (const char* t = std::getenv("DELTAFIN_DEBUG_SCRIPT"); t != nullptr && *t) {
+    script_ = tok_.encode_with_special(t);
+    log_warn(
+        "DELTAFIN_DEBUG_SCRIPT: every answer is forced to a scripted {} tokens, not the model's",
+        script_.size());
+  }
   publish_storage();
   thread_ = std::thread([this] { run(); });
+}
+
+void Scheduler::force_script(const Slot& s, std::span<float> row) const {
+  const size_t i = s.gen->tokens().size();  // the token this row samples
+  if (i >= script_.size() || static_cast<size_t>(script_[i]) >= row.size()) return;
+  std::fill(row.begin(), row.end(), -1e30f);
+  row[static_cast<size_t>(script_[i])] = 0.0f;
 }
 
 Scheduler::~Scheduler() {
@@ -251,6 +269,7 @@ void Scheduler::finish(Slot& s) {
     std::lock_guard<std::mutex> lock(s.job->m_);
     s.job->usage_ = usage;
     s.job->stop_ = g.stop_reason();
+    s.job->stop_string_ = g.stop_string();
     if (s.job->req.chat && opt_.cache > 0) {
       std::vector<int32_t> history = std::move(s.seen);
       history.insert(history.end(), s.input.begin(), s.input.end());
@@ -364,8 +383,9 @@ void Scheduler::step() {
         std::span<float> l(logits.data() + offset * static_cast<size_t>(vocab),
                            n_rows * static_cast<size_t>(vocab));
         offset += n_rows;
-        auto bias = [&s](std::span<float> row) {
+        auto bias = [&s, this](std::span<float> row) {
           for (const auto& [id, b] : s.job->req.logit_bias) row[static_cast<size_t>(id)] += b;
+          force_script(s, row);
         };
         const bool decoding = !s.gen->in_prefill();
         const size_t before = s.gen->tokens().size();

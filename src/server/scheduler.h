@@ -74,6 +74,7 @@ class Job {
 
   // Valid once the phase is done.
   StopReason stop() const;
+  std::string stop_string() const;  // the stop string that matched (StopReason::kStopString)
   Usage usage() const;
 
  private:
@@ -85,6 +86,7 @@ class Job {
   std::vector<StepUpdate> updates_;
   std::optional<ApiError> error_;
   StopReason stop_ = StopReason::kNone;
+  std::string stop_string_;
   Usage usage_;
   // For publish(): the final state and the ids it consumed.
   std::optional<State> state_;
@@ -172,6 +174,11 @@ class Scheduler {
   // Test-only: DELTAFIN_DEBUG_STEP_DELAY_MS slows every step, to try the page against a server
   // as slow as K3 on real hardware (0.2 tokens/s is 5000) with the tiny model.
   int step_delay_ms_ = 0;
+  // Test-only: DELTAFIN_DEBUG_SCRIPT=TEXT (K3 markers allowed) forces every answer to those
+  // tokens, so tests can drive real clients through a whole turn (text that ends, tool calls)
+  // with the tiny random model. Never set in use: the model no longer decides.
+  std::vector<int32_t> script_;
+  void force_script(const Slot& s, std::span<float> row) const;
   std::thread thread_;
 };
 

@@ -1,0 +1,70 @@
+// One generation request as each served API writes it.
+//
+// Every API the server speaks (OpenAI Chat Completions and Completions, Anthropic Messages,
+// OpenAI Responses, Ollama) is translated on the way in into the one ServeRequest the engine runs
+// (request.h: the K3 rendering, sampling, limits), and on the way out from the engine's
+// StepUpdates into that API's own shapes by a Wire. The HTTP layer drives every Wire the same
+// way (http_server.cpp: waiting, streaming, keep-alives, cancellation), so streaming rules,
+// timeouts and client-gone handling exist once.
+//
+// A Wire also folds the updates into a chat ResponseBuilder, the answer as the OpenAI shapes hold
+// it, which the scheduler uses to keep the conversation's state for the next turn (publish()), so
+// state reuse works the same whichever API a client speaks.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/api_error.h"
+#include "server/response.h"
+
+namespace deltafin::server {
+
+// How an API shapes its errors: OpenAI's {"error": {message, type, param, code}}, Anthropic's
+// {"type": "error", "error": {type, message}}, Ollama's {"error": "message"}.
+enum class ErrorStyle { openai, anthropic, ollama };
+
+// The error body in `style`; the status stays the ApiError's.
+nlohmann::ordered_json error_json(const ApiError& e, ErrorStyle style);
+
+// How a finished generation ended.
+struct Outcome {
+  StopReason stop = StopReason::kNone;
+  std::string stop_string;  // the stop string that matched (kStopString)
+  Usage usage;
+};
+
+class Wire {
+ public:
+  virtual ~Wire() = default;
+
+  // Streamed: the body's media type, the bytes at the start (once the engine admitted the
+  // request), for each update, at the end, for a failure after the start, and during long
+  // silences (prefill) to keep the connection and the client's read timeout alive.
+  virtual const char* stream_type() const { return "text/event-stream"; }
+  virtual std::string begin() = 0;
+  virtual std::string add(const StepUpdate& u) = 0;
+  virtual std::string end(const Outcome& o) = 0;
+  virtual std::string failure(const ApiError& e) = 0;
+  virtual std::string keep_alive() { return ": keep-alive\n\n"; }
+
+  // Not streamed: the whole response body, after every update was add()ed.
+  virtual nlohmann::ordered_json response(const Outcome& o) = 0;
+
+  // The answer in OpenAI's terms (content, reasoning, tool calls), for keeping the state.
+  virtual const ResponseBuilder& answer() const = 0;
+};
+
+// A request translated from an API's body: what the engine runs and how to answer it.
+struct Translation {
+  ServeRequest request;
+  std::unique_ptr<Wire> wire;
+};
+
+// OpenAI Chat Completions and Completions: ResponseBuilder's chunks as `data:` frames, ended by
+// `data: [DONE]`.
+std::unique_ptr<Wire> openai_wire(const Tokenizer& tok, const ServeRequest& r,
+                                  const std::string& model);
+
+}  // namespace deltafin::server
