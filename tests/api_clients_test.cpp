@@ -108,19 +108,26 @@ TEST(ServerApis, AnthropicPingsDuringASlowPrefill) {
   EXPECT_EQ(srv.stop(), 0);
 }
 
-void run_clients(const char* script) {
-  if (!have_node()) GTEST_SKIP() << "node/npm not installed";
-  ServerProcess srv({"--api-key", "sk-test"});
+// Runs `node SCRIPT` in tests/DIR against `srv` (with its key, and `env` more variables) and
+// expects it to pass.
+void run_script(ServerProcess& srv, const char* dir, const char* package, const char* script,
+                const std::string& env = "") {
   ASSERT_TRUE(srv.ready()) << srv.err();
   std::string out;
   int code = -1;
-  ASSERT_TRUE(run_node_test("api_clients", "@anthropic-ai/sdk",
-                            "DELTAFIN_BASE_URL=" + srv.base_url() + " DELTAFIN_API_KEY=sk-test",
-                            script, out, code))
+  ASSERT_TRUE(run_node_test(
+      dir, package, "DELTAFIN_BASE_URL=" + srv.base_url() + " DELTAFIN_API_KEY=sk-test " + env,
+      script, out, code))
       << out;
   EXPECT_EQ(code, 0) << out << "\n" << srv.err();
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
   EXPECT_EQ(srv.stop(), 0);
+}
+
+void run_clients(const char* script) {
+  if (!have_node()) GTEST_SKIP() << "node/npm not installed";
+  ServerProcess srv({"--api-key", "sk-test"});
+  run_script(srv, "api_clients", "@anthropic-ai/sdk", script);
 }
 
 TEST(ServerClients, AnthropicSdk) {
@@ -165,18 +172,8 @@ void run_agent(const char* agent) {
                                           "<|end_of_msg|>");
   ServerProcess srv({"--api-key", "sk-test", "--ctx", "65536", "--threads", "2"},
                     long_context_model());
-  ASSERT_TRUE(srv.ready()) << srv.err();
-  std::string out;
-  int code = -1;
-  ASSERT_TRUE(run_node_test("agent_clients", "@openai/codex",
-                            "DELTAFIN_BASE_URL=" + srv.base_url() +
-                                " DELTAFIN_API_KEY=sk-test DELTAFIN_AGENT=" + agent +
-                                " 'DELTAFIN_EXPECT=" + answer + "'",
-                            "agents_test.mjs", out, code))
-      << out;
-  EXPECT_EQ(code, 0) << out << "\n" << srv.err();
-  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
-  EXPECT_EQ(srv.stop(), 0);
+  run_script(srv, "agent_clients", "@openai/codex", "agents_test.mjs",
+             std::string("DELTAFIN_AGENT=") + agent + " DELTAFIN_EXPECT='" + answer + "'");
 }
 
 TEST(ServerClients, ClaudeCodePrintMode) {

@@ -11,6 +11,7 @@
 #include "server/responses_api.h"
 #include "server/tokens_api.h"
 #include "server/wire.h"
+#include "server_util.h"
 #include "test_util.h"
 
 namespace deltafin::server {
@@ -18,18 +19,10 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const Tokenizer& k3() {
-  static const Tokenizer t = Tokenizer::load(test::data_dir() + "/tokenizer");
-  return t;
-}
+constexpr auto k3 = &test::k3_tokenizer;
 
 ServeLimits limits() {
-  ServeLimits l;
-  l.context = 8192;
-  l.max_tokens = 4096;
-  l.vocab = k3().vocab_size();
-  l.stop_ids = {*k3().special_id("<|end_of_msg|>")};
-  return l;
+  return test::k3_limits(8192, 4096);
 }
 
 const std::string kThinkTextTool =
@@ -50,22 +43,9 @@ struct Driven {
 // non-streaming use of `t.wire` (the same Wire object: add() once, then end() and response()).
 Driven drive(Translation t, const std::string& output) {
   Driven d;
-  const auto ids = k3().encode_with_special(output);
-  const int64_t vocab = k3().vocab_size();
-  Generation g(t.request.prompt, t.request.params, &k3(), vocab);
+  Generation g(t.request.prompt, t.request.params, &k3(), k3().vocab_size());
   d.stream += t.wire->begin();
-  std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);
-  size_t next = 0;
-  while (!g.finished()) {
-    std::fill(logits.begin(), logits.end(), 0.0f);
-    if (next < ids.size()) logits[static_cast<size_t>(ids[next])] = 50.0f;
-    const size_t before = g.tokens().size();
-    g.on_logits(logits);
-    if (g.tokens().size() > before) ++next;
-    StepUpdate u;
-    u.events = g.take_events();
-    d.stream += t.wire->add(u);
-  }
+  test::force_output(g, output, [&](const StepUpdate& u) { d.stream += t.wire->add(u); });
   d.outcome.stop = g.stop_reason();
   d.outcome.stop_string = g.stop_string();
   d.outcome.usage = {static_cast<int64_t>(t.request.prompt.size()), 3,
@@ -107,6 +87,24 @@ const json kChatTools = json::array(
         {"description", "Weather for a city"},
         {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
 
+// The Chat Completions conversation both round-trip tests translate to: a system prompt, a
+// question, an assistant turn that thought, answered and called get_weather (`call_id`), the
+// result and a follow-up.
+json weather_conversation(const std::string& call_id) {
+  const json call = {
+      {"id", call_id},
+      {"type", "function"},
+      {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}};
+  return json::array({{{"role", "system"}, {"content", "Be brief."}},
+                      {{"role", "user"}, {"content", "Weather in Paris?"}},
+                      {{"role", "assistant"},
+                       {"content", "Checking."},
+                       {"reasoning_content", "Look it up."},
+                       {"tool_calls", json::array({call})}},
+                      {{"role", "tool"}, {"tool_call_id", call_id}, {"content", "sunny"}},
+                      {{"role", "user"}, {"content", "And tomorrow?"}}});
+}
+
 TEST(ServerApi, AnthropicToolRoundTripRendersAsChatCompletions) {
   const json anthropic = {
       {"model", "kimi-k3"},
@@ -131,25 +129,9 @@ TEST(ServerApi, AnthropicToolRoundTripRendersAsChatCompletions) {
                             {"tool_use_id", "toolu_1"},
                             {"content", json::array({{{"type", "text"}, {"text", "sunny"}}})}},
                            {{"type", "text"}, {"text", "And tomorrow?"}}})}}})}};
-  const json chat = {
-      {"model", "kimi-k3"},
-      {"max_tokens", 100},
-      {"thinking", true},
-      {"reasoning_effort", "low"},  // budget_tokens < 4096
-      {"tools", kChatTools},
-      {"messages",
-       json::array({{{"role", "system"}, {"content", "Be brief."}},
-                    {{"role", "user"}, {"content", "Weather in Paris?"}},
-                    {{"role", "assistant"},
-                     {"content", "Checking."},
-                     {"reasoning_content", "Look it up."},
-                     {"tool_calls", json::array({{{"id", "toolu_1"},
-                                                  {"type", "function"},
-                                                  {"function",
-                                                   {{"name", "get_weather"},
-                                                    {"arguments", "{\"city\":\"Paris\"}"}}}}})}},
-                    {{"role", "tool"}, {"tool_call_id", "toolu_1"}, {"content", "sunny"}},
-                    {{"role", "user"}, {"content", "And tomorrow?"}}})}};
+  const json chat = {{"model", "kimi-k3"},  {"max_tokens", 100},
+                     {"thinking", true},    {"reasoning_effort", "low"},  // budget_tokens < 4096
+                     {"tools", kChatTools}, {"messages", weather_conversation("toolu_1")}};
   const Translation t = anthropic_messages(anthropic, limits(), k3());
   const ServeRequest expected = parse_chat_request(chat, limits(), k3());
   EXPECT_EQ(t.request.prompt, expected.prompt) << k3().decode(t.request.prompt);
@@ -344,23 +326,10 @@ TEST(ServerApi, ResponsesInputRendersAsChatCompletions) {
              {"arguments", "{\"city\":\"Paris\"}"}},
             {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "sunny"}},
             {{"role", "user"}, {"content", "And tomorrow?"}}})}};
-  json chat = {
-      {"model", "kimi-k3"},
-      {"reasoning_effort", "high"},
-      {"tools", kChatTools},
-      {"messages",
-       json::array({{{"role", "system"}, {"content", "Be brief."}},
-                    {{"role", "user"}, {"content", "Weather in Paris?"}},
-                    {{"role", "assistant"},
-                     {"content", "Checking."},
-                     {"reasoning_content", "Look it up."},
-                     {"tool_calls", json::array({{{"id", "call_1"},
-                                                  {"type", "function"},
-                                                  {"function",
-                                                   {{"name", "get_weather"},
-                                                    {"arguments", "{\"city\":\"Paris\"}"}}}}})}},
-                    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}},
-                    {{"role", "user"}, {"content", "And tomorrow?"}}})}};
+  json chat = {{"model", "kimi-k3"},
+               {"reasoning_effort", "high"},
+               {"tools", kChatTools},
+               {"messages", weather_conversation("call_1")}};
   const Translation t = responses_create(responses, limits(), k3());
   EXPECT_EQ(t.request.prompt, parse_chat_request(chat, limits(), k3()).prompt)
       << k3().decode(t.request.prompt);

@@ -10,6 +10,7 @@
 #include "server/conversation_cache.h"
 #include "server/request.h"
 #include "server/response.h"
+#include "server_util.h"
 #include "test_util.h"
 #include "tokenizer/chat.h"
 
@@ -19,17 +20,11 @@ namespace {
 using json = nlohmann::ordered_json;
 
 const Tokenizer& k3() {
-  static const Tokenizer t = Tokenizer::load(test::data_dir() + "/tokenizer");
-  return t;
+  return test::k3_tokenizer();
 }
 
 ServeLimits limits() {
-  ServeLimits l;
-  l.context = 4096;
-  l.max_tokens = 4096;
-  l.vocab = k3().vocab_size();
-  l.stop_ids = {*k3().special_id("<|end_of_msg|>")};
-  return l;
+  return test::k3_limits(4096, 4096);
 }
 
 const json kTools = json::array(
@@ -74,27 +69,13 @@ Driven drive(const json& body, const std::string& output, bool logprobs = false)
   d.req = parse_chat_request(body, limits(), k3());
   d.req.params.top_logprobs = logprobs ? 2 : -1;
   d.prompt = d.req.prompt;
-  const auto ids = k3().encode_with_special(output);
-  const int64_t vocab = k3().vocab_size();
-  Generation g(d.prompt, d.req.params, &k3(), vocab);
+  Generation g(d.prompt, d.req.params, &k3(), k3().vocab_size());
   d.builder = std::make_unique<ResponseBuilder>(k3(), Endpoint::chat, "chatcmpl-test", 1, "kimi-k3",
                                                 logprobs, true);
   for (auto& c : d.builder->begin()) d.chunks.push_back(c);
-  std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);
-  size_t next = 0, sent = 0;
-  while (!g.finished()) {
-    // Prompt passes ignore their logits; every sampling pass picks the next forced id.
-    std::fill(logits.begin(), logits.end(), 0.0f);
-    if (next < ids.size()) logits[static_cast<size_t>(ids[next])] = 50.0f;
-    const size_t before = g.tokens().size();
-    g.on_logits(logits);
-    if (g.tokens().size() > before) ++next;
-    StepUpdate u;
-    u.events = g.take_events();
-    u.tokens.assign(g.tokens().begin() + static_cast<ptrdiff_t>(sent), g.tokens().end());
-    sent = g.tokens().size();
+  test::force_output(g, output, [&](const StepUpdate& u) {
     for (auto& c : d.builder->add(u)) d.chunks.push_back(c);
-  }
+  });
   d.generated = g.completion_ids();
   Usage usage{static_cast<int64_t>(d.prompt.size()), 0, static_cast<int64_t>(d.generated.size())};
   for (auto& c : d.builder->end(g.stop_reason(), usage)) d.chunks.push_back(c);

@@ -48,6 +48,40 @@ bool run_node_test(const std::string& dir, const std::string& package, const std
   return true;
 }
 
+const Tokenizer& k3_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(data_dir() + "/tokenizer");
+  return t;
+}
+
+server::ServeLimits k3_limits(int64_t context, int64_t max_tokens) {
+  server::ServeLimits l;
+  l.context = context;
+  l.max_tokens = max_tokens;
+  l.vocab = k3_tokenizer().vocab_size();
+  l.stop_ids = {*k3_tokenizer().special_id("<|end_of_msg|>")};
+  return l;
+}
+
+void force_output(Generation& g, const std::string& output,
+                  const std::function<void(const server::StepUpdate&)>& step) {
+  const auto ids = k3_tokenizer().encode_with_special(output);
+  std::vector<float> logits(static_cast<size_t>(k3_tokenizer().vocab_size()), 0.0f);
+  size_t next = 0, sent = 0;
+  while (!g.finished()) {
+    // Prompt passes ignore their logits; every sampling pass picks the next forced id.
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    if (next < ids.size()) logits[static_cast<size_t>(ids[next])] = 50.0f;
+    const size_t before = g.tokens().size();
+    g.on_logits(logits);
+    if (g.tokens().size() > before) ++next;
+    server::StepUpdate u;
+    u.events = g.take_events();
+    u.tokens.assign(g.tokens().begin() + static_cast<ptrdiff_t>(sent), g.tokens().end());
+    sent = g.tokens().size();
+    step(u);
+  }
+}
+
 const std::string& server_model_dir() {
   static const std::string dir = [] {
     const std::string d = temp_dir("serve-model") + "/model";

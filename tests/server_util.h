@@ -6,6 +6,7 @@
 
 #include <httplib.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -13,7 +14,21 @@
 #include <thread>
 #include <vector>
 
+#include "generate/generation.h"
+#include "server/request.h"
+#include "server/response.h"
+#include "tokenizer/tokenizer.h"
+
 namespace deltafin::test {
+
+// The real K3 tokenizer (tests/data/tokenizer), and the limits of a server over it with
+// `context` positions and a `max_tokens` ceiling: for the request and response unit tests.
+const Tokenizer& k3_tokenizer();
+server::ServeLimits k3_limits(int64_t context, int64_t max_tokens);
+// Drives `g` to its end as the engine would, with logits that force the ids of `output` (K3
+// markers allowed) one by one; each step's events and new tokens go to `step`.
+void force_output(Generation& g, const std::string& output,
+                  const std::function<void(const server::StepUpdate&)>& step);
 
 // The tiny synthetic model with its byte-level tokenizer (made on first use).
 const std::string& server_model_dir();

@@ -71,16 +71,8 @@ json convert_tools(const json& tools, const json* choice, json& chat) {
   } else if (type == "any") {
     chat["tool_choice"] = "required";
   } else if (type == "tool") {
-    // K3 cannot be told to call one tool by name: it is offered only that one, and must call.
-    const std::string name = string_of(need(c, "name", "tool_choice"), "tool_choice.name");
-    json only = json::array();
-    for (const auto& t : out) {
-      if (t["function"]["name"] == name) only.push_back(t);
-    }
-    if (only.empty())
-      bad_request("tool_choice.name", "tool_choice.name: no tool named \"{}\" in tools", name);
-    out = only;
-    chat["tool_choice"] = "required";
+    force_tool(string_of(need(c, "name", "tool_choice"), "tool_choice.name"), out, chat,
+               "tool_choice.name");
   } else {
     bad_request("tool_choice.type",
                 "tool_choice.type: \"{}\" is not supported (auto, any, tool or none)", type);
@@ -338,16 +330,15 @@ json convert(const json& body, bool count_only, bool& omit_thinking, bool& singl
 }
 
 // Anthropic's wire: content blocks opened and closed as K3's channels change.
-class AnthropicWire final : public Wire {
+class AnthropicWire final : public PartsWire {
  public:
   AnthropicWire(const Tokenizer& tok, std::string model, int64_t prompt_tokens, bool omit_thinking,
                 bool single_tool)
-      : acc_(tok, Endpoint::chat, "", 0, model, false, false),
+      : PartsWire(tok, single_tool),
         id_(random_id("msg_")),
         model_(std::move(model)),
         prompt_tokens_(prompt_tokens),
-        omit_thinking_(omit_thinking),
-        single_tool_(single_tool) {}
+        omit_thinking_(omit_thinking) {}
 
   std::string begin() override {
     json message = head();
@@ -361,51 +352,9 @@ class AnthropicWire final : public Wire {
     return event("message_start", {{"type", "message_start"}, {"message", message}});
   }
 
-  std::string add(const StepUpdate& u) override {
-    acc_.add(u);
-    std::string out;
-    for (const auto& e : u.events) {
-      switch (e.kind) {
-        case ParserEvent::Kind::reasoning:
-          out += open(Block::thinking);
-          blocks_.back().text += e.text;
-          if (!omit_thinking_ && !e.text.empty())
-            out += delta({{"type", "thinking_delta"}, {"thinking", e.text}});
-          break;
-        case ParserEvent::Kind::content:
-          if (e.text.empty()) break;
-          out += open(Block::text);
-          blocks_.back().text += e.text;
-          out += delta({{"type", "text_delta"}, {"text", e.text}});
-          break;
-        case ParserEvent::Kind::tool_call_begin:
-          dropping_ = single_tool_ && calls_ > 0;
-          if (dropping_) break;
-          ++calls_;
-          out += open(Block::tool_use, e.name);
-          break;
-        case ParserEvent::Kind::tool_call_delta:
-          if (dropping_ || open_ != Block::tool_use || e.text.empty()) break;
-          blocks_.back().text += e.text;
-          out += delta({{"type", "input_json_delta"}, {"partial_json", e.text}});
-          break;
-        case ParserEvent::Kind::tool_call_end:
-          if (dropping_ || open_ != Block::tool_use) break;
-          blocks_.back().text = e.text;
-          out += close();
-          break;
-        case ParserEvent::Kind::end_of_turn:
-          break;
-      }
-    }
-    return out;
-  }
-
   std::string end(const Outcome& o) override {
     std::string out = close();
-    json delta = {
-        {"stop_reason", stop_reason(o)},
-        {"stop_sequence", o.stop == StopReason::kStopString ? json(o.stop_string) : json(nullptr)}};
+    json delta = {{"stop_reason", stop_reason(o)}, {"stop_sequence", stop_sequence(o)}};
     out += event("message_delta",
                  {{"type", "message_delta"}, {"delta", delta}, {"usage", usage(o.usage)}});
     out += event("message_stop", {{"type", "message_stop"}});
@@ -421,23 +370,41 @@ class AnthropicWire final : public Wire {
   json response(const Outcome& o) override {
     json j = head();
     json content = json::array();
-    for (const auto& b : blocks_) content.push_back(block_json(b, true));
+    for (const auto& p : parts()) content.push_back(block_json(p, true));
     j["content"] = content;
     j["stop_reason"] = stop_reason(o);
-    j["stop_sequence"] = o.stop == StopReason::kStopString ? json(o.stop_string) : json(nullptr);
+    j["stop_sequence"] = stop_sequence(o);
     j["usage"] = usage(o.usage);
     return j;
   }
 
-  const ResponseBuilder& answer() const override { return acc_; }
-
  private:
-  enum class Block { none, thinking, text, tool_use };
-  struct Content {
-    Block kind;
-    std::string text;  // thinking, text, or the tool's input JSON
-    std::string id, name;
-  };
+  std::string opened(Part& p) override {
+    if (p.kind == Kind::tool) p.id = random_id("toolu_");
+    return event("content_block_start", {{"type", "content_block_start"},
+                                         {"index", parts().size() - 1},
+                                         {"content_block", block_json(p, false)}});
+  }
+
+  std::string appended(const Part& p, const std::string& text) override {
+    json d;
+    if (p.kind == Kind::thinking) {
+      if (omit_thinking_) return "";
+      d = {{"type", "thinking_delta"}, {"thinking", text}};
+    } else if (p.kind == Kind::text) {
+      d = {{"type", "text_delta"}, {"text", text}};
+    } else {
+      d = {{"type", "input_json_delta"}, {"partial_json", text}};
+    }
+    return event(
+        "content_block_delta",
+        {{"type", "content_block_delta"}, {"index", parts().size() - 1}, {"delta", std::move(d)}});
+  }
+
+  std::string closed(const Part&) override {
+    return event("content_block_stop",
+                 {{"type", "content_block_stop"}, {"index", parts().size() - 1}});
+  }
 
   json head() const {
     return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", model_}};
@@ -447,44 +414,20 @@ class AnthropicWire final : public Wire {
     return fmt::format("event: {}\ndata: {}\n\n", name, dump(data));
   }
 
-  json block_json(const Content& b, bool whole) const {
-    switch (b.kind) {
-      case Block::thinking:
+  json block_json(const Part& p, bool whole) const {
+    switch (p.kind) {
+      case Kind::thinking:
         return {{"type", "thinking"},
-                {"thinking", whole && !omit_thinking_ ? b.text : ""},
+                {"thinking", whole && !omit_thinking_ ? p.text : ""},
                 {"signature", ""}};
-      case Block::tool_use:
+      case Kind::tool:
         return {{"type", "tool_use"},
-                {"id", b.id},
-                {"name", b.name},
-                {"input", whole ? arguments_object(b.text) : json::object()}};
+                {"id", p.id},
+                {"name", p.name},
+                {"input", whole ? arguments_object(p.text) : json::object()}};
       default:
-        return {{"type", "text"}, {"text", whole ? b.text : ""}};
+        return {{"type", "text"}, {"text", whole ? p.text : ""}};
     }
-  }
-
-  std::string open(Block kind, const std::string& name = "") {
-    if (open_ == kind && kind != Block::tool_use) return "";
-    std::string out = close();
-    blocks_.push_back({kind, "", kind == Block::tool_use ? random_id("toolu_") : "", name});
-    open_ = kind;
-    out += event("content_block_start", {{"type", "content_block_start"},
-                                         {"index", blocks_.size() - 1},
-                                         {"content_block", block_json(blocks_.back(), false)}});
-    return out;
-  }
-
-  std::string close() {
-    if (open_ == Block::none) return "";
-    open_ = Block::none;
-    return event("content_block_stop",
-                 {{"type", "content_block_stop"}, {"index", blocks_.size() - 1}});
-  }
-
-  std::string delta(json d) {
-    return event(
-        "content_block_delta",
-        {{"type", "content_block_delta"}, {"index", blocks_.size() - 1}, {"delta", std::move(d)}});
   }
 
   std::string stop_reason(const Outcome& o) const {
@@ -495,8 +438,12 @@ class AnthropicWire final : public Wire {
       case StopReason::kStopString:
         return "stop_sequence";
       default:
-        return calls_ > 0 ? "tool_use" : "end_turn";
+        return calls() > 0 ? "tool_use" : "end_turn";
     }
+  }
+
+  static json stop_sequence(const Outcome& o) {
+    return o.stop == StopReason::kStopString ? json(o.stop_string) : json(nullptr);
   }
 
   static json usage(const Usage& u) {
@@ -506,14 +453,9 @@ class AnthropicWire final : public Wire {
             {"output_tokens", u.completion_tokens}};
   }
 
-  ResponseBuilder acc_;
   std::string id_, model_;
   int64_t prompt_tokens_;
-  bool omit_thinking_, single_tool_;
-  std::vector<Content> blocks_;
-  Block open_ = Block::none;
-  int calls_ = 0;
-  bool dropping_ = false;  // a second tool call when parallel calls are disabled
+  bool omit_thinking_;
 };
 
 }  // namespace

@@ -167,16 +167,8 @@ json convert_tools(const json& body, json& chat) {
       only_fields(*tc, {"type", "name"}, "tool_choice");
       if (string_of(need(*tc, "type", "tool_choice"), "tool_choice.type") != "function")
         bad_request("tool_choice.type", "tool_choice.type: only \"function\" is supported");
-      // K3 cannot be told to call one tool by name: it is offered only that one, and must call.
-      const std::string name = string_of(need(*tc, "name", "tool_choice"), "tool_choice.name");
-      json only = json::array();
-      for (const auto& t : out) {
-        if (t["function"]["name"] == name) only.push_back(t);
-      }
-      if (only.empty())
-        bad_request("tool_choice.name", "tool_choice.name: no function tool named \"{}\"", name);
-      out = only;
-      chat["tool_choice"] = "required";
+      force_tool(string_of(need(*tc, "name", "tool_choice"), "tool_choice.name"), out, chat,
+                 "tool_choice.name");
     }
   }
   return out;
@@ -306,10 +298,10 @@ json convert(const json& body, bool& single_tool) {
 }
 
 // The Responses wire: output items opened and closed as K3's channels change.
-class ResponsesWire final : public Wire {
+class ResponsesWire final : public PartsWire {
  public:
   ResponsesWire(const Tokenizer& tok, const json& request_echo, bool single_tool)
-      : acc_(tok, Endpoint::chat, "", 0, "", false, false),
+      : PartsWire(tok, single_tool),
         echo_(request_echo),
         id_(random_id("resp_")),
         created_(static_cast<int64_t>(std::time(nullptr))),
@@ -319,49 +311,6 @@ class ResponsesWire final : public Wire {
     const json r = snapshot("in_progress", nullptr);
     std::string out = event("response.created", {{"response", r}});  // numbered in this order
     return out + event("response.in_progress", {{"response", r}});
-  }
-
-  std::string add(const StepUpdate& u) override {
-    acc_.add(u);
-    std::string out;
-    for (const auto& e : u.events) {
-      switch (e.kind) {
-        case ParserEvent::Kind::reasoning:
-          if (e.text.empty()) break;
-          out += open(Kind::reasoning);
-          items_.back().text += e.text;
-          out += event("response.reasoning_text.delta", part_fields(e.text, "delta"));
-          break;
-        case ParserEvent::Kind::content:
-          if (e.text.empty()) break;
-          out += open(Kind::message);
-          items_.back().text += e.text;
-          out += event("response.output_text.delta", text_delta(e.text));
-          break;
-        case ParserEvent::Kind::tool_call_begin:
-          dropping_ = single_tool_ && calls_ > 0;
-          if (dropping_) break;
-          ++calls_;
-          out += open(Kind::function_call, e.name);
-          break;
-        case ParserEvent::Kind::tool_call_delta:
-          if (dropping_ || open_ != Kind::function_call || e.text.empty()) break;
-          items_.back().text += e.text;
-          out +=
-              event("response.function_call_arguments.delta", {{"item_id", items_.back().id},
-                                                               {"output_index", items_.size() - 1},
-                                                               {"delta", e.text}});
-          break;
-        case ParserEvent::Kind::tool_call_end:
-          if (dropping_ || open_ != Kind::function_call) break;
-          items_.back().text = e.text;
-          out += close();
-          break;
-        case ParserEvent::Kind::end_of_turn:
-          break;
-      }
-    }
-    return out;
   }
 
   std::string end(const Outcome& o) override {
@@ -380,14 +329,56 @@ class ResponsesWire final : public Wire {
   }
 
   json response(const Outcome& o) override { return final_response(o); }
-  const ResponseBuilder& answer() const override { return acc_; }
 
  private:
-  enum class Kind { none, reasoning, message, function_call };
-  struct Item {
-    Kind kind;
-    std::string id, text, call_id, name;
-  };
+  std::string opened(Part& p) override {
+    p.id = random_id(p.kind == Kind::thinking ? "rs_" : p.kind == Kind::text ? "msg_" : "fc_");
+    if (p.kind == Kind::tool) p.call_id = random_id("call_");
+    std::string out = event("response.output_item.added",
+                            {{"output_index", index()}, {"item", item_json(p, false)}});
+    if (p.kind != Kind::tool) {
+      out += event("response.content_part.added", {{"item_id", p.id},
+                                                   {"output_index", index()},
+                                                   {"content_index", 0},
+                                                   {"part", part_json(p, "")}});
+    }
+    return out;
+  }
+
+  std::string appended(const Part& p, const std::string& text) override {
+    if (p.kind == Kind::tool) {
+      return event("response.function_call_arguments.delta",
+                   {{"item_id", p.id}, {"output_index", index()}, {"delta", text}});
+    }
+    json d = content_fields(p, "delta", text);
+    if (p.kind == Kind::text) d["logprobs"] = json::array();
+    return event(
+        p.kind == Kind::text ? "response.output_text.delta" : "response.reasoning_text.delta", d);
+  }
+
+  std::string closed(const Part& p) override {
+    std::string out;
+    if (p.kind == Kind::tool) {
+      out += event(
+          "response.function_call_arguments.done",
+          {{"item_id", p.id}, {"output_index", index()}, {"name", p.name}, {"arguments", p.text}});
+    } else {
+      json done = content_fields(p, "text", p.text);
+      if (p.kind == Kind::text) done["logprobs"] = json::array();
+      out +=
+          event(p.kind == Kind::text ? "response.output_text.done" : "response.reasoning_text.done",
+                done);
+      out += event("response.content_part.done", {{"item_id", p.id},
+                                                  {"output_index", index()},
+                                                  {"content_index", 0},
+                                                  {"part", part_json(p, p.text)}});
+    }
+    out += event("response.output_item.done",
+                 {{"output_index", index()}, {"item", item_json(p, true)}});
+    return out;
+  }
+
+  size_t index() const { return parts().size() - 1; }
 
   std::string event(const char* type, json fields) {
     json j;
@@ -397,108 +388,40 @@ class ResponsesWire final : public Wire {
     return fmt::format("event: {}\ndata: {}\n\n", type, dump(j));
   }
 
-  json part_fields(const std::string& text, const char* key) const {
-    return {{"item_id", items_.back().id},
-            {"output_index", items_.size() - 1},
-            {"content_index", 0},
-            {key, text}};
-  }
-  json text_delta(const std::string& text) const {
-    json j = part_fields(text, "delta");
-    j["logprobs"] = json::array();
-    return j;
+  json content_fields(const Part& p, const char* key, const std::string& text) const {
+    return {{"item_id", p.id}, {"output_index", index()}, {"content_index", 0}, {key, text}};
   }
 
-  json item_json(const Item& it, bool done) const {
-    const char* status = done ? "completed" : "in_progress";
-    switch (it.kind) {
-      case Kind::reasoning: {
-        json content = json::array();
-        if (done) content.push_back({{"type", "reasoning_text"}, {"text", it.text}});
-        return {{"id", it.id},
-                {"type", "reasoning"},
-                {"summary", json::array()},
-                {"content", content},
-                {"status", status}};
-      }
-      case Kind::function_call:
-        return {{"id", it.id},           {"type", "function_call"},
-                {"status", status},      {"arguments", done ? it.text : ""},
-                {"call_id", it.call_id}, {"name", it.name}};
-      default: {
-        json content = json::array();
-        if (done) content.push_back(output_text(it.text));
-        return {{"id", it.id},
-                {"type", "message"},
-                {"status", status},
-                {"content", content},
-                {"role", "assistant"}};
-      }
-    }
-  }
-
-  static json output_text(const std::string& text) {
+  static json part_json(const Part& p, const std::string& text) {
+    if (p.kind == Kind::thinking) return {{"type", "reasoning_text"}, {"text", text}};
     return {{"type", "output_text"},
             {"annotations", json::array()},
             {"logprobs", json::array()},
             {"text", text}};
   }
 
-  std::string open(Kind kind, const std::string& name = "") {
-    if (open_ == kind && kind != Kind::function_call) return "";
-    std::string out = close();
-    Item it{kind, "", "", "", name};
-    it.id = random_id(kind == Kind::reasoning ? "rs_" : kind == Kind::message ? "msg_" : "fc_");
-    if (kind == Kind::function_call) it.call_id = random_id("call_");
-    items_.push_back(it);
-    open_ = kind;
-    out += event("response.output_item.added",
-                 {{"output_index", items_.size() - 1}, {"item", item_json(it, false)}});
-    if (kind == Kind::message) {
-      json part = output_text("");
-      out += event("response.content_part.added", {{"item_id", it.id},
-                                                   {"output_index", items_.size() - 1},
-                                                   {"content_index", 0},
-                                                   {"part", part}});
-    } else if (kind == Kind::reasoning) {
-      out += event("response.content_part.added",
-                   {{"item_id", it.id},
-                    {"output_index", items_.size() - 1},
-                    {"content_index", 0},
-                    {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
+  static json item_json(const Part& p, bool done) {
+    const char* status = done ? "completed" : "in_progress";
+    json content = json::array();
+    if (done) content.push_back(part_json(p, p.text));
+    switch (p.kind) {
+      case Kind::thinking:
+        return {{"id", p.id},
+                {"type", "reasoning"},
+                {"summary", json::array()},
+                {"content", content},
+                {"status", status}};
+      case Kind::tool:
+        return {{"id", p.id},           {"type", "function_call"},
+                {"status", status},     {"arguments", done ? p.text : ""},
+                {"call_id", p.call_id}, {"name", p.name}};
+      default:
+        return {{"id", p.id},
+                {"type", "message"},
+                {"status", status},
+                {"content", content},
+                {"role", "assistant"}};
     }
-    return out;
-  }
-
-  std::string close() {
-    if (open_ == Kind::none) return "";
-    const Item& it = items_.back();
-    std::string out;
-    if (open_ == Kind::message) {
-      json done = part_fields(it.text, "text");
-      done["logprobs"] = json::array();
-      out += event("response.output_text.done", done);
-      out += event("response.content_part.done", {{"item_id", it.id},
-                                                  {"output_index", items_.size() - 1},
-                                                  {"content_index", 0},
-                                                  {"part", output_text(it.text)}});
-    } else if (open_ == Kind::reasoning) {
-      out += event("response.reasoning_text.done", part_fields(it.text, "text"));
-      out += event("response.content_part.done",
-                   {{"item_id", it.id},
-                    {"output_index", items_.size() - 1},
-                    {"content_index", 0},
-                    {"part", {{"type", "reasoning_text"}, {"text", it.text}}}});
-    } else {
-      out += event("response.function_call_arguments.done", {{"item_id", it.id},
-                                                             {"output_index", items_.size() - 1},
-                                                             {"name", it.name},
-                                                             {"arguments", it.text}});
-    }
-    open_ = Kind::none;
-    out += event("response.output_item.done",
-                 {{"output_index", items_.size() - 1}, {"item", item_json(it, true)}});
-    return out;
   }
 
   json snapshot(const char* status, const json& usage) const {
@@ -515,7 +438,7 @@ class ResponsesWire final : public Wire {
     r["model"] = echo_["model"];
     json output = json::array();
     if (std::string(status) != "in_progress") {
-      for (const auto& it : items_) output.push_back(item_json(it, true));
+      for (const auto& p : parts()) output.push_back(item_json(p, true));
     }
     r["output"] = output;
     r["parallel_tool_calls"] = !single_tool_;
@@ -537,9 +460,9 @@ class ResponsesWire final : public Wire {
     // reasoning items, counted here by their text's share of the output.
     int64_t reasoning_tokens = 0;
     size_t reasoning_bytes = 0, all_bytes = 0;
-    for (const auto& it : items_) {
-      all_bytes += it.text.size();
-      if (it.kind == Kind::reasoning) reasoning_bytes += it.text.size();
+    for (const auto& p : parts()) {
+      all_bytes += p.text.size();
+      if (p.kind == Kind::thinking) reasoning_bytes += p.text.size();
     }
     if (all_bytes > 0) {
       reasoning_tokens = static_cast<int64_t>(static_cast<double>(u.completion_tokens) *
@@ -560,15 +483,10 @@ class ResponsesWire final : public Wire {
     return r;
   }
 
-  ResponseBuilder acc_;
   json echo_;  // the request fields a response object repeats
   std::string id_;
   int64_t created_;
   bool single_tool_;
-  std::vector<Item> items_;
-  Kind open_ = Kind::none;
-  int calls_ = 0;
-  bool dropping_ = false;
   int64_t seq_ = 0;
 };
 

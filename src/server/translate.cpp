@@ -73,6 +73,16 @@ std::string k3_effort(const std::string& v, const std::string& param) {
   bad_request(param, "{}: \"{}\" is not supported (low, medium, high or max)", param, v);
 }
 
+void force_tool(const std::string& name, json& tools, json& chat, const std::string& param) {
+  json only = json::array();
+  for (const auto& t : tools) {
+    if (t["function"]["name"] == name) only.push_back(t);
+  }
+  if (only.empty()) bad_request(param, "{}: no function tool named \"{}\" in tools", param, name);
+  tools = only;
+  chat["tool_choice"] = "required";
+}
+
 json arguments_object(const std::string& text) {
   json j = json::parse(text, nullptr, false);
   if (j.is_object()) return j;

@@ -38,6 +38,11 @@ std::optional<bool> bool_field(const json& obj, const char* key, const std::stri
 // max. Throws 400 naming `param` for anything else.
 std::string k3_effort(const std::string& v, const std::string& param);
 
+// A tool choice that names one tool: K3 cannot be told to call one tool by name, so it is offered
+// only that one (`tools`, Chat Completions tools, is cut to it) and must call (`chat`'s
+// tool_choice becomes "required"). 400 naming `param` when no tool has that name.
+void force_tool(const std::string& name, json& tools, json& chat, const std::string& param);
+
 // A tool call's arguments JSON text as an object (the parser gives a compact JSON object; a
 // malformed call's text is kept as {"arguments": TEXT} rather than lost).
 json arguments_object(const std::string& text);

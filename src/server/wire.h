@@ -15,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "server/api_error.h"
 #include "server/response.h"
@@ -54,6 +55,43 @@ class Wire {
 
   // The answer in OpenAI's terms (content, reasoning, tool calls), for keeping the state.
   virtual const ResponseBuilder& answer() const = 0;
+};
+
+// A Wire whose answer is a sequence of parts — thinking, text, tool calls — each opened, added
+// to and closed in K3's order (Anthropic's content blocks, Responses' output items). The one
+// place that folds parser events into parts; a subclass writes each step in its shape.
+class PartsWire : public Wire {
+ public:
+  enum class Kind { none, thinking, text, tool };
+  struct Part {
+    Kind kind = Kind::none;
+    std::string text;         // thinking, text, or a tool call's arguments JSON
+    std::string name;         // tool calls
+    std::string id, call_id;  // set by opened()
+  };
+
+  // `single_tool`: report only the first tool call of a turn (the API asked for one at most).
+  PartsWire(const Tokenizer& tok, bool single_tool);
+  std::string add(const StepUpdate& u) final;
+  const ResponseBuilder& answer() const final { return acc_; }
+
+ protected:
+  virtual std::string opened(Part& p) = 0;  // may set its ids
+  virtual std::string appended(const Part& p, const std::string& delta) = 0;
+  virtual std::string closed(const Part& p) = 0;
+  std::string close();  // closes the open part, if any
+  const std::vector<Part>& parts() const { return parts_; }
+  int calls() const { return calls_; }
+
+ private:
+  std::string open(Kind kind, const std::string& name = "");
+
+  ResponseBuilder acc_;
+  bool single_tool_;
+  std::vector<Part> parts_;
+  Kind open_ = Kind::none;
+  int calls_ = 0;
+  bool dropping_ = false;  // a later tool call when only one is wanted
 };
 
 // A request translated from an API's body: what the engine runs and how to answer it.
