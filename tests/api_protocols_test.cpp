@@ -483,5 +483,38 @@ TEST(ServerApi, ErrorStyles) {
             "authentication_error");
 }
 
+// The official SDKs' stream parsers accept the wires' tool-call streams (tool_use blocks with
+// input_json_delta, function_call items with argument deltas): the streams driven above are
+// served to them by tests/api_clients/replay_test.mjs.
+TEST(ServerClients, SdkParsersAcceptToolCallStreams) {
+  if (std::system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "node/npm not installed";
+  const json body = {{"model", "kimi-k3"},
+                     {"max_tokens", 300},
+                     {"thinking", {{"type", "adaptive"}}},
+                     {"tools", kAnthropicTools},
+                     {"messages", json::array({{{"role", "user"}, {"content", "Weather?"}}})}};
+  const json rbody = {{"model", "kimi-k3"},
+                      {"tools", json::array({{{"type", "function"},
+                                              {"name", "get_weather"},
+                                              {"parameters", {{"type", "object"}}}}})},
+                      {"input", "Weather?"}};
+  const std::string dir = test::temp_dir("sdk-replay");
+  test::spit(dir + "/anthropic.sse",
+             drive(anthropic_messages(body, limits(), k3()), kThinkTextTool).stream);
+  test::spit(dir + "/responses.sse",
+             drive(responses_create(rbody, limits(), k3()), kThinkTextTool).stream);
+  std::string out;
+  int code = -1;
+  ASSERT_TRUE(test::run_node_test("api_clients", "@anthropic-ai/sdk",
+                                  "DELTAFIN_ANTHROPIC_STREAM=" + dir +
+                                      "/anthropic.sse DELTAFIN_RESPONSES_STREAM=" + dir +
+                                      "/responses.sse",
+                                  "replay_test.mjs", out, code))
+      << out;
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace deltafin::server
