@@ -8,10 +8,26 @@
 
 namespace deltafin::server {
 
-namespace {
+// Named, not anonymous: the sanitizer builds compile src/server as one unity file, where
+// another file's helpers of the same names would clash.
+namespace anthropic_impl {
 
 using json = nlohmann::ordered_json;
-using namespace translate;
+// Using-declarations, not a using-directive: in the unity build another file's helpers named
+// `field` or `type_name` would make a directive's names ambiguous.
+using translate::arguments_object;
+using translate::array_of;
+using translate::bool_field;
+using translate::field;
+using translate::force_tool;
+using translate::k3_effort;
+using translate::need;
+using translate::object_of;
+using translate::only_fields;
+using translate::string_of;
+using translate::to_engine;
+using translate::to_engine_uncapped;
+using translate::type_name;
 
 // A content array's text blocks as Chat Completions text parts (or the string itself).
 // `allowed` names the block types that may appear besides text (the caller handles them).
@@ -458,14 +474,13 @@ class AnthropicWire final : public PartsWire {
   bool omit_thinking_;
 };
 
-}  // namespace
-
-json anthropic_to_chat(const json& body, bool count_only) {
+json anthropic_to_chat_impl(const json& body, bool count_only) {
   bool omit = false, single = false;
   return convert(body, count_only, omit, single);
 }
 
-Translation anthropic_messages(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+Translation anthropic_messages_impl(const json& body, const ServeLimits& limits,
+                                    const Tokenizer& tok) {
   bool omit = false, single = false;
   const json chat = convert(body, false, omit, single);
   ServeRequest r = to_engine(chat, limits, tok);
@@ -474,9 +489,26 @@ Translation anthropic_messages(const json& body, const ServeLimits& limits, cons
   return {std::move(r), std::move(wire)};
 }
 
-json anthropic_count_tokens(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+json anthropic_count_tokens_impl(const json& body, const ServeLimits& limits,
+                                 const Tokenizer& tok) {
   const ServeRequest r = to_engine_uncapped(anthropic_to_chat(body, true), limits, tok);
   return {{"input_tokens", static_cast<int64_t>(r.prompt.size())}};
+}
+
+}  // namespace anthropic_impl
+
+using json = nlohmann::ordered_json;
+
+json anthropic_to_chat(const json& body, bool count_only) {
+  return anthropic_impl::anthropic_to_chat_impl(body, count_only);
+}
+
+Translation anthropic_messages(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+  return anthropic_impl::anthropic_messages_impl(body, limits, tok);
+}
+
+json anthropic_count_tokens(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+  return anthropic_impl::anthropic_count_tokens_impl(body, limits, tok);
 }
 
 }  // namespace deltafin::server

@@ -10,10 +10,26 @@
 
 namespace deltafin::server {
 
-namespace {
+// Named, not anonymous: the sanitizer builds compile src/server as one unity file, where
+// another file's helpers of the same names would clash.
+namespace ollama_impl {
 
 using json = nlohmann::ordered_json;
-using namespace translate;
+// Using-declarations, not a using-directive: in the unity build another file's helpers named
+// `field` or `type_name` would make a directive's names ambiguous.
+using translate::arguments_object;
+using translate::array_of;
+using translate::bool_field;
+using translate::field;
+using translate::force_tool;
+using translate::k3_effort;
+using translate::need;
+using translate::object_of;
+using translate::only_fields;
+using translate::string_of;
+using translate::to_engine;
+using translate::to_engine_uncapped;
+using translate::type_name;
 
 // Ollama names a model NAME:TAG; the served name has no tag, so NAME:latest is the same model.
 std::string untagged(const std::string& name) {
@@ -303,10 +319,8 @@ class OllamaWire final : public Wire {
   json calls_ = json::array();
 };
 
-}  // namespace
-
-json ollama_info(const std::string& route, const std::string& body, const ServeLimits& served,
-                 int64_t created) {
+json ollama_info_impl(const std::string& route, const std::string& body, const ServeLimits& served,
+                      int64_t created) {
   if (route == "/api/version") return {{"version", DELTAFIN_VERSION}};
   if (route == "/api/tags" || route == "/api/ps") {
     json models = json::array();
@@ -350,7 +364,7 @@ json ollama_info(const std::string& route, const std::string& body, const ServeL
                  "invalid_request_error", std::nullopt, "embeddings_not_supported");
 }
 
-std::optional<json> ollama_load_only(bool chat, const json& body, const ServeLimits& limits) {
+std::optional<json> ollama_load_only_impl(bool chat, const json& body, const ServeLimits& limits) {
   const json* what = field(body, chat ? "messages" : "prompt");
   const bool empty = what == nullptr || (what->is_array() && what->empty()) ||
                      (what->is_string() && what->get<std::string>().empty());
@@ -367,8 +381,8 @@ std::optional<json> ollama_load_only(bool chat, const json& body, const ServeLim
   return j;
 }
 
-Translation ollama_generate(bool chat, const json& body, const ServeLimits& limits,
-                            const Tokenizer& tok) {
+Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits& limits,
+                                 const Tokenizer& tok) {
   json c;
   if (chat) {
     only_fields(
@@ -422,6 +436,24 @@ Translation ollama_generate(bool chat, const json& body, const ServeLimits& limi
   }
   ServeRequest r = to_engine(c, limits, tok);
   return {std::move(r), std::make_unique<OllamaWire>(tok, chat, limits.model_id)};
+}
+
+}  // namespace ollama_impl
+
+using json = nlohmann::ordered_json;
+
+json ollama_info(const std::string& route, const std::string& body, const ServeLimits& served,
+                 int64_t created) {
+  return ollama_impl::ollama_info_impl(route, body, served, created);
+}
+
+std::optional<json> ollama_load_only(bool chat, const json& body, const ServeLimits& limits) {
+  return ollama_impl::ollama_load_only_impl(chat, body, limits);
+}
+
+Translation ollama_generate(bool chat, const json& body, const ServeLimits& limits,
+                            const Tokenizer& tok) {
+  return ollama_impl::ollama_generate_impl(chat, body, limits, tok);
 }
 
 }  // namespace deltafin::server

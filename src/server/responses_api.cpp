@@ -8,10 +8,26 @@
 
 namespace deltafin::server {
 
-namespace {
+// Named, not anonymous: the sanitizer builds compile src/server as one unity file, where
+// another file's helpers of the same names would clash.
+namespace responses_impl {
 
 using json = nlohmann::ordered_json;
-using namespace translate;
+// Using-declarations, not a using-directive: in the unity build another file's helpers named
+// `field` or `type_name` would make a directive's names ambiguous.
+using translate::arguments_object;
+using translate::array_of;
+using translate::bool_field;
+using translate::field;
+using translate::force_tool;
+using translate::k3_effort;
+using translate::need;
+using translate::object_of;
+using translate::only_fields;
+using translate::string_of;
+using translate::to_engine;
+using translate::to_engine_uncapped;
+using translate::type_name;
 
 // A message item's content: a string, or input_text / output_text parts (joined).
 std::string item_text(const json& content, const std::string& path) {
@@ -490,14 +506,13 @@ class ResponsesWire final : public PartsWire {
   int64_t seq_ = 0;
 };
 
-}  // namespace
-
-json responses_to_chat(const json& body) {
+json responses_to_chat_impl(const json& body) {
   bool single = false;
   return convert(body, single);
 }
 
-Translation responses_create(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+Translation responses_create_impl(const json& body, const ServeLimits& limits,
+                                  const Tokenizer& tok) {
   bool single = false;
   const json chat = convert(body, single);
   ServeRequest r = to_engine(chat, limits, tok);
@@ -509,6 +524,18 @@ Translation responses_create(const json& body, const ServeLimits& limits, const 
   echo["model"] = limits.model_id;
   auto wire = std::make_unique<ResponsesWire>(tok, echo, single);
   return {std::move(r), std::move(wire)};
+}
+
+}  // namespace responses_impl
+
+using json = nlohmann::ordered_json;
+
+json responses_to_chat(const json& body) {
+  return responses_impl::responses_to_chat_impl(body);
+}
+
+Translation responses_create(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
+  return responses_impl::responses_create_impl(body, limits, tok);
 }
 
 }  // namespace deltafin::server

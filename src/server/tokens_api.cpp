@@ -7,9 +7,9 @@
 namespace deltafin::server {
 
 using json = nlohmann::ordered_json;
-using namespace translate;
 
 json tokenize(const json& body, const Tokenizer& tok) {
+  using translate::bool_field, translate::need, translate::only_fields, translate::string_of;
   only_fields(body, {"content", "add_special", "parse_special", "with_pieces", "model"}, "");
   const std::string text = string_of(need(body, "content", ""), "content");
   bool_field(body, "add_special", "");
@@ -37,6 +37,7 @@ json tokenize(const json& body, const Tokenizer& tok) {
 }
 
 json detokenize(const json& body, const Tokenizer& tok) {
+  using translate::array_of, translate::need, translate::only_fields;
   only_fields(body, {"tokens", "model"}, "");
   const json& arr = array_of(need(body, "tokens", ""), "tokens");
   std::vector<int32_t> ids;

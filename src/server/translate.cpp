@@ -28,7 +28,8 @@ const char* type_name(const json& v) {
 
 void only_fields(const json& obj, std::initializer_list<const char*> known,
                  const std::string& path) {
-  for (const auto& [k, v] : obj.items()) {
+  for (const auto& item : obj.items()) {
+    const std::string& k = item.key();
     const bool ok = std::any_of(known.begin(), known.end(), [&](const char* n) { return k == n; });
     if (!ok) {
       const std::string p = path.empty() ? k : path + "." + k;
