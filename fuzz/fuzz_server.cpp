@@ -20,6 +20,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -101,6 +102,11 @@ LiveServers& live() {
     l->open->set_ready(l->scheduler.get(), limits);
     l->keyed->set_ready(l->scheduler.get(), limits);
     l->metrics.set_ready(true);
+    // The servers are never torn down, but at exit the engine thread must end before the static
+    // thread pool it computes on is destroyed: a request cancelled by the last input may still be
+    // in a forward pass then (ASan saw a use after free of the pool under load). Handlers run
+    // before the statics constructed earlier (the pool) are destroyed.
+    std::atexit([] { live().scheduler->stop(); });
     return l;
   }();
   return *s;
