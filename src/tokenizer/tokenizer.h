@@ -61,6 +61,9 @@ class Tokenizer {
   // Throws deltafin::Error unless 0 <= id < vocab_size(); the message names the id and the size.
   void check_id(int32_t id) const;
 
+  // Equal for copies of one loaded tokenizer (what caches of per-vocabulary data key on).
+  const void* identity() const { return impl_.get(); }
+
   struct Impl;
 
  private:
