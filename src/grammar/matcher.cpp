@@ -145,11 +145,15 @@ CompiledGrammar::NodeInfo CompiledGrammar::compute(uint32_t n) const {
   std::vector<size_t> splits;
   std::map<std::string, std::vector<int32_t>> rests;
   cfg[0] = m.intern({m.arena.push(n, -1)}, false);
+  // A rest whose first byte can never follow the rule is rejected here already.
+  const std::bitset<256>& follow = pda_.follow(pda_.node(n).rule);
   auto uncertain = [&](size_t from, size_t to) {
     for (size_t k = from; k < to; ++k) {
       const int32_t id = ttok[k];
       const std::string_view b = v.bytes(id);
-      for (const size_t sp : splits) rests[std::string(b.substr(sp))].push_back(id);
+      for (const size_t sp : splits) {
+        if (follow.test(static_cast<uint8_t>(b[sp]))) rests[std::string(b.substr(sp))].push_back(id);
+      }
     }
   };
   for (size_t i = 0; i < trie.size();) {

@@ -611,6 +611,34 @@ Pda PdaBuilder::run() {
     nd.tail = d.final && d.bytes.empty() && d.tokens.empty() && d.calls.empty();
     p.nodes_.push_back(nd);
   }
+  // FIRST (bytes that can be consumed first from a node, the rule's FOLLOW where it may end)
+  // and FOLLOW per rule, to a fixpoint.
+  std::vector<std::bitset<256>> first(p.nodes_.size());
+  p.follow_.assign(n_rules, {});
+  for (bool changed = true; changed;) {
+    changed = false;
+    // Nodes are numbered from the root forwards and FIRST flows backwards: visit in reverse.
+    for (uint32_t i = static_cast<uint32_t>(p.nodes_.size()); i-- > 0;) {
+      std::bitset<256> f = first[i];
+      for (const auto& e : p.bytes(i)) {
+        for (unsigned b = e.lo; b <= e.hi; ++b) f.set(b);
+      }
+      for (const auto& c : p.calls(i)) {
+        f |= first[p.rule_start_[c.rule]];
+        if (nullable[c.rule]) f |= first[c.ret];
+        const std::bitset<256> fr = p.follow_[c.rule] | first[c.ret];
+        if (fr != p.follow_[c.rule]) {
+          p.follow_[c.rule] = fr;
+          changed = true;
+        }
+      }
+      if (p.nodes_[i].final) f |= p.follow_[p.nodes_[i].rule];
+      if (f != first[i]) {
+        first[i] = f;
+        changed = true;
+      }
+    }
+  }
   return p;
 }
 

@@ -14,6 +14,7 @@
 // request cannot make the compiler run away.
 #pragma once
 
+#include <bitset>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -81,6 +82,10 @@ class Pda {
     return kNone;
   }
 
+  // The bytes that can come right after `rule` ends, in any context it is called from (empty
+  // for a rule after which only a whole token or the end of the grammar can follow).
+  const std::bitset<256>& follow(uint32_t rule) const { return follow_[rule]; }
+
   // Compiles `g` (its rules reachable from the root). Throws InvalidArgument naming the rule for
   // left recursion, a grammar that can never finish, or a size limit.
   static Pda compile(const Grammar& g, const Limits& limits = {});
@@ -92,6 +97,7 @@ class Pda {
   std::vector<TokenEdge> token_edges_;
   std::vector<CallEdge> call_edges_;
   std::vector<uint32_t> rule_start_;  // kNone for rules not in the automaton
+  std::vector<std::bitset<256>> follow_;
   std::vector<std::string> names_;
   uint32_t root_ = 0;
 };
