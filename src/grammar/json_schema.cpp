@@ -629,7 +629,8 @@ SchemaCompiler::ObjectShape SchemaCompiler::object_shape(const json& schema, con
   return shape;
 }
 
-ExprPtr SchemaCompiler::not_keys(const std::vector<std::string>& keys) {
+ExprPtr SchemaCompiler::not_keys(const std::vector<std::string>& keys,
+                                 const std::vector<CharRange>& alphabet) {
   // A trie over the keys' characters: a string is allowed when it leaves the trie or ends at a
   // node that is not a key.
   struct Node {
@@ -648,7 +649,7 @@ ExprPtr SchemaCompiler::not_keys(const std::vector<std::string>& keys) {
     }
     t[cur].key = true;
   }
-  const std::vector<CharRange> plain = complement({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}});
+  const std::vector<CharRange> plain = normalize(alphabet);
   std::function<ExprPtr(size_t)> build = [&](size_t n) -> ExprPtr {
     std::vector<ExprPtr> alts;
     if (!t[n].key) alts.push_back(empty());
@@ -696,7 +697,8 @@ ExprPtr SchemaCompiler::object_value(const json& s, const std::string& path) {
   ExprPtr extra = empty();
   ExprPtr extra_first = nothing();
   if (shape.additional) {
-    ExprPtr key = keys.empty() ? star(chars({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}}, true)) : not_keys(keys);
+    const auto plain = complement({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}});
+    ExprPtr key = keys.empty() ? star(chars(plain)) : not_keys(keys, plain);
     const uint32_t id = g_.fresh_rule("additional-kv");
     g_.define(id, seq({lit("\""), key, lit("\""), ws(), lit(":"), ws(),
                        value(shape.additional_schema, path + "/additionalProperties")}));

@@ -65,6 +65,11 @@ class SchemaCompiler {
 
   ExprPtr ws();
 
+  // Strings over `alphabet` that are none of `keys` (how extra keys stay apart from the
+  // declared ones).
+  static ExprPtr not_keys(const std::vector<std::string>& keys,
+                          const std::vector<CharRange>& alphabet);
+
  private:
   [[noreturn]] void error(const std::string& path, const std::string& what) const;
   // Follows a top-level $ref (with its sibling keywords merged in) and merges allOf, so the
@@ -83,7 +88,6 @@ class SchemaCompiler {
   ExprPtr array_value(const nlohmann::ordered_json& schema, const std::string& path);
   ExprPtr any_value();
   ExprPtr literal(const nlohmann::ordered_json& v);
-  ExprPtr not_keys(const std::vector<std::string>& keys);
   ExprPtr rule_for(const std::string& name, const std::function<ExprPtr()>& body);
   void count(const std::string& path);
 

@@ -1,0 +1,70 @@
+// The constraint for one generated K3 assistant turn: the XTML structure the output parser
+// reads (tokenizer/output_parser.h), with what the request enforces inside it.
+//
+//   [free thinking] <|close|>think<|sep|> <|open|>response<|sep|>       (when thinking is on)
+//   CONTENT <|close|>response<|sep|>
+//   [<|open|>tools<|sep|> CALL+ <|close|>tools<|sep|>]
+//   <|close|>message<|sep|> <|end_of_msg|>
+//   CALL = <|open|>call tool="NAME" index="k"<|sep|> ARGUMENT* <|close|>call<|sep|>
+//   ARGUMENT = <|open|>argument key="KEY" type="T"<|sep|> VALUE <|close|>argument<|sep|>
+//
+// The markers are single special tokens; everything between them is ordinary text. Thinking is
+// free text (any ordinary token: only the markers are held to the structure). CONTENT is free
+// text, a JSON Schema's value, any JSON object, or a GBNF grammar's language. Each call's
+// arguments follow its function's `parameters` schema: one argument tag per property, in the
+// schema's order, required ones present, with type "string" (the raw text, as K3 writes string
+// arguments), "number" (integers too), "boolean", "null", "object" or "array" as the property's
+// schema allows, and the value as that schema allows. A function that is not enforced gets any
+// well-formed arguments.
+//
+// With `lazy`, nothing is constrained until the model opens a tools block
+// (`<|open|>tools<|sep|>`, the trigger); the calls and the end of the turn are then enforced.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "grammar/matcher.h"
+#include "grammar/vocab.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deltafin::grammar {
+
+inline constexpr int kMaxToolCalls = 16;  // calls one enforced tools block may hold
+
+// A compiled constraint and how it starts: `trigger` empty = from the first token.
+struct Constraint {
+  std::shared_ptr<const CompiledGrammar> grammar;
+  std::vector<int32_t> trigger;
+  std::string description;  // what is enforced, for logs and errors ("json_schema", ...)
+};
+
+struct TurnSpec {
+  bool thinking = false;  // the generation prompt opened `think` (else `response`)
+  enum class Content { free, json_schema, json_object, gbnf };
+  Content content = Content::free;
+  nlohmann::ordered_json schema;  // json_schema
+  std::string gbnf;               // gbnf
+  // Tools (OpenAI shape: [{"type":"function","function":{"name","parameters","strict"}}]).
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  enum class Calls { forbidden, optional, required };
+  Calls calls = Calls::forbidden;
+  std::optional<std::string> named;  // only this function may be called
+  bool enforce_all_arguments = false;  // else only `strict` functions' arguments
+  bool lazy = false;
+  std::string field = "request";  // names the request part in error messages
+};
+
+// Compiles (through the vocabulary's cache). Throws InvalidArgument naming the field, keyword
+// and path for what cannot be enforced.
+Constraint k3_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer);
+
+// A GBNF grammar or JSON Schema over the whole output (raw completions, `run` without --chat).
+Constraint raw_constraint_gbnf(const std::string& gbnf, const Tokenizer& tokenizer);
+Constraint raw_constraint_schema(const nlohmann::ordered_json& schema, const Tokenizer& tokenizer,
+                                 const std::string& field);
+
+}  // namespace deltafin::grammar
