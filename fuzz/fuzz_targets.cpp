@@ -16,6 +16,8 @@ void tokenizer(const uint8_t* data, size_t size);
 void chat(const uint8_t* data, size_t size);
 void request(const uint8_t* data, size_t size);
 void http(const uint8_t* data, size_t size);
+void gbnf(const uint8_t* data, size_t size);
+void json_schema(const uint8_t* data, size_t size);
 
 namespace {
 const Target kTargets[] = {
@@ -26,6 +28,8 @@ const Target kTargets[] = {
     {"chat", chat},
     {"request", request},
     {"http", http},
+    {"gbnf", gbnf},
+    {"json_schema", json_schema},
 };
 }  // namespace
 

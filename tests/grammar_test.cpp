@@ -186,11 +186,13 @@ struct Case {
 
 std::vector<Case> cases() {
   return {
-      {"json", kJsonGbnf,
+      {"json",
+       kJsonGbnf,
        {R"G({"a": [1, 2.5, -3e4], "b": {"c": null}})G", "{}", R"G({"k": "\u00e9\n"})G",
         "{\"x\": \"caf\xC3\xA9\"}"},
        {"{", R"G({"a" 1})G", "[]", R"G({"a": tru})G", "{\"a\": \"\x01\"}"}},
-      {"arith", R"G(
+      {"arith",
+       R"G(
 root ::= expr
 expr ::= term (("+" | "-") term)*
 term ::= factor (("*" | "/") factor)*
@@ -198,21 +200,35 @@ factor ::= [0-9]+ | "(" expr ")"
 )G",
        {"1+2*3", "(1+2)*3", "((4))", "10/2-3"},
        {"1+", "(1+2", "+1", "1++2", ""}},
-      {"list", "root ::= (\"- \" item)+\nitem ::= [^\\n]+ \"\\n\"\n",
+      {"list",
+       "root ::= (\"- \" item)+\nitem ::= [^\\n]+ \"\\n\"\n",
        {"- a\n", "- one\n- two\n", "- \xE2\x82\xAC\n"},
        {"- \n", "-a\n", "- a", ""}},
-      {"counts", "root ::= [a-c]{2,4} \"x\"{3} ([0-9] \",\"?){0,3}\n",
+      {"counts",
+       "root ::= [a-c]{2,4} \"x\"{3} ([0-9] \",\"?){0,3}\n",
        {"abxxx", "abcaxxx1,2,3", "ccxxx9"},
        {"axxx", "abcabxxx", "abxx", "abxxx1,2,3,4"}},
-      {"prefixes", "root ::= \"abc\" | \"abd\" | \"ab\" suffix | \"a\"\nsuffix ::= \"x\"*\n",
+      {"prefixes",
+       "root ::= \"abc\" | \"abd\" | \"ab\" suffix | \"a\"\nsuffix ::= \"x\"*\n",
        {"abc", "abd", "ab", "abxxx", "a"},
        {"abcx", "b", "abx y"}},
-      {"nullable", "root ::= a b c\na ::= \"x\"?\nb ::= (\"y\" | )\nc ::= \"z\"*\n",
+      {"nullable",
+       "root ::= a b c\na ::= \"x\"?\nb ::= (\"y\" | )\nc ::= \"z\"*\n",
        {"", "x", "y", "zz", "xyz", "xzz"},
        {"yx", "zx", "xx"}},
-      {"unicode", "root ::= [\\u00C0-\\u00FF\\u4E00-\\u9FFF\\U0001F600-\\U0001F64F]+ [^a-z]\n",
-       {"\xC3\x80" "A", "\xE4\xB8\x80\xF0\x9F\x98\x80" "1", "\xC3\xBF\xC3\xBF" "\xC3\x80"},
-       {"a", "\xC3\x80" "a", "\xF0\x9F\x99\x90" "1"}},
+      {"unicode",
+       "root ::= [\\u00C0-\\u00FF\\u4E00-\\u9FFF\\U0001F600-\\U0001F64F]+ [^a-z]\n",
+       {"\xC3\x80"
+        "A",
+        "\xE4\xB8\x80\xF0\x9F\x98\x80"
+        "1",
+        "\xC3\xBF\xC3\xBF"
+        "\xC3\x80"},
+       {"a",
+        "\xC3\x80"
+        "a",
+        "\xF0\x9F\x99\x90"
+        "1"}},
       {"any", "root ::= \"<\" .* \">\"\n", {"<>", "<a>b>", "<\xE2\x82\xAC>"}, {"<", "a<>"}},
       {"recursion", "root ::= \"(\" root* \")\"\n", {"()", "(()())", "((()))"}, {"(", "())", ")("}},
   };
@@ -284,7 +300,8 @@ TEST(GrammarCompile, RefusesLeftRecursionAndGrammarsThatCannotEnd) {
     }
   }
   // Right recursion and a rule unproductive in only one alternative are fine.
-  EXPECT_NO_THROW(Pda::compile(parse_gbnf("root ::= \"a\" root | \"b\" | dead\ndead ::= \"x\" dead\n")));
+  EXPECT_NO_THROW(
+      Pda::compile(parse_gbnf("root ::= \"a\" root | \"b\" | dead\ndead ::= \"x\" dead\n")));
   Limits small;
   small.max_nodes = 50;
   EXPECT_THROW(Pda::compile(parse_gbnf("root ::= [a-z]{0,500}\n"), small), InvalidArgument);
@@ -415,7 +432,8 @@ TEST(GrammarMatch, LazyGrammarStartsAtItsTrigger) {
   TokenMask mask;
   m.fill_mask(mask);
   EXPECT_EQ(mask.count(), v->size());
-  for (const char c : std::string("free (text) call")) ASSERT_TRUE(m.accept(static_cast<uint8_t>(c)));
+  for (const char c : std::string("free (text) call"))
+    ASSERT_TRUE(m.accept(static_cast<uint8_t>(c)));
   EXPECT_FALSE(m.active());
   ASSERT_TRUE(m.accept(s0));
   EXPECT_TRUE(m.active());
@@ -439,7 +457,8 @@ TEST(GrammarMatch, RealTokenizerAcceptsEncodedJsonAndMasksAgree) {
   const auto cg = compile(kJsonGbnf, v);
   const std::vector<std::string> docs = {
       R"G({"name": "Ada Lovelace", "born": 1815, "tags": ["math", "poetry"], "ok": true})G",
-      "{\"city\": \"Z\xC3\xBCrich\", \"temp\": -3.5e2, \"emoji\": \"\xF0\x9F\x98\x80\", \"n\": null}",
+      "{\"city\": \"Z\xC3\xBCrich\", \"temp\": -3.5e2, \"emoji\": \"\xF0\x9F\x98\x80\", \"n\": "
+      "null}",
       "{\n  \"a\": {\"b\": [1, 2, {\"c\": \"\\u00e9\\n\"}]},\n  \"d\": []\n}",
   };
   std::mt19937 rng(5);

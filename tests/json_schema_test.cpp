@@ -48,7 +48,8 @@ TEST(JsonSchema, AcceptsWhatSatisfiesAndRefusesWhatViolates) {
   const std::vector<Case> cases = {
       {R"({"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":12}},"required":["a"]})",
        {R"({"a": 0})", R"({"a": -5})", R"({"a":12})", "{\n  \"a\": 7\n}"},
-       {R"({"a": 13})", R"({"a": -6})", R"({"a": 1.5})", "{}", R"({"a": 1, "b": 2})", R"({"a": 012})"}},
+       {R"({"a": 13})", R"({"a": -6})", R"({"a": 1.5})", "{}", R"({"a": 1, "b": 2})",
+        R"({"a": 012})"}},
       {R"({"type":"number","exclusiveMinimum":0.5,"maximum":2.25})",
        {"0.51", "1", "2.25", "2.2", "0.6", "2.250", "1.999"},
        {"0.5", "0.50", "2.26", "3", "-1", "0.4999", "2.2500001"}},
@@ -62,11 +63,16 @@ TEST(JsonSchema, AcceptsWhatSatisfiesAndRefusesWhatViolates) {
       {R"({"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"})",
        {R"("AB-123")"},
        {R"("AB-12")", R"("ab-123")", R"("AB-1234")"}},
-      {R"({"type":"string","pattern":"abc"})", {R"("xxabcyy")", R"("abc")"}, {R"("ab")", R"("acb")"}},
-      {R"({"type":"string","pattern":"^a\"b\\\\c$"})", {R"("a\"b\\c")"}, {R"("ab\\c")", R"("a\"bc")"}},
+      {R"({"type":"string","pattern":"abc"})",
+       {R"("xxabcyy")", R"("abc")"},
+       {R"("ab")", R"("acb")"}},
+      {R"({"type":"string","pattern":"^a\"b\\\\c$"})",
+       {R"("a\"b\\c")"},
+       {R"("ab\\c")", R"("a\"bc")"}},
       {R"({"type":"string","format":"date"})",
        {R"("2024-02-29")", R"("2023-12-31")", R"("2000-02-29")", R"("0004-02-29")"},
-       {R"("2023-02-29")", R"("2024-13-01")", R"("2024-04-31")", R"("1900-02-29")", R"("0000-01-01")"}},
+       {R"("2023-02-29")", R"("2024-13-01")", R"("2024-04-31")", R"("1900-02-29")",
+        R"("0000-01-01")"}},
       {R"({"type":"string","format":"date-time"})",
        {R"("2024-05-01T13:45:00Z")", R"("1999-12-31T23:59:59.123+05:30")"},
        {R"("2024-05-01 13:45:00")", R"("2024-05-01T24:00:00Z")", R"("2024-05-01T13:45:00")"}},
@@ -76,7 +82,9 @@ TEST(JsonSchema, AcceptsWhatSatisfiesAndRefusesWhatViolates) {
       {R"({"type":"string","format":"email"})",
        {R"("ada.lovelace@example.org")", R"("x+y@a-b.co")"},
        {R"("ada@")", R"("@example.org")", R"("a b@example.org")", R"("ada@example")"}},
-      {R"({"type":"string","format":"ipv4"})", {R"("192.168.0.1")", R"("8.8.8.8")"}, {R"("256.1.1.1")", R"("1.2.3")"}},
+      {R"({"type":"string","format":"ipv4"})",
+       {R"("192.168.0.1")", R"("8.8.8.8")"},
+       {R"("256.1.1.1")", R"("1.2.3")"}},
       {R"({"type":"string","minLength":2,"maxLength":3})",
        {"\"\xC3\xA9\xC3\xBC\"", R"("abc")", R"("a\"b")", R"("\u00e9x")"},
        {R"("a")", R"("abcd")", R"("")"}},
@@ -102,12 +110,15 @@ TEST(JsonSchema, AcceptsWhatSatisfiesAndRefusesWhatViolates) {
        {R"({"a": 1, "zz": "q"})", R"({"a": 1})", R"({"b": "x", "c": "y"})", R"({})"},
        {R"({"a": 1, "zz": 2})", R"({"a": 1, "a": "x"})"}},
       {R"({"type":"object","properties":{"x":{"type":"boolean"},"y":{"type":"boolean"},"z":{"type":"boolean"}}})",
-       {"{}", R"({"y": true})", R"({"x": true, "z": false})", R"({"x": true, "y": true, "z": true})"},
+       {"{}", R"({"y": true})", R"({"x": true, "z": false})",
+        R"({"x": true, "y": true, "z": true})"},
        {R"({"z": true, "x": true})", R"({"w": true})"}},
       {R"({"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"items":{"type":"boolean"},"minItems":2,"maxItems":4})",
        {R"([1, "a"])", R"([1,"a",true,false])"},
        {"[1]", R"([1,"a",true,false,true])", R"(["a",1])", "[]"}},
-      {R"({"type":"array","items":[{"type":"null"}],"additionalItems":false})", {"[null]", "[]"}, {"[null, null]"}},
+      {R"({"type":"array","items":[{"type":"null"}],"additionalItems":false})",
+       {"[null]", "[]"},
+       {"[null, null]"}},
       {R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":3})",
        {"[1]", "[1, 2, 3]"},
        {"[]", "[1, 2, 3, 4]"}},
@@ -123,9 +134,11 @@ TEST(JsonSchema, AcceptsWhatSatisfiesAndRefusesWhatViolates) {
 
 TEST(JsonSchema, UnsupportedAndUnsatisfiableSchemasNameKeywordAndPath) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {R"({"type":"array","uniqueItems":true})", "unsupported keyword \"uniqueItems\" (only false) at #"},
+      {R"({"type":"array","uniqueItems":true})",
+       "unsupported keyword \"uniqueItems\" (only false) at #"},
       {R"({"properties":{"a":{"not":{}}}})", "unsupported keyword \"not\" at #/properties/a"},
-      {R"({"type":"object","patternProperties":{"^x":{}}})", "unsupported keyword \"patternProperties\" at #"},
+      {R"({"type":"object","patternProperties":{"^x":{}}})",
+       "unsupported keyword \"patternProperties\" at #"},
       {R"({"items":{"contains":{}}})", "unsupported keyword \"contains\" at #/items"},
       {R"({"if":{},"then":{}})", "unsupported keyword \"if\" at #"},
       {R"({"type":"number","multipleOf":2})", "unsupported keyword \"multipleOf\" at #"},
@@ -135,7 +148,8 @@ TEST(JsonSchema, UnsupportedAndUnsatisfiableSchemasNameKeywordAndPath) {
       {R"({"type":"string","pattern":"(a)\\1"})", "backreferences are not supported"},
       {R"({"type":"string","pattern":"\\p{L}"})", "Unicode property escapes"},
       {R"({"type":"string","format":"color"})", "format \"color\" is not supported"},
-      {R"({"type":"string","minLength":3,"maxLength":2})", "minLength is above maxLength (unsatisfiable) at #"},
+      {R"({"type":"string","minLength":3,"maxLength":2})",
+       "minLength is above maxLength (unsatisfiable) at #"},
       {R"({"type":"integer","minimum":5,"maximum":4})", "the range is empty"},
       {R"({"enum":[]})", "no enum value"},
       {R"({"type":"object","required":["x"],"properties":{},"additionalProperties":false})",
@@ -154,7 +168,8 @@ TEST(JsonSchema, UnsupportedAndUnsatisfiableSchemasNameKeywordAndPath) {
       compile_json_schema(json::parse(schema), TokenVocab::of(tok()), false, "response_format");
       ADD_FAILURE() << "compiled: " << schema;
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(msg), std::string::npos) << schema << " gave: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(msg), std::string::npos)
+          << schema << " gave: " << e.what();
     }
   }
 }
@@ -164,7 +179,8 @@ TEST(JsonSchema, CompiledGrammarsAreCachedByTheirText) {
   const json s = json::parse(R"({"type":"object","properties":{"n":{"type":"integer"}}})");
   const auto a = compile_json_schema(s, v), b = compile_json_schema(s, v);
   EXPECT_EQ(a.get(), b.get());
-  const auto c = compile_json_schema(json::parse(R"({"type":"object","properties":{"m":{"type":"integer"}}})"), v);
+  const auto c = compile_json_schema(
+      json::parse(R"({"type":"object","properties":{"m":{"type":"integer"}}})"), v);
   EXPECT_NE(a.get(), c.get());
 }
 

@@ -2,12 +2,13 @@
 // markers and the test tokenizer's text tokens are accepted exactly when they have the XTML
 // structure and the enforced content and arguments, and the output parser (an independent
 // reader of the same format) gets the answer and the tool calls back out of them.
+#include "grammar/k3_turn.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "grammar/k3_turn.h"
 #include "test_util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/output_parser.h"
@@ -61,17 +62,18 @@ TEST(K3Turn, ThinkingThenSchemaContent) {
   TurnSpec spec;
   spec.thinking = true;
   spec.content = TurnSpec::Content::json_schema;
-  spec.schema = json::parse(R"({"type":"object","properties":{"answer":{"type":"integer"}},"required":["answer"]})");
+  spec.schema = json::parse(
+      R"({"type":"object","properties":{"answer":{"type":"integer"}},"required":["answer"]})");
   const Constraint c = k3_turn_constraint(spec, tok());
-  const auto good = ids({"Let me think <about> it.\n", C, "think", S, O, "response", S, R"({"answer": 42})",
-                         C, "response", S, C, "message", S, E});
+  const auto good = ids({"Let me think <about> it.\n", C, "think", S, O, "response", S,
+                         R"({"answer": 42})", C, "response", S, C, "message", S, E});
   EXPECT_TRUE(accepts(c, good));
   const ParsedTurn turn = parse_all(tok(), good, Channel::think);
   EXPECT_EQ(turn.content, R"({"answer": 42})");
   EXPECT_FALSE(turn.malformed);
   // Not JSON of the schema; the turn ended early; a stray marker in the thinking.
-  EXPECT_FALSE(accepts(c, ids({"x", C, "think", S, O, "response", S, R"({"answer": "42"})", C, "response", S,
-                               C, "message", S, E})));
+  EXPECT_FALSE(accepts(c, ids({"x", C, "think", S, O, "response", S, R"({"answer": "42"})", C,
+                               "response", S, C, "message", S, E})));
   EXPECT_FALSE(accepts(c, ids({"x", C, "message", S, E})));
   EXPECT_FALSE(accepts(c, ids({"x", O, "tools", S})));
 }
@@ -82,34 +84,83 @@ TEST(K3Turn, RequiredToolCallArgumentsFollowTheSchema) {
   spec.calls = TurnSpec::Calls::required;
   spec.enforce_all_arguments = true;
   const Constraint c = k3_turn_constraint(spec, tok());
-  const auto good = ids({C, "response", S, O, "tools", S, O, R"(call tool="get_weather" index="1")", S, O,
-                         R"(argument key="city" type="string")", S, "São Paulo", C, "argument", S, O,
-                         R"(argument key="days" type="number")", S, "3", C, "argument", S, C, "call", S, O,
-                         R"(call tool="note" index="2")", S, O, R"(argument key="text" type="string")", S,
-                         "bring an \"umbrella\"", C, "argument", S, C, "call", S, C, "tools", S, C,
-                         "message", S, E});
+  const auto good = ids({C,
+                         "response",
+                         S,
+                         O,
+                         "tools",
+                         S,
+                         O,
+                         R"(call tool="get_weather" index="1")",
+                         S,
+                         O,
+                         R"(argument key="city" type="string")",
+                         S,
+                         "São Paulo",
+                         C,
+                         "argument",
+                         S,
+                         O,
+                         R"(argument key="days" type="number")",
+                         S,
+                         "3",
+                         C,
+                         "argument",
+                         S,
+                         C,
+                         "call",
+                         S,
+                         O,
+                         R"(call tool="note" index="2")",
+                         S,
+                         O,
+                         R"(argument key="text" type="string")",
+                         S,
+                         "bring an \"umbrella\"",
+                         C,
+                         "argument",
+                         S,
+                         C,
+                         "call",
+                         S,
+                         C,
+                         "tools",
+                         S,
+                         C,
+                         "message",
+                         S,
+                         E});
   EXPECT_TRUE(accepts(c, good));
   const ParsedTurn turn = parse_all(tok(), good, Channel::response);
   ASSERT_EQ(turn.tool_calls.size(), 2u);
   EXPECT_EQ(turn.tool_calls[0].name, "get_weather");
-  EXPECT_EQ(json::parse(turn.tool_calls[0].arguments), json::parse(R"({"city":"São Paulo","days":3})"));
-  EXPECT_EQ(json::parse(turn.tool_calls[1].arguments), json::parse(R"({"text":"bring an \"umbrella\""})"));
+  EXPECT_EQ(json::parse(turn.tool_calls[0].arguments),
+            json::parse(R"({"city":"São Paulo","days":3})"));
+  EXPECT_EQ(json::parse(turn.tool_calls[1].arguments),
+            json::parse(R"({"text":"bring an \"umbrella\""})"));
   EXPECT_FALSE(turn.malformed);
   auto call = [&](const std::vector<std::string>& args) {
-    std::vector<std::string> p = {C, "response", S, O, "tools", S, O, R"(call tool="get_weather" index="1")", S};
+    std::vector<std::string> p = {
+        C, "response", S, O, "tools", S, O, R"(call tool="get_weather" index="1")", S};
     p.insert(p.end(), args.begin(), args.end());
-    for (const auto& x : {C, std::string("call"), S, C, std::string("tools"), S, C, std::string("message"), S, E})
+    for (const auto& x :
+         {C, std::string("call"), S, C, std::string("tools"), S, C, std::string("message"), S, E})
       p.push_back(x);
     return ids(p);
   };
-  EXPECT_TRUE(accepts(c, call({O, R"(argument key="city" type="string")", S, "Oslo", C, "argument", S})));
+  EXPECT_TRUE(
+      accepts(c, call({O, R"(argument key="city" type="string")", S, "Oslo", C, "argument", S})));
   // Missing required city; days out of range; days as a string; an unknown key; no call at all.
-  EXPECT_FALSE(accepts(c, call({O, R"(argument key="days" type="number")", S, "3", C, "argument", S})));
-  EXPECT_FALSE(accepts(c, call({O, R"(argument key="city" type="string")", S, "Oslo", C, "argument", S, O,
-                                R"(argument key="days" type="number")", S, "15", C, "argument", S})));
-  EXPECT_FALSE(accepts(c, call({O, R"(argument key="city" type="string")", S, "Oslo", C, "argument", S, O,
-                                R"(argument key="days" type="string")", S, "3", C, "argument", S})));
-  EXPECT_FALSE(accepts(c, call({O, R"(argument key="town" type="string")", S, "Oslo", C, "argument", S})));
+  EXPECT_FALSE(
+      accepts(c, call({O, R"(argument key="days" type="number")", S, "3", C, "argument", S})));
+  EXPECT_FALSE(
+      accepts(c, call({O, R"(argument key="city" type="string")", S, "Oslo", C, "argument", S, O,
+                       R"(argument key="days" type="number")", S, "15", C, "argument", S})));
+  EXPECT_FALSE(
+      accepts(c, call({O, R"(argument key="city" type="string")", S, "Oslo", C, "argument", S, O,
+                       R"(argument key="days" type="string")", S, "3", C, "argument", S})));
+  EXPECT_FALSE(
+      accepts(c, call({O, R"(argument key="town" type="string")", S, "Oslo", C, "argument", S})));
   EXPECT_FALSE(accepts(c, ids({"hi", C, "response", S, C, "message", S, E})));
 }
 
@@ -120,12 +171,58 @@ TEST(K3Turn, NamedFunctionAndLazyCalls) {
   named.named = "note";
   named.enforce_all_arguments = true;
   const Constraint c = k3_turn_constraint(named, tok());
-  EXPECT_FALSE(accepts(c, ids({C, "response", S, O, "tools", S, O, R"(call tool="get_weather" index="1")", S, O,
-                               R"(argument key="city" type="string")", S, "Oslo", C, "argument", S, C, "call",
-                               S, C, "tools", S, C, "message", S, E})));
-  EXPECT_TRUE(accepts(c, ids({C, "response", S, O, "tools", S, O, R"(call tool="note" index="1")", S, O,
-                              R"(argument key="text" type="string")", S, "x", C, "argument", S, C, "call", S,
-                              C, "tools", S, C, "message", S, E})));
+  EXPECT_FALSE(accepts(c, ids({C,
+                               "response",
+                               S,
+                               O,
+                               "tools",
+                               S,
+                               O,
+                               R"(call tool="get_weather" index="1")",
+                               S,
+                               O,
+                               R"(argument key="city" type="string")",
+                               S,
+                               "Oslo",
+                               C,
+                               "argument",
+                               S,
+                               C,
+                               "call",
+                               S,
+                               C,
+                               "tools",
+                               S,
+                               C,
+                               "message",
+                               S,
+                               E})));
+  EXPECT_TRUE(accepts(c, ids({C,
+                              "response",
+                              S,
+                              O,
+                              "tools",
+                              S,
+                              O,
+                              R"(call tool="note" index="1")",
+                              S,
+                              O,
+                              R"(argument key="text" type="string")",
+                              S,
+                              "x",
+                              C,
+                              "argument",
+                              S,
+                              C,
+                              "call",
+                              S,
+                              C,
+                              "tools",
+                              S,
+                              C,
+                              "message",
+                              S,
+                              E})));
   named.named = "nope";
   EXPECT_THROW(k3_turn_constraint(named, tok()), InvalidArgument);
 
@@ -138,11 +235,13 @@ TEST(K3Turn, NamedFunctionAndLazyCalls) {
   const Constraint l = k3_turn_constraint(lazy, tok());
   EXPECT_FALSE(l.trigger.empty());
   EXPECT_TRUE(accepts(l, ids({"free <|open|> text", C, "response", S, C, "message", S, E})));
-  const auto head = std::vector<std::string>{"ok", C, "response", S, O, "tools", S, O, R"(call tool="f" index="1")", S, O};
+  const auto head = std::vector<std::string>{
+      "ok", C, "response", S, O, "tools", S, O, R"(call tool="f" index="1")", S, O};
   auto with = [&](const std::string& type, const std::string& v) {
     auto p = head;
-    for (const auto& x : {"argument key=\"n\" type=\"" + type + "\"", S, v, C, std::string("argument"), S, C,
-                          std::string("call"), S, C, std::string("tools"), S, C, std::string("message"), S, E})
+    for (const auto& x :
+         {"argument key=\"n\" type=\"" + type + "\"", S, v, C, std::string("argument"), S, C,
+          std::string("call"), S, C, std::string("tools"), S, C, std::string("message"), S, E})
       p.push_back(x);
     return ids(p);
   };
@@ -153,7 +252,8 @@ TEST(K3Turn, NamedFunctionAndLazyCalls) {
 
 TEST(K3Turn, BadToolSchemasNameTheirField) {
   TurnSpec spec;
-  spec.tools = json::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
+  spec.tools =
+      json::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
     "properties":{"a":{"type":"array","uniqueItems":true}}}}}])");
   spec.calls = TurnSpec::Calls::required;
   spec.enforce_all_arguments = true;
@@ -161,8 +261,9 @@ TEST(K3Turn, BadToolSchemasNameTheirField) {
     k3_turn_constraint(spec, tok());
     ADD_FAILURE() << "compiled";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("tools[0].function.parameters: unsupported keyword \"uniqueItems\" "
-                                         "(only false) at #/properties/a"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "tools[0].function.parameters: unsupported keyword \"uniqueItems\" "
+                  "(only false) at #/properties/a"),
               std::string::npos)
         << e.what();
   }

@@ -1,7 +1,6 @@
 #include "grammar/constraint.h"
 
 #include "core/error.h"
-
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/pda.h"

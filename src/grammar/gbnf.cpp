@@ -134,7 +134,8 @@ class Parser {
           return static_cast<unsigned char>(c);
         default:
           pos_ -= 2;
-          error(fmt::format("unknown escape \\{}", c == '\0' ? std::string("(end)") : std::string(1, c)));
+          error(fmt::format("unknown escape \\{}",
+                            c == '\0' ? std::string("(end)") : std::string(1, c)));
       }
     }
     const auto d = utf8::decode(s_, pos_);
@@ -221,7 +222,7 @@ class Parser {
         ExprPtr inner = alternates(true, depth + 1);
         if (peek() != ')') error("expected )");
         ++pos_;
-        items.push_back(group(std::move(inner)));
+        items.push_back(std::move(inner));
       } else if (c == '.') {
         ++pos_;
         items.push_back(any_char());
@@ -261,9 +262,6 @@ class Parser {
     }
     return seq(std::move(items));
   }
-
-  // A group keeps its own node even when it holds one item, so `("ab")*` repeats the literal.
-  static ExprPtr group(ExprPtr e) { return e; }
 
   ExprPtr token_ref() {
     bool neg = false;

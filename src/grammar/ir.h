@@ -29,7 +29,19 @@ struct ByteRange {
   uint8_t lo, hi;  // inclusive
 };
 
-enum class ExprKind { empty, nothing, bytes, byte_class, char_class, seq, alt, repeat, ref, token, intersect };
+enum class ExprKind {
+  empty,
+  nothing,
+  bytes,
+  byte_class,
+  char_class,
+  seq,
+  alt,
+  repeat,
+  ref,
+  token,
+  intersect
+};
 
 struct Expr;
 using ExprPtr = std::shared_ptr<const Expr>;
@@ -39,14 +51,14 @@ inline constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
 struct Expr {
   ExprKind kind = ExprKind::empty;
-  std::string bytes;                    // bytes
-  std::vector<ByteRange> byte_ranges;   // byte_class: sorted, disjoint
-  std::vector<CharRange> char_ranges;   // char_class: sorted, disjoint, scalar values only
-  std::vector<ExprPtr> items;           // seq, alt, intersect (two)
-  uint32_t min = 0, max = 0;            // repeat (items[0]); max may be kUnbounded
-  uint32_t rule = 0;                    // ref
-  int32_t token = -1;                   // token
-  bool negated = false;                 // token: any token but `token`
+  std::string bytes;                   // bytes
+  std::vector<ByteRange> byte_ranges;  // byte_class: sorted, disjoint
+  std::vector<CharRange> char_ranges;  // char_class: sorted, disjoint, scalar values only
+  std::vector<ExprPtr> items;          // seq, alt, intersect (two)
+  uint32_t min = 0, max = 0;           // repeat (items[0]); max may be kUnbounded
+  uint32_t rule = 0;                   // ref
+  int32_t token = -1;                  // token
+  bool negated = false;                // token: any token but `token`
 };
 
 // Builders. They simplify a little (an empty seq is `empty`, a one-item seq is the item, nested

@@ -18,20 +18,43 @@ using json = nlohmann::ordered_json;
 namespace {
 
 const std::set<std::string>& annotations() {
-  static const std::set<std::string> s = {
-      "$schema", "$id",      "$comment",  "$defs",     "definitions",      "title",
-      "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
-      "$anchor_unused", "contentMediaType", "contentEncoding", "strict"};
+  static const std::set<std::string> s = {"$schema",         "$id",
+                                          "$comment",        "$defs",
+                                          "definitions",     "title",
+                                          "description",     "default",
+                                          "examples",        "deprecated",
+                                          "readOnly",        "writeOnly",
+                                          "$anchor_unused",  "contentMediaType",
+                                          "contentEncoding", "strict"};
   return s;
 }
 
 const std::set<std::string>& constraints() {
-  static const std::set<std::string> s = {
-      "type",      "enum",          "const",         "properties",       "required",
-      "additionalProperties", "items", "prefixItems", "additionalItems", "minItems",
-      "maxItems",  "minLength",     "maxLength",     "pattern",          "format",
-      "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-      "oneOf",     "allOf",         "$ref",          "nullable",         "uniqueItems"};
+  static const std::set<std::string> s = {"type",
+                                          "enum",
+                                          "const",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "prefixItems",
+                                          "additionalItems",
+                                          "minItems",
+                                          "maxItems",
+                                          "minLength",
+                                          "maxLength",
+                                          "pattern",
+                                          "format",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "nullable",
+                                          "uniqueItems"};
   return s;
 }
 
@@ -118,7 +141,8 @@ void SchemaCompiler::count(const std::string& path) {
 }
 
 ExprPtr SchemaCompiler::ws() {
-  return alt({empty(), lit(" "), seq({lit("\n"), repeat(chars({{' ', ' '}, {'\t', '\t'}}), 0, 20)})});
+  return alt(
+      {empty(), lit(" "), seq({lit("\n"), repeat(chars({{' ', ' '}, {'\t', '\t'}}), 0, 20)})});
 }
 
 ExprPtr SchemaCompiler::rule_for(const std::string& name, const std::function<ExprPtr()>& body) {
@@ -131,7 +155,10 @@ ExprPtr SchemaCompiler::rule_for(const std::string& name, const std::function<Ex
 
 ExprPtr SchemaCompiler::any_value() {
   return rule_for("value", [&] {
-    const ExprPtr kv = seq({rule_for("string", [&] { return seq({lit("\""), star(json_char()), lit("\""), ws()}); }),
+    const ExprPtr kv = seq({rule_for("string",
+                                     [&] {
+                                       return seq({lit("\""), star(json_char()), lit("\""), ws()});
+                                     }),
                             lit(":"), ws(), rule_for("value", [] { return nothing(); })});
     // (the inner rule_for("value") finds this rule's id: recursion)
     const ExprPtr object = rule_for("object", [&] {
@@ -139,10 +166,12 @@ ExprPtr SchemaCompiler::any_value() {
     });
     const ExprPtr value = ref(named_.at("value"));
     const ExprPtr array = rule_for("array", [&] {
-      return seq({lit("["), ws(), opt(seq({value, star(seq({lit(","), ws(), value}))})), lit("]"), ws()});
+      return seq(
+          {lit("["), ws(), opt(seq({value, star(seq({lit(","), ws(), value}))})), lit("]"), ws()});
     });
-    const ExprPtr number =
-        rule_for("number", [&] { return seq({number_text(std::nullopt, std::nullopt, false, ""), ws()}); });
+    const ExprPtr number = rule_for("number", [&] {
+      return seq({number_text(std::nullopt, std::nullopt, false, ""), ws()});
+    });
     return alt({object, array, ref(named_.at("string")), number,
                 seq({alt({lit("true"), lit("false"), lit("null")}), ws()})});
   });
@@ -158,7 +187,8 @@ void SchemaCompiler::check_keywords(const json& s, const std::string& path) {
     if (k.rfind("x-", 0) == 0) continue;  // vendor extensions are annotations
     error(path, fmt::format("unsupported keyword \"{}\"", k));
   }
-  if (const auto it = s.find("uniqueItems"); it != s.end() && !(it->is_boolean() && !it->get<bool>()))
+  if (const auto it = s.find("uniqueItems");
+      it != s.end() && !(it->is_boolean() && !it->get<bool>()))
     error(path, "unsupported keyword \"uniqueItems\" (only false)");
 }
 
@@ -170,7 +200,8 @@ const json& SchemaCompiler::target(const std::string& ref, const std::string& pa
   while (i < ref.size()) {
     if (ref[i] != '/') error(path, fmt::format("$ref \"{}\" is not a JSON Pointer", ref));
     const size_t next = ref.find('/', i + 1);
-    std::string part = ref.substr(i + 1, next == std::string::npos ? std::string::npos : next - i - 1);
+    std::string part =
+        ref.substr(i + 1, next == std::string::npos ? std::string::npos : next - i - 1);
     std::string key;
     for (size_t k = 0; k < part.size(); ++k) {
       if (part[k] == '~' && k + 1 < part.size() && (part[k + 1] == '0' || part[k + 1] == '1')) {
@@ -197,7 +228,8 @@ const json& SchemaCompiler::target(const std::string& ref, const std::string& pa
 json SchemaCompiler::flatten(const json& schema, std::string& path) {
   if (!schema.is_object()) return schema;
   if (!schema.contains("$ref") && !schema.contains("allOf")) return schema;
-  if (++depth_ > kMaxSchemaDepth) error(path, "$ref / allOf nested too deeply (a reference cycle?)");
+  if (++depth_ > kMaxSchemaDepth)
+    error(path, "$ref / allOf nested too deeply (a reference cycle?)");
   count(path);
   json acc = json::object();
   json own = schema;
@@ -315,8 +347,8 @@ std::vector<std::string> SchemaCompiler::types_of(const json& s, const std::stri
   if (const auto it = s.find("type"); it != s.end()) {
     if (!it->is_string() && !it->is_array()) error(path, "type must be a string or an array");
     for (const auto& t : it->is_array() ? *it : json::array({*it})) {
-      if (!t.is_string() || std::find(std::begin(kTypes), std::end(kTypes), t.get<std::string>()) ==
-                                std::end(kTypes))
+      if (!t.is_string() ||
+          std::find(std::begin(kTypes), std::end(kTypes), t.get<std::string>()) == std::end(kTypes))
         error(path, fmt::format("unknown type {}", t.dump()));
       types.push_back(t.get<std::string>());
     }
@@ -326,13 +358,16 @@ std::vector<std::string> SchemaCompiler::types_of(const json& s, const std::stri
       return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return s.contains(k); });
     };
     if (any({"properties", "required", "additionalProperties"})) types.push_back("object");
-    if (any({"items", "prefixItems", "additionalItems", "minItems", "maxItems"})) types.push_back("array");
+    if (any({"items", "prefixItems", "additionalItems", "minItems", "maxItems"}))
+      types.push_back("array");
     if (any({"minLength", "maxLength", "pattern", "format"})) types.push_back("string");
-    if (any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) types.push_back("number");
+    if (any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}))
+      types.push_back("number");
     if (types.empty()) types.assign(std::begin(kTypes), std::end(kTypes));
   }
-  if (const auto it = s.find("nullable"); it != s.end() && it->is_boolean() && it->get<bool>() &&
-                                          std::find(types.begin(), types.end(), "null") == types.end())
+  if (const auto it = s.find("nullable");
+      it != s.end() && it->is_boolean() && it->get<bool>() &&
+      std::find(types.begin(), types.end(), "null") == types.end())
     types.push_back("null");
   // integer is within number: keep the wider one only.
   if (std::find(types.begin(), types.end(), "number") != types.end())
@@ -368,7 +403,8 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
         bare.erase("$ref");
         if (has_constraints(bare) || !(*c)["$ref"].is_string()) break;
         const std::string next = (*c)["$ref"].get<std::string>();
-        if (!chain.insert(next).second) error(path0, "$ref leads back to itself (a reference cycle)");
+        if (!chain.insert(next).second)
+          error(path0, "$ref leads back to itself (a reference cycle)");
         c = &target(next, path0);
       }
       const uint32_t id = g_.fresh_rule(rule_name(ref.substr(ref.rfind('/') + 1)));
@@ -384,8 +420,10 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
   for (const char* key : {"anyOf", "oneOf"}) {
     const auto it = s.find(key);
     if (it == s.end()) continue;
-    if (s.contains("anyOf") && s.contains("oneOf")) error(path, "anyOf together with oneOf is not supported");
-    if (!it->is_array() || it->empty()) error(path, fmt::format("{} must be a non-empty array", key));
+    if (s.contains("anyOf") && s.contains("oneOf"))
+      error(path, "anyOf together with oneOf is not supported");
+    if (!it->is_array() || it->empty())
+      error(path, fmt::format("{} must be a non-empty array", key));
     json rest = s;
     rest.erase(key);
     std::vector<ExprPtr> alts;
@@ -422,7 +460,8 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
 ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& path0,
                                       const std::string& type) {
   count(path0);
-  if (schema.is_boolean()) return schema.get<bool>() ? typed(json::object(), path0, type) : nothing();
+  if (schema.is_boolean())
+    return schema.get<bool>() ? typed(json::object(), path0, type) : nothing();
   if (!schema.is_object()) error(path0, "a schema must be an object or a boolean");
   check_keywords(schema, path0);
   std::string path = path0;
@@ -436,9 +475,9 @@ ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& pat
     std::vector<ExprPtr> alts;
     for (size_t i = 0; it->is_array() && i < it->size(); ++i) {
       const std::string p = fmt::format("{}/{}/{}", path, key, i);
-      alts.push_back(value_of_type(has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}}
-                                                         : (*it)[i],
-                                   p, type));
+      alts.push_back(value_of_type(
+          has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}} : (*it)[i], p,
+          type));
     }
     return alt(std::move(alts));
   }
@@ -476,9 +515,8 @@ ExprPtr SchemaCompiler::raw_string(const json& schema, const std::string& path0)
     std::vector<ExprPtr> alts;
     for (size_t i = 0; it->is_array() && i < it->size(); ++i) {
       const std::string p = fmt::format("{}/{}/{}", path, key, i);
-      alts.push_back(raw_string(has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}}
-                                                      : (*it)[i],
-                                p));
+      alts.push_back(raw_string(
+          has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}} : (*it)[i], p));
     }
     return alt(std::move(alts));
   }
@@ -508,7 +546,8 @@ uint32_t SchemaCompiler::count_of(const json& s, const std::string& path, const 
 
 // The decoded text of the strings `s` allows (lengths in characters, pattern, format).
 ExprPtr SchemaCompiler::string_content(const json& s, const std::string& path) {
-  const uint32_t lo = count_of(s, path, "minLength", 0), hi = count_of(s, path, "maxLength", kUnbounded);
+  const uint32_t lo = count_of(s, path, "minLength", 0),
+                 hi = count_of(s, path, "maxLength", kUnbounded);
   if (hi < lo) error(path, "minLength is above maxLength (unsatisfiable)");
   std::vector<ExprPtr> parts;
   if (const auto it = s.find("pattern"); it != s.end()) {
@@ -562,18 +601,23 @@ ExprPtr SchemaCompiler::typed(const json& s, const std::string& path, const std:
     bound("maximum", flag("exclusiveMaximum"), hi, false);
     bound("exclusiveMaximum", true, hi, false);
     if (!lo && !hi) {
-      return rule_for(type, [&] { return seq({number_text(std::nullopt, std::nullopt, integer, path), ws()}); });
+      return rule_for(type, [&] {
+        return seq({number_text(std::nullopt, std::nullopt, integer, path), ws()});
+      });
     }
     return seq({number_text(lo, hi, integer, fmt::format("{} at {}", prefix_, path)), ws()});
   }
   if (type == "string") {
-    const bool plain = !s.contains("minLength") && !s.contains("maxLength") && !s.contains("pattern") &&
-                       !s.contains("format");
+    const bool plain = !s.contains("minLength") && !s.contains("maxLength") &&
+                       !s.contains("pattern") && !s.contains("format");
     if (plain)
-      return rule_for("string", [&] { return seq({lit("\""), star(json_char()), lit("\""), ws()}); });
+      return rule_for("string", [&] {
+        return seq({lit("\""), star(json_char()), lit("\""), ws()});
+      });
     ExprPtr content;
     if (!s.contains("pattern") && !s.contains("format")) {
-      const uint32_t lo = count_of(s, path, "minLength", 0), hi = count_of(s, path, "maxLength", kUnbounded);
+      const uint32_t lo = count_of(s, path, "minLength", 0),
+                     hi = count_of(s, path, "maxLength", kUnbounded);
       if (hi < lo) error(path, "minLength is above maxLength (unsatisfiable)");
       content = repeat(json_char(), lo, hi);
     } else {
@@ -585,7 +629,8 @@ ExprPtr SchemaCompiler::typed(const json& s, const std::string& path, const std:
   return array_value(s, path);
 }
 
-SchemaCompiler::ObjectShape SchemaCompiler::object_shape(const json& schema, const std::string& path0) {
+SchemaCompiler::ObjectShape SchemaCompiler::object_shape(const json& schema,
+                                                         const std::string& path0) {
   std::string path = path0;
   const json s = flatten(schema, path);
   ObjectShape shape;

@@ -26,10 +26,10 @@
 
 namespace deltafin::grammar {
 
-inline constexpr size_t kMaxSchemaNodes = 5000;   // subschemas compiled per schema
-inline constexpr int kMaxSchemaDepth = 48;        // nesting of subschemas (refs excluded)
-inline constexpr size_t kMaxSchemaEnum = 1024;    // enum values
-inline constexpr uint32_t kMaxSchemaCount = 2000; // minLength, maxItems, ... bounds
+inline constexpr size_t kMaxSchemaNodes = 5000;    // subschemas compiled per schema
+inline constexpr int kMaxSchemaDepth = 48;         // nesting of subschemas (refs excluded)
+inline constexpr size_t kMaxSchemaEnum = 1024;     // enum values
+inline constexpr uint32_t kMaxSchemaCount = 2000;  // minLength, maxItems, ... bounds
 
 class SchemaCompiler {
  public:
@@ -80,7 +80,8 @@ class SchemaCompiler {
                   const std::string& path);
   void check_keywords(const nlohmann::ordered_json& schema, const std::string& path);
   std::vector<std::string> types_of(const nlohmann::ordered_json& schema, const std::string& path);
-  ExprPtr typed(const nlohmann::ordered_json& schema, const std::string& path, const std::string& type);
+  ExprPtr typed(const nlohmann::ordered_json& schema, const std::string& path,
+                const std::string& type);
   ExprPtr string_content(const nlohmann::ordered_json& schema, const std::string& path);
   uint32_t count_of(const nlohmann::ordered_json& s, const std::string& path, const char* key,
                     uint32_t def);

@@ -48,10 +48,13 @@ uint32_t import_rules(Grammar& dst, const Grammar& src, const std::string& prefi
 
 class TurnBuilder {
  public:
-  TurnBuilder(const TurnSpec& spec, const Tokenizer& tok) : spec_(spec), vocab_(TokenVocab::of(tok)) {
+  TurnBuilder(const TurnSpec& spec, const Tokenizer& tok)
+      : spec_(spec), vocab_(TokenVocab::of(tok)) {
     auto id = [&](const char* name) {
       const auto t = tok.special_id(name);
-      if (!t) fail_arg("{}: the tokenizer has no {} token, which K3's turn structure needs", spec.field, name);
+      if (!t)
+        fail_arg("{}: the tokenizer has no {} token, which K3's turn structure needs", spec.field,
+                 name);
       return *t;
     };
     open_ = id(kOpenMarker);
@@ -71,8 +74,9 @@ class TurnBuilder {
   std::string key() const {
     return fmt::format("k3-turn\n{}|{}|{}|{}|{}|{}|{}\n{}\n{}\n{}", spec_.thinking,
                        static_cast<int>(spec_.content), static_cast<int>(spec_.calls),
-                       spec_.named.value_or(""), spec_.named.has_value(), spec_.enforce_all_arguments,
-                       spec_.lazy, spec_.schema.dump(), spec_.gbnf, spec_.tools.dump());
+                       spec_.named.value_or(""), spec_.named.has_value(),
+                       spec_.enforce_all_arguments, spec_.lazy, spec_.schema.dump(), spec_.gbnf,
+                       spec_.tools.dump());
   }
 
   std::vector<int32_t> trigger() const {
@@ -83,8 +87,12 @@ class TurnBuilder {
   }
 
  private:
-  ExprPtr open_tag(const std::string& header) const { return seq({token(open_), lit(header), token(sep_)}); }
-  ExprPtr close_tag(const std::string& name) const { return seq({token(close_), lit(name), token(sep_)}); }
+  ExprPtr open_tag(const std::string& header) const {
+    return seq({token(open_), lit(header), token(sep_)});
+  }
+  ExprPtr close_tag(const std::string& name) const {
+    return seq({token(close_), lit(name), token(sep_)});
+  }
   static ExprPtr free_text() { return star(bytes_of({{0, 255}})); }
 
   std::string description() const {
@@ -111,13 +119,16 @@ class TurnBuilder {
   }
 
   // One argument tag for property `key` with `schema`: an alternative per JSON type it allows.
-  ExprPtr argument(SchemaCompiler& sc, const ExprPtr& key, const json& schema, const std::string& path) {
+  ExprPtr argument(SchemaCompiler& sc, const ExprPtr& key, const json& schema,
+                   const std::string& path) {
     std::vector<ExprPtr> alts;
     for (const char* t : kArgTypes) {
-      const ExprPtr v = std::string(t) == "string" ? sc.raw_string(schema, path) : sc.value_of_type(schema, path, t);
+      const ExprPtr v = std::string(t) == "string" ? sc.raw_string(schema, path)
+                                                   : sc.value_of_type(schema, path, t);
       if (v->kind == ExprKind::nothing) continue;
-      alts.push_back(seq({token(open_), lit("argument key=\""), key, lit(fmt::format("\" type=\"{}\"", t)),
-                          token(sep_), v, close_tag("argument")}));
+      alts.push_back(
+          seq({token(open_), lit("argument key=\""), key, lit(fmt::format("\" type=\"{}\"", t)),
+               token(sep_), v, close_tag("argument")}));
     }
     return alt(std::move(alts));
   }
@@ -157,7 +168,9 @@ class TurnBuilder {
     }
     if (shape.additional) {
       const auto alphabet = complement({{'"', '"'}, {'&', '&'}, {0, 0x1F}});
-      const ExprPtr key = keys.empty() ? plus(chars(alphabet)) : intersect(plus(chars(alphabet)), SchemaCompiler::not_keys(keys, alphabet));
+      const ExprPtr key =
+          keys.empty() ? plus(chars(alphabet))
+                       : intersect(plus(chars(alphabet)), SchemaCompiler::not_keys(keys, alphabet));
       const uint32_t id = g.fresh_rule("extra-arg");
       g.define(id, argument(sc, key, shape.additional_schema, "#/additionalProperties"));
       args.push_back(star(ref(id)));
@@ -175,12 +188,14 @@ class TurnBuilder {
     };
     std::vector<Callable> callables;
     for (size_t i = 0; i < spec_.tools.size(); ++i) {
-      const json& f = spec_.tools[i].contains("function") ? spec_.tools[i]["function"] : spec_.tools[i];
+      const json& f =
+          spec_.tools[i].contains("function") ? spec_.tools[i]["function"] : spec_.tools[i];
       if (!f.contains("name") || !f["name"].is_string())
         fail_arg("{}: tools[{}].function.name is missing", spec_.field, i);
       const std::string name = f["name"].get<std::string>();
       if (spec_.named && *spec_.named != name) continue;
-      const bool strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+      const bool strict =
+          f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
       const uint32_t id = g.fresh_rule("args");
       g.define(id, arguments(g, f, i, strict || spec_.enforce_all_arguments));
       callables.push_back({name, id});
@@ -191,13 +206,15 @@ class TurnBuilder {
     auto call = [&](int k) {
       std::vector<ExprPtr> alts;
       for (const auto& c : callables) {
-        alts.push_back(seq({open_tag(fmt::format("call tool=\"{}\" index=\"{}\"", attr_escape(c.name), k)),
-                            ref(c.args), close_tag("call")}));
+        alts.push_back(
+            seq({open_tag(fmt::format("call tool=\"{}\" index=\"{}\"", attr_escape(c.name), k)),
+                 ref(c.args), close_tag("call")}));
       }
       return alt(std::move(alts));
     };
     ExprPtr calls = empty();
-    for (int k = kMaxToolCalls; k >= 1; --k) calls = k == 1 ? seq({call(1), calls}) : opt(seq({call(k), calls}));
+    for (int k = kMaxToolCalls; k >= 1; --k)
+      calls = k == 1 ? seq({call(1), calls}) : opt(seq({call(k), calls}));
     return seq({calls, close_tag("tools")});
   }
 
@@ -230,7 +247,8 @@ class TurnBuilder {
       return g;
     }
     std::vector<ExprPtr> parts;
-    if (spec_.thinking) parts.push_back(seq({free_text(), close_tag("think"), open_tag("response")}));
+    if (spec_.thinking)
+      parts.push_back(seq({free_text(), close_tag("think"), open_tag("response")}));
     parts.push_back(content(g));
     parts.push_back(close_tag("response"));
     if (spec_.calls != TurnSpec::Calls::forbidden) {
@@ -267,7 +285,8 @@ Constraint raw_constraint_gbnf(const std::string& gbnf, const Tokenizer& tokeniz
   return {compile_gbnf(gbnf, TokenVocab::of(tokenizer)), {}, "grammar"};
 }
 
-Constraint raw_constraint_schema(const json& schema, const Tokenizer& tokenizer, const std::string& field) {
+Constraint raw_constraint_schema(const json& schema, const Tokenizer& tokenizer,
+                                 const std::string& field) {
   return {compile_json_schema(schema, TokenVocab::of(tokenizer), true, field), {}, "json_schema"};
 }
 

@@ -52,7 +52,7 @@ struct TurnSpec {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   enum class Calls { forbidden, optional, required };
   Calls calls = Calls::forbidden;
-  std::optional<std::string> named;  // only this function may be called
+  std::optional<std::string> named;    // only this function may be called
   bool enforce_all_arguments = false;  // else only `strict` functions' arguments
   bool lazy = false;
   std::string field = "request";  // names the request part in error messages

@@ -152,7 +152,8 @@ CompiledGrammar::NodeInfo CompiledGrammar::compute(uint32_t n) const {
       const int32_t id = ttok[k];
       const std::string_view b = v.bytes(id);
       for (const size_t sp : splits) {
-        if (follow.test(static_cast<uint8_t>(b[sp]))) rests[std::string(b.substr(sp))].push_back(id);
+        if (follow.test(static_cast<uint8_t>(b[sp])))
+          rests[std::string(b.substr(sp))].push_back(id);
       }
     }
   };
@@ -337,8 +338,7 @@ void Matcher::compact() {
   std::sort(tops_.begin(), tops_.end());
 }
 
-void Matcher::check_rests(int32_t stack, const CompiledGrammar::NodeInfo& info,
-                          TokenMask& mask) {
+void Matcher::check_rests(int32_t stack, const CompiledGrammar::NodeInfo& info, TokenMask& mask) {
   // The rests continue in the caller: the stack with its top frame popped. At the bottom there
   // is no caller (the grammar would have ended) and a rest, never empty, has nowhere to go.
   const int32_t parent = arena_[stack].parent;

@@ -14,9 +14,9 @@
 //
 // Matcher is one sequence's position: a set of stacks (stacks.h). Its mask is the union of
 // the accepted sets of the distinct top nodes, plus the uncertain tokens whose rest the caller
-// of their stack's top rule accepts, plus the stop tokens when the grammar may end here. Stop tokens (the
-// model's end-of-turn ids) are allowed only there, unless a token element of the grammar names
-// one at the current position (the K3 turn grammar ends with `<|end_of_msg|>`).
+// of their stack's top rule accepts, plus the stop tokens when the grammar may end here. Stop
+// tokens (the model's end-of-turn ids) are allowed only there, unless a token element of the
+// grammar names one at the current position (the K3 turn grammar ends with `<|end_of_msg|>`).
 #pragma once
 
 #include <atomic>
@@ -40,9 +40,7 @@ class TokenMask {
   void fill(int32_t n);   // n bits, all set
   void set(int32_t id) { words_[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
   void clear(int32_t id) { words_[static_cast<size_t>(id) >> 6] &= ~(uint64_t{1} << (id & 63)); }
-  bool test(int32_t id) const {
-    return (words_[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1;
-  }
+  bool test(int32_t id) const { return (words_[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
   int32_t size() const { return n_; }
   int64_t count() const;
   std::span<uint64_t> words() { return words_; }
@@ -58,8 +56,8 @@ inline constexpr uint32_t kMaxStackDepth = 1024;
 class CompiledGrammar {
  public:
   struct NodeInfo {
-    std::vector<int32_t> accepted;   // when `dense` is empty
-    std::vector<uint64_t> dense;     // accepted, as bits, when that is smaller
+    std::vector<int32_t> accepted;  // when `dense` is empty
+    std::vector<uint64_t> dense;    // accepted, as bits, when that is smaller
     // Uncertain tokens, grouped by what is left of them after the rule returns ("rests", in
     // byte order, each with the bytes it shares with the one before): a rest that the caller's
     // position can consume admits its tokens.
@@ -110,9 +108,9 @@ class Matcher {
   // Advances by `token`; false, with the state unchanged, when it is not allowed.
   bool accept(int32_t token);
 
-  bool active() const { return active_; }     // false while a lazy grammar awaits its trigger
+  bool active() const { return active_; }  // false while a lazy grammar awaits its trigger
   bool complete() const { return !active_ || complete_; }  // stop tokens allowed
-  bool finished() const { return finished_; }  // a stop token was accepted
+  bool finished() const { return finished_; }              // a stop token was accepted
   // Nothing but a stop token can follow (the grammar has ended).
   bool at_end() const { return active_ && tops_.empty(); }
   bool depth_limited() const { return stepper_.overflow; }
@@ -124,8 +122,8 @@ class Matcher {
   bool explicit_token(int32_t t) const;  // a positive token edge at a top names t
   // Steps `tops` by `token` into out; returns whether the token is consumed (out non-empty or
   // a path ended exactly at its end).
-  bool advance(std::span<const int32_t> tops, int32_t token, std::vector<int32_t>& out,
-               bool& ended, bool scratch);
+  bool advance(std::span<const int32_t> tops, int32_t token, std::vector<int32_t>& out, bool& ended,
+               bool scratch);
   void check_rests(int32_t stack, const CompiledGrammar::NodeInfo& info, TokenMask& mask);
   void compact();
 

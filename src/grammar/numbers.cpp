@@ -26,7 +26,8 @@ ExprPtr any_frac() {
 }
 // Digit strings of length 1..max containing a nonzero digit.
 ExprPtr nonzero_digits(uint32_t max) {
-  return intersect(any_digits(1, max), seq({any_digits(0, max), digits('1', '9'), any_digits(0, max)}));
+  return intersect(any_digits(1, max),
+                   seq({any_digits(0, max), digits('1', '9'), any_digits(0, max)}));
 }
 
 // Integer parts of the same length as a (no leading zero unless one digit) greater / less
@@ -36,7 +37,9 @@ ExprPtr same_len_gt(const std::string& a, size_t i) {
   const char d = a[i];
   const size_t rest = a.size() - i - 1;
   std::vector<ExprPtr> alts;
-  if (d < '9') alts.push_back(seq({digits(static_cast<char>(d + 1), '9'), any_digits(static_cast<uint32_t>(rest), static_cast<uint32_t>(rest))}));
+  if (d < '9')
+    alts.push_back(seq({digits(static_cast<char>(d + 1), '9'),
+                        any_digits(static_cast<uint32_t>(rest), static_cast<uint32_t>(rest))}));
   alts.push_back(seq({lit(std::string(1, d)), same_len_gt(a, i + 1)}));
   return alt(std::move(alts));
 }
@@ -46,7 +49,9 @@ ExprPtr same_len_lt(const std::string& a, size_t i) {
   const char lo = (i == 0 && a.size() > 1) ? '1' : '0';
   const size_t rest = a.size() - i - 1;
   std::vector<ExprPtr> alts;
-  if (d > lo) alts.push_back(seq({digits(lo, static_cast<char>(d - 1)), any_digits(static_cast<uint32_t>(rest), static_cast<uint32_t>(rest))}));
+  if (d > lo)
+    alts.push_back(seq({digits(lo, static_cast<char>(d - 1)),
+                        any_digits(static_cast<uint32_t>(rest), static_cast<uint32_t>(rest))}));
   alts.push_back(seq({lit(std::string(1, d)), same_len_lt(a, i + 1)}));
   return alt(std::move(alts));
 }
@@ -75,7 +80,8 @@ ExprPtr frac_ge(const std::string& b, size_t i, bool strict) {
   if (left == 0) return nothing();
   const char d = b[i];
   std::vector<ExprPtr> alts;
-  if (d < '9') alts.push_back(seq({digits(static_cast<char>(d + 1), '9'), any_digits(0, left - 1)}));
+  if (d < '9')
+    alts.push_back(seq({digits(static_cast<char>(d + 1), '9'), any_digits(0, left - 1)}));
   alts.push_back(seq({lit(std::string(1, d)), frac_ge(b, i + 1, strict)}));
   return alt(std::move(alts));
 }
@@ -87,7 +93,8 @@ ExprPtr frac_le(const std::string& b, size_t i, bool strict) {
   const char d = b[i];
   std::vector<ExprPtr> alts;
   if (i > 0) alts.push_back(empty());
-  if (d > '0') alts.push_back(seq({digits('0', static_cast<char>(d - 1)), any_digits(0, left - 1)}));
+  if (d > '0')
+    alts.push_back(seq({digits('0', static_cast<char>(d - 1)), any_digits(0, left - 1)}));
   alts.push_back(seq({lit(std::string(1, d)), frac_le(b, i + 1, strict)}));
   return alt(std::move(alts));
 }
@@ -128,9 +135,10 @@ ExprPtr any_magnitude(bool integer) {
 
 void check_digits(const Decimal& d, const std::string& path) {
   if (d.integer.size() > kMaxIntDigits || d.fraction.size() > kMaxFracDigits)
-    fail_arg("{}: the bound {}{}{}{} has more digits than supported ({} before the point, {} after)",
-             path, d.negative ? "-" : "", d.integer, d.fraction.empty() ? "" : ".", d.fraction,
-             kMaxIntDigits, kMaxFracDigits);
+    fail_arg(
+        "{}: the bound {}{}{}{} has more digits than supported ({} before the point, {} after)",
+        path, d.negative ? "-" : "", d.integer, d.fraction.empty() ? "" : ".", d.fraction,
+        kMaxIntDigits, kMaxFracDigits);
 }
 
 Decimal negate(Decimal d) {
@@ -196,8 +204,8 @@ ExprPtr number_text(const std::optional<Bound>& lo, const std::optional<Bound>& 
   if (!lo && !hi) {
     ExprPtr mant = seq({opt(lit("-")), any_magnitude(integer)});
     if (integer) return mant;
-    return seq({mant, opt(seq({chars({{'e', 'e'}, {'E', 'E'}}), opt(chars({{'+', '+'}, {'-', '-'}})),
-                               any_digits(1, 2)}))});
+    return seq({mant, opt(seq({chars({{'e', 'e'}, {'E', 'E'}}),
+                               opt(chars({{'+', '+'}, {'-', '-'}})), any_digits(1, 2)}))});
   }
   if (lo) check_digits(lo->value, path);
   if (hi) check_digits(hi->value, path);
@@ -220,7 +228,8 @@ ExprPtr number_text(const std::optional<Bound>& lo, const std::optional<Bound>& 
   if (!lo_nonneg) {
     ExprPtr e = intersect(any_magnitude(integer), mag_ge(Decimal{}, true, integer));
     if (lo) e = intersect(e, mag_le(negate(lo->value), lo->exclusive, integer));
-    if (hi && hi->value.negative) e = intersect(e, mag_ge(negate(hi->value), hi->exclusive, integer));
+    if (hi && hi->value.negative)
+      e = intersect(e, mag_ge(negate(hi->value), hi->exclusive, integer));
     parts.push_back(seq({lit("-"), e}));
   }
   return alt(std::move(parts));

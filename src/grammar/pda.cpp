@@ -317,7 +317,7 @@ Frag PdaBuilder::embed(Nfa& nfa, const ByteDfa& d) {
 }
 
 uint32_t PdaBuilder::determinize(const Nfa& nfa, uint32_t start, uint32_t accept, uint32_t rule,
-                               ByteDfa* out) {
+                                 ByteDfa* out) {
   std::vector<uint32_t> mark(nfa.eps.size(), 0);
   uint32_t epoch = 0;
   std::vector<uint32_t> work;
@@ -349,9 +349,10 @@ uint32_t PdaBuilder::determinize(const Nfa& nfa, uint32_t start, uint32_t accept
           fail_arg("grammar: an intersection operand is too large");
       } else {
         if (nodes_.size() >= limits_.max_nodes)
-          fail_arg("grammar: too large (more than {} automaton nodes); simplify it or bound its "
-                   "repetitions",
-                   limits_.max_nodes);
+          fail_arg(
+              "grammar: too large (more than {} automaton nodes); simplify it or bound its "
+              "repetitions",
+              limits_.max_nodes);
         nodes_.emplace_back();
         nodes_.back().rule = rule;
       }
@@ -553,9 +554,10 @@ Pda PdaBuilder::run() {
       if (i < left[r].size()) {
         const uint32_t c = left[r][i++];
         if (color[c] == 1)
-          fail_arg("grammar: rule `{}` is left-recursive (it can reach itself without consuming "
-                   "input); rewrite it with repetition",
-                   g_.names[c]);
+          fail_arg(
+              "grammar: rule `{}` is left-recursive (it can reach itself without consuming "
+              "input); rewrite it with repetition",
+              g_.names[c]);
         if (color[c] == 0) {
           color[c] = 1;
           st.push_back({c, 0});

@@ -64,14 +64,16 @@ class Pda {
   const std::string& rule_name(uint32_t rule) const { return names_[rule]; }
 
   std::span<const ByteEdge> bytes(uint32_t n) const {
-    return {byte_edges_.data() + nodes_[n].bytes_begin, nodes_[n].bytes_end - nodes_[n].bytes_begin};
+    return {byte_edges_.data() + nodes_[n].bytes_begin,
+            nodes_[n].bytes_end - nodes_[n].bytes_begin};
   }
   std::span<const TokenEdge> tokens(uint32_t n) const {
     return {token_edges_.data() + nodes_[n].tokens_begin,
             nodes_[n].tokens_end - nodes_[n].tokens_begin};
   }
   std::span<const CallEdge> calls(uint32_t n) const {
-    return {call_edges_.data() + nodes_[n].calls_begin, nodes_[n].calls_end - nodes_[n].calls_begin};
+    return {call_edges_.data() + nodes_[n].calls_begin,
+            nodes_[n].calls_end - nodes_[n].calls_begin};
   }
   // The node reached from n by byte b, or kNone (each rule is deterministic).
   uint32_t step(uint32_t n, uint8_t b) const {

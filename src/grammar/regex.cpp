@@ -17,7 +17,7 @@ std::vector<CharRange> word() {
 }
 std::vector<CharRange> space() {
   // ECMA-262 WhiteSpace and LineTerminator.
-  return {{'\t', '\r'}, {' ', ' '},       {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+  return {{'\t', '\r'},     {' ', ' '},       {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
           {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
 }
 
@@ -38,7 +38,8 @@ class RegexParser {
         ++pos_;
       }
       ExprPtr body = sequence(0, &end);
-      alts.push_back(seq({start ? empty() : star(any_char()), body, end ? empty() : star(any_char())}));
+      alts.push_back(
+          seq({start ? empty() : star(any_char()), body, end ? empty() : star(any_char())}));
       if (at_end()) break;
       if (peek() != '|') error("unbalanced )");
       ++pos_;
@@ -64,9 +65,10 @@ class RegexParser {
     for (size_t i = 0; i < n; ++i) {
       const char c = peek();
       if (!std::isxdigit(static_cast<unsigned char>(c))) error("expected a hex digit");
-      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c))
-                                             ? c - '0'
-                                             : (std::tolower(static_cast<unsigned char>(c)) - 'a' + 10));
+      v = v * 16 +
+          static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c))
+                                    ? c - '0'
+                                    : (std::tolower(static_cast<unsigned char>(c)) - 'a' + 10));
       ++pos_;
     }
     return v;
@@ -101,7 +103,8 @@ class RegexParser {
       case 'f':
         return {{'\f', '\f'}};
       case '0':
-        if (std::isdigit(static_cast<unsigned char>(peek()))) error("octal escapes are not supported");
+        if (std::isdigit(static_cast<unsigned char>(peek())))
+          error("octal escapes are not supported");
         return {{0, 0}};
       case 'x': {
         const char32_t v = hex(2);

@@ -31,24 +31,25 @@ ExprPtr leap_year() {
                           seq({chars({{'2', '2'}, {'4', '4'}, {'6', '6'}, {'8', '8'}}), lit("0")}),
                           seq({chars({{'1', '1'}, {'3', '3'}, {'5', '5'}, {'7', '7'}, {'9', '9'}}),
                                chars({{'2', '2'}, {'6', '6'}})})});
-  ExprPtr century = seq({alt({seq({chars({{'2', '2'}, {'4', '4'}, {'6', '6'}, {'8', '8'}}),
-                                   chars({{'0', '0'}, {'4', '4'}, {'8', '8'}})}),
-                              seq({lit("0"), chars({{'4', '4'}, {'8', '8'}})}),
-                              seq({chars({{'1', '1'}, {'3', '3'}, {'5', '5'}, {'7', '7'}, {'9', '9'}}),
-                                   chars({{'2', '2'}, {'6', '6'}})})}),
-                         lit("00")});
+  ExprPtr century =
+      seq({alt({seq({chars({{'2', '2'}, {'4', '4'}, {'6', '6'}, {'8', '8'}}),
+                     chars({{'0', '0'}, {'4', '4'}, {'8', '8'}})}),
+                seq({lit("0"), chars({{'4', '4'}, {'8', '8'}})}),
+                seq({chars({{'1', '1'}, {'3', '3'}, {'5', '5'}, {'7', '7'}, {'9', '9'}}),
+                     chars({{'2', '2'}, {'6', '6'}})})}),
+           lit("00")});
   return alt({seq({d(2), last_two}), century});
 }
 ExprPtr date() {
-  ExprPtr day28 = alt({seq({lit("0"), range('1', '9')}), seq({lit("1"), d(1)}),
-                       seq({lit("2"), range('0', '8')})});
+  ExprPtr day28 = alt(
+      {seq({lit("0"), range('1', '9')}), seq({lit("1"), d(1)}), seq({lit("2"), range('0', '8')})});
   ExprPtr day30 = alt({day28, lit("29"), lit("30")});
   ExprPtr day31 = alt({day30, lit("31")});
-  ExprPtr month_day = alt({seq({alt({lit("01"), lit("03"), lit("05"), lit("07"), lit("08"), lit("10"),
-                                     lit("12")}),
-                                lit("-"), day31}),
-                           seq({alt({lit("04"), lit("06"), lit("09"), lit("11")}), lit("-"), day30}),
-                           seq({lit("02-"), day28})});
+  ExprPtr month_day =
+      alt({seq({alt({lit("01"), lit("03"), lit("05"), lit("07"), lit("08"), lit("10"), lit("12")}),
+                lit("-"), day31}),
+           seq({alt({lit("04"), lit("06"), lit("09"), lit("11")}), lit("-"), day30}),
+           seq({lit("02-"), day28})});
   return alt({seq({year(), lit("-"), month_day}), seq({leap_year(), lit("-02-29")})});
 }
 ExprPtr time() {
@@ -56,21 +57,31 @@ ExprPtr time() {
   ExprPtr minute = seq({range('0', '5'), d(1)});
   ExprPtr zone = alt({chars({{'Z', 'Z'}, {'z', 'z'}}),
                       seq({chars({{'+', '+'}, {'-', '-'}}), hour, lit(":"), minute})});
-  return seq({hour, lit(":"), minute, lit(":"), minute, opt(seq({lit("."), repeat(range('0', '9'), 1, 9)})),
-              zone});
+  return seq({hour, lit(":"), minute, lit(":"), minute,
+              opt(seq({lit("."), repeat(range('0', '9'), 1, 9)})), zone});
 }
 ExprPtr label() {
   ExprPtr alnum = chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}});
-  return seq({alnum, opt(seq({repeat(chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'-', '-'}}), 0, 30),
-                              alnum}))});
+  return seq(
+      {alnum,
+       opt(seq({repeat(chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'-', '-'}}), 0, 30), alnum}))});
 }
 ExprPtr hostname() {
   return seq({label(), repeat(seq({lit("."), label()}), 0, 4)});
 }
 ExprPtr email() {
-  ExprPtr atom = repeat(chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'!', '!'}, {'#', '\''},
-                               {'*', '+'}, {'-', '-'}, {'/', '/'}, {'=', '='}, {'?', '?'},
-                               {'^', '`'}, {'{', '~'}}),
+  ExprPtr atom = repeat(chars({{'0', '9'},
+                               {'A', 'Z'},
+                               {'a', 'z'},
+                               {'!', '!'},
+                               {'#', '\''},
+                               {'*', '+'},
+                               {'-', '-'},
+                               {'/', '/'},
+                               {'=', '='},
+                               {'?', '?'},
+                               {'^', '`'},
+                               {'{', '~'}}),
                         1, 20);
   return seq({atom, repeat(seq({lit("."), atom}), 0, 2), lit("@"), label(),
               repeat(seq({lit("."), label()}), 1, 3)});
@@ -83,19 +94,24 @@ ExprPtr ipv4() {
 ExprPtr uri() {
   // A practical subset of RFC 3986: http(s), a host, an optional port, path segments of
   // unreserved characters, an optional query of the same.
-  ExprPtr unreserved = chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'-', '.'}, {'_', '_'}, {'~', '~'}});
+  ExprPtr unreserved =
+      chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}, {'-', '.'}, {'_', '_'}, {'~', '~'}});
   ExprPtr segment = repeat(unreserved, 0, 40);
-  return seq({lit("http"), opt(lit("s")), lit("://"), hostname(),
-              opt(seq({lit(":"), range('1', '9'), repeat(range('0', '9'), 0, 4)})),
-              repeat(seq({lit("/"), segment}), 0, 6),
-              opt(seq({lit("?"), repeat(seq({repeat(unreserved, 1, 20), lit("="), repeat(unreserved, 0, 20)}), 1, 1),
-                       repeat(seq({lit("&"), repeat(unreserved, 1, 20), lit("="), repeat(unreserved, 0, 20)}), 0, 4)}))});
+  return seq(
+      {lit("http"), opt(lit("s")), lit("://"), hostname(),
+       opt(seq({lit(":"), range('1', '9'), repeat(range('0', '9'), 0, 4)})),
+       repeat(seq({lit("/"), segment}), 0, 6),
+       opt(seq(
+           {lit("?"),
+            repeat(seq({repeat(unreserved, 1, 20), lit("="), repeat(unreserved, 0, 20)}), 1, 1),
+            repeat(seq({lit("&"), repeat(unreserved, 1, 20), lit("="), repeat(unreserved, 0, 20)}),
+                   0, 4)}))});
 }
 
 }  // namespace
 
 const std::vector<std::string>& supported_formats() {
-  static const std::vector<std::string> f = {"date", "time",  "date-time", "uuid",
+  static const std::vector<std::string> f = {"date",  "time", "date-time", "uuid",
                                              "email", "ipv4", "hostname",  "uri"};
   return f;
 }
@@ -212,11 +228,18 @@ ExprPtr json_escaped(const ExprPtr& e) {
 ExprPtr json_char() {
   ExprPtr hex = chars({{'0', '9'}, {'A', 'F'}, {'a', 'f'}});
   // \uXXXX without the surrogates D800-DFFF: one escape, one character.
-  ExprPtr u = alt({seq({chars({{'0', '9'}, {'A', 'C'}, {'a', 'c'}, {'E', 'F'}, {'e', 'f'}}), hex, hex, hex}),
-                   seq({chars({{'D', 'D'}, {'d', 'd'}}), chars({{'0', '7'}}), hex, hex})});
+  ExprPtr u = alt(
+      {seq({chars({{'0', '9'}, {'A', 'C'}, {'a', 'c'}, {'E', 'F'}, {'e', 'f'}}), hex, hex, hex}),
+       seq({chars({{'D', 'D'}, {'d', 'd'}}), chars({{'0', '7'}}), hex, hex})});
   return alt({chars({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}}, true),
-              seq({lit("\\"), alt({chars({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'},
-                                          {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
+              seq({lit("\\"), alt({chars({{'"', '"'},
+                                          {'\\', '\\'},
+                                          {'/', '/'},
+                                          {'b', 'b'},
+                                          {'f', 'f'},
+                                          {'n', 'n'},
+                                          {'r', 'r'},
+                                          {'t', 't'}}),
                                    seq({lit("u"), u})})})});
 }
 

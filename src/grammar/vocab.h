@@ -24,9 +24,9 @@ class TokenVocab {
  public:
   struct TrieNode {
     uint8_t byte;
-    uint16_t depth;        // 1 for the first byte of a token
-    uint32_t skip;         // index just past this node's subtree
-    uint32_t tokens_begin; // tokens ending here: token_ids()[tokens_begin, tokens_end)
+    uint16_t depth;         // 1 for the first byte of a token
+    uint32_t skip;          // index just past this node's subtree
+    uint32_t tokens_begin;  // tokens ending here: token_ids()[tokens_begin, tokens_end)
     uint32_t tokens_end;
   };
 
