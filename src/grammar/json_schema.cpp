@@ -417,26 +417,9 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
   const json s = flatten(schema, path);
   if (s.is_boolean()) return s.get<bool>() ? any_value() : nothing();
 
-  for (const char* key : {"anyOf", "oneOf"}) {
-    const auto it = s.find(key);
-    if (it == s.end()) continue;
-    if (s.contains("anyOf") && s.contains("oneOf"))
-      error(path, "anyOf together with oneOf is not supported");
-    if (!it->is_array() || it->empty())
-      error(path, fmt::format("{} must be a non-empty array", key));
-    json rest = s;
-    rest.erase(key);
-    std::vector<ExprPtr> alts;
-    for (size_t i = 0; i < it->size(); ++i) {
-      const std::string p = fmt::format("{}/{}/{}", path, key, i);
-      if (has_constraints(rest)) {
-        alts.push_back(value(json{{"allOf", json::array({rest, (*it)[i]})}}, p));
-      } else {
-        alts.push_back(value((*it)[i], p));
-      }
-    }
-    return alt(std::move(alts));
-  }
+  if (ExprPtr b =
+          branches(s, path, [&](const json& x, const std::string& p) { return value(x, p); }))
+    return b;
   if (s.contains("enum") || s.contains("const")) {
     const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
     if (!values.is_array()) error(path, "enum must be an array");
@@ -457,6 +440,29 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
   return alt(std::move(alts));
 }
 
+ExprPtr SchemaCompiler::branches(const json& s, const std::string& path,
+                                 const std::function<ExprPtr(const json&, const std::string&)>& f) {
+  for (const char* key : {"anyOf", "oneOf"}) {
+    const auto it = s.find(key);
+    if (it == s.end()) continue;
+    if (s.contains("anyOf") && s.contains("oneOf"))
+      error(path, "anyOf together with oneOf is not supported");
+    if (!it->is_array() || it->empty())
+      error(path, fmt::format("{} must be a non-empty array", key));
+    // Keywords beside the branches apply to each of them (allOf semantics).
+    json rest = s;
+    rest.erase(key);
+    std::vector<ExprPtr> alts;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const std::string p = fmt::format("{}/{}/{}", path, key, i);
+      alts.push_back(
+          f(has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}} : (*it)[i], p));
+    }
+    return alt(std::move(alts));
+  }
+  return nullptr;
+}
+
 ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& path0,
                                       const std::string& type) {
   count(path0);
@@ -467,20 +473,9 @@ ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& pat
   std::string path = path0;
   const json s = flatten(schema, path);
   if (s.is_boolean()) return s.get<bool>() ? typed(json::object(), path, type) : nothing();
-  for (const char* key : {"anyOf", "oneOf"}) {
-    const auto it = s.find(key);
-    if (it == s.end()) continue;
-    json rest = s;
-    rest.erase(key);
-    std::vector<ExprPtr> alts;
-    for (size_t i = 0; it->is_array() && i < it->size(); ++i) {
-      const std::string p = fmt::format("{}/{}/{}", path, key, i);
-      alts.push_back(value_of_type(
-          has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}} : (*it)[i], p,
-          type));
-    }
-    return alt(std::move(alts));
-  }
+  if (ExprPtr b = branches(
+          s, path, [&](const json& x, const std::string& p) { return value_of_type(x, p, type); }))
+    return b;
   if (s.contains("enum") || s.contains("const")) {
     const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
     std::vector<ExprPtr> alts;
@@ -507,19 +502,9 @@ ExprPtr SchemaCompiler::raw_string(const json& schema, const std::string& path0)
   std::string path = path0;
   const json s = flatten(schema, path);
   if (s.is_boolean()) return s.get<bool>() ? star(any_char()) : nothing();
-  for (const char* key : {"anyOf", "oneOf"}) {
-    const auto it = s.find(key);
-    if (it == s.end()) continue;
-    json rest = s;
-    rest.erase(key);
-    std::vector<ExprPtr> alts;
-    for (size_t i = 0; it->is_array() && i < it->size(); ++i) {
-      const std::string p = fmt::format("{}/{}/{}", path, key, i);
-      alts.push_back(raw_string(
-          has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}} : (*it)[i], p));
-    }
-    return alt(std::move(alts));
-  }
+  if (ExprPtr b =
+          branches(s, path, [&](const json& x, const std::string& p) { return raw_string(x, p); }))
+    return b;
   if (s.contains("enum") || s.contains("const")) {
     const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
     std::vector<ExprPtr> alts;

@@ -79,6 +79,10 @@ class SchemaCompiler {
   void merge_into(nlohmann::ordered_json& acc, const nlohmann::ordered_json& sub,
                   const std::string& path);
   void check_keywords(const nlohmann::ordered_json& schema, const std::string& path);
+  // anyOf / oneOf: `f` of each branch (with the keywords beside them merged in), or null.
+  ExprPtr branches(
+      const nlohmann::ordered_json& s, const std::string& path,
+      const std::function<ExprPtr(const nlohmann::ordered_json&, const std::string&)>& f);
   std::vector<std::string> types_of(const nlohmann::ordered_json& schema, const std::string& path);
   ExprPtr typed(const nlohmann::ordered_json& schema, const std::string& path,
                 const std::string& type);
