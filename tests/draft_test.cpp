@@ -1,5 +1,5 @@
 // The draft models of issue 13 against the golden cases (tests/data/eagle3-tiny, dspark-tiny,
-// float64 references of docs/DRAFTERS.md): the target's taps (both streams) from prefill and
+// float64 references of docs/DRAFT-MODELS.md): the target's taps (both streams) from prefill and
 // from deferred verify passes, the EAGLE-3.1 proposals (ids identical, logits within 2e-3) with
 // the draft cache built at once or committed step by step, `deltafin propose` through the real
 // binary, bad drafter folders refused with one line, and greedy output unchanged with a drafter.
@@ -15,9 +15,9 @@
 #include "core/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle3.h"
-#include "draft/synthetic_draft.h"
+#include "fixtures/synthetic_draft.h"
 #include "engine/engine.h"
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "generate/driver.h"
 #include "generate/generation.h"
 #include "generate/speculative.h"

@@ -1,5 +1,5 @@
 // A draft model's config.json, as released, read into one struct for both kinds K3 has
-// (docs/DRAFTERS.md): EAGLE-3 / 3.1 (`Eagle3DeepseekV2ForCausalLM`, one MLA layer over its own
+// (docs/DRAFT-MODELS.md): EAGLE-3 / 3.1 (`Eagle3DeepseekV2ForCausalLM`, one MLA layer over its own
 // cache, its own lm_head) and DSpark (`K3DSparkModel`, context injection, a non-causal block,
 // Markov head and confidence head, the target's lm_head). The kind is read from the file, never
 // guessed from a folder name; what differs between checkpoints of a kind (EAGLE 3.0 vs 3.1,

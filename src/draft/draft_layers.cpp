@@ -1,6 +1,6 @@
 // Draft-model layers (see draft_layers.h). fp32 activations, BF16 weights decoded in the kernels
 // as for the target; norms use the draft's eps everywhere, the MLA latent norms included (the
-// target's use 1e-6, the drafts' 1e-5: DRAFTERS.md §1.4). RoPE tables are computed in double
+// target's use 1e-6, the drafts' 1e-5: docs/DRAFT-MODELS.md §5). RoPE tables are computed in double
 // and rounded once, so positions far into a long context lose nothing to accumulated error.
 #include "draft/draft_layers.h"
 

@@ -1,4 +1,4 @@
-// The pieces every K3 draft model is built from, in one place (docs/DRAFTERS.md §1.4, §4.2):
+// The pieces every K3 draft model is built from, in one place (docs/DRAFT-MODELS.md §5):
 // DeepSeek-V3 YaRN RoPE on interleaved pairs, a DeepSeek MLA layer that *does* rotate (unlike the
 // target's NoPE MLA) over the draft's own latent cache, the SiLU SwiGLU MLP, and reading the
 // draft's tensors from its safetensors with every name and shape checked at load. EAGLE-3 and

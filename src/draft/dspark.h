@@ -1,5 +1,5 @@
-// The DSpark draft model of K3, one implementation for both MLA checkpoints (docs/DRAFTERS.md
-// §2 and §4, K3-SPEC §6.1 as corrected there): `Inferact/Kimi-K3-DSpark` (raw-prefix taps) and
+// The DSpark draft model of K3, one implementation for both MLA checkpoints (docs/DRAFT-MODELS.md
+// §4): `Inferact/Kimi-K3-DSpark` (raw-prefix taps) and
 // `lightseekorg/kimi-k3-dspark` (AttnRes-mixture taps plus a per-tap fc_norm) differ only in
 // their config (tap layers, `aux_hidden_stream`, `fc_norm`, mask id).
 //   - Context injection per committed position p: c_p = RMSNorm(context_proj · feat_p;

@@ -1,5 +1,5 @@
 // The EAGLE-3 / 3.1 MLA draft model of K3 (`lightseekorg/kimi-k3-eagle3.1-mla`, and 3.0 with
-// its two flags off), exactly as docs/DRAFTERS.md §1 describes it:
+// its two flags off), exactly as docs/DRAFT-MODELS.md §3 describes it:
 //   - taps: the raw AttnRes partials after the configured target layers, fused per committed
 //     position as g = fc · concat(RMSNorm(tap_i; fc_norm.i)) (3.0: without the norms);
 //   - one MLA layer (YaRN RoPE on, whatever `mla_use_nope` says) over the draft's own latent

@@ -8,7 +8,7 @@
 // The model computes; it does not store. It reaches weights only through two narrow interfaces
 // (TrunkProvider: a layer's weights; ExpertProvider: the experts of a pass, with the predictor
 // hook), which the engine (engine/engine.h) builds from the checkpoint and the options. So this
-// folder holds no files, descriptors or reader threads.
+// folder reads no checkpoint bytes and runs no reader threads (its compute threads: ModelParts).
 //
 // Exactness: activations are fp32 throughout, weights are used as released (BF16 decoded in
 // the kernels, MXFP4 decoded exactly), all routed experts are applied. Splitting a sequence's

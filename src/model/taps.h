@@ -7,7 +7,7 @@
 // the taps of a rejected draft. The recorder keeps committed rows until the drafter consumes
 // them, so its memory is the few rows between two proposals, not the context.
 //
-// Streams (docs/ARCHITECTURE.md, DRAFTERS.md notation):
+// Streams (docs/DRAFT-MODELS.md §2):
 //   kPartial  the raw within-block Attention-Residual partial sum after layer j (the vector
 //             layer j+1 starts from before its own mix; no norm, no banked anchors);
 //   kMixture  the AttnRes mixture layer j+1's attention consumes (its MIX over the anchors and

@@ -1,5 +1,5 @@
 # An independent PyTorch EAGLE-3.1 drafter for a K3 target, written from
-# /work/shared/docs/DRAFTERS.md §1 and sharing no code with the engine (src/draft/): it trains the
+# docs/DRAFT-MODELS.md §3 and sharing no code with the engine (src/draft/): it trains the
 # demo model's drafter and, as a second implementation, cross-checks `deltafin propose` on the
 # exported folder. Parameters are keyed by the release tensor names, and export writes the released
 # folder layout (config.json with the release's field names + one model.safetensors, BF16); K3's
@@ -24,7 +24,7 @@ def rms(x, w, eps):
 
 
 class DraftConfig:
-    """The fields of the released config.json this drafter uses (DRAFTERS.md §1.1)."""
+    """The fields of the released config.json this drafter uses (docs/DRAFT-MODELS.md §3.1)."""
 
     def __init__(self, j):
         self.j = j
@@ -132,7 +132,7 @@ class Eagle31(torch.nn.Module):
     def names(self):
         return [n.replace("__", ".") for n in self.p.keys()]
 
-    # -- pieces (DRAFTERS.md §1.4)
+    # -- pieces (docs/DRAFT-MODELS.md §3.3, §5)
 
     def fuse(self, taps):
         """taps [..., n, H] -> g [..., H]: RMSNorm per tap (fc_norm), concatenated, fc."""
@@ -228,7 +228,7 @@ class Eagle31(torch.nn.Module):
     @torch.no_grad()
     def propose(self, taps, tokens, anchor, n, embed, forced=None):
         """taps [L, n_taps, H] of committed positions 0..L-1 (tokens x_0..x_{L-1}); anchor = x_L.
-        Returns (draft ids, logits [n, V]) of a top-1 chain of n drafts (DRAFTERS.md §1.5);
+        Returns (draft ids, logits [n, V]) of a top-1 chain of n drafts (docs/DRAFT-MODELS.md §3.4);
         `forced` feeds given tokens down the chain instead of the argmax (a check of `unrolled`)."""
         L = len(tokens)
         g = self.fuse(taps)
@@ -253,7 +253,7 @@ class Eagle31(torch.nn.Module):
 
 
 def yarn(c):
-    """DeepSeek-V3 YaRN (DRAFTERS.md §1.1): inverse frequencies, cos/sin multiplier, score scale."""
+    """DeepSeek-V3 YaRN (docs/DRAFT-MODELS.md §5): inverse frequencies, cos/sin multiplier, score scale."""
     d = c.rope
     half = d // 2
 

@@ -1,6 +1,7 @@
-# An independent PyTorch implementation of the Kimi K3 text model, written from
-# /work/shared/docs/K3-SPEC.md and deliberately sharing no code with the C++ engine: it trains the
-# demo model, and as a second implementation it cross-checks the engine on trained weights.
+# An independent PyTorch implementation of the Kimi K3 text model, written from the K3
+# specification (docs/MODEL.md states the math in the same section numbers) and deliberately
+# sharing no code with the C++ engine: it trains the demo model, and as a second implementation
+# it cross-checks the engine on trained weights.
 # Batched over [B, T] for training; the KDA recurrence uses the exact chunkwise form (spec §3.5)
 # with a triangular solve, so it is differentiable and has no per-token Python loop.
 # Checkpoint I/O is a small hand-written safetensors reader/writer (Debian has no safetensors
@@ -288,7 +289,7 @@ class K3(torch.nn.Module):
     def forward(self, tokens, stats=None, taps=None):
         """Logits [B,T,V]; with `taps` (0-based layers), also the raw within-block Attention-Residual
         partial sum after each of those layers, [B,T,len(taps),H] (the vector EAGLE-3 drafters read,
-        docs/DRAFTERS.md §1.3)."""
+        docs/DRAFT-MODELS.md §2)."""
         c = self.cfg
         tapped = {}
         h0 = self.w("model.embed_tokens.weight")[tokens]

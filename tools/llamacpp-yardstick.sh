@@ -1,0 +1,180 @@
+#!/bin/bash
+# llama.cpp beside Deltafin on the same weights and threads: the yardstick docs/PERFORMANCE.md
+# quotes ("prefill side by side with llama.cpp"). A development tool; nothing in the build or
+# the tests uses it.
+#
+#   tools/llamacpp-yardstick.sh build
+#       Builds llama.cpp's llama-bench for this CPU (native ISA flags) in $LLAMACPP_DIR.
+#   tools/llamacpp-yardstick.sh convert MODEL_DIR OUT.gguf [bf16|f32]
+#       Writes a K3 checkpoint in the release layout (`deltafin make-model` output, the golden
+#       models in tests/data) as GGUF with llama.cpp's own converter. The trunk becomes the
+#       given type; routed experts stay MXFP4, so both engines read the same weights.
+#   tools/llamacpp-yardstick.sh compare MODEL_DIR OUT.gguf [ROUNDS]
+#       ROUNDS (default 3) interleaved rounds of `deltafin bench` and `llama-bench` (prompt
+#       $PROMPT tokens, $GEN generated, $THREADS threads, $REPS repetitions each) and one table
+#       line per round: prefill and decode tokens/s of both and their ratios. Interleaving
+#       matters on a shared machine: compare the ratios of one round, not runs from different
+#       times.
+#
+# Environment: LLAMACPP_DIR (work folder, default ~/.cache/deltafin/llamacpp), DELTAFIN (the
+# binary, default build/src/cli/deltafin), THREADS (2), PROMPT (256), GEN (16), REPS (3),
+# LLAMACPP_NPM_VERSION (the node-llama-cpp release whose llama.cpp is built, default 3.22.1).
+#
+# Why these sources: Debian 12 has no llama.cpp package. The npm package node-llama-cpp ships a
+# git bundle of the llama.cpp source it binds, and its 3.22.1 release carries a llama.cpp with
+# Kimi K3 support; npm is reachable where the project builds. The converter runs on Debian's
+# python3-torch, which predates some dtypes the converter names; they are aliased to
+# placeholders it never uses for these checkpoints. The checkpoints' tokenizers are not
+# converted: the GGUF gets a placeholder vocabulary of the right size, so compare speed and
+# token ids, never text.
+#
+# What to expect: llama.cpp rounds activations before its quantized products (BF16 for the
+# trunk, Q8_0 for MXFP4 experts) where Deltafin keeps float32, so greedy tokens mostly agree
+# and logits do not.
+set -euo pipefail
+
+WORK=${LLAMACPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/deltafin/llamacpp}
+NPM_VERSION=${LLAMACPP_NPM_VERSION:-3.22.1}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DELTAFIN=${DELTAFIN:-$ROOT/build/src/cli/deltafin}
+THREADS=${THREADS:-2}
+PROMPT=${PROMPT:-256}
+GEN=${GEN:-16}
+REPS=${REPS:-3}
+BENCH=$WORK/build/bin/llama-bench
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 2
+}
+
+need() {  # need COMMAND DEBIAN-PACKAGE...
+  command -v "$1" >/dev/null 2>&1 && return 0
+  echo "installing $*" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:2}" >/dev/null
+}
+
+build() {
+  if [ -x "$BENCH" ]; then
+    echo "llama-bench already built: $BENCH"
+    return
+  fi
+  need npm nodejs npm
+  need git git
+  need cmake cmake
+  need ninja ninja-build
+  mkdir -p "$WORK/npm"
+  local pkg="$WORK/npm/node-llama-cpp-$NPM_VERSION.tgz"
+  [ -f "$pkg" ] || (cd "$WORK/npm" && npm pack --silent "node-llama-cpp@$NPM_VERSION" >/dev/null)
+  rm -rf "$WORK/npm/package" "$WORK/src"
+  tar -xzf "$pkg" -C "$WORK/npm"
+  local bundle="$WORK/npm/package/llama/gitRelease.bundle"
+  [ -f "$bundle" ] || { echo "node-llama-cpp $NPM_VERSION has no llama.cpp source bundle" >&2; exit 1; }
+  git -c advice.detachedHead=false clone --quiet "$bundle" "$WORK/src"
+  cmake -S "$WORK/src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    >/dev/null
+  cmake --build "$WORK/build" -j "$(nproc)" --target llama-bench >/dev/null
+  echo "llama-bench built: $BENCH"
+}
+
+convert() {
+  [ $# -ge 2 ] || usage
+  local model=$1 out=$2 type=${3:-bf16}
+  [ -d "$WORK/src" ] || { echo "no llama.cpp source in $WORK: run '$0 build' first" >&2; exit 1; }
+  [ -f "$model/config.json" ] || { echo "$model: no config.json (expected a K3 checkpoint folder)" >&2; exit 1; }
+  if ! python3 -c 'import torch, numpy' 2>/dev/null; then
+    echo "installing python3-torch python3-numpy python3-tqdm" >&2
+    apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch python3-numpy python3-tqdm >/dev/null
+  fi
+  # The converter imports transformers only for tokenizers and configs it is not asked for
+  # here: an empty module stands in for it.
+  mkdir -p "$WORK/shim/transformers"
+  cat >"$WORK/shim/transformers/__init__.py" <<'PY'
+class _Absent:
+    @staticmethod
+    def from_pretrained(*args, **kwargs):
+        raise RuntimeError("transformers is not used by the yardstick's conversion")
+AutoConfig = AutoTokenizer = _Absent
+PY
+  SRC="$WORK/src" SHIM="$WORK/shim" python3 - "$model" "$out" "$type" <<'PY'
+import os
+import sys
+
+model, out, outtype = sys.argv[1:4]
+src = os.environ["SRC"]
+sys.path[:0] = [os.environ["SHIM"], src, os.path.join(src, "gguf-py")]
+
+import torch
+
+# Debian 12's torch lacks these dtypes; the converter only names them (MXFP4 is repacked from
+# the raw bytes), so any byte-sized placeholder will do.
+for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+             "float8_e8m0fnu", "float4_e2m1fn_x2"):
+    if not hasattr(torch, name):
+        setattr(torch, name, torch.uint8)
+for name, same_width in (("uint16", torch.int16), ("uint32", torch.int32), ("uint64", torch.int64)):
+    if not hasattr(torch, name):
+        setattr(torch, name, same_width)
+
+import gguf
+from conversion.kimi_k3 import KimiK3Model
+
+
+def placeholder_vocab(self):
+    n = self.hparams["vocab_size"]
+    w = self.gguf_writer
+    w.add_tokenizer_model("none")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"<id{i}>" for i in range(n)])
+    w.add_token_types([gguf.TokenType.NORMAL] * n)
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+KimiK3Model.set_vocab = placeholder_vocab
+
+import convert_hf_to_gguf
+
+sys.argv = ["convert_hf_to_gguf", model, "--outfile", out, "--outtype", outtype]
+convert_hf_to_gguf.main()
+PY
+  echo "wrote $out"
+}
+
+# One field of a JSON document on stdin, by a Python expression over `j`.
+field() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
+
+compare() {
+  [ $# -ge 2 ] || usage
+  local model=$1 gguf=$2 rounds=${3:-3}
+  [ -x "$BENCH" ] || { echo "no llama-bench in $WORK: run '$0 build' first" >&2; exit 1; }
+  [ -x "$DELTAFIN" ] || { echo "no deltafin binary at $DELTAFIN (set DELTAFIN)" >&2; exit 1; }
+  echo "model $model; $THREADS threads; prompt $PROMPT, $GEN generated, $REPS reps; $(lscpu | sed -n 's/^Model name: *//p')"
+  printf '%-6s %-12s %-12s %-8s %-12s %-12s %-8s\n' round "llama pp/s" "deltafin pp/s" ratio \
+    "llama tg/s" "deltafin tg/s" ratio
+  local tmp
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  for ((r = 1; r <= rounds; ++r)); do
+    "$BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r "$REPS" -o json >"$tmp/llama.json" 2>/dev/null
+    "$DELTAFIN" bench --model "$model" --threads "$THREADS" --prompt-tokens "$PROMPT" \
+      --gen-tokens "$GEN" --reps "$REPS" --no-disk-probe --json >"$tmp/deltafin.json" 2>/dev/null
+    local lpp ltg dpp dtg
+    lpp=$(field "next(t['avg_ts'] for t in j if t['n_prompt'] > 0 and t['n_gen'] == 0)" <"$tmp/llama.json")
+    ltg=$(field "next(t['avg_ts'] for t in j if t['n_gen'] > 0 and t['n_prompt'] == 0)" <"$tmp/llama.json")
+    dpp=$(field "j['prefill_tokens_per_s']" <"$tmp/deltafin.json")
+    dtg=$(field "j['decode_tokens_per_s']" <"$tmp/deltafin.json")
+    printf '%-6s %-12.2f %-12.2f %-8.2f %-12.2f %-12.2f %-8.2f\n' "$r" "$lpp" "$dpp" \
+      "$(python3 -c "print($dpp / $lpp)")" "$ltg" "$dtg" "$(python3 -c "print($dtg / $ltg)")"
+  done
+}
+
+case "${1:-}" in
+build) build ;;
+convert) shift && convert "$@" ;;
+compare) shift && compare "$@" ;;
+*) usage ;;
+esac
