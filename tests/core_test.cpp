@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
+#include "core/test_hooks.h"
 #include "core/thread_pool.h"
 #include "tensor/dtype.h"
 #include "test_util.h"
@@ -51,6 +54,20 @@ TEST(Binary, VersionFlagWorks) {
   auto r = test::run_deltafin({"--version"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find(DELTAFIN_VERSION), std::string::npos);
+}
+
+// The step-delay test hook (core/test_hooks.h): a number of ms, capped at a minute; anything
+// else is refused (with a warning) rather than read as some other delay.
+TEST(TestHooks, StepDelayIsAClampedNumberOrNothing) {
+  const char* var = "DELTAFIN_DEBUG_STEP_DELAY_MS";
+  ::unsetenv(var);
+  EXPECT_EQ(debug_step_delay_ms(), 0);
+  for (const auto& [value, ms] : std::vector<std::pair<const char*, int>>{
+           {"250", 250}, {"0", 0}, {"999999", 60000}, {"-5", 0}, {"5s", 0}, {"", 0}}) {
+    ::setenv(var, value, 1);
+    EXPECT_EQ(debug_step_delay_ms(), ms) << value;
+  }
+  ::unsetenv(var);
 }
 
 }  // namespace deltafin

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace deltafin {
 
@@ -88,8 +89,8 @@ Spec parse_spec(const char* text) {
 
 const Spec& spec() {
   static const Spec s = [] {
-    const char* v = std::getenv("DELTAFIN_FAULT");
-    return v != nullptr && *v != 0 ? parse_spec(v) : Spec{};
+    const char* v = test_hook_env("DELTAFIN_FAULT");
+    return v != nullptr ? parse_spec(v) : Spec{};
   }();
   return s;
 }
@@ -112,10 +113,7 @@ bool hits(std::string_view description, bool oom) {
 }  // namespace
 
 namespace fault_detail {
-const bool enabled = [] {
-  const char* v = std::getenv("DELTAFIN_FAULT");
-  return v != nullptr && *v != 0;
-}();
+const bool enabled = [] { return test_hook_env("DELTAFIN_FAULT") != nullptr; }();
 }  // namespace fault_detail
 
 ReadFault read_fault(std::string_view what, std::string_view path) {

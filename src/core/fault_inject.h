@@ -6,7 +6,8 @@
 //  * The seam sits where every checkpoint byte outside a mapping comes from: ShardFiles calls
 //    read_fault() before each read (trunk streamer, expert store, routers, embedding rows), and
 //    State's constructor calls alloc_fault(). The tests drive the real `deltafin serve` binary,
-//    so the fault is chosen from outside through one environment variable, DELTAFIN_FAULT.
+//    so the fault is chosen from outside through one environment variable, DELTAFIN_FAULT (a
+//    test hook release builds keep on purpose: core/test_hooks.h, SECURITY.md "Test hooks").
 //  * Zero cost in normal runs: the variable is read once; when it is unset, faults_enabled() is
 //    a load of a constant bool and nothing else happens (no counters, no locks, no syscalls).
 //  * Deterministic: a fault hits the reads (or allocations) numbered after+1 .. after+count among

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 #include "core/timer.h"
 
 namespace deltafin::server {
@@ -49,11 +50,8 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
   opt_.parallel = std::max(1, opt_.parallel);
   make_drafter(opt_.draft, {model.config().vocab, &model});  // a bad spec fails here, not later
   opt_.queue = std::max(0, opt_.queue);
-  if (const char* d = std::getenv("DELTAFIN_DEBUG_STEP_DELAY_MS"); d != nullptr && *d) {
-    step_delay_ms_ = std::clamp(std::atoi(d), 0, 60000);
-    log_warn("DELTAFIN_DEBUG_STEP_DELAY_MS: every engine step is slowed by {} ms", step_delay_ms_);
-  }
-  if (const char* t = std::getenv("DELTAFIN_DEBUG_SCRIPT"); t != nullptr && *t) {
+  step_delay_ms_ = debug_step_delay_ms();  // test hooks (core/test_hooks.h)
+  if (const char* t = test_hook_env("DELTAFIN_DEBUG_SCRIPT")) {
     script_ = tok_.encode_with_special(t);
     log_warn(
         "DELTAFIN_DEBUG_SCRIPT: every answer is forced to a scripted {} tokens, not the model's",

@@ -171,8 +171,8 @@ class Scheduler {
   // A pass ran since the heat map was last copied: finish() copies it before it completes a
   // request, so what a client reads after its response holds that response's passes.
   bool heat_stale_ = true;
-  // Test-only: DELTAFIN_DEBUG_STEP_DELAY_MS slows every step, to try the page against a server
-  // as slow as K3 on real hardware (0.2 tokens/s is 5000) with the tiny model.
+  // A test hook (core/test_hooks.h): DELTAFIN_DEBUG_STEP_DELAY_MS slows every step, e.g. to try
+  // the page against a server as slow as K3 on real hardware (0.2 tokens/s is 5000).
   int step_delay_ms_ = 0;
   // Test-only: DELTAFIN_DEBUG_SCRIPT=TEXT (K3 markers allowed) forces every answer to those
   // tokens, so tests can drive real clients through a whole turn (text that ends, tool calls)
