@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "storage/checkpoint.h"
 #include "test_util.h"
 
@@ -205,8 +205,7 @@ TEST(CliRun, MissingFolderOrTokenizerIsNamed) {
     args.insert(args.end(), extra.begin(), extra.end());
     auto r = test::run_deltafin(args);
     EXPECT_NE(r.exit_code, 0) << cmd;
-    EXPECT_NE(r.err.find("model folder /nonexistent/folder (--model) does not exist"),
-              std::string::npos)
+    EXPECT_NE(r.err.find("--model /nonexistent/folder: no such folder"), std::string::npos)
         << cmd << ": " << r.err;
     args[2] = g;
     r = test::run_deltafin(args);

@@ -5,6 +5,7 @@
 // function, load_engine(), which maps the C options onto the engine factory (engine/engine.h).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +46,11 @@ deltafin_status guard(const std::function<void()>& f) {
   } catch (const server::ApiError& e) {
     const bool ctx = e.code() && *e.code() == "context_length_exceeded";
     return set_error(ctx ? DELTAFIN_ERR_CONTEXT : DELTAFIN_ERR_ARGUMENT, e.what());
+  } catch (const SettingError& e) {
+    // A setting as this API (and Python) calls it: its parameter field ("memory_budget").
+    std::string field = e.setting();
+    std::replace(field.begin(), field.end(), ' ', '_');
+    return set_error(DELTAFIN_ERR_ARGUMENT, e.worded(field));
   } catch (const InvalidArgument& e) {
     const std::string m = e.what();
     // The two context refusals below the server's checks: Generation's ("... but the context
@@ -100,8 +106,9 @@ json parse_object(const char* text, const char* what) {
   return j;
 }
 
-// The engine assembly of the C API: the same steps as the CLI's load_model (src/cli/common.cpp)
-// from the C options. One function, so it can be pointed at a shared factory.
+// The engine assembly of the C API: the same steps as the front ends' load_model(EngineOptions)
+// (src/engine/engine.cpp) from the C options. One function, so it can be pointed at a shared
+// factory.
 std::unique_ptr<LoadedModel> load_engine(const std::string& dir, const deltafin_model_params& p) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/error_text.h"
 #include "cli/gen_options.h"
 #include "core/error.h"
 #include "core/json_parse.h"
@@ -142,7 +143,7 @@ void run_chat(ChatArgs& a) {
           }
         } catch (const std::exception& e) {
           // A command that fails (a bad path, an unreadable file) never ends the session.
-          fmt::print(stderr, "error: {}\n", e.what());
+          fmt::print(stderr, "error: {}\n", error_text(e));
         }
         continue;
       }
@@ -178,7 +179,7 @@ void run_chat(ChatArgs& a) {
     } catch (const InvalidArgument& e) {
       const bool full = std::string(e.what()).find("context") != std::string::npos;
       fmt::print(
-          stderr, "error: {}{}\n", e.what(),
+          stderr, "error: {}{}\n", error_text(e),
           full ? " (the conversation is full: /reset starts a new one, /save keeps it)" : "");
     }
   }

@@ -9,8 +9,8 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "draft/synthetic_draft.h"
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
+#include "fixtures/synthetic_draft.h"
 #include "model/config.h"
 
 namespace deltafin::cli {
@@ -90,7 +90,7 @@ void run_make_model(const MakeModelArgs& a) {
     else
       fail_arg("--experts-format {}: expected mxfp4 or bf16", a.format);
   }
-  if (!a.shard_size.empty()) s.shard_bytes = parse_size(a.shard_size, "--shard-size");
+  if (!a.shard_size.empty()) s.shard_bytes = parse_size(a.shard_size, "shard size");
   s.seed = a.seed;
   s.tokenizer = !a.no_tokenizer;
   if (s.vocab < 512)

@@ -111,7 +111,7 @@ void run_serve(ServeArgs& a) {
       !mrb.empty() && mrb.size() < 19 && mrb.find_first_not_of("0123456789") == std::string::npos;
   uint64_t max_body = 0;
   try {
-    max_body = digits ? std::stoull(mrb) : parse_size(mrb, "--max-request-bytes");
+    max_body = digits ? std::stoull(mrb) : parse_size(mrb, "max request bytes");
   } catch (const InvalidArgument&) {
     fail_usage(
         "--max-request-bytes {}: not a size (expected bytes, e.g. 1048576, or a number with K, M "

@@ -8,8 +8,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/error_text.h"
 #include "core/error.h"
-#include "core/json_parse.h"
 #include "draft/draft_model.h"
 
 namespace {
@@ -48,8 +48,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "deltafin: %s (see %s)\n", e.what(), help_for(app).c_str());
     return 2;
   } catch (const std::exception& e) {
-    // json_error_text: a JSON library error that escaped its caller loses its internal prefix.
-    std::fprintf(stderr, "deltafin: %s\n", deltafin::json_error_text(e).c_str());
+    std::fprintf(stderr, "deltafin: %s\n", deltafin::cli::error_text(e).c_str());
     return 1;
   }
   return 0;

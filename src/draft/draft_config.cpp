@@ -3,7 +3,7 @@
 // the 3.1 switches `fc_norm` / `norm_output` at the top level (absent = 3.0); DSpark keeps YaRN
 // under `rope_parameters`, its taps in `target_layer_ids` and the stream in `aux_hidden_stream`
 // (absent = the raw prefix, Inferact's). `mla_use_nope` is read and ignored: every K3 draft
-// rotates (DRAFTERS.md §1.1).
+// rotates (docs/DRAFT-MODELS.md §3.1).
 #include "draft/draft_config.h"
 
 #include <fmt/ranges.h>
@@ -167,10 +167,9 @@ DraftModelConfig parse_draft_config(const std::string& text, const std::string& 
 DraftModelConfig load_draft_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::is_directory(dir))
-    fail_arg(
-        "--draft {}: not a folder (expected a draft model folder with config.json and "
-        "model.safetensors)",
-        dir);
+    fail_setting("draft", dir,
+                 "not a folder (expected a draft model folder with config.json and "
+                 "model.safetensors)");
   if (!std::filesystem::exists(path))
     fail("{}: missing (a draft model folder holds config.json and model.safetensors)", path);
   return parse_draft_config(read_file(path), path);

@@ -45,10 +45,8 @@ std::shared_ptr<DraftModel> open_draft_model(const std::string& dir, const Model
 std::unique_ptr<Drafter> open_drafter(const std::string& spec, Model& target) {
   if (spec == "none" || spec == "ngram") return make_drafter(spec);
   if (!std::filesystem::is_directory(spec)) {
-    fail_arg(
-        "--draft {}: expected none, ngram or a draft model folder (config.json + "
-        "model.safetensors)",
-        spec);
+    fail_setting("draft", spec,
+                 "expected none, ngram or a draft model folder (config.json + model.safetensors)");
   }
   return open_draft_model(spec, target.config())->new_drafter(target);
 }

@@ -107,8 +107,8 @@ static int capped_threads(int threads) {
   CPU_ZERO(&set);
   const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : physical_cores();
   if (threads <= cpus || cpus <= 0) return threads;
-  log_warn("--threads {} is more than the {} CPUs this process may use; using {}", threads, cpus,
-           cpus);
+  log_warn("{} compute threads are more than the {} CPUs this process may use; using {}", threads,
+           cpus, cpus);
   return cpus;
 }
 
@@ -122,7 +122,7 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   require_model_folder(o.model);
   LoadOptions lo;
   lo.mmap = o.mmap;
-  if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "--memory-budget");
+  if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "memory budget");
   lo.plan.context = o.ctx;
   lo.plan.sequences = o.sequences;
   lo.plan.max_rows = o.max_rows;
@@ -130,7 +130,9 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.plan.draft_cache_bytes_per_position = o.draft_cache_bytes_per_position;
   lo.plan.prefill_rows = o.prefill_rows;
   lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
-  if (o.mmap && o.trunk == "int8") fail_arg("--trunk int8 needs the planned store (drop --mmap)");
+  if (o.mmap && o.trunk == "int8")
+    fail_setting("trunk", "int8",
+                 "needs the planned store, which mapping the shards (mmap) replaces");
   lo.cache_policy = parse_cache_policy(o.cache_policy);
   lo.readers = o.readers;
   lo.direct_io = !o.no_direct_io;
@@ -139,7 +141,7 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.heat_file = heat_file_for(o.model);
   lo.gpu.select = o.gpu;
   lo.gpu.min_rows = o.gpu_min_rows;
-  if (!o.gpu_memory.empty()) lo.gpu.memory = parse_size(o.gpu_memory, "--gpu-memory");
+  if (!o.gpu_memory.empty()) lo.gpu.memory = parse_size(o.gpu_memory, "gpu memory");
   if (lo.print_plan)
     fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
                kernels::active().name);
@@ -149,9 +151,10 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
 void require_model_folder(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(dir, ec)) fail_arg("model folder {} (--model) does not exist", dir);
+  if (!fs::exists(dir, ec))
+    fail_setting("model", dir, "no such folder (expected a checkpoint folder)");
   if (!fs::is_directory(dir, ec))
-    fail_arg("--model {} is not a folder (expected a checkpoint folder)", dir);
+    fail_setting("model", dir, "not a folder (expected a checkpoint folder)");
 }
 
 std::string heat_file_for(const std::string& model_dir) {
@@ -184,7 +187,7 @@ std::string cache_dir() {
 uint64_t parse_size(const std::string& text, const std::string& what) {
   std::string t = text;
   while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back())) != 0) t.pop_back();
-  if (t.empty()) fail_arg("{}: empty size", what);
+  if (t.empty()) fail_setting(what, "", "empty size");
   double mult = static_cast<double>(1ull << 30);  // bare number = GiB
   char last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
   if (last == 'B' && t.size() >= 2 && std::isalpha(static_cast<unsigned char>(t[t.size() - 2]))) {
@@ -206,10 +209,9 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
     used = 0;
   }
   if (used != t.size() || !(v > 0) || !std::isfinite(v)) {
-    fail_arg(
-        "{}: \"{}\" is not a size (expected a positive number with an optional K, M, G or T "
-        "suffix, powers of 1024; a bare number means GiB)",
-        what, text);
+    fail_setting(what, "\"" + text + "\"",
+                 "not a size (expected a positive number with an optional K, M, G or T suffix, "
+                 "powers of 1024; a bare number means GiB)");
   }
   return static_cast<uint64_t>(v * mult);
 }

@@ -105,7 +105,8 @@ void apply_engine_options(const EngineOptions& o);
 // Throws InvalidArgument unless `dir` exists and is a folder.
 void require_model_folder(const std::string& dir);
 
-// "2G", "512M", "1.5" (GiB), ... -> bytes. Throws InvalidArgument naming `what`.
+// "2G", "512M", "1.5" (GiB), ... -> bytes. Throws SettingError for the setting `what` (plain
+// words: "memory budget").
 uint64_t parse_size(const std::string& text, const std::string& what);
 // Where the demo and the heat statistics live: $DELTAFIN_CACHE, else $XDG_CACHE_HOME/deltafin,
 // else ~/.cache/deltafin.

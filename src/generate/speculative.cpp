@@ -72,17 +72,17 @@ std::unique_ptr<Drafter> make_replay(const std::string& spec, const DrafterConte
   if (spec[6] == '/') {
     const std::string n = spec.substr(7, colon == std::string::npos ? 0 : colon - 7);
     if (n.empty() || n.size() > 6 || !std::all_of(n.begin(), n.end(), ::isdigit))
-      fail_arg("--draft {}: expected replay/N:FILE with N a number", spec);
+      fail_setting("draft", spec, "expected replay/N:FILE with N a number");
     wrong = std::stoi(n);
   }
   if (colon == std::string::npos || colon + 1 == spec.size())
-    fail_arg("--draft {}: expected replay:FILE (a file of token ids)", spec);
+    fail_setting("draft", spec, "expected replay:FILE (a file of token ids)");
   const std::string file = spec.substr(colon + 1);
   std::string text;
   try {
     text = read_file(file);
   } catch (const std::exception& e) {
-    fail_arg("--draft {}: cannot read the replay file: {}", spec, e.what());
+    fail_setting("draft", spec, "cannot read the replay file: {}", e.what());
   }
   std::vector<int32_t> ids;
   size_t i = 0;
@@ -95,15 +95,15 @@ std::unique_ptr<Drafter> make_replay(const std::string& spec, const DrafterConte
     size_t j = i;
     while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
     if (j == i || j - i > 9)
-      fail_arg("--draft {}: {} holds '{}' where a token id was expected", spec, file,
-               text.substr(i, 16));
+      fail_setting("draft", spec, "{} holds '{}' where a token id was expected", file,
+                   text.substr(i, 16));
     const int64_t id = std::stoll(text.substr(i, j - i));
     if (ctx.vocab > 0 && id >= ctx.vocab)
-      fail_arg("--draft {}: token id {} is outside the vocabulary of {}", spec, id, ctx.vocab);
+      fail_setting("draft", spec, "token id {} is outside the vocabulary of {}", id, ctx.vocab);
     ids.push_back(static_cast<int32_t>(id));
     i = j;
   }
-  if (ids.empty()) fail_arg("--draft {}: {} holds no token ids", spec, file);
+  if (ids.empty()) fail_setting("draft", spec, "{} holds no token ids", file);
   return std::make_unique<ReplayDrafter>(std::move(ids), wrong, ctx.vocab);
 }
 }  // namespace
@@ -125,22 +125,19 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterCont
   if (spec.rfind("replay:", 0) == 0 || spec.rfind("replay/", 0) == 0) return make_replay(spec, ctx);
   std::error_code ec;
   if (std::filesystem::is_directory(spec, ec)) {
-    if (!folder_opener())
-      throw InvalidArgument("--draft " + spec + ": draft model folders are not available here");
+    if (!folder_opener()) fail_setting("draft", spec, "draft model folders are not available here");
     if (!std::filesystem::is_regular_file(std::filesystem::path(spec) / "config.json", ec))
-      throw InvalidArgument("--draft " + spec +
-                            ": no config.json (expected a draft model folder: config.json + "
-                            "model.safetensors)");
+      fail_setting("draft", spec,
+                   "no config.json (expected a draft model folder: config.json + "
+                   "model.safetensors)");
     if (ctx.model == nullptr) return nullptr;  // checked; built once the target is loaded
     return folder_opener()(spec, *ctx.model);
   }
-  throw InvalidArgument("--draft " + spec +
-                        ": unknown drafter (expected none, ngram or a draft model folder)");
+  fail_setting("draft", spec, "unknown drafter (expected none, ngram or a draft model folder)");
 }
 
 void validate_draft_max(int64_t n) {
-  if (n < 1)
-    throw InvalidArgument("--draft-max must be at least 1 (got " + std::to_string(n) + ")");
+  if (n < 1) fail_setting("draft max", std::to_string(n), "must be at least 1");
 }
 
 int parse_draft_max(const std::string& text) {
@@ -153,9 +150,9 @@ int parse_draft_max(const std::string& text) {
     used = 0;
   }
   if (used == 0 || used != text.size())
-    throw InvalidArgument("--draft-max " + text + ": expected auto or a number of drafts");
+    fail_setting("draft max", text, "expected auto or a number of drafts");
   validate_draft_max(n);
-  if (n > 256) throw InvalidArgument("--draft-max " + text + ": at most 256 drafts per pass");
+  if (n > 256) fail_setting("draft max", text, "at most 256 drafts per pass");
   return static_cast<int>(n);
 }
 

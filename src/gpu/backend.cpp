@@ -191,10 +191,9 @@ std::unique_ptr<Backend> Backend::open(const Options& o, std::string& line) {
           "glslc); running on the CPU";
       return nullptr;
     }
-    fail_arg(
-        "--gpu {}: this build has no Vulkan backend (rebuild with Debian libvulkan-dev and "
-        "glslc installed)",
-        o.select);
+    fail_setting("gpu", o.select,
+                 "this build has no Vulkan backend (rebuild with Debian libvulkan-dev and glslc "
+                 "installed)");
   }
   Probe p = probe();
   int index = -1;
@@ -209,19 +208,20 @@ std::unique_ptr<Backend> Backend::open(const Options& o, std::string& line) {
       std::string seen;
       for (const DeviceInfo& d : p.devices)
         seen += fmt::format("{}{} {} ({})", seen.empty() ? "" : ", ", d.index, d.name, d.type);
-      line = fmt::format("[gpu] auto: no Vulkan GPU found ({}); running on the CPU",
-                         p.devices.empty() ? p.error : "devices: " + seen + "; --gpu N uses one");
+      line =
+          fmt::format("[gpu] auto: no Vulkan GPU found ({}); running on the CPU",
+                      p.devices.empty() ? p.error : "devices: " + seen + "; name one by its index");
       return nullptr;
     }
   } else {
     char* end = nullptr;
     long v = std::strtol(o.select.c_str(), &end, 10);
     if (end == o.select.c_str() || *end != '\0' || v < 0)
-      fail_arg("--gpu {}: expected auto, off or a device index (0, 1, ...)", o.select);
-    if (p.devices.empty()) fail_arg("--gpu {}: no Vulkan device: {}", o.select, p.error);
+      fail_setting("gpu", o.select, "expected auto, off or a device index (0, 1, ...)");
+    if (p.devices.empty()) fail_setting("gpu", o.select, "no Vulkan device: {}", p.error);
     if (v >= static_cast<long>(p.devices.size()))
-      fail_arg("--gpu {}: no such Vulkan device (this machine has {}: 0..{})", o.select,
-               p.devices.size(), p.devices.size() - 1);
+      fail_setting("gpu", o.select, "no such Vulkan device (this machine has {}: 0..{})",
+                   p.devices.size(), p.devices.size() - 1);
     index = static_cast<int>(v);
   }
   std::unique_ptr<Backend> b(new Backend(o, Device::open(index, o.staged)));

@@ -501,8 +501,8 @@ std::unique_ptr<Device> Device::open(int index, bool staged) {
   if (a.instance == VK_NULL_HANDLE) fail("no Vulkan device: {}", a.error);
   std::vector<VkPhysicalDevice> pds = physical_devices(a);
   if (index < 0 || index >= static_cast<int>(pds.size()))
-    fail_arg("--gpu {}: no such Vulkan device (this machine has {}: 0..{})", index, pds.size(),
-             static_cast<int>(pds.size()) - 1);
+    fail_setting("gpu", std::to_string(index), "no such Vulkan device (this machine has {}: 0..{})",
+                 pds.size(), static_cast<int>(pds.size()) - 1);
   auto impl = std::make_unique<Impl>(a);
   Impl& d = *impl;
   d.pd = pds[static_cast<size_t>(index)];

@@ -11,7 +11,7 @@ namespace deltafin {
 
 std::string PassPlan::describe() const {
   return fmt::format("prefill passes of up to {} rows{} in blocks of {} rows", pass_rows,
-                     automatic ? " (auto)" : " (--prefill-chunk)", block_rows);
+                     automatic ? " (auto)" : " (as set)", block_rows);
 }
 
 int64_t pass_block_rows(int64_t pass_rows) {

@@ -34,7 +34,7 @@ CachePolicy parse_cache_policy(const std::string& s) {
   if (s == "lru") return CachePolicy::kLRU;
   if (s == "lfu") return CachePolicy::kLFU;
   if (s == "pinned") return CachePolicy::kPinned;
-  fail_arg("--cache-policy {}: expected lru, lfu or pinned", s);
+  fail_setting("cache policy", s, "expected lru, lfu or pinned");
 }
 
 const char* cache_policy_name(CachePolicy p) {

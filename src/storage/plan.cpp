@@ -150,14 +150,12 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
   const uint64_t largest = *std::max_element(p.unit_file_bytes.begin(), p.unit_file_bytes.end());
   p.min_working_set = p.fixed_bytes() + 2 * largest + min_experts;
   if (p.budget < p.min_working_set) {
-    fail_arg(
-        "memory budget {} is below the minimum working set of {} for this model (fixed costs {}, "
-        "two buffers "
-        "of its largest trunk layer {}, the {} experts of one pass {}); raise --memory-budget or "
-        "lower the "
-        "context / parallel sequences",
-        gib(p.budget), gib(p.min_working_set), gib(p.fixed_bytes()), gib(2 * largest), c.moe.top_k,
-        gib(min_experts));
+    fail_setting("memory budget", gib(p.budget),
+                 "below the minimum working set of {} for this model (fixed costs {}, two buffers "
+                 "of its largest trunk layer {}, the {} experts of one pass {}); raise the memory "
+                 "budget or lower the context / parallel sequences",
+                 gib(p.min_working_set), gib(p.fixed_bytes()), gib(2 * largest), c.moe.top_k,
+                 gib(min_experts));
   }
   // An automatic prefill pass: as many rows as half the room beyond the minimum working set
   // holds, up to what the prompt needs.
