@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "fixtures/synthetic_tokenizer.h"
 #include "fuzz_targets.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "test_util.h"
 
 namespace deltafin {

@@ -14,7 +14,7 @@
 #include <regex>
 #include <thread>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "invalid_bodies.h"
 #include "test_util.h"
 

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"

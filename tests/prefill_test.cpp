@@ -9,7 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/engine.h"
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/pass_arena.h"

@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "test_util.h"
 
 extern char** environ;

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "model/config.h"
 #include "server_util.h"
 #include "storage/checkpoint.h"

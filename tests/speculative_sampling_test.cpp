@@ -14,7 +14,7 @@
 #include <random>
 
 #include "draft/draft_model.h"
-#include "draft/synthetic_draft.h"
+#include "fixtures/synthetic_draft.h"
 #include "draft/tap_drafter.h"
 #include "engine/engine.h"
 #include "generate/draft_length.h"

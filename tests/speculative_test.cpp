@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "generate/driver.h"
 #include "model/config.h"
 #include "model/model.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 
 namespace deltafin::test {
 

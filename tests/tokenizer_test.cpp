@@ -14,6 +14,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "fixtures/synthetic_tokenizer.h"
 #include "test_util.h"
 #include "tokenizer/base64.h"
 #include "tokenizer/bpe.h"

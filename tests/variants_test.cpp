@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "engine/engine.h"
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "model/model.h"
 #include "reference_model.h"
 #include "test_util.h"

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 
 extern char** environ;
 

@@ -8,11 +8,11 @@
 #include <filesystem>
 
 #include "cli/demo.h"
+#include "cli/error_text.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "draft/draft_model.h"
 #include "engine/engine.h"
-#include "engine/synthetic.h"
 #include "kernels/kernels.h"
 
 namespace deltafin::cli {
@@ -52,6 +52,8 @@ CLI::Validator parses_with(Parse parse, const char* shape) {
       [parse](std::string& v) -> std::string {
         try {
           parse(v);
+        } catch (const SettingError& e) {
+          return validator_text(e);  // CLI11 names the flag
         } catch (const std::exception& e) {
           return e.what();
         }

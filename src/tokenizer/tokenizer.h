@@ -95,12 +95,4 @@ class IncrementalDecoder {
   std::string held_;
 };
 
-// Writes `dir`/tiktoken.model and `dir`/tokenizer_config.json for a synthetic model whose
-// vocabulary (ranks + 256 specials) is `vocab_size`: the 256 single bytes first, then
-// vocab_size - 512 merges learned by a small deterministic BPE training over a built-in
-// English/code sample (padded with deterministic filler tokens when the sample runs out of
-// pairs), and the K3 special tokens at K3's offsets from the first special id. Files are written
-// atomically. vocab_size must be in [512, 1048576].
-void write_synthetic_tokenizer(const std::string& dir, int32_t vocab_size);
-
 }  // namespace deltafin
