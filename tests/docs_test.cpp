@@ -112,6 +112,7 @@ TEST(Docs, EveryCitedPathExists) {
   ASSERT_GT(t.files.size(), 100u) << "no source tree found at " << t.root;
   int checked = 0;
   for (const auto& rel : t.files) {
+    if (rel == "tests/docs_test.cpp") continue;  // its examples of missing documents
     const std::string text = test::slurp((t.root / rel).string());
     if (!readable_text(rel, text)) continue;
     for (std::sregex_iterator it(text.begin(), text.end(), citation()), end; it != end; ++it) {

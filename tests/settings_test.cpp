@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 std::vector<std::string> literals(const std::string& line) {
   std::vector<std::string> out;
   const size_t comment = line.find("//");
-  static const std::regex lit(R"("((?:[^"\\]|\\.)*)") ");
-      for (std::sregex_iterator it(line.begin(), line.end(), lit), end; it != end; ++it) {
+  static const std::regex lit(R"re("((?:[^"\\]|\\.)*)")re");
+  for (std::sregex_iterator it(line.begin(), line.end(), lit), end; it != end; ++it) {
     if (comment != std::string::npos && static_cast<size_t>(it->position()) > comment) break;
     out.push_back((*it)[1]);
   }
