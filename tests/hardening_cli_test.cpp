@@ -102,7 +102,7 @@ TEST(Hardening, ThreadsBeyondTheCpusAreCappedWithAWarning) {
   const auto r = test::run_deltafin({"run", "--model", tiny_model(), "--prompt-ids", "1,2",
                                      "--max-new", "2", "--threads", "1000"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("--threads 1000 is more than the"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1000 compute threads are more than the"), std::string::npos) << r.err;
 }
 
 // 5 and 16: absurd dimensions are refused in one line naming the field; lists of end ids are

@@ -14,9 +14,9 @@
 #include <random>
 
 #include "draft/draft_model.h"
-#include "fixtures/synthetic_draft.h"
 #include "draft/tap_drafter.h"
 #include "engine/engine.h"
+#include "fixtures/synthetic_draft.h"
 #include "generate/draft_length.h"
 #include "generate/driver.h"
 #include "generate/speculative.h"

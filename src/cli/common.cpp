@@ -215,9 +215,10 @@ std::string resolve_model_dir(const std::string& flag) {
   namespace fs = std::filesystem;
   auto checked = [](const std::string& dir, const char* from) {
     std::error_code ec;
-    if (!fs::exists(dir, ec)) fail_arg("model folder {} ({}) does not exist", dir, from);
+    if (!fs::exists(dir, ec))
+      fail_arg("{} {}: no such folder (expected a checkpoint folder)", from, dir);
     if (!fs::is_directory(dir, ec))
-      fail_arg("{} ({}) is not a folder (expected a checkpoint folder)", dir, from);
+      fail_arg("{} {}: not a folder (expected a checkpoint folder)", from, dir);
     return dir;
   };
   if (!flag.empty()) return checked(flag, "--model");
