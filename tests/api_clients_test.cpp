@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "engine/synthetic.h"
+#include "fixtures/synthetic.h"
 #include "server_util.h"
 #include "test_util.h"
 

@@ -54,9 +54,11 @@ std::vector<std::string> tree_files(const fs::path& root) {
   return out;
 }
 
-// Text worth reading: not a fuzz input (random bytes by design), not binary, not huge.
+// Text worth reading: not a fuzz input (random bytes by design), not an npm lockfile (what third
+// parties wrote about their packages), not binary, not huge.
 bool readable_text(const std::string& rel, const std::string& bytes) {
   if (rel.rfind("tests/data/fuzz/", 0) == 0) return false;
+  if (fs::path(rel).filename() == "package-lock.json") return false;
   if (bytes.size() > (2u << 20)) return false;
   return bytes.find('\0') == std::string::npos;
 }
