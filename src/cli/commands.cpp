@@ -6,6 +6,8 @@ void register_all(CLI::App& app) {
   register_run(app);
   register_chat(app);
   register_serve(app);
+  register_doctor(app);
+  register_pull(app);
   register_logits(app);
   register_propose(app);
   register_inspect(app);

@@ -18,7 +18,9 @@ void register_bench(CLI::App& app);
 void register_run(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_chat(CLI::App& app);
-void register_serve(CLI::App& app);  // cmd_serve.cpp
+void register_serve(CLI::App& app);   // cmd_serve.cpp
+void register_doctor(CLI::App& app);  // cmd_doctor.cpp (+ doctor_text.cpp)
+void register_pull(CLI::App& app);    // cmd_pull.cpp (+ hub.cpp, fetch.cpp)
 // `deltafin tokenize` (cmd_tokenize.cpp) and `deltafin render` (cmd_render.cpp).
 void register_tokenize(CLI::App& app);
 void register_render(CLI::App& app);

@@ -30,24 +30,30 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
         "is truncated or not a safetensors file",
         file, header_len, size);
   }
+  auto out = parse_safetensors_json(data + 8, header_len, size - 8 - header_len, file);
+  for (auto& t : out) t.data = data + t.offset;
+  return out;
+}
+
+std::vector<TensorInfo> parse_safetensors_json(const uint8_t* header_bytes, uint64_t header_len,
+                                               uint64_t data_size, const std::string& file) {
   if (header_len > kMaxHeaderBytes) {
     fail("{}: safetensors header of {} bytes is implausibly large (limit {} MiB)", file, header_len,
          kMaxHeaderBytes >> 20);
   }
   json header;
-  check_json_depth(
-      std::string_view(reinterpret_cast<const char*>(data + 8), static_cast<size_t>(header_len)),
-      kMaxJsonDepth, file + ": safetensors header");
+  check_json_depth(std::string_view(reinterpret_cast<const char*>(header_bytes),
+                                    static_cast<size_t>(header_len)),
+                   kMaxJsonDepth, file + ": safetensors header");
   try {
-    header = json::parse(reinterpret_cast<const char*>(data + 8),
-                         reinterpret_cast<const char*>(data + 8 + header_len));
+    header = json::parse(reinterpret_cast<const char*>(header_bytes),
+                         reinterpret_cast<const char*>(header_bytes + header_len));
   } catch (const json::exception& e) {  // parse errors, and numbers beyond a double (fuzzer)
     fail("{}: safetensors header is not valid JSON: {}", file, json_error_text(e));
   }
   if (!header.is_object()) fail("{}: safetensors header is not a JSON object", file);
 
   const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = size - data_start;
   // What a header may claim (SECURITY.md lists these): far above any real checkpoint's shard
   // (K3's hold a few thousand tensors with names under 100 bytes and at most 3 dimensions).
   const size_t n_tensors = header.size() - (header.contains("__metadata__") ? 1 : 0);
@@ -125,7 +131,6 @@ std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t s
     }
     t.offset = data_start + b;
     t.nbytes = en - b;
-    t.data = data + t.offset;
     out.push_back(std::move(t));
   }
   // No two tensors may share bytes.

@@ -45,5 +45,10 @@ inline constexpr size_t kMaxTensorRank = 8;
 // Parses one safetensors header (exposed for tests). `file` is used in messages.
 std::vector<TensorInfo> parse_safetensors_header(const uint8_t* data, uint64_t size,
                                                  const std::string& file);
+// The header's JSON alone (`header_len` bytes after the 8-byte length), for a data region of
+// `data_size` bytes: offsets are from the file's start, `data` is left null. What checks a
+// shard without mapping it uses (storage/checkpoint_check.h).
+std::vector<TensorInfo> parse_safetensors_json(const uint8_t* header_bytes, uint64_t header_len,
+                                               uint64_t data_size, const std::string& file);
 
 }  // namespace deltafin

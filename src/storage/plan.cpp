@@ -20,11 +20,17 @@ uint64_t align_up(uint64_t x) {
 }
 
 // RAM a unit of tensors needs: file bytes (bf16) or int8 bytes for its BF16 matrices.
-uint64_t unit_ram(const Checkpoint& ck, const std::vector<std::string>& names, TrunkFormat f,
+const TensorInfo& get(const TensorTable& tensors, const std::string& name) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) fail_arg("tensor {} is missing", name);
+  return it->second;
+}
+
+uint64_t unit_ram(const TensorTable& ck, const std::vector<std::string>& names, TrunkFormat f,
                   bool& any_int8) {
   uint64_t n = 0;
   for (const auto& name : names) {
-    const TensorInfo& t = ck.get(name);
+    const TensorInfo& t = get(ck, name);
     const bool matrix = t.shape.size() == 2 && t.dtype == DType::kBF16 && t.shape[0] > 1;
     if (f == TrunkFormat::kInt8 && matrix && name != "language_model.model.embed_tokens.weight") {
       n += int8_bytes(t.shape[0], t.shape[1]);
@@ -96,6 +102,10 @@ std::string gib(uint64_t b) {
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOptions& o) {
+  return plan_memory(c, ck.tensors(), o);
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOptions& o) {
   MemoryPlan p;
   p.budget = o.budget > 0 ? o.budget : default_memory_budget();
   p.context = o.context > 0 ? std::min(o.context, c.max_positions)
@@ -124,13 +134,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
   for (int i = 0; i <= L; ++i) {
     auto names = i < L ? layer_trunk_tensors(c, i, ck) : head_tensors(c);
     uint64_t file = 0;
-    for (const auto& n : names) file += ck.get(n).nbytes;
+    for (const auto& n : names) file += get(ck, n).nbytes;
     p.unit_file_bytes.push_back(align_up(file + 2 * kAlign * names.size()));
     p.unit_bytes.push_back(unit_ram(ck, names, o.trunk, any_int8));
   }
   if (p.prefetch) {
     for (int i = static_cast<int>(c.first_k_dense); i < L; ++i) {
-      for (const auto& n : router_tensors(i)) p.router_bytes += ck.get(n).nbytes;
+      for (const auto& n : router_tensors(i)) p.router_bytes += get(ck, n).nbytes;
     }
   }
   // Experts.
@@ -139,7 +149,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
     uint64_t eb = 0;
     for (const auto& s :
          expert_tensor_suffixes(c.quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16)) {
-      if (const TensorInfo* t = ck.find(e0 + s)) eb += t->nbytes;
+      if (auto it = ck.find(e0 + s); it != ck.end()) eb += it->second.nbytes;
     }
     p.expert_slot_bytes = o.expert_slot_bytes > 0 ? o.expert_slot_bytes : align_up(eb + 2 * kAlign);
     p.all_experts_bytes =

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/inventory.h"
 #include "model/pass_plan.h"
 
 namespace deltafin {
@@ -85,6 +86,9 @@ uint64_t default_memory_budget();
 constexpr uint64_t kFixedOverheadBytes = 96ull << 20;
 
 MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOptions& o);
+// The same plan from a tensor table alone (`deltafin doctor` plans the released K3 from its
+// config, with no checkpoint on disk).
+MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& tensors, const PlanOptions& o);
 
 // Bytes of one sequence's State holding `context` positions.
 uint64_t state_bytes(const ModelConfig& c, int64_t context);

@@ -7,11 +7,15 @@ namespace deltafin {
 
 std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
                                              const Checkpoint& ck) {
+  return layer_trunk_tensors(c, layer, ck.tensors());
+}
+
+std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
+                                             const TensorTable& all) {
   (void)c;
   std::vector<std::string> names;
   const std::string P = layer_prefix(layer);
   const std::string E = P + "block_sparse_moe.experts.";
-  const auto& all = ck.tensors();
   for (auto it = all.lower_bound(P); it != all.end() && it->first.rfind(P, 0) == 0; ++it) {
     if (it->first.rfind(E, 0) != 0) names.push_back(it->first);
   }

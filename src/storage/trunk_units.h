@@ -17,6 +17,8 @@ class Checkpoint;
 
 // The names of one layer's trunk tensors.
 std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer, const Checkpoint& ck);
+std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
+                                             const TensorTable& tensors);
 // Bytes of the layer's trunk tensors (what a pass over the layer reads).
 uint64_t layer_trunk_bytes(const ModelConfig& c, int layer, const Checkpoint& ck);
 // Weight bytes a decode step reads excluding routed experts: every layer's trunk, the LM head

@@ -1,0 +1,561 @@
+// `deltafin doctor [--model DIR] [--dir PATH] [--json] [--verify]`: the machine, the plan and
+// the forecast for Kimi K3 (its released shape, known without the checkpoint) or for a checkpoint
+// folder, the change that would help most, and with --model a check of every shard (--verify:
+// every byte) and of its draft/ folder. Exits 1 after the report when the checkpoint has a
+// problem. docs/DOCTOR.md documents the report and the forecast's model.
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/doctor.h"
+#include "cli/fetch.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/json_parse.h"
+#include "core/mapped_file.h"
+#include "core/sysinfo.h"
+#include "core/thread_pool.h"
+#include "draft/draft_model.h"
+#include "fixtures/synthetic_draft.h"
+#include "engine/forecast.h"
+#include "fixtures/synthetic.h"
+#include "gpu/gpu.h"
+#include "kernels/kernels.h"
+#include "storage/checkpoint.h"
+#include "storage/checkpoint_check.h"
+#include "storage/expert_directory.h"
+#include "storage/expert_store.h"
+#include "storage/trunk_units.h"
+
+namespace deltafin::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+struct DoctorArgs {
+  std::string model, dir, memory_budget, kernels;
+  int threads = 0, readers = 4;
+  int64_t ctx = 0, prompt_tokens = 1024;
+  bool json = false, verify = false;
+};
+
+// The documented acceptance doctor assumes for a drafter (docs/DOCTOR.md gives the sources):
+// EAGLE-3.x verifies 5 drafts per pass and yields 4.17 tokens per pass on chat text (greedy);
+// DSpark proposes its block (7 drafts) and yields 3.31.
+DraftAssumption draft_assumption(bool dspark, uint64_t weight_bytes) {
+  return dspark ? DraftAssumption{weight_bytes, 7, 3.31} : DraftAssumption{weight_bytes, 5, 4.17};
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statvfs v {};
+  if (::statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+// The O_DIRECT read bandwidth of `dir`: of the checkpoint's own shards when given, else of a
+// 256 MiB file written there, flushed and read back past the page cache (then removed).
+double probe_disk(const std::vector<std::string>& shards, const std::string& dir, int readers,
+                  std::string& how) {
+  double best = 0;
+  if (!shards.empty()) {
+    for (int i = 0; i < 3; ++i)
+      best = std::max(best, measure_disk_bandwidth(shards, readers, 512ull << 20));
+    how = "O_DIRECT reads of the checkpoint's shards, best of 3";
+    return best;
+  }
+  const std::string path =
+      (fs::path(dir) / fmt::format(".deltafin-doctor-probe-{}", ::getpid())).string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    how = fmt::format("not measured: cannot write a probe file in {} ({})", dir,
+                      std::strerror(errno));
+    return 0;
+  }
+  const uint64_t size = 256ull << 20, block = 8ull << 20;
+  std::vector<uint8_t> buf(block);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  bool ok = true;
+  for (uint64_t off = 0; off < size && ok; off += block)
+    ok = ::pwrite(fd, buf.data(), block, static_cast<off_t>(off)) == static_cast<ssize_t>(block);
+  ok = ok && ::fdatasync(fd) == 0;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (ok) {
+    for (int i = 0; i < 3; ++i)
+      best = std::max(best, measure_disk_bandwidth({path}, readers, size));
+    how = "O_DIRECT reads of a 256 MiB probe file, best of 3";
+  } else {
+    how = fmt::format("not measured: writing a 256 MiB probe file in {} failed (disk full?)", dir);
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+  return best;
+}
+
+ojson machine_json(const DoctorArgs& a, const std::string& dir, double disk_bw,
+                   const std::string& disk_how) {
+  ojson m;
+  m["cpu"] = cpu_model_name();
+  m["cpu_features"] = cpu_features().describe();
+  m["kernels"] = kernels::active().name;
+  m["threads"] = global_pool().size();
+  m["memory_bytes"] = physical_memory_bytes();
+  m["cgroup_limit_bytes"] = cgroup_memory_limit_bytes();
+  m["memory_budget_bytes"] = a.memory_budget.empty()
+                                 ? default_memory_budget()
+                                 : parse_size(a.memory_budget, "--memory-budget");
+  m["memory_budget_default"] = a.memory_budget.empty();
+  m["dir"] = dir;
+  m["disk_free_bytes"] = free_bytes(dir);
+  m["disk_read_bytes_per_s"] = disk_bw;
+  m["disk_probe"] = disk_how;
+  ojson gpus = ojson::array();
+  const gpu::Probe p = gpu::probe();
+  for (const auto& d : p.devices)
+    gpus.push_back({{"index", d.index},
+                    {"name", d.name},
+                    {"type", d.type},
+                    {"memory_bytes", d.device_local_bytes},
+                    {"describe", d.describe()}});
+  m["gpus"] = gpus;
+  m["gpu_note"] = !gpu::compiled_in() ? "this build has no Vulkan backend"
+                  : p.devices.empty() ? p.error
+                                      : "";
+  return m;
+}
+
+ojson speeds_json(const KernelSpeeds& s) {
+  return {{"bf16_gemv_bytes_per_s", s.bf16_gemv},
+          {"int8_gemv_bytes_per_s", s.int8_gemv},
+          {"mxfp4_gemv_bytes_per_s", s.mxfp4_gemv},
+          {"bf16_gemm_flops_per_s", s.bf16_gemm},
+          {"int8_gemm_flops_per_s", s.int8_gemm},
+          {"mxfp4_gemm_flops_per_s", s.mxfp4_gemm},
+          {"f32_gemm_flops_per_s", s.f32_gemm},
+          {"trunk_rows", s.trunk_rows},
+          {"expert_rows", s.expert_rows},
+          {"product_overhead_s", s.product_overhead_s},
+          {"memory_bandwidth_bytes_per_s", s.memory_bandwidth},
+          {"fma_peak_flops_per_s", s.fma_peak},
+          {"seconds", s.seconds}};
+}
+
+ojson plan_json(const MemoryPlan& p) {
+  size_t resident = 0;
+  for (bool r : p.resident) resident += r;
+  return {{"budget_bytes", p.budget},
+          {"fixed_bytes", p.fixed_bytes()},
+          {"context", p.context},
+          {"trunk", p.trunk == TrunkFormat::kInt8 ? "int8" : "bf16"},
+          {"trunk_units", p.resident.size()},
+          {"trunk_units_resident", resident},
+          {"trunk_resident_bytes", p.trunk_resident_bytes},
+          {"trunk_streamed_bytes_per_pass", p.streamed_bytes_per_pass()},
+          {"expert_cache_bytes", p.expert_cache_bytes},
+          {"expert_cache_experts",
+           p.expert_slot_bytes ? p.expert_cache_bytes / p.expert_slot_bytes : 0},
+          {"expert_cache_share", p.all_experts_bytes ? static_cast<double>(p.expert_cache_bytes) /
+                                                           static_cast<double>(p.all_experts_bytes)
+                                                     : 1.0},
+          {"all_experts_bytes", p.all_experts_bytes},
+          {"min_working_set_bytes", p.min_working_set},
+          {"prefill_pass_rows", p.pass.pass_rows}};
+}
+
+ojson forecast_json(const std::string& name, const Forecast& f, int64_t prompt) {
+  ojson j{{"name", name},
+          {"decode_s_per_token", f.decode_s_per_token},
+          {"decode_tokens_per_s", f.decode_s_per_token > 0 ? 1.0 / f.decode_s_per_token : 0.0},
+          {"decode_bound", f.bound},
+          {"decode_compute_s", f.decode.compute_s},
+          {"decode_read_s", f.decode.read_s},
+          {"bytes_read_per_token", f.decode.read_bytes},
+          {"bytes_touched_per_token", f.decode.touched_bytes},
+          {"experts_per_token", f.decode.experts},
+          {"expert_hit_rate", f.expert_hit_rate},
+          {"prompt_tokens", prompt},
+          {"prefill_tokens_per_s", f.prefill_tokens_per_s},
+          {"prefill_s", f.prefill.seconds},
+          {"prefill_passes", f.prefill_passes},
+          {"prefill_bytes_read", f.prefill.read_bytes}};
+  if (f.draft_s_per_token > 0) {
+    j["draft_s_per_token"] = f.draft_s_per_token;
+    j["verify_pass_s"] = f.verify.seconds;
+  }
+  return j;
+}
+
+// The tensor table of the released K3 (from its config alone).
+TensorTable k3_tensors(const ModelConfig& c) {
+  TensorTable t;
+  InventoryOptions o;
+  o.expert_format = ExpertFormat::kMXFP4;
+  for (const auto& e : expected_tensors(c, o)) {
+    TensorInfo info;
+    info.name = e.name;
+    info.dtype = e.dtype;
+    info.shape = e.shape;
+    info.nbytes = static_cast<uint64_t>(info.numel()) * dtype_size(e.dtype);
+    t.emplace(e.name, std::move(info));
+  }
+  return t;
+}
+
+ojson check_json(const CheckpointCheck& c) {
+  size_t present = 0;
+  uint64_t bytes = 0;
+  for (const auto& s : c.shards) present += s.present, bytes += s.size;
+  ojson u = ojson::array();
+  for (const auto& r : c.unreadable)
+    u.push_back({{"file", r.file},
+                 {"offset", r.offset},
+                 {"length", r.length},
+                 {"error", r.error},
+                 {"tensors", r.tensors}});
+  return {{"dir", c.dir},
+          {"shards_expected", c.shards.size()},
+          {"shards_present", present},
+          {"bytes", bytes},
+          {"tensors", c.tensors.size()},
+          {"problems", c.problems},
+          {"verified", c.verified},
+          {"bytes_verified", c.bytes_verified},
+          {"verify_seconds", c.verify_seconds},
+          {"unreadable", u}};
+}
+
+// Reads every byte of the folder's shards (--verify); when `deltafin pull` left a manifest,
+// hashes every file it lists against the hub's hashes as it goes. Returns the "hashes" object
+// (null without a manifest); a mismatch is one of the check's problems.
+ojson verify_folder(CheckpointCheck& c) {
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const std::string manifest = (fs::path(c.dir) / ".deltafin-pull" / "manifest.json").string();
+  std::map<std::string, ojson> listed;
+  std::error_code ec;
+  if (fs::exists(manifest, ec)) {
+    try {
+      const ojson m = parse_ordered_json(read_file(manifest), manifest);
+      for (const auto& f : m.at("files")) listed[f.at("path").get<std::string>()] = f;
+    } catch (const std::exception& e) {
+      c.problems.push_back(fmt::format("{}: {}", manifest, json_error_text(e)));
+    }
+  }
+  auto hasher_for = [](const ojson& f) {
+    const std::string sha = f.value("sha256", "");
+    return std::make_unique<FileHasher>(sha.empty(), f.value("size", uint64_t{0}));
+  };
+  std::vector<std::unique_ptr<FileHasher>> shard_hash(c.shards.size());
+  for (size_t i = 0; i < c.shards.size(); ++i) {
+    auto it = listed.find(c.shards[i].file);
+    if (it != listed.end()) shard_hash[i] = hasher_for(it->second);
+  }
+  double last = -1;
+  verify_checkpoint_bytes(
+      c, 8ull << 20,
+      [&](size_t shard, uint64_t, const uint8_t* data, size_t n) {
+        if (shard_hash[shard]) shard_hash[shard]->update(data, n);
+      },
+      [&](uint64_t done, uint64_t total) {
+        const double pct =
+            total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100;
+        if (tty && pct - last >= 1) {
+          fmt::print(stderr, "\rverifying {}: {:.0f}%", c.dir, pct);
+          last = pct;
+        }
+      });
+  if (tty) fmt::print(stderr, "\r\033[K");
+  if (listed.empty()) return nullptr;
+  ojson mismatched = ojson::array();
+  int checked = 0;
+  for (const auto& [path, f] : listed) {
+    const std::string want =
+        f.value("sha256", "").empty() ? f.value("oid", "") : f.value("sha256", "");
+    if (want.empty()) continue;
+    std::string got;
+    const auto shard = std::find_if(c.shards.begin(), c.shards.end(),
+                                    [&](const ShardCheck& s) { return s.file == path; });
+    if (shard != c.shards.end()) {
+      const bool unreadable =
+          std::any_of(c.unreadable.begin(), c.unreadable.end(),
+                      [&](const UnreadableRegion& r) { return r.file == path; });
+      if (!shard->present || unreadable) continue;  // reported already
+      got = shard_hash[static_cast<size_t>(shard - c.shards.begin())]->hex();
+    } else {
+      const std::string full = (fs::path(c.dir) / path).string();
+      if (!fs::exists(full, ec)) {
+        c.problems.push_back(fmt::format("{}: listed by the pull manifest but missing", full));
+        continue;
+      }
+      try {
+        got = f.value("sha256", "").empty() ? file_git_oid(full) : file_sha256(full);
+      } catch (const std::exception& e) {
+        c.problems.push_back(e.what());
+        continue;
+      }
+    }
+    ++checked;
+    if (got != want) {
+      mismatched.push_back(path);
+      c.problems.push_back(
+          fmt::format("{}: its hash {} is not the {} the hub listed when it was pulled",
+                      (fs::path(c.dir) / path).string(), got, want));
+    }
+  }
+  return {{"manifest", manifest}, {"checked", checked}, {"mismatched", mismatched}};
+}
+
+void run_doctor(const DoctorArgs& a) {
+  EngineOptions eo;
+  eo.threads = a.threads;
+  eo.kernels = a.kernels;
+  apply_engine_options(eo);
+  DoctorReport r;
+  r["deltafin"] = DELTAFIN_VERSION;
+  bool failed = false;
+  std::optional<ModelConfig> config;
+  TensorTable tensors;
+  std::unique_ptr<Checkpoint> ck;
+  std::vector<std::string> shard_paths;
+  ojson model;
+  std::shared_ptr<DraftModel> draft;
+  if (!a.model.empty()) {
+    require_model_folder(a.model);
+    CheckpointCheck check = check_checkpoint_files(a.model);
+    ojson inventory = nullptr;
+    try {
+      config = load_config(a.model);
+      try {
+        const InventoryReport rep = check_inventory(*config, check.tensors, a.model);
+        inventory = {{"ok", true}, {"checked", rep.checked}};
+      } catch (const std::exception& e) {
+        if (check.problems.empty()) check.problems.push_back(e.what());
+        inventory = {{"ok", false}, {"error", e.what()}};
+      }
+    } catch (const std::exception& e) {
+      check.problems.push_back(e.what());
+    }
+    const ojson hashes = a.verify ? verify_folder(check) : ojson(nullptr);
+    if (check.problems.empty()) {
+      ck = Checkpoint::open(a.model);
+      tensors = ck->tensors();
+      for (const auto& s : ck->shards()) shard_paths.push_back(s.path());
+    }
+    ojson cj = check_json(check);
+    cj["inventory"] = inventory;
+    cj["hashes"] = hashes;
+    failed = !check.ok();
+    // Its drafter: the draft/ folder, checked the same way and against the target.
+    const fs::path dd = fs::path(a.model) / "draft";
+    std::error_code ec;
+    if (fs::is_directory(dd, ec)) {
+      CheckpointCheck dc = check_checkpoint_files(dd.string());
+      const ojson dh = a.verify ? verify_folder(dc) : ojson(nullptr);
+      ojson dj = check_json(dc);
+      dj["hashes"] = dh;
+      if (dc.problems.empty() && config) {
+        try {
+          draft = open_draft_model(dd.string(), *config);
+          dj["kind"] = draft_kind_name(draft->config().kind);
+          dj["describe"] = draft->describe();
+        } catch (const std::exception& e) {
+          dc.problems.push_back(e.what());
+          dj["problems"] = dc.problems;
+        }
+      }
+      failed = failed || !dc.ok();
+      cj["draft"] = dj;
+    } else {
+      cj["draft"] = nullptr;
+    }
+    r["checkpoint"] = cj;
+    model = {{"name", a.model}, {"source", "checkpoint"}};
+  } else {
+    config =
+        parse_config(synthetic_config_json(kimi_k3_release_spec()), "Kimi K3 (released shape)");
+    tensors = k3_tensors(*config);
+    model = {{"name", "Kimi K3 (moonshotai/Kimi-K3, as released)"}, {"source", "built-in shape"}};
+    r["checkpoint"] = nullptr;
+  }
+  const std::string dir = !a.dir.empty() ? a.dir : !a.model.empty() ? a.model : ".";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail_usage("--dir {} is not a folder", dir);
+  std::string disk_how;
+  const double disk_bw = probe_disk(a.dir.empty() ? shard_paths : std::vector<std::string>{}, dir,
+                                    a.readers, disk_how);
+  r["machine"] = machine_json(a, dir, disk_bw, disk_how);
+  if (config && !tensors.empty()) {
+    const ModelConfig& c = *config;
+    uint64_t bytes = 0;
+    for (const auto& [n, t] : tensors) bytes += t.nbytes;
+    model["layers"] = c.num_layers;
+    model["hidden"] = c.hidden;
+    model["experts"] = c.moe.num_experts;
+    model["top_k"] = c.moe.top_k;
+    model["vocab"] = c.vocab;
+    model["weight_bytes"] = bytes;
+    model["disk_needed_bytes"] = ck ? 0 : bytes;
+    model["fits_on_disk"] = ck != nullptr || free_bytes(dir) >= bytes;
+    r["model"] = model;
+    PlanOptions po;
+    po.budget = r["machine"]["memory_budget_bytes"].get<uint64_t>();
+    po.context = a.ctx;
+    po.max_rows = 0;
+    po.prefill_rows = a.prompt_tokens;
+    if (ck && c.num_moe_layers() > 0) {
+      const ExpertFormat ef = check_inventory(c, *ck).expert_format;
+      po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *ck, ef), c);
+    }
+    auto plan_for = [&](PlanOptions o) { return plan_memory(c, tensors, o); };
+    try {
+      const MemoryPlan plan = plan_for(po);
+      r["plan"] = plan_json(plan);
+      const int64_t rows = std::min(a.prompt_tokens, plan.pass.pass_rows);
+      const KernelSpeeds s = measure_kernel_speeds(
+          c, std::min(rows, plan.pass.block_rows),
+          std::min(rows_per_expert(c, rows), plan.pass.block_rows), global_pool());
+      r["speeds"] = speeds_json(s);
+      auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
+        return forecast(c, tensors, p, s, bw, a.prompt_tokens, d);
+      };
+      const Forecast base = predict(plan, disk_bw);
+      ojson fc = ojson::array();
+      fc.push_back(forecast_json("bf16", base, a.prompt_tokens));
+      PlanOptions p8 = po;
+      p8.trunk = TrunkFormat::kInt8;
+      const Forecast int8 = predict(plan_for(p8), disk_bw);
+      fc.push_back(forecast_json("trunk_int8", int8, a.prompt_tokens));
+      // A drafter: the model's own draft/ folder, else EAGLE-3.1 sized for this target.
+      DraftAssumption da;
+      std::string dname;
+      if (draft) {
+        da = draft_assumption(draft->config().kind == DraftKind::kDSpark, draft->weight_bytes());
+        dname = fmt::format("{} (its draft/ folder)", draft_kind_name(draft->config().kind));
+      } else {
+        const SyntheticDraftSpec ds = synthetic_draft_preset("eagle3.1");
+        const DraftModelConfig dc =
+            parse_draft_config(synthetic_draft_config_json(ds, c), "EAGLE-3.1 for this target");
+        uint64_t wb = 0;
+        for (const auto& t : draft_tensors(dc)) {
+          if (t.name.find("embed_tokens") != std::string::npos) continue;  // K3's table is used
+          uint64_t n = dtype_size(t.dtype);
+          for (const int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+          wb += n;
+        }
+        da = draft_assumption(false, wb);
+        dname = "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)";
+      }
+      PlanOptions pd = po;
+      pd.draft_weight_bytes = da.weight_bytes;
+      pd.prefill_rows = std::max<int64_t>(a.prompt_tokens, 1 + da.drafts);
+      try {
+        const Forecast df = predict(plan_for(pd), disk_bw, &da);
+        ojson dj = forecast_json("draft", df, a.prompt_tokens);
+        dj["drafter"] = dname;
+        dj["drafts_per_pass"] = da.drafts;
+        dj["tokens_per_pass"] = da.tokens_per_pass;
+        dj["draft_weight_bytes"] = da.weight_bytes;
+        fc.push_back(dj);
+      } catch (const std::exception& e) {
+        fc.push_back({{"name", "draft"}, {"drafter", dname}, {"error", e.what()}});
+      }
+      r["forecasts"] = fc;
+      // The one change that would help most: twice the RAM, a second drive, the int8 trunk.
+      ojson options = ojson::array();
+      auto option = [&](const std::string& change, const std::string& text, const Forecast& f) {
+        options.push_back(
+            {{"change", change},
+             {"text", text},
+             {"decode_s_per_token", f.decode_s_per_token},
+             {"prefill_tokens_per_s", f.prefill_tokens_per_s},
+             {"speedup",
+              f.decode_s_per_token > 0 ? base.decode_s_per_token / f.decode_s_per_token : 0.0}});
+      };
+      if (plan.budget < bytes) {  // more RAM helps only while the model does not fit
+        PlanOptions pr = po;
+        pr.budget = po.budget * 2;
+        option("more_ram", fmt::format("twice the RAM (a {} budget)", gib(pr.budget)),
+               predict(plan_for(pr), disk_bw));
+      }
+      if (base.decode.read_bytes > 0)
+        option("second_drive",
+               "a second drive as fast as this one, holding half of the experts (reads split over "
+               "both; `deltafin place --home` where this build has it, else a RAID 0 of the two)",
+               predict(plan, 2 * disk_bw));
+      option("trunk_int8", "--trunk int8 (lossy: per-row int8 trunk weights)", int8);
+      size_t best = 0;
+      for (size_t i = 1; i < options.size(); ++i)
+        if (options[i]["speedup"].get<double>() > options[best]["speedup"].get<double>()) best = i;
+      const bool helps = options[best]["speedup"].get<double>() >= 1.05;
+      r["advice"] = {{"best", helps ? options[best]["change"] : ojson("none")},
+                     {"options", options}};
+    } catch (const InvalidArgument& e) {  // the budget is below the minimum working set
+      r["plan"] = {{"error", e.what()}};
+      r["forecasts"] = ojson::array();
+      r["advice"] = {{"best", "more_ram"}, {"options", ojson::array()}};
+    }
+  } else {
+    r["model"] = model;
+  }
+  r["ok"] = !failed;
+  if (a.json) {
+    fmt::print("{}\n", r.dump());
+  } else {
+    fmt::print("{}", doctor_text(r));
+  }
+  if (failed) throw Error("the checkpoint has problems (listed above)");
+}
+
+}  // namespace
+
+void register_doctor(CLI::App& app) {
+  auto a = std::make_shared<DoctorArgs>();
+  auto* cmd = app.add_subcommand(
+      "doctor",
+      "Say what this machine will do with Kimi K3 (or a checkpoint): plan, forecast, checks");
+  cmd->add_option("--model", a->model,
+                  "Checkpoint folder to check and forecast (default: Kimi K3's released shape, "
+                  "without a checkpoint)");
+  cmd->add_option("--dir", a->dir,
+                  "Folder whose free space and read bandwidth count (default: the model folder, "
+                  "else the current folder)");
+  cmd->add_flag("--json", a->json, "Print one JSON object (docs/DOCTOR.md)");
+  cmd->add_flag("--verify", a->verify,
+                "With --model: also read every byte of every shard and report unreadable regions");
+  cmd->add_option("--memory-budget", a->memory_budget,
+                  "RAM for the model, as for run (default: 75% of RAM or of the cgroup limit)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              parse_size(v, "--memory-budget");
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+            return "";
+          },
+          "SIZE"));
+  cmd->add_option("--threads", a->threads, "Compute threads (default: one per physical core)")
+      ->check(non_negative());
+  cmd->add_option("--kernels", a->kernels, "Force a kernel set: scalar, avx2, avx512 or neon")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon"}));
+  cmd->add_option("--readers", a->readers, "Reader threads (as for run), for the disk probe")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--ctx", a->ctx, "Context positions to plan for (default: min(model, 8192))")
+      ->check(non_negative());
+  cmd->add_option("--prompt-tokens", a->prompt_tokens,
+                  "Prompt length the prefill forecast is for (decode is forecast after it)")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->callback([a] { run_doctor(*a); });
+}
+
+}  // namespace deltafin::cli

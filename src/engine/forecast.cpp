@@ -1,0 +1,482 @@
+#include "engine/forecast.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "core/sysinfo.h"
+#include "core/thread_pool.h"
+#include "core/timer.h"
+#include "kernels/kernels.h"
+#include "model/weights.h"
+#include "storage/trunk_units.h"
+
+namespace deltafin {
+
+namespace {
+
+// Deterministic filler: random mantissas with bounded exponents, so no product overflows,
+// underflows into denormals or meets a NaN scale (any of which would time differently).
+struct Fill {
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  uint64_t next() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  }
+  void bf16(std::vector<uint16_t>& v) {
+    for (auto& e : v) e = static_cast<uint16_t>(0x3C00u | (next() & 0x81FFu));
+  }
+  void bytes(std::vector<uint8_t>& v) {
+    for (auto& e : v) e = static_cast<uint8_t>(next());
+  }
+  void scales(std::vector<uint8_t>& v, uint8_t base) {
+    for (auto& e : v) e = static_cast<uint8_t>(base + (next() & 3u));
+  }
+  void f32(std::vector<float>& v) {
+    for (auto& e : v) e = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) * 1e-3f;
+  }
+};
+
+// The best time of `fn` over repetitions lasting at least `min_s` in all (at least 3 runs).
+double best_time(const std::function<void()>& fn, double min_s) {
+  fn();  // warm: page the buffers in, spin the pool up
+  double best = 1e30, total = 0;
+  for (int rep = 0; rep < 3 || total < min_s; ++rep) {
+    Stopwatch sw;
+    fn();
+    const double t = sw.elapsed();
+    best = std::min(best, t);
+    total += t;
+    if (rep > 200) break;
+  }
+  return best;
+}
+
+// A matrix of `rows` x `cols` in a format, with the bytes it points into.
+struct OwnedMatrix {
+  std::vector<uint16_t> bf16;
+  std::vector<uint8_t> bytes, scales;
+  std::vector<float> f32;
+  Matrix m;
+};
+
+OwnedMatrix make_matrix(WeightFormat f, int64_t rows, int64_t cols, Fill& fill) {
+  OwnedMatrix o;
+  o.m.format = f;
+  o.m.rows = rows;
+  o.m.cols = cols;
+  const auto n = static_cast<size_t>(rows * cols);
+  switch (f) {
+    case WeightFormat::kBF16:
+      o.bf16.resize(n);
+      fill.bf16(o.bf16);
+      o.m.data = o.bf16.data();
+      break;
+    case WeightFormat::kMXFP4:
+      o.bytes.resize(n / 2);
+      o.scales.resize(n / 32);
+      fill.bytes(o.bytes);
+      fill.scales(o.scales, 120);
+      o.m.data = o.bytes.data();
+      o.m.scales = o.scales.data();
+      break;
+    case WeightFormat::kInt8:
+      o.bytes.resize(n);
+      o.scales.resize(static_cast<size_t>(rows) * 2);
+      fill.bytes(o.bytes);
+      for (size_t r = 0; r < o.scales.size(); r += 2) {  // f16 scale 2^-7
+        o.scales[r] = 0x00;
+        o.scales[r + 1] = 0x20;
+      }
+      o.m.data = o.bytes.data();
+      o.m.scales = o.scales.data();
+      break;
+    case WeightFormat::kF32:
+      o.f32.resize(n);
+      fill.f32(o.f32);
+      o.m.data = o.f32.data();
+      break;
+  }
+  return o;
+}
+
+// Weight bytes per second of one-row products over `mats` (together larger than the caches).
+double gemv_rate(const std::vector<OwnedMatrix>& mats, ThreadPool& pool) {
+  int64_t cols = 0, rows = 0;
+  double bytes = 0;
+  for (const auto& o : mats) {
+    cols = std::max(cols, o.m.cols);
+    rows = std::max(rows, o.m.rows);
+    bytes += static_cast<double>(o.m.bytes());
+  }
+  std::vector<float> x(static_cast<size_t>(cols), 0.01f), y(static_cast<size_t>(rows));
+  const double t = best_time(
+      [&] {
+        for (const auto& o : mats)
+          kernels::matmul(o.m, x.data(), 1, o.m.cols, y.data(), rows, pool);
+      },
+      0.15);
+  return bytes / t;
+}
+
+// FLOP/s of products with `M` rows of x over `mats`.
+double gemm_rate(const std::vector<OwnedMatrix>& mats, int64_t M, ThreadPool& pool) {
+  int64_t cols = 0, rows = 0;
+  double flops = 0;
+  for (const auto& o : mats) {
+    cols = std::max(cols, o.m.cols);
+    rows = std::max(rows, o.m.rows);
+    flops += 2.0 * static_cast<double>(M * o.m.rows * o.m.cols);
+  }
+  std::vector<float> x(static_cast<size_t>(M * cols), 0.01f), y(static_cast<size_t>(M * rows));
+  const double t = best_time(
+      [&] {
+        for (const auto& o : mats) kernels::matmul(o.m, x.data(), M, cols, y.data(), rows, pool);
+      },
+      0.1);
+  return flops / t;
+}
+
+bool is_product(const TensorInfo& t) {
+  return t.shape.size() == 2 && t.shape[0] > 1;
+}
+
+// The format a trunk matrix computes in under the plan (int8 only where resident and lossy).
+WeightFormat trunk_format(const TensorInfo& t, bool resident_int8) {
+  if (t.dtype == DType::kBF16) return resident_int8 ? WeightFormat::kInt8 : WeightFormat::kBF16;
+  return t.dtype == DType::kF32 ? WeightFormat::kF32 : WeightFormat::kBF16;
+}
+
+struct Unit {
+  double bytes = 0;      // as computed with
+  double flops_row = 0;  // 2 * weights per row
+  double products = 0;
+  double bf16_bytes = 0, int8_bytes = 0, f32_bytes = 0;
+};
+
+Unit unit_of(const TensorTable& tensors, const std::vector<std::string>& names, bool int8) {
+  Unit u;
+  for (const auto& n : names) {
+    const TensorInfo& t = tensors.at(n);
+    if (!is_product(t) || n == "language_model.model.embed_tokens.weight") continue;
+    const WeightFormat f = trunk_format(t, int8);
+    const double b = f == WeightFormat::kInt8
+                         ? static_cast<double>(int8_bytes(t.shape[0], t.shape[1]))
+                         : static_cast<double>(t.nbytes);
+    (f == WeightFormat::kInt8  ? u.int8_bytes
+     : f == WeightFormat::kF32 ? u.f32_bytes
+                               : u.bf16_bytes) += b;
+    u.bytes += b;
+    u.flops_row += 2.0 * static_cast<double>(t.numel());
+    u.products += 1;
+  }
+  return u;
+}
+
+}  // namespace
+
+double experts_touched(const ModelConfig& c, int64_t rows) {
+  const double E = static_cast<double>(c.moe.num_experts), k = static_cast<double>(c.moe.top_k);
+  if (E <= 0 || k <= 0) return 0;
+  return E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(rows)));
+}
+
+int64_t rows_per_expert(const ModelConfig& c, int64_t rows) {
+  const double u = experts_touched(c, rows);
+  if (u <= 0) return 1;
+  return std::max<int64_t>(
+      1, std::llround(static_cast<double>(rows) * static_cast<double>(c.moe.top_k) / u));
+}
+
+KernelSpeeds measure_kernel_speeds(const ModelConfig& c, int64_t trunk_rows, int64_t expert_rows,
+                                   ThreadPool& pool) {
+  Stopwatch total;
+  KernelSpeeds s;
+  s.trunk_rows = std::max<int64_t>(1, trunk_rows);
+  s.expert_rows = std::max<int64_t>(1, expert_rows);
+  Fill fill;
+  const int64_t H = c.hidden;
+  // Decode: a trunk-sized matrix of ~176 MB at K3's width (more than any last-level cache).
+  const int64_t rows = std::max<int64_t>(16, (176ll << 20) / 2 / H / 16 * 16);
+  {
+    std::vector<OwnedMatrix> m;
+    m.push_back(make_matrix(WeightFormat::kBF16, rows, H, fill));
+    s.bf16_gemv = gemv_rate(m, pool);
+    // Prefill: the same matrix's first rows with trunk_rows rows of x (compute-bound).
+    m[0].m.rows = std::min<int64_t>(rows, 4096);
+    s.bf16_gemm = gemm_rate(m, s.trunk_rows, pool);
+    // One small in-cache product: what a product costs beyond its arithmetic.
+    m[0].m.rows = 64;
+    std::vector<float> x(static_cast<size_t>(H), 0.01f), y(64);
+    s.product_overhead_s =
+        best_time([&] { kernels::matmul(m[0].m, x.data(), 1, H, y.data(), 64, pool); }, 0.02);
+  }
+  {
+    std::vector<OwnedMatrix> m;
+    m.push_back(make_matrix(WeightFormat::kInt8, rows, H, fill));
+    s.int8_gemv = gemv_rate(m, pool);
+    m[0].m.rows = std::min<int64_t>(rows, 4096);
+    s.int8_gemm = gemm_rate(m, s.trunk_rows, pool);
+  }
+  {
+    // Attention-side f32 products (latent scores, KDA chunks) at their width.
+    std::vector<OwnedMatrix> m;
+    m.push_back(
+        make_matrix(WeightFormat::kF32, 1024, std::max<int64_t>(64, c.mla.cache_width()), fill));
+    s.f32_gemm = gemm_rate(m, std::min<int64_t>(s.trunk_rows, 32), pool);
+  }
+  if (c.moe.num_experts > 0 && c.moe.intermediate > 0 && c.moe.latent_dim > 0) {
+    // Routed experts: gate, up [I, D] and down [D, I] in MXFP4, as many experts as make ~150 MB.
+    const int64_t I = c.moe.intermediate, D = c.moe.latent_dim;
+    const double expert = 3.0 * static_cast<double>(I * D) * (0.5 + 1.0 / 32);
+    const int n = static_cast<int>(std::clamp(150e6 / expert, 2.0, 64.0));
+    std::vector<OwnedMatrix> m;
+    for (int e = 0; e < n; ++e) {
+      m.push_back(make_matrix(WeightFormat::kMXFP4, I, D, fill));
+      m.push_back(make_matrix(WeightFormat::kMXFP4, I, D, fill));
+      m.push_back(make_matrix(WeightFormat::kMXFP4, D, I, fill));
+    }
+    s.mxfp4_gemv = gemv_rate(m, pool);
+    m.resize(std::min<size_t>(m.size(), 6));
+    s.mxfp4_gemm = gemm_rate(m, s.expert_rows, pool);
+  }
+  s.memory_bandwidth = measure_memory_bandwidth(pool.size());
+  s.fma_peak = kernels::fma_peak_flops(pool);
+  s.seconds = total.elapsed();
+  return s;
+}
+
+double lru_hit_rate(const ModelConfig& c, const MemoryPlan& plan, int64_t rows) {
+  if (plan.all_experts_bytes == 0 || plan.expert_cache_bytes >= plan.all_experts_bytes) return 1.0;
+  if (plan.expert_slot_bytes == 0) return 0.0;
+  const double cache = static_cast<double>(plan.expert_cache_bytes / plan.expert_slot_bytes);
+  const double E = static_cast<double>(c.moe.num_experts), k = static_cast<double>(c.moe.top_k);
+  const double layers = static_cast<double>(c.num_moe_layers());
+  const double miss_one = std::pow(1.0 - k / E, static_cast<double>(rows));  // not used in a pass
+  // An expert used in a pass comes back d passes later with probability (1 - m) m^(d-1); LRU
+  // still holds it if the experts all layers touched in those d passes fit in the cache.
+  int64_t fits = 0;
+  while (fits < 1000000 &&
+         layers * E * (1.0 - std::pow(miss_one, static_cast<double>(fits + 1))) <= cache)
+    ++fits;
+  return 1.0 - std::pow(miss_one, static_cast<double>(fits));
+}
+
+namespace {
+
+// The disk as two flows sharing its bandwidth: the trunk streamer's one read ahead, and the
+// expert store's reads of a layer's misses (each pool has its own readers).
+class DiskTimeline {
+ public:
+  explicit DiskTimeline(double bw) : bw_(bw) {}
+  // Moves the clock to `t`, progressing the flows in flight.
+  void advance(double t) {
+    while (now_ < t) {
+      const int active = (trunk_left_ > 0) + (expert_left_ > 0);
+      if (active == 0) {
+        now_ = t;
+        break;
+      }
+      const double rate = bw_ / active;
+      double first = 1e300;
+      if (trunk_left_ > 0) first = std::min(first, trunk_left_ / rate);
+      if (expert_left_ > 0) first = std::min(first, expert_left_ / rate);
+      const double dt = std::min(first, t - now_);
+      step(dt, rate);
+    }
+  }
+  void read_trunk(int unit, double bytes) {
+    if (trunk_unit_ == unit || ready_unit_ == unit) return;
+    trunk_unit_ = unit;
+    trunk_left_ = std::max(bytes, 1.0);
+  }
+  // When the trunk read of `unit` completes (it must be in flight or done).
+  double trunk_ready(int unit) {
+    while (ready_unit_ != unit && trunk_left_ > 0) next_event();
+    return ready_at_;
+  }
+  double read_experts(double bytes) {
+    expert_left_ = std::max(bytes, 1.0);
+    while (expert_left_ > 0) next_event();
+    return expert_done_;
+  }
+  double now() const { return now_; }
+
+ private:
+  void next_event() {
+    const int active = (trunk_left_ > 0) + (expert_left_ > 0);
+    const double rate = bw_ / std::max(active, 1);
+    double first = 1e300;
+    if (trunk_left_ > 0) first = std::min(first, trunk_left_ / rate);
+    if (expert_left_ > 0) first = std::min(first, expert_left_ / rate);
+    step(first, rate);
+  }
+  void step(double dt, double rate) {
+    now_ += dt;
+    if (trunk_left_ > 0 && (trunk_left_ -= dt * rate) <= 1e-6) {
+      trunk_left_ = 0;
+      ready_unit_ = trunk_unit_;
+      ready_at_ = now_;
+      trunk_unit_ = -1;
+    }
+    if (expert_left_ > 0 && (expert_left_ -= dt * rate) <= 1e-6) {
+      expert_left_ = 0;
+      expert_done_ = now_;
+    }
+  }
+  double bw_, now_ = 0;
+  double trunk_left_ = 0, expert_left_ = 0, ready_at_ = 0, expert_done_ = 0;
+  int trunk_unit_ = -1, ready_unit_ = -1;
+};
+
+}  // namespace
+
+Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const MemoryPlan& plan,
+                  const KernelSpeeds& s, double disk_bw, int64_t prompt_tokens,
+                  const DraftAssumption* draft) {
+  Forecast f;
+  const int L = static_cast<int>(c.num_layers);
+  const bool int8 = plan.trunk == TrunkFormat::kInt8;
+  std::vector<Unit> units;
+  std::vector<bool> streamed;
+  for (int i = 0; i <= L; ++i) {
+    const bool res =
+        i < static_cast<int>(plan.resident.size()) && plan.resident[static_cast<size_t>(i)];
+    streamed.push_back(!res);
+    units.push_back(unit_of(tensors, i < L ? layer_trunk_tensors(c, i, tensors) : head_tensors(c),
+                            int8 && res));
+  }
+  const double slot = static_cast<double>(plan.expert_slot_bytes);
+  // An expert's weight bytes and FLOPs per row (gate, up and down).
+  const double expert_bytes =
+      3.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim) * (0.5 + 1.0 / 32);
+  const double expert_flops_row = 6.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim);
+  const double kda_state =
+      static_cast<double>(c.kda.num_heads * c.kda.head_dim * c.kda.head_dim) * 4;
+  const double mem = std::max(s.memory_bandwidth, 1.0);
+  const double disk = std::max(disk_bw, 1.0);
+  auto rate = [](double r) { return std::max(r, 1.0); };
+  auto next_streamed = [&](int u) {
+    for (int k = 1; k <= L + 1; ++k) {
+      const int v = (u + k) % (L + 1);
+      if (streamed[static_cast<size_t>(v)]) return v;
+    }
+    return -1;
+  };
+
+  // One pass of `rows` rows whose first position is `pos`; `decode`: one-row products (GEMV).
+  // The timeline of the engine: a streamed unit waits for its read, and acquiring it starts the
+  // read of the next streamed unit; a MoE layer's misses are read once its router has run, and
+  // its experts compute as they arrive. Two passes run, so the read-ahead across the pass
+  // boundary is in steady state; the second one is the forecast.
+  auto pass = [&](int64_t rows, int64_t pos, bool decode, double hit) {
+    PassCost p;
+    const double r = static_cast<double>(rows);
+    const double u = experts_touched(c, rows);
+    const double blocks = decode ? 1.0 : std::ceil(r / static_cast<double>(plan.pass.block_rows));
+    DiskTimeline io(disk);
+    double t = 0, second_start = 0;
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1) second_start = t;
+      for (int i = 0; i <= L; ++i) {
+        const Unit& tu = units[static_cast<size_t>(i)];
+        const bool head = i == L;
+        double trunk;
+        if (decode || head) {  // the head runs on the pass's last row only
+          trunk = tu.bf16_bytes / rate(s.bf16_gemv) + tu.int8_bytes / rate(s.int8_gemv) +
+                  tu.f32_bytes / rate(s.bf16_gemv);
+        } else {
+          const double share_int8 = tu.bytes > 0 ? tu.int8_bytes / tu.bytes : 0;
+          trunk = tu.flops_row * r *
+                  ((1 - share_int8) / rate(s.bf16_gemm) + share_int8 / rate(s.int8_gemm));
+        }
+        trunk += tu.products * blocks * s.product_overhead_s;
+        double other = 0, experts = 0, missed = 0;
+        if (!head) {
+          const double avg_pos = static_cast<double>(pos) + (r + 1) / 2;
+          if (c.is_mla(i)) {
+            const double width = static_cast<double>(c.mla.cache_width() + c.mla.kv_lora_rank);
+            other =
+                static_cast<double>(c.mla.num_heads) * r * avg_pos * width * 2 / rate(s.f32_gemm) +
+                avg_pos * static_cast<double>(c.mla.cache_width()) * 4 / mem;
+          } else {
+            other = static_cast<double>(c.kda.num_heads) * r * 8 *
+                        static_cast<double>(c.kda.head_dim * c.kda.head_dim) / rate(s.f32_gemm) +
+                    2 * kda_state / mem;
+          }
+          if (!c.is_dense(i)) {
+            experts = decode ? u * expert_bytes / rate(s.mxfp4_gemv)
+                             : r * static_cast<double>(c.moe.top_k) * expert_flops_row /
+                                   rate(s.mxfp4_gemm);
+            experts += 3 * u * s.product_overhead_s;
+            missed = u * (1 - hit) * slot;
+          }
+        }
+        // Acquire the unit: wait for its read, and start reading the next streamed one.
+        if (streamed[static_cast<size_t>(i)]) {
+          io.advance(t);
+          io.read_trunk(i, static_cast<double>(plan.unit_file_bytes[static_cast<size_t>(i)]));
+          t = std::max(t, io.trunk_ready(i));
+          const int n = next_streamed(i);
+          io.advance(t);
+          if (n >= 0 && n != i)
+            io.read_trunk(n, static_cast<double>(plan.unit_file_bytes[static_cast<size_t>(n)]));
+        }
+        t += trunk + other;
+        if (missed > 0) {
+          io.advance(t);
+          const double arrived = io.read_experts(missed);
+          t = std::max(t + experts, arrived + experts / std::max(u, 1.0));
+        } else {
+          t += experts;
+        }
+        if (round == 1) {
+          p.compute_s += trunk + other + experts;
+          p.touched_bytes += tu.bytes + (c.is_dense(i) || head ? 0 : u * expert_bytes);
+          p.read_bytes +=
+              missed + (streamed[static_cast<size_t>(i)]
+                            ? static_cast<double>(plan.unit_file_bytes[static_cast<size_t>(i)])
+                            : 0);
+          if (!c.is_dense(i) && !head) p.experts += u;
+        }
+      }
+    }
+    p.seconds = t - second_start;
+    p.read_s = p.read_bytes / disk;
+    return p;
+  };
+
+  // Decode: one token after the prompt.
+  f.expert_hit_rate = lru_hit_rate(c, plan, 1);
+  f.decode = pass(1, prompt_tokens, true, f.expert_hit_rate);
+  f.decode_s_per_token = f.decode.seconds;
+  f.bound = f.decode.read_s >= f.decode.compute_s ? "disk" : "compute";
+  // Prefill: the prompt in passes of the plan's rows.
+  const int64_t per_pass = std::max<int64_t>(1, plan.pass.pass_rows);
+  const double prefill_hit = lru_hit_rate(c, plan, std::min(per_pass, prompt_tokens));
+  for (int64_t b = 0; b < prompt_tokens; b += per_pass) {
+    const PassCost p = pass(std::min(per_pass, prompt_tokens - b), b, false, prefill_hit);
+    f.prefill.seconds += p.seconds;
+    f.prefill.compute_s += p.compute_s;
+    f.prefill.read_s += p.read_s;
+    f.prefill.read_bytes += p.read_bytes;
+    f.prefill.touched_bytes += p.touched_bytes;
+    f.prefill.experts += p.experts;
+    ++f.prefill_passes;
+  }
+  f.prefill_tokens_per_s =
+      f.prefill.seconds > 0 ? static_cast<double>(prompt_tokens) / f.prefill.seconds : 0;
+  if (draft != nullptr && draft->drafts > 0) {
+    const int64_t rows = 1 + draft->drafts;
+    f.verify = pass(rows, prompt_tokens, true, lru_hit_rate(c, plan, rows));
+    const double steps = static_cast<double>(draft->drafts) *
+                         static_cast<double>(draft->weight_bytes) / rate(s.bf16_gemv);
+    f.draft_s_per_token = (f.verify.seconds + steps) / std::max(draft->tokens_per_pass, 1.0);
+  }
+  return f;
+}
+
+}  // namespace deltafin
