@@ -2,7 +2,7 @@
 // released K3 shape and for a checkpoint, and the checkpoint checks one by one (a missing shard,
 // a shard of the wrong size, a corrupt header, a mismatched config, an unreadable region found
 // by --verify through the fault-injection seam, a broken draft/ folder). Whether its forecasts
-// are right is a timed comparison with `bench`, so it is not here: tests/doctor_perf.sh, run by
+// are right is a timed comparison with `bench`, so it is not here: tests/doctor_perf.py, run by
 // `make test-perf` (docs/PERFORMANCE.md has its figures).
 #include <gtest/gtest.h>
 
@@ -104,7 +104,7 @@ TEST(Doctor, ReleasedShapeWithoutCheckpoint) {
   const auto t = run_deltafin({"doctor", "--dir", dir, "--memory-budget", "64G", "--threads", "1"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
   for (const char* s :
-       {"machine", "CPU", "memory budget 64.0 GiB", "Kimi K3", "93 layers", "1.56 TB needed",
+       {"machine", "CPU", "memory budget 64.00 GiB", "Kimi K3", "93 layers", "1.56 TB needed",
         "plan", "forecast", "decode", "prefill", "int8 trunk", "EAGLE-3.1", "would help most"})
     EXPECT_NE(t.out.find(s), std::string::npos) << s << "\n" << t.out;
 }

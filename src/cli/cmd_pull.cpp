@@ -103,10 +103,6 @@ uint64_t free_space(const std::string& dir) {
   return ::statvfs(dir.c_str(), &v) == 0 ? static_cast<uint64_t>(v.f_bavail) * v.f_frsize : 0;
 }
 
-std::string gb(double b) {
-  return b >= 1e9 ? fmt::format("{:.2f} GB", b / 1e9) : fmt::format("{:.1f} MB", b / 1e6);
-}
-
 void pull_one(const PullArgs& a, const std::string& repo_name, const std::string& revision,
               const std::string& dir) {
   check_repo_name(repo_name);
@@ -155,14 +151,15 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
     fail(
         "{} has {} free, and {} at {} needs {} more ({} in all): free space or choose another "
         "--dir",
-        dir, gb(static_cast<double>(free)), repo_name, repo.commit.substr(0, 12),
-        gb(static_cast<double>(need)), gb(static_cast<double>(total)));
+        dir, disk_bytes(static_cast<double>(free)), repo_name, repo.commit.substr(0, 12),
+        disk_bytes(static_cast<double>(need)), disk_bytes(static_cast<double>(total)));
   }
   fmt::print(stderr, "pull: {} at {} into {}: {} files, {} ({} already here{})\n", repo_name,
-             repo.commit.substr(0, 12), dir, files.size(), gb(static_cast<double>(total)),
-             gb(static_cast<double>(present)),
-             have > 0 ? fmt::format(", {} held by partial files", gb(static_cast<double>(have)))
-                      : std::string());
+             repo.commit.substr(0, 12), dir, files.size(), disk_bytes(static_cast<double>(total)),
+             disk_bytes(static_cast<double>(present)),
+             have > 0
+                 ? fmt::format(", {} held by partial files", disk_bytes(static_cast<double>(have)))
+                 : std::string());
   FetchOptions fo;
   fo.connections = a.connections;
   fo.chunk_bytes = parse_size(a.chunk_size, "--chunk-size");
@@ -186,7 +183,7 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   write_file_atomic(manifest_path(dir), m.dump(1) + "\n");
   fs::remove(partial_dir(dir), ec);  // only when empty
   fmt::print(stderr, "pull: {} ready: {} files, {} fetched in {:.1f} s{}\n", dir, files.size(),
-             gb(static_cast<double>(fr.bytes_fetched)), fr.seconds,
+             disk_bytes(static_cast<double>(fr.bytes_fetched)), fr.seconds,
              fr.refetched > 0
                  ? fmt::format(" ({} fetched again after a hash mismatch)", fr.refetched)
                  : std::string());

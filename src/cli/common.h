@@ -89,5 +89,7 @@ void require_tokenizer(const std::string& dir, const char* who);
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);
 
 std::string human_bytes(double bytes);
+// Decimal units, as disks and downloads are sold: "1.56 TB", "12.35 GB", "3.2 MB", "740 kB".
+std::string disk_bytes(double bytes);
 
 }  // namespace deltafin::cli

@@ -144,7 +144,8 @@ std::string install_demo_model() {
   }
   fmt::print(stderr,
              "note: no --model given, using the built-in demo at {}: {}. For real weights, "
-             "download moonshotai/Kimi-K3 and pass --model DIR or set DELTAFIN_MODEL.\n",
+             "fetch them with `deltafin pull moonshotai/Kimi-K3` and pass --model DIR or set "
+             "DELTAFIN_MODEL.\n",
              dir.string(), about);
   return dir.string();
 }

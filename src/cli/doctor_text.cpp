@@ -2,6 +2,7 @@
 // two cannot say different things.
 #include <fmt/format.h>
 
+#include "cli/common.h"
 #include "cli/doctor.h"
 
 namespace deltafin::cli {
@@ -17,16 +18,7 @@ std::string str(const ojson& j, const char* key) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
 }
 
-// Decimal units for disk and bandwidth (as drives are sold), binary for RAM.
-std::string gb(double b) {
-  if (b >= 1e12) return fmt::format("{:.2f} TB", b / 1e12);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  return fmt::format("{:.1f} MB", b / 1e6);
-}
-std::string gib(double b) {
-  if (b >= 1073741824.0) return fmt::format("{:.1f} GiB", b / 1073741824.0);
-  return fmt::format("{:.0f} MiB", b / 1048576.0);
-}
+// Decimal units for disk and bandwidth (as drives are sold, disk_bytes), binary for RAM.
 std::string speed(double s_per_token) {
   if (s_per_token <= 0) return "-";
   if (s_per_token >= 1) return fmt::format("{:.2f} s/token", s_per_token);
@@ -37,15 +29,17 @@ void machine(std::string& o, const ojson& m) {
   o += fmt::format("machine\n  CPU        {} ({}); kernels {}, {} threads\n", str(m, "cpu"),
                    str(m, "cpu_features"), str(m, "kernels"), num(m, "threads"));
   const double cg = num(m, "cgroup_limit_bytes");
-  o += fmt::format("  memory     {} RAM, {}; memory budget {}{}\n", gib(num(m, "memory_bytes")),
-                   cg > 0 ? "cgroup limit " + gib(cg) : std::string("no cgroup limit"),
-                   gib(num(m, "memory_budget_bytes")),
+  o += fmt::format("  memory     {} RAM, {}; memory budget {}{}\n",
+                   human_bytes(num(m, "memory_bytes")),
+                   cg > 0 ? "cgroup limit " + human_bytes(cg) : std::string("no cgroup limit"),
+                   human_bytes(num(m, "memory_budget_bytes")),
                    m["memory_budget_default"].get<bool>() ? " (the default: 75% of the smaller)"
                                                           : " (--memory-budget)");
   const double bw = num(m, "disk_read_bytes_per_s");
-  o += fmt::format(
-      "  disk       {}: {} free; read {}\n", str(m, "dir"), gb(num(m, "disk_free_bytes")),
-      bw > 0 ? fmt::format("{}/s ({})", gb(bw), str(m, "disk_probe")) : str(m, "disk_probe"));
+  o += fmt::format("  disk       {}: {} free; read {}\n", str(m, "dir"),
+                   disk_bytes(num(m, "disk_free_bytes")),
+                   bw > 0 ? fmt::format("{}/s ({})", disk_bytes(bw), str(m, "disk_probe"))
+                          : str(m, "disk_probe"));
   if (m["gpus"].empty()) {
     o += fmt::format("  GPU        none ({})\n", str(m, "gpu_note"));
   } else {
@@ -56,7 +50,7 @@ void machine(std::string& o, const ojson& m) {
 void checkpoint(std::string& o, const ojson& c, const char* title) {
   o += fmt::format("{}\n", title);
   o += fmt::format("  shards     {} of {} present, {}; {} tensors read from their headers\n",
-                   num(c, "shards_present"), num(c, "shards_expected"), gb(num(c, "bytes")),
+                   num(c, "shards_present"), num(c, "shards_expected"), disk_bytes(num(c, "bytes")),
                    num(c, "tensors"));
   if (c.contains("inventory") && c["inventory"].is_object()) {
     const ojson& inv = c["inventory"];
@@ -66,7 +60,7 @@ void checkpoint(std::string& o, const ojson& c, const char* title) {
   }
   if (c.contains("kind")) o += fmt::format("  drafter    {}\n", str(c, "describe"));
   if (c["verified"].get<bool>()) {
-    o += fmt::format("  verify     read {} in {:.1f} s: {}\n", gb(num(c, "bytes_verified")),
+    o += fmt::format("  verify     read {} in {:.1f} s: {}\n", disk_bytes(num(c, "bytes_verified")),
                      num(c, "verify_seconds"),
                      c["unreadable"].empty()
                          ? "every byte readable"
@@ -107,8 +101,8 @@ std::string doctor_text(const ojson& r) {
                      num(m, "top_k"), num(m, "vocab"));
     if (num(m, "disk_needed_bytes") > 0) {
       o += fmt::format("  disk       {} needed, {} free in {}: {}\n",
-                       gb(num(m, "disk_needed_bytes")), gb(num(r["machine"], "disk_free_bytes")),
-                       str(r["machine"], "dir"),
+                       disk_bytes(num(m, "disk_needed_bytes")),
+                       disk_bytes(num(r["machine"], "disk_free_bytes")), str(r["machine"], "dir"),
                        m["fits_on_disk"].get<bool>() ? "enough" : "NOT enough");
     }
   } else {
@@ -122,10 +116,11 @@ std::string doctor_text(const ojson& r) {
       o += fmt::format(
           "  plan       budget {}: fixed {}; trunk {} of {} units resident ({}), {} streamed per "
           "token; expert cache {} experts ({:.1f}% of all {})\n",
-          gib(num(p, "budget_bytes")), gib(num(p, "fixed_bytes")), num(p, "trunk_units_resident"),
-          num(p, "trunk_units"), gib(num(p, "trunk_resident_bytes")),
-          gb(num(p, "trunk_streamed_bytes_per_pass")), num(p, "expert_cache_experts"),
-          100 * num(p, "expert_cache_share"), gb(num(p, "all_experts_bytes")));
+          human_bytes(num(p, "budget_bytes")), human_bytes(num(p, "fixed_bytes")),
+          num(p, "trunk_units_resident"), num(p, "trunk_units"),
+          human_bytes(num(p, "trunk_resident_bytes")),
+          disk_bytes(num(p, "trunk_streamed_bytes_per_pass")), num(p, "expert_cache_experts"),
+          100 * num(p, "expert_cache_share"), disk_bytes(num(p, "all_experts_bytes")));
     }
   }
   if (r.contains("speeds")) {
@@ -133,9 +128,10 @@ std::string doctor_text(const ojson& r) {
     o += fmt::format(
         "  measured   memory {}/s; one-row products: BF16 {}/s, MXFP4 {}/s, int8 {}/s; {} rows: "
         "BF16 {:.1f} GFLOP/s; MXFP4 at {} rows {:.1f} GFLOP/s (FMA peak {:.1f})\n",
-        gb(num(s, "memory_bandwidth_bytes_per_s")), gb(num(s, "bf16_gemv_bytes_per_s")),
-        gb(num(s, "mxfp4_gemv_bytes_per_s")), gb(num(s, "int8_gemv_bytes_per_s")),
-        num(s, "trunk_rows"), num(s, "bf16_gemm_flops_per_s") / 1e9, num(s, "expert_rows"),
+        disk_bytes(num(s, "memory_bandwidth_bytes_per_s")),
+        disk_bytes(num(s, "bf16_gemv_bytes_per_s")), disk_bytes(num(s, "mxfp4_gemv_bytes_per_s")),
+        disk_bytes(num(s, "int8_gemv_bytes_per_s")), num(s, "trunk_rows"),
+        num(s, "bf16_gemm_flops_per_s") / 1e9, num(s, "expert_rows"),
         num(s, "mxfp4_gemm_flops_per_s") / 1e9, num(s, "fma_peak_flops_per_s") / 1e9);
   }
   if (r.contains("forecasts")) {
@@ -149,8 +145,9 @@ std::string doctor_text(const ojson& r) {
         o += fmt::format(
             "  per token  {} read from disk, {} of weights touched ({:.0f} experts, hit rate "
             "{:.1f}%)\n",
-            gb(num(f, "bytes_read_per_token")), gb(num(f, "bytes_touched_per_token")),
-            num(f, "experts_per_token"), 100 * num(f, "expert_hit_rate"));
+            disk_bytes(num(f, "bytes_read_per_token")),
+            disk_bytes(num(f, "bytes_touched_per_token")), num(f, "experts_per_token"),
+            100 * num(f, "expert_hit_rate"));
         o += fmt::format(
             "  forecast   decode {}, {}-bound; prefill {:.2f} tokens/s for a {}-token prompt "
             "({} passes)\n",

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/common.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -56,10 +57,6 @@ std::string digest_file(const std::string& path, bool git_blob) {
   }
   ::close(fd);
   return h.hex();
-}
-
-std::string gb(double b) {
-  return b >= 1e9 ? fmt::format("{:.2f} GB", b / 1e9) : fmt::format("{:.1f} MB", b / 1e6);
 }
 
 std::string duration(double s) {
@@ -194,9 +191,10 @@ class Fetcher {
     return fmt::format(
         "disk full writing {} ({}): {} of {} fetched, {} still to fetch, {} free in {}; free "
         "space and run the same command again: it resumes where it stopped",
-        path, std::strerror(err), gb(static_cast<double>(have_.load())),
-        gb(static_cast<double>(total_)), gb(static_cast<double>(total_ - have_.load())),
-        gb(static_cast<double>(free)), dir_);
+        path, std::strerror(err), disk_bytes(static_cast<double>(have_.load())),
+        disk_bytes(static_cast<double>(total_)),
+        disk_bytes(static_cast<double>(total_ - have_.load())),
+        disk_bytes(static_cast<double>(free)), dir_);
   }
 
   bool take(Task& t) {
@@ -377,7 +375,7 @@ class Fetcher {
     }
     ::unlink(s.done_path.c_str());
     ++published_;
-    log_line(fmt::format("{} ({}) verified{}", s.f.path, gb(static_cast<double>(s.f.size)),
+    log_line(fmt::format("{} ({}) verified{}", s.f.path, disk_bytes(static_cast<double>(s.f.size)),
                          s.f.sha256.empty() ? " (git blob id)" : " (sha256)"));
   }
 
@@ -403,12 +401,12 @@ class Fetcher {
         const int width = 30, fill = static_cast<int>(pct * width / 100);
         fmt::print(stderr, "\r\033[K[{}{}] {:5.1f}% {} of {}  {}/s  ETA {}",
                    std::string(static_cast<size_t>(fill), '#'),
-                   std::string(static_cast<size_t>(width - fill), '.'), pct, gb(done), gb(total),
-                   gb(rate), duration(eta));
+                   std::string(static_cast<size_t>(width - fill), '.'), pct, disk_bytes(done),
+                   disk_bytes(total), disk_bytes(rate), duration(eta));
       } else if (t - last_line >= 30) {
         last_line = t;
-        fmt::print(stderr, "pull: {:.1f}% ({} of {}), {}/s, ETA {}\n", pct, gb(done), gb(total),
-                   gb(rate), duration(eta));
+        fmt::print(stderr, "pull: {:.1f}% ({} of {}), {}/s, ETA {}\n", pct, disk_bytes(done),
+                   disk_bytes(total), disk_bytes(rate), duration(eta));
       }
     }
     if (tty_) fmt::print(stderr, "\r\033[K");

@@ -91,7 +91,8 @@ CheckpointCheck check_checkpoint_files(const std::string& dir) {
   CheckpointCheck c;
   c.dir = dir;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail_arg("--model {} is not a folder", dir);
+  if (!fs::is_directory(dir, ec))
+    fail_setting("model", dir, "not a folder (expected a checkpoint folder)");
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;  // tensor -> file
   std::vector<std::string> files;
