@@ -37,15 +37,14 @@ void run_inspect(const InspectArgs& a) {
   uint64_t one_expert_bytes = 0, one_expert_params = 0;
   for (const auto& [name, t] : ck->tensors()) {
     const uint64_t n = static_cast<uint64_t>(t.numel());
-    if (name.find(".block_sparse_moe.experts.") != std::string::npos) {
+    if (is_routed_expert_tensor(name)) {
       // MXFP4: weight_packed holds two parameters per byte; scales are not parameters.
       uint64_t params = name.ends_with("weight_packed")  ? 2 * n
                         : name.ends_with("weight_scale") ? 0
                                                          : n;
       expert_params += params;
       expert_bytes += t.nbytes;
-      if (name.find(fmt::format("layers.{}.block_sparse_moe.experts.0.", c.first_k_dense)) !=
-          std::string::npos) {
+      if (name.starts_with(expert_prefix(c.first_k_dense, 0))) {
         one_expert_bytes += t.nbytes;
         one_expert_params += params;
       }

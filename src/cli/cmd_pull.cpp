@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "core/mapped_file.h"
+#include "model/inventory.h"
 
 namespace deltafin::cli {
 
@@ -85,8 +86,7 @@ std::vector<HubFile> select_files(HttpClient& http, const HubRepo& r, const std:
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string()) continue;
       auto& h = holds[it.value().get<std::string>()];
-      (it.key().find(".block_sparse_moe.experts.") != std::string::npos ? h.second : h.first) =
-          true;
+      (is_routed_expert_tensor(it.key()) ? h.second : h.first) = true;
     }
   }
   std::vector<HubFile> out;

@@ -17,6 +17,10 @@ std::string expert_prefix(int64_t layer, int64_t expert) {
   return fmt::format("language_model.model.layers.{}.block_sparse_moe.experts.{}.", layer, expert);
 }
 
+bool is_routed_expert_tensor(const std::string& name) {
+  return name.find(".block_sparse_moe.experts.") != std::string::npos;
+}
+
 std::vector<std::string> expert_tensor_suffixes(ExpertFormat f) {
   if (f == ExpertFormat::kMXFP4) {
     return {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",

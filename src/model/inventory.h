@@ -26,6 +26,8 @@ struct ExpectedTensor {
 // Names (the release's `language_model.` prefix included).
 std::string layer_prefix(int64_t layer);
 std::string expert_prefix(int64_t layer, int64_t expert);
+// Whether a tensor name is a routed expert's (`...block_sparse_moe.experts.E.`), not the trunk's.
+bool is_routed_expert_tensor(const std::string& name);
 
 struct InventoryOptions {
   ExpertFormat expert_format = ExpertFormat::kMXFP4;
