@@ -117,7 +117,7 @@ test-deps:
 	done
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO="sudo -n"; \
-	  echo "installing chromium for the browser test"; \
+	  echo "installing Debian's chromium for the browser test (apt-get install chromium; apt may also upgrade packages it depends on)"; \
 	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } || \
 	    echo "could not install chromium: the browser test will skip"; \
 	fi
@@ -128,7 +128,10 @@ VENV ?= .venv
 python: deps build
 	bash python/install.sh $(VENV) $(BUILD)/src/capi/libdeltafin.so
 
-demo: deps build
+# The demo needs only the program: it is built first (minutes, not the whole tree's tests,
+# fuzzers and benchmarks), so the demo prints before anything else is compiled.
+demo: deps configure
+	cmake --build $(BUILD) -j $(JOBS) --target deltafin
 	$(BUILD)/src/cli/deltafin run --prompt "The king said" --max-new 40 --temperature 0.7 --seed 3 --stats
 
 clean:

@@ -144,6 +144,8 @@ void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
     fail_usage("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
+  if (!a.report.empty()) check_output_target(a.report);  // before the benchmark runs
+  a.engine.model = resolve_model_dir(a.engine.model);
   resolve_default_draft(a.draft, a.engine.model);
   // Passes of --prefill-chunk rows (auto: as many as the budget holds, up to the prompt), and
   // at least a verify pass's rows when drafting.

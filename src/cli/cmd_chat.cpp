@@ -191,7 +191,7 @@ void register_chat(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
   auto* cmd = app.add_subcommand(
       "chat", "Interactive multi-turn chat that keeps the model state between turns");
-  add_engine_options(cmd, a->engine, /*model_optional=*/true);
+  add_engine_options(cmd, a->engine);
   cmd->add_option("--system", a->system, "System message");
   cmd->add_option("--think", a->think, "Thinking channel: on or off")->capture_default_str();
   cmd->add_option("--effort", a->effort, "Reasoning effort: low, high or max")

@@ -20,7 +20,8 @@ struct InspectArgs {
   bool json = false;
 };
 
-void run_inspect(const InspectArgs& a) {
+void run_inspect(InspectArgs& a) {
+  a.model = resolve_model_dir(a.model);
   ModelConfig c = load_config(a.model);
   auto ck = Checkpoint::open(a.model);
   std::string inventory_error;
@@ -131,7 +132,8 @@ void run_inspect(const InspectArgs& a) {
 void register_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   auto* cmd = app.add_subcommand("inspect", "Describe a checkpoint and check its tensor inventory");
-  cmd->add_option("--model", args->model, "Model folder")->required();
+  cmd->add_option("--model", args->model,
+                  "Model folder (default: $DELTAFIN_MODEL, else the built-in demo)");
   cmd->callback([args] { run_inspect(*args); });
 }
 

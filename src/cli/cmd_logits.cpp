@@ -2,11 +2,11 @@
 // [T, vocab] (row t = logits after tokens[0..t]). The three modes run the same sequence as one
 // prefill pass, one token per pass, or a prefix pass then single-token passes; they must agree.
 #include <cstdio>
-#include <fstream>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "model/model.h"
 
 namespace deltafin::cli {
@@ -19,8 +19,10 @@ struct LogitsArgs {
   std::string out;
 };
 
-void run_logits(const LogitsArgs& a) {
+void run_logits(LogitsArgs& a) {
   auto ids = parse_id_list(a.tokens, "--tokens");
+  check_output_target(a.out);  // before the model loads
+  a.engine.model = resolve_model_dir(a.engine.model);
   int64_t split = -1;
   if (a.mode == "prefill") {
     split = static_cast<int64_t>(ids.size());
@@ -52,11 +54,8 @@ void run_logits(const LogitsArgs& a) {
     auto row = model->forward(state, span.subspan(t, 1), true);
     all.insert(all.end(), row.begin(), row.end());
   }
-  std::ofstream out(a.out, std::ios::binary);
-  if (!out) fail("cannot create {}", a.out);
-  out.write(reinterpret_cast<const char*>(all.data()),
-            static_cast<std::streamsize>(all.size() * sizeof(float)));
-  if (!out) fail("cannot write {}", a.out);
+  write_file_atomic(a.out, std::string_view(reinterpret_cast<const char*>(all.data()),
+                                            all.size() * sizeof(float)));
 }
 }  // namespace
 

@@ -57,6 +57,7 @@ std::vector<double> log_softmax(const float* x, int64_t n) {
 
 void run_perplexity(PplArgs& a) {
   if (a.window < 2) fail_arg("--window must be at least 2");
+  a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "perplexity");
   Tokenizer tok = Tokenizer::load(a.engine.model);
   std::vector<int32_t> ids = tok.encode_ordinary(read_file(a.file));

@@ -6,12 +6,12 @@
 // float32 LE row per draft ([K, vocab]), before any Markov bias.
 #include <fmt/ranges.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/timer.h"
 #include "draft/draft_model.h"
 #include "draft/tap_drafter.h"
@@ -30,11 +30,12 @@ struct ProposeArgs {
   bool json = false;
 };
 
-void run_propose(const ProposeArgs& a) {
+void run_propose(ProposeArgs& a) {
   const std::vector<int32_t> ids = parse_id_list(a.tokens, "--tokens");
   if (ids.empty()) fail_arg("--tokens: expected at least one committed token id");
+  if (!a.logits_out.empty()) check_output_target(a.logits_out);  // before anything loads
   // The draft is opened first so the target's memory plan counts it.
-  require_model_folder(a.engine.model);
+  a.engine.model = resolve_model_dir(a.engine.model);
   EngineOptions engine = a.engine;
   auto draft_model = plan_draft_model(a.draft, engine);
   if (!draft_model) fail_arg("--draft {}: expected a draft model folder", a.draft);
@@ -62,10 +63,8 @@ void run_propose(const ProposeArgs& a) {
   }
   if (!a.logits_out.empty()) {
     const auto& l = drafter->last_logits();
-    std::ofstream out(a.logits_out, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(l.data()),
-              static_cast<std::streamsize>(l.size() * sizeof(float)));
-    if (!out) fail("cannot write {}", a.logits_out);
+    write_file_atomic(a.logits_out, std::string_view(reinterpret_cast<const char*>(l.data()),
+                                                     l.size() * sizeof(float)));
   }
   if (a.json) {
     nlohmann::json j;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "tokenizer/chat.h"
@@ -52,7 +53,7 @@ void run_render(const RenderOptions& o) {
   }
   check_chat_body(body);  // the server's checks: what it refuses, render refuses too
   const ChatRequest request = ChatRequest::from_json(body);
-  const Tokenizer tok = Tokenizer::load(o.model);
+  const Tokenizer tok = Tokenizer::load(resolve_model_dir(o.model));
   const RenderedPrompt prompt = render(request, tok);
   std::string out;
   if (o.json) {
@@ -77,9 +78,7 @@ void register_render(CLI::App& app) {
       "or with --json the text and its token ids)");
   sub->add_option("--model", opts->model,
                   "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
-                  "files alone are enough)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+                  "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
   sub->add_option("--request", opts->request,
                   "Chat request body as JSON ('-' reads stdin): messages, and optionally tools, "
                   "tool_choice, response_format, reasoning_effort (low|high|max, default max), "

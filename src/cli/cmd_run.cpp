@@ -105,7 +105,7 @@ void register_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand(
       "run", "Generate a completion (raw text, token ids, or one chat turn with --chat)");
-  add_engine_options(cmd, a->engine, /*model_optional=*/true);
+  add_engine_options(cmd, a->engine);
   cmd->add_option("--prompt", a->prompt, "Prompt text");
   cmd->add_option("--prompt-ids", a->prompt_ids,
                   "Prompt as token ids, e.g. 3,1,4 (models without a tokenizer, tests)");

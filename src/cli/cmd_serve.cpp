@@ -264,7 +264,7 @@ void register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = app.add_subcommand(
       "serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)");
-  add_engine_options(cmd, a->engine, /*model_optional=*/true);
+  add_engine_options(cmd, a->engine);
   cmd->add_option("--host", a->host, "Address to listen on (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")

@@ -73,7 +73,7 @@ std::vector<int32_t> parse_id_list(const std::string& input, const std::string& 
 void run_tokenize(const TokenizeOptions& o, bool have_text, bool have_file) {
   if (have_text == have_file) fail_usage("tokenize: give exactly one of --text and --file");
   const std::string input = have_file ? read_input_file(o.file) : o.text;
-  const Tokenizer tok = Tokenizer::load(o.model);
+  const Tokenizer tok = Tokenizer::load(resolve_model_dir(o.model));
   if (o.decode) {
     const auto ids = parse_id_list(input, have_file ? "--file " + o.file : std::string("--text"));
     for (const int32_t id : ids) tok.check_id(id);
@@ -100,9 +100,7 @@ void register_tokenize(CLI::App& app) {
       "turn a JSON id list back into exactly its bytes");
   sub->add_option("--model", opts->model,
                   "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
-                  "files alone are enough)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+                  "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
   sub->add_flag("--special", opts->special,
                 "Recognise special-token strings such as <|open|> or [EOS] as their special ids "
                 "(trusted text only); without it they are ordinary text, as user content always "

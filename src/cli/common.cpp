@@ -136,9 +136,10 @@ int64_t prefill_chunk_rows(const std::string& flag) {
   return -1;
 }
 
-void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional) {
-  auto* m = cmd->add_option("--model", o.model, "Model folder (config.json + safetensors shards)");
-  if (!model_optional) m->required();
+void add_engine_options(CLI::App* cmd, EngineOptions& o) {
+  cmd->add_option("--model", o.model,
+                  "Model folder (config.json + safetensors shards; default: $DELTAFIN_MODEL, "
+                  "else the built-in demo)");
   cmd->add_option("--threads", o.threads, "Compute threads (default: one per physical core)")
       ->check(non_negative());
   cmd->add_option("--kernels", o.kernels,

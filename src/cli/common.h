@@ -73,11 +73,12 @@ std::shared_ptr<DraftModel> plan_draft_model(const std::string& spec, EngineOpti
 DraftConfig make_draft_config(const DraftOptions& o, Model& model,
                               std::unique_ptr<Drafter>& holder);
 
-// Adds --model (required unless `model_optional`), --threads and --kernels to a subcommand.
-void add_engine_options(CLI::App* cmd, EngineOptions& o, bool model_optional = false);
+// Adds --model, --threads and --kernels to a subcommand (the command resolves --model with
+// resolve_model_dir).
+void add_engine_options(CLI::App* cmd, EngineOptions& o);
 
-// The model folder for run/chat: --model, else $DELTAFIN_MODEL, else the demo checkpoint in the
-// user cache folder (created on first use, and announced on stderr).
+// The model folder of every command that reads one: --model, else $DELTAFIN_MODEL, else the
+// demo checkpoint in the user cache folder (created on first use, and announced on stderr).
 std::string resolve_model_dir(const std::string& flag);
 // True when `dir` holds tiktoken.model and tokenizer_config.json.
 bool has_tokenizer(const std::string& dir);

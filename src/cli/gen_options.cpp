@@ -145,18 +145,31 @@ void Printer::on_step(Generation& g) {
       for (; ids_shown_ < toks.size(); ++ids_shown_)
         out(fmt::format("{}{}", ids_shown_ ? " " : "", toks[ids_shown_].id));
     }
+    // The thinking channel between plain-text marks, so the boundary shows without colour
+    // too (piped, NO_COLOR); on a terminal it is dimmed as well.
+    auto end_thinking = [&] {
+      if (!thinking_) return;
+      out(at_line_start_ ? "[/thinking]\n" : "\n[/thinking]\n");
+      thinking_ = false;
+      set_dim(false);
+    };
     for (auto& e : events) {
       switch (e.kind) {
         case ParserEvent::Kind::reasoning:
-          if (o_.hide_thinking) break;
+          if (o_.hide_thinking || e.text.empty()) break;
           set_dim(true);
+          if (!thinking_) out(at_line_start_ ? "[thinking]\n" : "\n[thinking]\n");
+          thinking_ = true;
           out(e.text);
           break;
         case ParserEvent::Kind::content:
+          if (e.text.empty()) break;
+          end_thinking();
           set_dim(false);
           out(e.text);
           break;
         case ParserEvent::Kind::tool_call_end:
+          end_thinking();
           set_dim(false);
           out(fmt::format("{}[tool call {}({})]\n", at_line_start_ ? "" : "\n", e.name, e.text));
           break;
@@ -164,7 +177,10 @@ void Printer::on_step(Generation& g) {
           break;
       }
     }
-    if (g.finished()) set_dim(false);
+    if (g.finished()) {
+      end_thinking();
+      set_dim(false);
+    }
     std::fflush(stdout);
   }
   if (o_.stats_live && !g.tokens().empty() && !g.in_prefill()) {

@@ -50,8 +50,9 @@ GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenize
 void install_sigint();
 std::atomic<bool>& interrupted();
 
-// Streams events: content to stdout as it arrives, reasoning dimmed (or hidden), tool calls as
-// a one-line summary; without a tokenizer, token ids separated by spaces.
+// Streams events: content to stdout as it arrives, reasoning between "[thinking]" and
+// "[/thinking]" lines (dimmed on a terminal; hidden with --hide-thinking), tool calls as a
+// one-line summary; without a tokenizer, token ids separated by spaces.
 class Printer {
  public:
   Printer(const GenOptions& o, bool have_tokenizer, bool quiet);
@@ -61,6 +62,7 @@ class Printer {
  private:
   const GenOptions& o_;
   bool tok_, quiet_, color_, dim_ = false, printed_ = false, at_line_start_ = true;
+  bool thinking_ = false;  // inside the thinking marks
   size_t ids_shown_ = 0;
   int64_t last_prefill_shown_ = -1;
 };

@@ -124,10 +124,69 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
+namespace {
+// What a file that is not a regular file is, for messages.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+}  // namespace
+
+std::string read_regular_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail_io("cannot read {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail_io("cannot read {}: {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail_io("{} is {} (expected a regular file)", path, file_kind(st.st_mode));
+  }
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail_io("cannot read {}: {}", path, std::strerror(err));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail_io("cannot read {}: {}", path, std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail_io("{} is {} (expected a regular file)", path, file_kind(st.st_mode));
+}
+
+void check_output_target(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // absent (or unreachable: the write says why)
+  if (!S_ISREG(st.st_mode)) {
+    fail_arg("{} exists and is {}: refusing to replace it (expected a new or regular file)", path,
+             file_kind(st.st_mode));
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view contents) {
+  check_output_target(path);
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_io("cannot create {}: {}", tmp, std::strerror(errno));
+  if (fd < 0) fail_io("cannot write {}: {}", path, std::strerror(errno));
   const char* p = contents.data();
   size_t left = contents.size();
   while (left > 0) {
@@ -137,7 +196,7 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      fail_io("cannot write {}: {}", tmp, std::strerror(err));
+      fail_io("cannot write {}: {}", path, std::strerror(err));
     }
     p += n;
     left -= static_cast<size_t>(n);
@@ -145,12 +204,12 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    fail_io("cannot finish writing {}: {}", tmp, std::strerror(err));
+    fail_io("cannot write {}: {}", path, std::strerror(err));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    fail_io("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+    fail_io("cannot write {}: {}", path, std::strerror(err));
   }
 }
 

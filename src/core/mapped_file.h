@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace deltafin {
 
@@ -52,7 +53,19 @@ class MappedFile {
 
 // Reads a whole (small) file into a string. Throws IoError naming the path.
 std::string read_file(const std::string& path);
-// Writes a file atomically: write to a temporary in the same folder, fsync, rename.
-void write_file_atomic(const std::string& path, const std::string& contents);
+// Reads a whole (small) file that must be a regular file: a config or index the engine trusts.
+// A FIFO, device, socket or folder is refused with one IoError naming the path and what it is,
+// without blocking (a FIFO is opened non-blocking, then refused).
+std::string read_regular_file(const std::string& path);
+// The check of read_regular_file without reading: IoError unless `path` is (or links to) a
+// regular file.
+void require_regular_file(const std::string& path);
+// Refuses (InvalidArgument naming `path`) an output target that exists and is not a regular
+// file: writers replace or truncate their target, and only a regular file may be replaced, so a
+// folder, a device node, a FIFO, a socket or a symbolic link is left as it is.
+void check_output_target(const std::string& path);
+// Writes a file atomically: check_output_target, then write to a temporary in the same folder,
+// fsync, rename. Errors name `path` (the file asked for), not the temporary.
+void write_file_atomic(const std::string& path, std::string_view contents);
 
 }  // namespace deltafin

@@ -44,12 +44,14 @@ struct DraftModelConfig {
   int64_t block_size = 7;  // [anchor, mask × 6]: the release has no field for it
   int64_t markov_rank = 0;
   bool confidence_head = false, confidence_with_markov = false;
+  int64_t target_layers = 0;  // target_num_hidden_layers when the config states it (DSpark)
 };
 
 // Parses config.json text (`path` in messages); throws Error listing every problem.
 DraftModelConfig parse_draft_config(const std::string& json_text, const std::string& path);
 DraftModelConfig load_draft_config(const std::string& dir);
-// Refuses a draft that does not fit the target: hidden size, vocabulary, tap layers.
+// Refuses a draft that does not fit the target: hidden size, vocabulary, the target's layer
+// count when the draft states it, tap layers.
 void check_draft_matches(const DraftModelConfig& d, const ModelConfig& target);
 
 }  // namespace deltafin

@@ -260,12 +260,13 @@ std::string RunStats::summary() const {
       (experts.bytes_read + trunk.bytes_streamed) / 1e9, experts.bytes_read / 1e9,
       trunk.bytes_streamed / 1e9, gb_per_token(),
       elapsed_s > 0 ? (experts.bytes_read + trunk.bytes_streamed) / 1e9 / elapsed_s : 0.0);
+  // The router's prediction recall (of the experts a layer used, the share predicted ahead) is
+  // measured whether or not a prediction had to be read: with every expert cached none is.
   s += fmt::format(
-      "[stats] time {:.3f} s: I/O wait {:.3f} s, compute {:.3f} s; prefetch {} issued, {} used, "
-      "recall "
-      "{:.1f}%, {:.3f} GB wasted\n",
-      elapsed_s, wait, std::max(0.0, elapsed_s - wait), experts.prefetch_issued,
-      experts.prefetch_used, 100.0 * prefetch_recall, experts.prefetch_wasted_bytes / 1e9);
+      "[stats] time {:.3f} s: I/O wait {:.3f} s, compute {:.3f} s; expert prediction recall "
+      "{:.1f}%; prefetch {} issued, {} used, {:.3f} GB wasted\n",
+      elapsed_s, wait, std::max(0.0, elapsed_s - wait), 100.0 * prefetch_recall,
+      experts.prefetch_issued, experts.prefetch_used, experts.prefetch_wasted_bytes / 1e9);
   s += fmt::format("[stats] peak RSS {:.1f} MiB", peak_rss_bytes / 1048576.0);
   return s;
 }

@@ -126,10 +126,12 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterCont
   std::error_code ec;
   if (std::filesystem::is_directory(spec, ec)) {
     if (!folder_opener()) fail_setting("draft", spec, "draft model folders are not available here");
-    if (!std::filesystem::is_regular_file(std::filesystem::path(spec) / "config.json", ec))
+    const std::filesystem::path config = std::filesystem::path(spec) / "config.json";
+    if (!std::filesystem::exists(config, ec))
       fail_setting("draft", spec,
                    "no config.json (expected a draft model folder: config.json + "
                    "model.safetensors)");
+    require_regular_file(config.string());     // a FIFO or a folder named config.json
     if (ctx.model == nullptr) return nullptr;  // checked; built once the target is loaded
     return folder_opener()(spec, *ctx.model);
   }

@@ -284,7 +284,7 @@ ModelConfig load_config(const std::string& model_dir) {
         "model.safetensors or model.safetensors.index.json with its shards)",
         model_dir);
   }
-  return parse_config(read_file(p.string()), p.string());
+  return parse_config(read_regular_file(p.string()), p.string());
 }
 
 }  // namespace deltafin

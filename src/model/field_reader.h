@@ -164,7 +164,10 @@ class FieldReader {
         problem(fmt::format("{}: expected integers, found {}", name(key), e.dump()));
         return {};
       }
-      out.push_back(e.get<int64_t>());
+      // Full width: an unsigned value beyond int64 saturates (and fails any range check).
+      out.push_back(e.is_number_unsigned() && e.get<uint64_t>() > uint64_t{INT64_MAX}
+                        ? INT64_MAX
+                        : e.get<int64_t>());
     }
     return out;
   }

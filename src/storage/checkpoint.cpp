@@ -168,7 +168,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
-    const json j = parse_json(read_file(index.string()), index.string());
+    const json j = parse_json(read_regular_file(index.string()), index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail("{}: expected an object with a \"weight_map\" of tensor name -> shard file",
            index.string());

@@ -313,9 +313,11 @@ TrunkStats StreamingTrunk::stats() const {
 std::string StreamingTrunk::describe() const {
   size_t n = 0;
   for (bool r : plan_.resident) n += r;
+  const char* format = plan_.trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "";
+  if (n == plan_.resident.size())
+    return fmt::format("all {} trunk units resident{}, none streamed", n, format);
   return fmt::format("{} of {} trunk units resident{}, the rest streamed ({})", n,
-                     plan_.resident.size(),
-                     plan_.trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "",
+                     plan_.resident.size(), format,
                      files_.direct() ? "O_DIRECT" : "buffered reads");
 }
 

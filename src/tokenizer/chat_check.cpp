@@ -104,9 +104,13 @@ void check_messages(const json& body) {
     }
     const json* role = present(m, "role");
     const json* c = present(m, "content");
-    // Only an assistant turn that calls tools may leave its content out.
+    // Only an assistant turn that calls tools and a system message that declares tools (K3's
+    // dynamic tool declaration, rendered from `tools` alone) may leave their content out.
     const bool calls = present(m, "tool_calls") != nullptr;
-    if (c == nullptr && role != nullptr && role->is_string() && !(is(role, "assistant") && calls))
+    const json* tools = present(m, "tools");
+    const bool declares = tools != nullptr && tools->is_array() && !tools->empty();
+    if (c == nullptr && role != nullptr && role->is_string() && !(is(role, "assistant") && calls) &&
+        !(is(role, "system") && declares))
       fail_arg("{}.content: missing (a {} message needs content)", path,
                role->get_ref<const std::string&>());
     if (c == nullptr || !c->is_array()) continue;

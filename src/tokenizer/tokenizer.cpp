@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "core/mapped_file.h"
 #include "tokenizer/base64.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
@@ -132,12 +133,7 @@ struct Tokenizer::Impl {
 namespace {
 
 std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read {}: no such file or not readable", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("cannot read {}: I/O error", path.string());
-  return ss.str();
+  return read_regular_file(path.string());  // a FIFO or a folder is refused, never waited on
 }
 
 std::string reserved_name(int32_t id) {
