@@ -165,6 +165,58 @@ TEST(RoughEdges, MakeDemoBuildsOnlyTheProgram) {
 }
 
 // ------------------------------------------------------------------------------------------
+// B7: run --chat marks the thinking channel in plain text, so piped output (no colour) still
+// shows where thinking ends and the answer starts; --hide-thinking leaves both out.
+
+TEST(RoughEdges, PipedChatMarksTheThinkingChannel) {
+  use_private_cache("edges-b7-cache");
+  const std::vector<std::string> base = {"run",     "--chat", "--prompt",  "Tell me a fortune.",
+                                         "--draft", "none",   "--threads", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_deltafin(args, "", 120);
+  };
+  // Cut off inside the thinking channel: the mark still closes it.
+  auto r = with({"--max-new", "4", "--temperature", "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("[thinking]\n", 0), 0u) << r.out;
+  EXPECT_TRUE(r.out.ends_with("\n[/thinking]\n")) << r.out;
+  // Thinking, then the answer after the closing mark.
+  r = with({"--max-new", "300", "--temperature", "0.7", "--top-p", "0.95", "--seed", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t end = r.out.find("\n[/thinking]\n");
+  ASSERT_NE(end, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.rfind("[thinking]\n", 0), 0u) << r.out;
+  const std::string answer = r.out.substr(end + 13);
+  EXPECT_NE(answer.find_first_not_of(" \n"), std::string::npos) << r.out;
+  EXPECT_EQ(answer.find("[thinking]"), std::string::npos) << r.out;
+  r = with({"--max-new", "300", "--temperature", "0.7", "--top-p", "0.95", "--seed", "1",
+            "--hide-thinking"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("thinking]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out, answer) << "the same answer without the thinking";
+}
+
+// ------------------------------------------------------------------------------------------
+// B8: --stats names the router's prediction recall apart from the prefetch counts (it is
+// measured when nothing needed prefetching), and a trunk held whole is described as such.
+
+TEST(RoughEdges, StatsWordingSaysWhatWasMeasured) {
+  use_private_cache("edges-b8-cache");
+  auto r = test::run_deltafin({"run", "--prompt", "The king said", "--max-new", "8", "--stats",
+                               "--threads", "1", "--temperature", "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("; expert prediction recall "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("used, recall"), std::string::npos) << r.err;
+  r = test::run_deltafin({"bench", "--prompt-tokens", "4", "--gen-tokens", "4", "--reps", "1",
+                          "--no-disk-probe", "--threads", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("all 6 trunk units resident, none streamed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("6 of 6 trunk units"), std::string::npos) << r.out;
+}
+
+// ------------------------------------------------------------------------------------------
 // C3: a command that writes a user-named file refuses a target that exists and is not a
 // regular file (a symbolic link, a FIFO, a folder; as root a device node too) instead of
 // renaming over it; a regular file is replaced. Errors name the path typed.
