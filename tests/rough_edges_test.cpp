@@ -361,7 +361,7 @@ std::string draft_error(const std::string& text, Edit edit) {
   nlohmann::json j = nlohmann::json::parse(text);
   edit(j);
   try {
-    parse_draft_config(j.dump(), "draft/config.json");
+    parse_draft_config(j.dump(), "the draft config");
   } catch (const Error& e) {
     return e.what();
   }
