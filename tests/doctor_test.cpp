@@ -88,7 +88,11 @@ TEST(Doctor, ReleasedShapeWithoutCheckpoint) {
   EXPECT_NEAR(f["experts_per_token"].get<double>(), 16.0 * 92, 1e-6);
   EXPECT_GT(f["bytes_read_per_token"].get<double>(), 16 * 92 * 17e6);
   EXPECT_GT(f["bytes_touched_per_token"].get<double>(), f["bytes_read_per_token"].get<double>());
-  EXPECT_EQ(f["decode_bound"], "disk");
+  // Which side bounds decode follows from this machine's measured speeds (a loaded host's slow
+  // compute can make it compute-bound), so only its agreement with the two times is checked.
+  EXPECT_EQ(
+      f["decode_bound"],
+      f["decode_read_s"].get<double>() >= f["decode_compute_s"].get<double>() ? "disk" : "compute");
   // int8 holds more of the trunk in the same budget, so it reads less.
   EXPECT_LT(j["forecasts"][1]["bytes_read_per_token"].get<double>(),
             f["bytes_read_per_token"].get<double>());
