@@ -372,11 +372,12 @@ TEST(OutputParser, UnclosedCallsAtTheEnd) {
         EXPECT_TRUE(t.tool_calls[0].malformed);
         EXPECT_FALSE(t.ended);
       });
-  // The stream stops in a tag header: the header is text.
+  // The stream stops in a tag header (a length limit): structure that never finished is
+  // dropped, never content (issue 31 B3: it used to show as "done<|close|>resp").
   for_both_encodings("done<|close|>resp", [](const auto& ids) {
     const ParsedTurn t = parse_all(tok(), ids, Channel::response);
-    EXPECT_EQ(t.content, "done<|close|>resp");
-    EXPECT_TRUE(t.malformed);
+    EXPECT_EQ(t.content, "done");
+    EXPECT_FALSE(t.malformed);
     EXPECT_FALSE(t.ended);
   });
 }

@@ -17,9 +17,14 @@
 #include "draft/draft_config.h"
 #include "engine/engine.h"
 #include "fixtures/synthetic.h"
+#include "generate/generation.h"
+#include "generate/generation_config.h"
+#include "model/config.h"
 #include "server/request.h"
+#include "server/response.h"
 #include "server_util.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deltafin {
 namespace {
@@ -214,6 +219,215 @@ TEST(RoughEdges, StatsWordingSaysWhatWasMeasured) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("all 6 trunk units resident, none streamed"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("6 of 6 trunk units"), std::string::npos) << r.out;
+}
+
+// ------------------------------------------------------------------------------------------
+// B2: generation_config.json gives the default sampling (as vLLM reads it) to run, chat, serve
+// and the C API; a flag or request field always wins; a bad value is refused naming the field.
+// The demo ships one, so its chat turns end by themselves instead of looping to the limit.
+
+// A copy of the tiny model, to add files to.
+std::string copy_of_tiny(const std::string& name) {
+  const std::string d = test::temp_dir(name) + "/model";
+  fs::create_directories(d);
+  for (const auto& e : fs::directory_iterator(tiny_model()))
+    fs::copy_file(e.path(), d + "/" + e.path().filename().string());
+  return d;
+}
+
+json run_json(const std::string& model, std::vector<std::string> extra) {
+  std::vector<std::string> a = {"run",  "--model", model, "--prompt-ids", "1,2,3", "--max-new",
+                                "24",   "--seed",  "7",   "--threads",    "1",     "--draft",
+                                "none", "--json"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  const auto r = test::run_deltafin(a);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.exit_code == 0 ? json::parse(r.out) : json();
+}
+
+TEST(RoughEdges, GenerationConfigGivesTheDefaultSampling) {
+  const std::string m = copy_of_tiny("edges-b2");
+  test::spit(m + "/generation_config.json",
+             R"({"do_sample": true, "temperature": 0.9, "top_k": 5, "max_new_tokens": 3})");
+  const json greedy = run_json(tiny_model(), {})["completion_ids"];
+  const json sampled = run_json(tiny_model(), {"--temperature", "0.9", "--top-k", "5"});
+  ASSERT_NE(sampled["completion_ids"], greedy) << "the settings must change this output";
+  EXPECT_EQ(run_json(m, {})["completion_ids"], sampled["completion_ids"]);
+  EXPECT_EQ(run_json(m, {"--temperature", "0"})["completion_ids"], greedy);  // a flag wins
+  EXPECT_EQ(run_json(m, {"--top-k", "0"})["completion_ids"],
+            run_json(tiny_model(), {"--temperature", "0.9"})["completion_ids"]);
+
+  // The server: a request that leaves the sampling fields out gets the file's.
+  {
+    test::ServerProcess srv({"--threads", "1", "--draft", "none"}, m);
+    ASSERT_TRUE(srv.ready()) << srv.err();
+    auto c = srv.client();
+    auto text = [&](json extra) {
+      json body = {{"prompt", json::array({1, 2, 3})}, {"max_tokens", 24}, {"seed", 7}};
+      body.update(extra);
+      const auto r = test::post_json(*c, "/v1/completions", body);
+      EXPECT_EQ(r.status, 200) << r.body;
+      return r.j["choices"][0]["text"];
+    };
+    const json defaults = text(json::object());
+    EXPECT_EQ(defaults, text({{"temperature", 0.9}, {"top_k", 5}}));
+    EXPECT_NE(defaults, text({{"temperature", 1.0}, {"top_k", 0}}))
+        << "OpenAI's defaults are not the file's";
+  }
+
+  // A value out of range is refused, naming the file and the field.
+  test::spit(m + "/generation_config.json", R"({"temperature": -1, "top_p": 0})");
+  auto r = test::run_deltafin({"run", "--model", m, "--prompt-ids", "1", "--max-new", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find(m + "/generation_config.json: temperature: expected a number from 0 to 2, "
+                           "found -1; top_p: expected a number > 0 and <= 1, found 0"),
+            std::string::npos)
+      << r.err;
+}
+
+// The demo's chat turns end by themselves (its generation_config.json samples; greedy loops).
+TEST(RoughEdges, DemoChatTurnsEndByThemselves) {
+  use_private_cache("edges-b2-demo");
+  for (const char* seed : {"1", "2", "3"}) {
+    auto r = test::run_deltafin({"run", "--chat", "--prompt", "Tell me a fortune.", "--max-new",
+                                 "400", "--seed", seed, "--stats", "--threads", "1"},
+                                "", 120);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("stop: end_of_turn"), std::string::npos) << seed << ": " << r.err;
+  }
+  // B8: the note on the demo's drafter shows only when it drafts with it.
+  auto r = test::run_deltafin({"run", "--prompt", "The king", "--max-new", "2"});
+  EXPECT_NE(r.err.find("note: the demo drafts with its own EAGLE-3.1 drafter"), std::string::npos)
+      << r.err;
+  for (const char* draft : {"none", "ngram"}) {
+    r = test::run_deltafin({"run", "--prompt", "The king", "--max-new", "2", "--draft", draft});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err.find("drafter"), std::string::npos) << draft << ": " << r.err;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// B3: special tokens and cut-off structure never become text. An id the checkpoint's
+// generation_config.json names as end of sequence ends generation (the demo's [EOS]); a tag cut
+// off by the token limit is not content; raw output leaves K3 tags and specials out.
+
+TEST(RoughEdges, GenerationConfigEndOfSequenceEndsGeneration) {
+  const json greedy = run_json(tiny_model(), {"--temperature", "0"});
+  ASSERT_GE(greedy["completion_ids"].size(), 4u);
+  const int third = greedy["completion_ids"][2].get<int>();
+  const std::string m = copy_of_tiny("edges-b3");
+  test::spit(m + "/generation_config.json",
+             fmt::format(R"({{"eos_token_id": [{}], "temperature": 0}})", third));
+  const json out = run_json(m, {});
+  EXPECT_EQ(out["stop_reason"], "stop_token") << out.dump();
+  EXPECT_LE(out["completion_ids"].size(), 3u) << out.dump();
+  // The demo's own file names its [EOS] (1025) as well as the configured 1026.
+  use_private_cache("edges-b3-demo");
+  const auto r = test::run_deltafin({"inspect"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string demo = std::string(std::getenv("DELTAFIN_CACHE")) + "/demo-k3-english";
+  const Tokenizer tok = Tokenizer::load(demo);
+  const auto ids = stop_ids_for(load_config(demo), &tok, load_generation_config(demo));
+  EXPECT_NE(std::find(ids.begin(), ids.end(), *tok.special_id("[EOS]")), ids.end());
+}
+
+// Drives a request's Generation with logits that force `output`; the response it builds.
+json forced(const json& body, bool chat, const std::string& output) {
+  const auto limits = test::k3_limits(4096, 4096);
+  server::ServeRequest req =
+      chat ? server::parse_chat_request(body, limits, test::k3_tokenizer())
+           : server::parse_completion_request(body, limits, test::k3_tokenizer());
+  Generation g(req.prompt, req.params, &test::k3_tokenizer(), test::k3_tokenizer().vocab_size());
+  server::ResponseBuilder b(test::k3_tokenizer(),
+                            chat ? server::Endpoint::chat : server::Endpoint::completions, "id", 1,
+                            "kimi-k3", false, true);
+  b.begin();
+  test::force_output(g, output, [&](const server::StepUpdate& u) { b.add(u); });
+  server::Usage usage{static_cast<int64_t>(req.prompt.size()), 0,
+                      static_cast<int64_t>(g.tokens().size())};
+  b.end(g.stop_reason(), usage);
+  return b.response(g.stop_reason(), usage);
+}
+
+TEST(RoughEdges, CutOffTagsAndSpecialsAreNeverContent) {
+  const std::string thinking = "Hmm.<|close|>think<|sep|><|open|>response";
+  const std::string answer = thinking + "<|sep|>Hello there<|close|>response<|sep|><|end_of_msg|>";
+  // Cut off after "<|open|>response": no content, not "<|open|>response".
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+               {"max_tokens", test::k3_tokenizer().encode_with_special(thinking).size()}};
+  json r = forced(body, true, answer);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  const json& content = r["choices"][0]["message"]["content"];
+  EXPECT_TRUE(content.is_null() || content == "") << r.dump();
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "Hmm.") << r.dump();
+  // Whole, the tag is structure and the text is content.
+  body["max_tokens"] = 64;
+  r = forced(body, true, answer);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "Hello there") << r.dump();
+  // Raw completions: tags, [EOS] and other specials are left out, cut-off tags too.
+  const std::string out = " one<|close|>response<|sep|> two[EOS] three<|open|>resp";
+  const json raw = {{"prompt", "Say"},
+                    {"max_tokens", test::k3_tokenizer().encode_with_special(out).size()},
+                    {"temperature", 0}};
+  r = forced(raw, false, out);
+  EXPECT_EQ(r["choices"][0]["text"], " one two three") << r.dump();
+}
+
+// ------------------------------------------------------------------------------------------
+// B9: the bench HTML report carries the drafting figures its text output shows.
+
+TEST(RoughEdges, BenchReportShowsDrafting) {
+  use_private_cache("edges-b9-cache");
+  const std::string file = test::temp_dir("edges-b9") + "/report.html";
+  auto r = test::run_deltafin({"bench", "--prompt-tokens", "8", "--gen-tokens", "16", "--reps", "1",
+                               "--no-disk-probe", "--threads", "1", "--report", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.out.find("drafting   ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at + 11, r.out.find('\n', at) - at - 11);
+  EXPECT_NE(line.find("tokens per target pass"), std::string::npos) << line;
+  EXPECT_NE(test::slurp(file).find("<td>drafting</td><td>" + line + "</td>"), std::string::npos)
+      << line;
+}
+
+// ------------------------------------------------------------------------------------------
+// C7: --gpu-memory with the GPU off, or above what the device has, is refused (it passed
+// silently); every server response says nosniff, JSON errors that echo a path included.
+
+TEST(RoughEdges, GpuMemoryIsCheckedAgainstTheGpu) {
+  auto r = test::run_deltafin({"run", "--model", tiny_model(), "--prompt-ids", "1", "--max-new",
+                               "1", "--gpu-memory", "1G"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--gpu-memory 1G: needs a GPU, and the gpu setting is off"),
+            std::string::npos)
+      << r.err;
+  r = test::run_deltafin({"run", "--model", tiny_model(), "--prompt-ids", "1", "--max-new", "1",
+                          "--gpu", "0", "--gpu-memory", "100T"},
+                         "", 120);
+  if (r.err.find("no Vulkan") != std::string::npos)
+    GTEST_SKIP() << "no Vulkan device for the second half: " << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--gpu-memory 104857600 MiB: more than the device has"), std::string::npos)
+      << r.err;
+}
+
+TEST(RoughEdges, EveryServerResponseSaysNosniff) {
+  test::ServerProcess srv({"--threads", "1"}, tiny_model());
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  auto c = srv.client();
+  const auto missing = test::get(*c, "/v1/%3Cscript%3Enope");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_NE(missing.body.find("<script>"), std::string::npos) << "the test needs an echoed path";
+  const auto bad = test::post_json(*c, "/v1/completions", json{{"prompt", 5}});
+  EXPECT_EQ(bad.status, 400);
+  const auto ok = test::get(*c, "/v1/models");
+  EXPECT_EQ(ok.status, 200);
+  for (const auto* res : {&missing, &bad, &ok}) {
+    const auto it = res->headers.find("X-Content-Type-Options");
+    ASSERT_NE(it, res->headers.end()) << res->body;
+    EXPECT_EQ(it->second, "nosniff");
+    EXPECT_EQ(res->headers.count("X-Content-Type-Options"), 1u);
+  }
 }
 
 // ------------------------------------------------------------------------------------------

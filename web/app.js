@@ -46,6 +46,7 @@ async function apiFetch(path, init = {}) {
   for (let attempt = 0; ; attempt++) {
     const res = await fetch(path, { ...init, headers: headers() });
     if (res.status !== 401 || attempt > 0) return res;
+    $("key-button").hidden = false; // this server wants a key: offer to change it from now on
     const body = await res.json().catch(() => ({}));
     const msg = (body.error && body.error.message) || "API key required";
     if (!(await askForKey(msg + " — enter the key the server was started with."))) return res;
@@ -308,12 +309,18 @@ function renderMessages() {
   box.replaceChildren();
   if (current) current.messages.forEach((m, i) => box.appendChild(messageElement(m, i)));
   if (atEnd) box.scrollTop = box.scrollHeight;
+  updateRegenerate();
+}
+
+// Regenerate needs a user message to answer again.
+function updateRegenerate() {
+  $("regenerate").disabled = !!running || !current || !current.messages.some((m) => m.role === "user");
 }
 
 function setRunning(r) {
   running = r;
   $("send").disabled = !!r;
-  $("regenerate").disabled = !!r;
+  updateRegenerate();
   $("stop").disabled = !r;
 }
 
@@ -551,6 +558,8 @@ function drawHeat(heat) {
     tm += heat.misses[k];
   }
   $("heat-info").textContent = `${heat.layers} layers × ${heat.experts} experts; since start ${th} hits, ${tm} misses`;
+  $("heat-x").textContent = `experts 0–${heat.experts - 1} →`;
+  $("heat-y").textContent = `layers 0–${heat.layers - 1} ↓`;
 }
 
 function onSnapshot(s) {
@@ -707,6 +716,7 @@ function init() {
       save();
     }
   });
+  $("key-button").hidden = !apiKey(); // shown once a key is stored or the server asks for one
   $("key-button").addEventListener("click", () => askForKey("The API key this server was started with (stored in this browser)."));
   // Save submits the form (returnValue "ok"); Cancel and Escape close it without saving.
   $("key-dialog").addEventListener("close", () => keyDialogClosed($("key-dialog").returnValue === "ok"));

@@ -18,6 +18,7 @@
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "draft/draft_model.h"
+#include "generate/generation_config.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "server/api_error.h"
@@ -263,11 +264,9 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
                                  : (p.ctx > 0 ? p.ctx : c.max_positions);
     l.max_tokens = l.context;
     l.vocab = c.vocab;
-    for (const int64_t id : c.eos_token_ids) l.stop_ids.push_back(static_cast<int32_t>(id));
-    if (m->tok) {
-      if (auto eom = m->tok->special_id("<|end_of_msg|>"); eom && *eom != c.eos_token_id)
-        l.stop_ids.push_back(*eom);
-    }
+    const GenerationDefaults generation = load_generation_config(path);
+    generation.apply(l.sampling);
+    l.stop_ids = stop_ids_for(c, m->tok ? &*m->tok : nullptr, generation);
     ++capi::g_live_models;
     *out = m.release();
   });

@@ -165,6 +165,13 @@ std::string bench_report_html(const json& j) {
       fmt::format("{:.2f} (compute at {:.1f} of {:.1f} GFLOP/s peak)",
                   num(j, "prefill_roofline_ratio"), num(j, "prefill_flops_per_s") / 1e9,
                   num(j, "fma_peak_flops_per_s") / 1e9));
+  if (j.value("draft", "none") != "none") {  // the text output's "drafting" line
+    row("drafting",
+        fmt::format("{}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass",
+                    j.value("draft", ""), j.value("draft_proposed", int64_t{0}),
+                    j.value("draft_accepted", int64_t{0}), 100 * num(j, "draft_acceptance_rate"),
+                    num(j, "tokens_per_pass")));
+  }
   row("expert hit rate", fmt::format("{:.1f}%", 100 * num(j, "expert_hit_rate")));
   row("disk / memory bandwidth",
       fmt::format("{:.2f} / {:.2f} GB/s", num(j, "disk_bandwidth_bytes_per_s") / 1e9,

@@ -78,6 +78,7 @@ void run_chat(ChatArgs& a) {
   if (a.think != "on" && a.think != "off") fail_usage("--think {}: expected on or off", a.think);
   a.engine.model = resolve_model_dir(a.engine.model);
   resolve_default_draft(a.gen.draft, a.engine.model);
+  apply_generation_config(a.gen, a.engine.model);
   require_tokenizer(a.engine.model, "chat");
   Tokenizer tok = Tokenizer::load(a.engine.model);
   plan_prefill(a.gen, a.engine, 0);  // auto: passes of up to the context, as the budget allows

@@ -37,6 +37,7 @@ void run_run(RunArgs& a) {
   if (!a.chat && !a.system.empty()) fail_usage("--system needs --chat");
   a.engine.model = resolve_model_dir(a.engine.model);
   resolve_default_draft(a.gen.draft, a.engine.model);
+  apply_generation_config(a.gen, a.engine.model);
   std::optional<Tokenizer> tok;
   if (has_tokenizer(a.engine.model)) {
     tok = Tokenizer::load(a.engine.model);

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/sysinfo.h"
 #include "engine/engine.h"
+#include "generate/generation_config.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "server/http_server.h"
@@ -211,9 +212,9 @@ void run_serve(ServeArgs& a) {
   limits.context = context;
   limits.max_tokens = a.max_tokens > 0 ? std::min(a.max_tokens, context) : context;
   limits.vocab = cfg.vocab;
-  for (const int64_t id : cfg.eos_token_ids) limits.stop_ids.push_back(static_cast<int32_t>(id));
-  if (auto eom = tok.special_id("<|end_of_msg|>"); eom && *eom != cfg.eos_token_id)
-    limits.stop_ids.push_back(*eom);
+  const GenerationDefaults generation = load_generation_config(a.engine.model);
+  generation.apply(limits.sampling);
+  limits.stop_ids = stop_ids_for(cfg, &tok, generation);
   limits.prefill_chunk = chunk > 0 ? chunk : pass_rows;
 
   server::SchedulerOptions so;

@@ -87,6 +87,8 @@ void resolve_default_draft(DraftOptions& o, const std::string& model_dir) {
   const std::filesystem::path own = std::filesystem::path(model_dir) / "draft";
   std::error_code ec;
   o.draft = std::filesystem::exists(own / "config.json", ec) ? own.string() : "none";
+  if (const std::string note = demo_drafter_note(model_dir, o.draft); !note.empty())
+    fmt::print(stderr, "{}\n", note);
 }
 
 std::shared_ptr<DraftModel> plan_draft_model(const std::string& spec, EngineOptions& e) {

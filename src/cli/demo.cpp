@@ -150,4 +150,20 @@ std::string install_demo_model() {
   return dir.string();
 }
 
+std::string demo_drafter_note(const std::string& model_dir, const std::string& draft) {
+  const fs::path dir(model_dir);
+  std::error_code ec;
+  if (!fs::exists(dir / kStamp, ec) || fs::path(draft) != dir / "draft") return "";
+  try {
+    const auto j = nlohmann::json::parse(slurp(dir / "demo.json"));
+    if (!j.contains("drafter") || !j["drafter"].is_string()) return "";
+    return fmt::format(
+        "note: the demo drafts with {} (the output is the same; --draft none "
+        "turns it off)",
+        j["drafter"].get<std::string>());
+  } catch (const std::exception&) {
+    return "";  // install_demo_model checked demo.json; a note is not worth failing for
+  }
+}
+
 }  // namespace deltafin::cli

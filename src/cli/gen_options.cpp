@@ -13,19 +13,30 @@
 namespace deltafin::cli {
 
 void add_gen_options(CLI::App* cmd, GenOptions& o) {
+  o.cmd = cmd;
   cmd->add_option("--max-new", o.max_new, "Most tokens to generate")
       ->capture_default_str()
       ->check(non_negative());
-  cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy (default)")
+  // The sampling defaults below apply when the model folder has no generation_config.json;
+  // with one, its settings are the defaults (a flag given always wins).
+  cmd->add_option("--temperature", o.temperature,
+                  "Sampling temperature; 0 = greedy. Default: the model's generation_config.json, "
+                  "else 0")
       ->capture_default_str();
-  cmd->add_option("--top-k", o.top_k, "Keep the K most likely tokens (0 = off)")
+  cmd->add_option(
+         "--top-k", o.top_k,
+         "Keep the K most likely tokens (0 = off; default: generation_config.json, else 0)")
       ->capture_default_str();
-  cmd->add_option("--top-p", o.top_p, "Nucleus sampling threshold (1 = off)")
+  cmd->add_option("--top-p", o.top_p,
+                  "Nucleus sampling threshold (1 = off; default: generation_config.json, else 1)")
       ->capture_default_str();
-  cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the best probability (0 = off)")
+  cmd->add_option("--min-p", o.min_p,
+                  "Drop tokens below min-p x the best probability (0 = off; default: "
+                  "generation_config.json, else 0)")
       ->capture_default_str();
   cmd->add_option("--repeat-penalty", o.repeat_penalty,
-                  "Repetition penalty over generated and the last 64 prompt tokens (1 = off)")
+                  "Repetition penalty over generated and the last 64 prompt tokens (1 = off; "
+                  "default: generation_config.json, else 1)")
       ->capture_default_str();
   cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty (-2..2)")
       ->capture_default_str();
@@ -52,6 +63,17 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
       ->capture_default_str()
       ->check(auto_or_positive());
   add_draft_options(cmd, o.draft);
+}
+
+void apply_generation_config(GenOptions& o, const std::string& model_dir) {
+  o.generation = load_generation_config(model_dir);
+  const GenerationDefaults& g = o.generation;
+  auto unset = [&o](const char* flag) { return o.cmd == nullptr || o.cmd->count(flag) == 0; };
+  if (g.temperature && unset("--temperature")) o.temperature = *g.temperature;
+  if (g.top_k && unset("--top-k")) o.top_k = *g.top_k;
+  if (g.top_p && unset("--top-p")) o.top_p = *g.top_p;
+  if (g.min_p && unset("--min-p")) o.min_p = *g.min_p;
+  if (g.repetition_penalty && unset("--repeat-penalty")) o.repeat_penalty = *g.repetition_penalty;
 }
 
 SamplingParams sampling_from(const GenOptions& o) {
@@ -88,11 +110,7 @@ GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenize
   p.max_new_tokens = o.max_new;
   p.sampling = sampling_from(o);
   p.stop_strings = o.stop;
-  for (const int64_t id : m.config().eos_token_ids) p.stop_ids.push_back(static_cast<int32_t>(id));
-  if (tok != nullptr) {
-    if (auto eom = tok->special_id("<|end_of_msg|>"); eom && *eom != m.config().eos_token_id)
-      p.stop_ids.push_back(*eom);
-  }
+  p.stop_ids = stop_ids_for(m.config(), tok, o.generation);
   p.prefill_chunk = m.pass_plan().pass_rows;
   p.context_limit = m.config().max_positions;
   p.chat = chat;

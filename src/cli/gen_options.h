@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "generate/generation.h"
+#include "generate/generation_config.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,15 +35,21 @@ struct GenOptions {
   std::string prefill_chunk = "auto";  // or rows per pass
   int64_t prefill_rows = 0;            // what the loaded model's pass plan chose
   DraftOptions draft;
+  CLI::App* cmd = nullptr;        // the subcommand (which flags were given)
+  GenerationDefaults generation;  // the model folder's generation_config.json
 };
 
 void add_gen_options(CLI::App* cmd, GenOptions& o);
+// Reads the model folder's generation_config.json: its sampling settings replace the defaults
+// of the flags that were not given, its eos_token_id joins the stop tokens (make_params).
+void apply_generation_config(GenOptions& o, const std::string& model_dir);
 // The sampling settings of the flags, validated (throws InvalidArgument naming the field).
 SamplingParams sampling_from(const GenOptions& o);
 // Plans memory for --prefill-chunk (auto: up to `prompt_rows` rows per pass, 0 = the context).
 void plan_prefill(const GenOptions& o, EngineOptions& e, int64_t prompt_rows);
-// The generation parameters for a model (stop ids: eos_token_id and <|end_of_msg|>); the
-// prefill chunk is the model's pass plan (which honours --prefill-chunk).
+// The generation parameters for a model (stop ids: stop_ids_for the config, the tokenizer and
+// generation_config.json); the prefill chunk is the model's pass plan (which honours
+// --prefill-chunk).
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat);
 
 // Ctrl-C: the first SIGINT sets the flag (generation stops cleanly at the next pass); a second

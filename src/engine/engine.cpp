@@ -141,7 +141,11 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.heat_file = heat_file_for(o.model);
   lo.gpu.select = o.gpu;
   lo.gpu.min_rows = o.gpu_min_rows;
-  if (!o.gpu_memory.empty()) lo.gpu.memory = parse_size(o.gpu_memory, "gpu memory");
+  if (!o.gpu_memory.empty()) {
+    if (o.gpu == "off")
+      fail_setting("gpu memory", o.gpu_memory, "needs a GPU, and the gpu setting is off");
+    lo.gpu.memory = parse_size(o.gpu_memory, "gpu memory");
+  }
   if (lo.print_plan)
     fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
                kernels::active().name);

@@ -45,7 +45,7 @@ Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& para
     if (params_.chat) {
       parser_.emplace(*tok_, params_.start_channel);
     } else {
-      decoder_.emplace(*tok_);
+      plain_.emplace(*tok_);
     }
   } else if (params_.chat) {
     fail_arg("chat mode needs a tokenizer");
@@ -158,8 +158,8 @@ void Generation::finish(StopReason r) {
   if (r != StopReason::kStopString) {
     if (parser_) {
       for (auto& e : parser_->finish()) emit(std::move(e));
-    } else if (decoder_) {
-      handle_content(decoder_->flush());
+    } else if (plain_) {
+      handle_content(plain_->finish());
     }
     if (stop_ == StopReason::kNone && !held_.empty()) {
       content_ += held_;
@@ -241,8 +241,8 @@ void Generation::consume(std::span<const float> logits, const int32_t* draft,
       finish(StopReason::kEndOfTurn);
       return;
     }
-  } else if (decoder_ && !is_stop_id) {
-    handle_content(decoder_->push(id));
+  } else if (plain_ && !is_stop_id) {
+    handle_content(plain_->push(id));
     if (stop_ != StopReason::kNone) return;
   }
   if (is_stop_id) {

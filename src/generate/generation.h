@@ -6,7 +6,8 @@
 // cancellation.
 //
 // Output is produced as events. In chat mode the K3 output parser splits the thinking channel
-// from the response and recognises tool calls; in raw mode all text is content. Stop strings
+// from the response and recognises tool calls; in raw mode all text is content (special tokens
+// and K3 tags are structure, never text: PlainTextFilter). Stop strings
 // apply to the content channel: text that could be the start of a stop string is held back
 // until it is known not to be, and the match itself is never emitted.
 #pragma once
@@ -117,7 +118,7 @@ class Generation {
   const Tokenizer* tok_;
   Sampler sampler_;
   std::optional<OutputParser> parser_;
-  std::optional<IncrementalDecoder> decoder_;
+  std::optional<PlainTextFilter> plain_;
   int64_t fed_ = 0;       // prompt tokens fed
   int64_t consumed_ = 0;  // all tokens fed
   int64_t position_;

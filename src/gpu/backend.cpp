@@ -162,6 +162,11 @@ const std::vector<Piece>* find_resident(const Backend::State& s, const Matrix& w
 Backend::Backend(Options o, std::unique_ptr<Device> d)
     : options_(std::move(o)), device_(std::move(d)), state_(std::make_unique<State>()) {
   const uint64_t heap = device_->info().device_local_bytes;
+  if (options_.memory > heap) {
+    fail_setting("gpu memory", fmt::format("{} MiB", options_.memory >> 20),
+                 "more than the device has ({} MiB of device memory on {})", heap >> 20,
+                 device_->info().describe());
+  }
   state_->budget = options_.memory != 0 ? options_.memory : heap / 4 * 3;
   state_->range = device_->max_range();
   if (options_.max_buffer != 0) state_->range = std::min(state_->range, options_.max_buffer);

@@ -140,6 +140,10 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
                                  : httplib::Server::HandlerResponse::Unhandled;
   });
   svr_->set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    // No response may be sniffed into something else: a JSON error that echoes a decoded path
+    // is JSON, not HTML (the page's assets say so too, with their own policy).
+    if (!res.has_header("X-Content-Type-Options"))
+      res.set_header("X-Content-Type-Options", "nosniff");
     // Keep-Alive says how many requests this connection has left; a connection that closes
     // after this response says so instead.
     ConnectionContext* c = current_connection();

@@ -210,20 +210,21 @@ void parse_common(const json& body, const ServeLimits& limits, ServeRequest& r,
                   int64_t default_max_tokens) {
   check_model(body, limits);
   auto& s = r.params.sampling;
-  s.temperature =
-      static_cast<float>(get_number(body, "temperature", 0, 2).value_or(1.0));  // OpenAI's default
-  s.top_p = static_cast<float>(get_number(body, "top_p", 0, 1).value_or(1.0));
+  const SamplingParams& d = limits.sampling;  // the defaults (generation_config.json's)
+  s.temperature = static_cast<float>(get_number(body, "temperature", 0, 2).value_or(d.temperature));
+  s.top_p = static_cast<float>(get_number(body, "top_p", 0, 1).value_or(d.top_p));
   if (field(body, "top_p") != nullptr && s.top_p <= 0)
     bad_request("top_p", "top_p: must be greater than 0");
-  const int64_t top_k = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()).value_or(0);
+  const int64_t top_k =
+      get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max()).value_or(d.top_k);
   s.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // -1 is "off" in vLLM's convention
-  s.min_p = static_cast<float>(get_number(body, "min_p", 0, 1).value_or(0.0));
+  s.min_p = static_cast<float>(get_number(body, "min_p", 0, 1).value_or(d.min_p));
   s.presence_penalty =
       static_cast<float>(get_number(body, "presence_penalty", -2, 2).value_or(0.0));
   s.frequency_penalty =
       static_cast<float>(get_number(body, "frequency_penalty", -2, 2).value_or(0.0));
-  s.repetition_penalty =
-      static_cast<float>(get_number(body, "repetition_penalty", 0.01, 100).value_or(1.0));
+  s.repetition_penalty = static_cast<float>(
+      get_number(body, "repetition_penalty", 0.01, 100).value_or(d.repetition_penalty));
   if (auto seed = get_int(body, "seed", std::numeric_limits<int64_t>::min(),
                           std::numeric_limits<int64_t>::max())) {
     s.seed = static_cast<uint64_t>(*seed);

@@ -25,13 +25,22 @@ namespace deltafin::server {
 enum class Endpoint { chat, completions };
 
 // What validation needs to know about the server and the model.
+inline SamplingParams openai_sampling_defaults() {
+  SamplingParams s;
+  s.temperature = 1.0f;
+  return s;
+}
+
 struct ServeLimits {
   std::string model_id = "kimi-k3";
   std::vector<std::string> aliases;  // "*" accepts any model name
   int64_t context = 0;               // positions a sequence may reach
   int64_t max_tokens = 0;            // ceiling for max_tokens (<= context)
   int64_t vocab = 0;                 // model vocabulary (token-id prompts, logit_bias)
-  std::vector<int32_t> stop_ids;     // eos and <|end_of_msg|>
+  std::vector<int32_t> stop_ids;     // eos and <|end_of_msg|> (stop_ids_for)
+  // Sampling of a request that does not set a field: OpenAI's defaults (temperature 1, top_p 1),
+  // replaced by what the model's generation_config.json gives.
+  SamplingParams sampling = openai_sampling_defaults();
   int64_t prefill_chunk = 256;
   size_t max_json_depth = 64;
 };

@@ -131,6 +131,54 @@ std::vector<ParserEvent> OutputParser::push(int32_t id) {
   return out;
 }
 
+PlainTextFilter::PlainTextFilter(const Tokenizer& tokenizer)
+    : tok_(&tokenizer),
+      dec_(tokenizer),
+      open_(tokenizer.special_id(kOpenMarker)),
+      close_(tokenizer.special_id(kCloseMarker)),
+      sep_(tokenizer.special_id(kSepMarker)) {}
+
+std::string PlainTextFilter::flush_header() {
+  std::string out;
+  for (const int32_t h : header_) out += dec_.push(h);
+  in_tag_ = false;
+  header_.clear();
+  header_bytes_ = 0;
+  return out;
+}
+
+std::string PlainTextFilter::push(int32_t id) {
+  if (id < 0 || id >= tok_->vocab_size()) return {};  // not model output; never throw here
+  const bool special = tok_->is_special(id);
+  std::string out;
+  if (in_tag_) {
+    if (id == sep_) {  // a whole tag: structure, not text
+      in_tag_ = false;
+      header_.clear();
+      header_bytes_ = 0;
+      return {};
+    }
+    if (!special) {
+      header_.push_back(id);
+      header_bytes_ += tok_->token_bytes(id).size();
+      return header_bytes_ > kMaxHeaderBytes ? flush_header() : std::string();
+    }
+    out = flush_header();  // another special inside the header: it was not a tag
+  }
+  if (special) {
+    in_tag_ = id == open_ || id == close_;
+    return out;
+  }
+  return out + dec_.push(id);
+}
+
+std::string PlainTextFilter::finish() {
+  in_tag_ = false;
+  header_.clear();
+  header_bytes_ = 0;
+  return dec_.flush();
+}
+
 std::vector<ParserEvent> OutputParser::finish() {
   std::vector<ParserEvent> out;
   finish(out);
@@ -172,7 +220,11 @@ void OutputParser::push(int32_t id, std::vector<ParserEvent>& out) {
 
 void OutputParser::finish(std::vector<ParserEvent>& out) {
   if (state_ == State::ended) return;
-  if (pending_) abandon_pending(out);
+  if (pending_) {  // cut off before its <|sep|>: structure that never finished, not content
+    pending_ = false;
+    pending_ids_.clear();
+    pending_header_.clear();
+  }
   if (in_call_states()) close_open_call(out);
   flush_text(out);
 }

@@ -21,15 +21,17 @@
 //
 // Malformed output never throws. Tags the current state does not expect, stray specials and
 // unfinished tag headers become plain text of the current channel (specials spelled as their
-// names) with `malformed` set. Inside the tools block, where plain text has no place, the open
-// call is ended (flagged), the offending text goes to the content channel and the rest of the
-// turn is plain content (only <|close|>message<|sep|> and <|end_of_msg|> keep their meaning).
-// A non-string argument whose value does not parse as its declared type is kept as a string
-// value and flags the call; a `json` block that is not a JSON object goes to the content
-// channel as text and flags the call. Ids after the end of the turn are ignored.
+// names) with `malformed` set; a tag header cut off by the end of the output is dropped.
+// Inside the tools block, where plain text has no place, the open call is ended (flagged), the
+// offending text goes to the content channel and the rest of the turn is plain content (only
+// <|close|>message<|sep|> and <|end_of_msg|> keep their meaning). A non-string argument whose value
+// does not parse as its declared type is kept as a string value and flags the call; a `json` block
+// that is not a JSON object goes to the content channel as text and flags the call. Ids after the
+// end of the turn are ignored.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +73,30 @@ struct ParsedTurn {
   bool malformed = false;  // any event was flagged
 };
 
+// Raw (not chat) output as text: what `run` without --chat, /v1/completions and plain
+// generation through the C API show. Ordinary tokens are decoded (a character split across
+// tokens comes out whole); special tokens are never text; a K3 tag (<|open|>NAME<|sep|>,
+// <|close|>NAME<|sep|>) is structure and is left out whole, and one cut off by the end of the
+// output is dropped. A "tag" whose header grows past 1 KiB or meets another special token was
+// not one: its header text is shown.
+class PlainTextFilter {
+ public:
+  explicit PlainTextFilter(const Tokenizer& tokenizer);
+  std::string push(int32_t id);
+  // The end of the output: an incomplete character becomes U+FFFD, an unfinished tag is dropped.
+  std::string finish();
+
+ private:
+  std::string flush_header();
+
+  const Tokenizer* tok_;
+  IncrementalDecoder dec_;
+  std::optional<int32_t> open_, close_, sep_;
+  bool in_tag_ = false;
+  std::vector<int32_t> header_;
+  size_t header_bytes_ = 0;
+};
+
 class OutputParser {
  public:
   // The Tokenizer must outlive the parser; it must have the four K3 markers (else Error).
@@ -80,8 +106,9 @@ class OutputParser {
   void push(int32_t id, std::vector<ParserEvent>& out);
   std::vector<ParserEvent> push(int32_t id);
 
-  // End of the stream (stop or length limit): emits text still held (an unfinished tag as plain
-  // text, an incomplete character as U+FFFD) and ends an open tool call (flagged).
+  // End of the stream (stop or length limit): emits text still held (an incomplete character
+  // as U+FFFD) and ends an open tool call (flagged). A tag cut off by the end (`<|open|>response`
+  // without its <|sep|>) is structure that never finished: it is dropped, never content.
   void finish(std::vector<ParserEvent>& out);
   std::vector<ParserEvent> finish();
 

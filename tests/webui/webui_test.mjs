@@ -85,6 +85,8 @@ try {
   const page = await browser.newPage();
   await page.setViewport({ width: 1200, height: 800 });
   page.on("pageerror", (e) => pageErrors.push(String(e)));
+  const notFound = []; // every request the page makes must exist (the favicon too)
+  page.on("response", (r) => { if (r.status() === 404) notFound.push(r.url()); });
   page.on("console", (m) => {
     // A CSP violation would show up here: the page must not need any.
     if (m.type() === "error" && /Content.Security.Policy/i.test(m.text())) pageErrors.push(m.text());
@@ -95,6 +97,9 @@ try {
   check(res.status() === 200, "GET / is 200");
   check((res.headers()["content-security-policy"] || "").includes("script-src 'self'"), "CSP header");
   await waitFor(page, () => document.getElementById("server-status").textContent === "server ready", "health");
+  // No key stored and none asked for yet: no API key button; nothing to regenerate yet.
+  check(await page.$eval("#key-button", (e) => e.hidden), "no API key button before the server asks");
+  check(await page.$eval("#regenerate", (e) => e.disabled), "Regenerate disabled on an empty conversation");
 
   // 2. Send a message: the server answers 401, the page asks for the key, then streams.
   await page.click("#settings summary");
@@ -116,6 +121,7 @@ try {
   const answer = await text(page, ".msg.assistant .content");
   check(answer.length > 0, "the answer has text");
   check(await page.evaluate(() => localStorage.getItem("deltafin.apiKey")) === KEY, "key kept");
+  check(!(await page.$eval("#key-button", (e) => e.hidden)), "the API key button once the server asked");
 
   // 3. Reload: the conversation is still there.
   await page.reload({ waitUntil: "load" });
@@ -179,6 +185,8 @@ try {
   await waitFor(page, () => /hits/.test(document.getElementById("heat-info").textContent), "heat map info");
   const heat = await text(page, "#heat-info");
   check(!/since start 0 hits, 0 misses/.test(heat), `heat map counts requests (${heat})`);
+  check(/^experts 0–\d+ →$/.test(await text(page, "#heat-x")) &&
+    /^layers 0–\d+ ↓$/.test(await text(page, "#heat-y")), "heat map axis labels");
   check((await page.$$("#memory-bar div")).length === 5, "memory bar segments");
   check((await text(page, "#e-disk")).includes("MB/s"), "disk bandwidth shown");
   check((await page.$$("#io-chart polyline")).length === 2, "I/O chart lines");
@@ -271,6 +279,7 @@ try {
   await waitFor(page, () => document.querySelectorAll(".msg").length >= 2, "the stopped conversation kept");
   check((await text(page, ".msg.assistant .content")) === partial, "the partial answer is kept");
   check(pageErrors.length === 0, "no page errors: " + pageErrors.join("; "));
+  check(notFound.length === 0, "no request answered 404 (favicon included): " + notFound.join(", "));
   console.log("webui browser test passed");
 } finally {
   await browser.close();

@@ -290,6 +290,15 @@ def main():
     if os.path.exists(a.out):
         shutil.rmtree(a.out)
     export(model, a.out, tok, top)
+    # The demo's default sampling, read as vLLM reads generation_config.json: greedy decoding
+    # loops on this small model and never ends a chat turn; at these settings turns end by
+    # themselves (tools/train/README.md). [EOS] ends a document in the training stream and
+    # <|end_of_msg|> a chat turn: both end a generation.
+    with open(os.path.join(a.out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": tok.special["[BOS]"],
+                   "eos_token_id": [tok.special["<|end_of_msg|>"], tok.special["[EOS]"]],
+                   "do_sample": True, "temperature": 0.7, "top_p": 0.95}, f, indent=1)
+        f.write("\n")
     # "before MXFP4": the trained weights with the trunk rounded to BF16 but experts unquantised
     before = k3.K3(cfg, {n: (model.w(n).detach().double() if n.endswith(("w1", "w2", "w3")) or n.endswith(F32_SUFFIXES)
                              else k3.bf16_round(model.w(n).detach()).double()) for n in model.names}, chunk=32)
