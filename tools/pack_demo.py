@@ -17,7 +17,7 @@ import tarfile
 
 NEEDED = ["config.json", "model.safetensors.index.json", "tiktoken.model", "tokenizer_config.json"]
 # Shipped when the export has it: the default sampling and end-of-sequence ids (the demo's is
-# tools/train/generation_config.json; the engine reads it as vLLM does).
+# written by tools/train/train.py; the engine reads it as vLLM does).
 OPTIONAL = ["generation_config.json"]
 
 
