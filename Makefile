@@ -7,25 +7,38 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 WERROR ?= OFF
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-DEB_PACKAGES = build-essential cmake ninja-build pkg-config libfmt-dev nlohmann-json3-dev \
+# What building the program, the library and the Debian package needs (`make deps-build`: the
+# container image's build stage installs only these; `file` is what CPack's dpkg-shlibdeps step
+# uses) ...
+BUILD_PACKAGES = build-essential cmake ninja-build pkg-config file libfmt-dev nlohmann-json3-dev \
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev \
-  libcurl4-openssl-dev libedit-dev libsleef-dev libgtest-dev libgmock-dev libbenchmark-dev clang-format \
+  libcurl4-openssl-dev libedit-dev libsleef-dev libvulkan-dev glslc
+# ... and everything the tests, the sanitizer builds and the GPU tests need on top (`make deps`).
+DEB_PACKAGES = $(BUILD_PACKAGES) libgtest-dev libgmock-dev libbenchmark-dev clang-format \
   python3-venv python3-numpy python3-pytest python3-wheel clang libclang-rt-14-dev \
-  libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
+  mesa-vulkan-drivers vulkan-tools
 
-.PHONY: all deps configure build test test-deps test-perf demo python clean configure-asan \
-  test-asan configure-tsan test-tsan fuzz
+.PHONY: all deps deps-build configure build test test-deps test-perf demo python deb \
+  test-package clean configure-asan test-asan configure-tsan test-tsan fuzz
 
 all: build
 
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	command -v node >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+# Installs the packages of $(1) that are missing (apt-get; sudo when not root).
+define install_missing
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	$(2) \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_PACKAGES),command -v node >/dev/null 2>&1 || missing="$$missing nodejs npm";)
+
+deps-build:
+	$(call install_missing,$(BUILD_PACKAGES),)
 
 configure:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDELTAFIN_WERROR=$(WERROR)
@@ -127,6 +140,28 @@ test-deps:
 VENV ?= .venv
 python: deps build
 	bash python/install.sh $(VENV) $(BUILD)/src/capi/libdeltafin.so
+
+# The Debian package (CPack, cmake/package.cmake): its own build folder, configured for /usr
+# with the package's extra install rules (Python package, docs, systemd unit) and without the
+# tests; the package is $(DEB_BUILD)/deltafin_VERSION_ARCH.deb.
+DEB_BUILD ?= build-deb
+deb:
+	cmake -S . -B $(DEB_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
+	  -DDELTAFIN_PACKAGE=ON -DDELTAFIN_BUILD_TESTS=OFF -DDELTAFIN_BUILD_BENCH=OFF \
+	  -DDELTAFIN_WERROR=$(WERROR)
+	cmake --build $(DEB_BUILD) -j $(JOBS) --target deltafin deltafin_shared
+	cd $(DEB_BUILD) && cpack -G DEB
+	@ls $(DEB_BUILD)/deltafin_*.deb
+
+# The container image and the Debian package with podman (tests/package/package_test.sh: a local
+# debian:12 base image, the image built from the package `make deb` makes, the demo, serve and
+# compose.yaml inside, the systemd unit). Slow (5-10 minutes), so `.ci/run` runs it
+# only when the files it covers changed since it last passed (tests/package/covered.sh: the
+# stamp in tests/package/verified, which a passing run here rewrites: commit it).
+# DELTAFIN_PACKAGE_FROM_SOURCE=1 builds the image from source as `podman build .` does.
+test-package: build
+	bash tests/package/package_test.sh . $(BUILD) $(BUILD)/package-test
+	bash tests/package/covered.sh > tests/package/verified
 
 # The demo needs only the program: it is built first (minutes, not the whole tree's tests,
 # fuzzers and benchmarks), so the demo prints before anything else is compiled.
