@@ -22,8 +22,9 @@ file(GLOB DELTAFIN_DOCS ${PROJECT_SOURCE_DIR}/docs/*.md)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/SECURITY.md ${DELTAFIN_DOCS}
   DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR} RENAME copyright)
+# Debian 12's place for a package's units (debhelper's too), whatever the prefix.
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/deltafin-serve.service
-  DESTINATION lib/systemd/system)
+  DESTINATION /lib/systemd/system)
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/deltafin-serve.default
   DESTINATION ${CMAKE_INSTALL_FULL_SYSCONFDIR}/default RENAME deltafin-serve)
 

@@ -25,6 +25,7 @@ work=$3
 image=localhost/deltafin:test
 name=deltafin-test-$$
 mkdir -p "$work"
+work=$(cd "$work" && pwd)
 log() { echo "== package test: $*"; }
 
 missing=""
@@ -40,10 +41,9 @@ fi
 if [ "$(id -u)" -ne 0 ]; then echo "skipping: podman runs rootful here (run as root)"; exit 77; fi
 
 cleanup() {
-  podman rm -f "$name" >/dev/null 2>&1 || true
-  if [ -n "${compose_up:-}" ]; then
-    (cd "$src" && DELTAFIN_MODEL_DIR=$model podman-compose -p "$name" down >/dev/null 2>&1) || true
-  fi
+  podman rm -f -v "$name" >/dev/null 2>&1 || true
+  if [ -n "${compose_up:-}" ]; then compose down -v >/dev/null 2>&1 || true; fi
+  podman network rm -f "${name}_default" >/dev/null 2>&1 || true
   rm -rf "$src/dist"
 }
 trap cleanup EXIT
@@ -72,7 +72,9 @@ podman build --isolation=chroot --pull=never --format docker "${build_args[@]}" 
   -f "$src/Dockerfile" "$src" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
 log "image built ($((SECONDS - start)) s)"
 
-run=(podman --runtime runc run --rm --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+# One-shot runs without the image's health check (podman would schedule it with systemd timers,
+# which a host without systemd as init, like this test's, cannot: it logs an error per run).
+run=(podman --runtime runc run --rm --no-healthcheck --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 # The package's files, where Debian puts them.
 files=$("${run[@]}" --entrypoint dpkg "$image" -L deltafin)
 for f in /usr/bin/deltafin /usr/lib/x86_64-linux-gnu/libdeltafin.so.1 /usr/include/deltafin/deltafin.h \
@@ -95,8 +97,9 @@ DELTAFIN_CACHE=$work/cache "$build/src/cli/deltafin" run --prompt x --max-new 1 
 model=$work/cache/demo-k3-english
 [ -f "$model/config.json" ] || { echo "no demo model at $model"; exit 1; }
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-podman --runtime runc run -d --name "$name" --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
-  -p "127.0.0.1:$port:8000" -v "$model:/models:ro" -e DELTAFIN_MODEL=/models "$image" >/dev/null
+# The image's health check with no timer (as above); `podman healthcheck run` runs it below.
+podman --runtime runc run -d --name "$name" --health-interval disable \
+  --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 -p "127.0.0.1:$port:8000" -v "$model:/models:ro" -e DELTAFIN_MODEL=/models "$image" >/dev/null
 chat() {
   curl -fsS "http://127.0.0.1:$1/v1/chat/completions" -H 'Content-Type: application/json' \
     -d '{"model":"kimi-k3","messages":[{"role":"user","content":"Hello"}],"max_tokens":8}'
@@ -113,24 +116,34 @@ podman healthcheck run "$name" >/dev/null || { echo "the image's health check fa
 reply=$(chat "$port")
 grep -q '"choices"' <<<"$reply" || { echo "no chat completion: $reply"; exit 1; }
 if podman exec "$name" touch /models/written 2>/dev/null; then echo "the model mount is writable"; exit 1; fi
-podman rm -f "$name" >/dev/null
+podman rm -f -v "$name" >/dev/null
 log "serve: healthy, a chat completion from the host, the model read-only ($((SECONDS - start)) s)"
 
-# compose.yaml, as a user runs it (podman-compose runs podman with the default runtime: runc
-# through a containers.conf of our own).
+# compose.yaml, as a user runs it, on a free host port (DELTAFIN_PORT). podman-compose runs
+# podman with the default runtime: runc through a containers.conf of our own; and this host's
+# hard limit on open files is below compose.yaml's 65536, so a second file lowers the ulimits.
+compose() {
+  (cd "$src" && DELTAFIN_MODEL_DIR=$model DELTAFIN_PORT=$port podman-compose -p "$name" \
+    -f compose.yaml -f "$work/compose.limits.yaml" "$@")
+}
 if command -v podman-compose >/dev/null; then
   podman tag "$image" localhost/deltafin:latest
   printf '[engine]\nruntime = "runc"\n' >"$work/containers.conf"
+  printf 'services:\n  deltafin:\n    ulimits:\n      nofile: {soft: 4096, hard: 4096}\n      nproc: {soft: 4096, hard: 4096}\n' \
+    >"$work/compose.limits.yaml"
   export CONTAINERS_CONF=$work/containers.conf
   compose_up=1
-  (cd "$src" && DELTAFIN_MODEL_DIR=$model podman-compose -p "$name" up -d >"$work/compose.log" 2>&1) ||
-    { tail -20 "$work/compose.log"; exit 1; }
-  wait_health 8000 || { tail -20 "$work/compose.log"; echo "compose: serve never became healthy"; exit 1; }
-  grep -q '"choices"' <<<"$(chat 8000)" || { echo "compose: no chat completion"; exit 1; }
-  (cd "$src" && DELTAFIN_MODEL_DIR=$model podman-compose -p "$name" down >/dev/null 2>&1)
+  compose up -d >"$work/compose.log" 2>&1 || { tail -20 "$work/compose.log"; exit 1; }
+  wait_health "$port" || { tail -20 "$work/compose.log"; echo "compose: serve never became healthy"; exit 1; }
+  grep -q '"choices"' <<<"$(chat "$port")" || { echo "compose: no chat completion"; exit 1; }
+  # The cache folder is the named volume, writable by the server's user.
+  podman exec "${name}_deltafin_1" sh -c 'touch /var/cache/deltafin/.probe && rm /var/cache/deltafin/.probe' ||
+    { echo "compose: the cache volume is not writable by the server"; exit 1; }
+  podman volume exists "${name}_deltafin-cache" || { echo "compose: no cache volume"; exit 1; }
+  compose down -v >/dev/null 2>&1
   compose_up=
   unset CONTAINERS_CONF
-  log "compose.yaml: a chat completion on 127.0.0.1:8000"
+  log "compose.yaml: a chat completion on 127.0.0.1:$port, the cache on its volume"
 fi
 
 # The systemd unit against the package's own files.
@@ -139,8 +152,12 @@ if command -v systemd-analyze >/dev/null; then
   mkdir -p "$work/deb-root"
   podman create --name "$name" "$image" >/dev/null
   podman export "$name" | tar -C "$work/deb-root" -x
-  podman rm -f "$name" >/dev/null
-  systemd-analyze verify --root="$work/deb-root" /lib/systemd/system/deltafin-serve.service
+  podman rm -f -v "$name" >/dev/null
+  # systemd's own units (sysinit.target, ...) as a Debian 12 machine with systemd has them: the
+  # image is minbase, without systemd. Any message (an unknown setting, a missing binary) fails.
+  cp -rn /lib/systemd/system/. "$work/deb-root/lib/systemd/system/"
+  msg=$(systemd-analyze verify --root="$work/deb-root" /lib/systemd/system/deltafin-serve.service 2>&1) &&
+    [ -z "$msg" ] || { echo "systemd-analyze verify: $msg"; exit 1; }
   log "systemd unit verified"
 fi
 log "all passed ($((SECONDS - start)) s)"
