@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/device_experts.h"
 #include "engine/gpu_plan.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
@@ -314,8 +315,14 @@ TEST(Gpu, OffloadSeamTakesProductsByRowsAndResidency) {
   EXPECT_FALSE(gpu->matmul(int8, x.data(), 8, 64, y.data(), 24, false));
 }
 
+// A device the test owns, as the engine's DeviceExperts and pass environment hold one.
+std::shared_ptr<kernels::MatmulOffload> borrowed(gpu::Backend& device) {
+  return std::shared_ptr<kernels::MatmulOffload>(&device, [](kernels::MatmulOffload*) {});
+}
+
 // Each K3 layer of the golden models (dense MLP, KDA, MLA, MoE with shared and routed experts)
-// on identical inputs, with every product offloaded (min_rows 1) against the CPU layer.
+// on identical inputs, with every product offloaded (min_rows 1) against the CPU layer; the
+// routed experts through the engine's DeviceExperts, as a model with --gpu has them.
 class GpuLayers : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuLayers, EveryLayerMatchesTheCpuLayer) {
@@ -324,7 +331,9 @@ TEST_P(GpuLayers, EveryLayerMatchesTheCpuLayer) {
   const ModelConfig c = load_config(dir);
   std::unique_ptr<Checkpoint> ck = Checkpoint::open(dir);
   ResidentTrunk trunk(c, *ck);
-  MmapExpertProvider experts(c, *ck, check_inventory(c, *ck).expert_format);
+  const ExpertFormat ef = check_inventory(c, *ck).expert_format;
+  MmapExpertProvider experts(c, *ck, ef);
+  DeviceExperts on_device(std::make_unique<MmapExpertProvider>(c, *ck, ef), borrowed(*gpu));
   ThreadPool pool(2);
   const int64_t R = 21, H = c.hidden;
   std::mt19937 rng(21);
@@ -347,7 +356,8 @@ TEST_P(GpuLayers, EveryLayerMatchesTheCpuLayer) {
         } else if (c.is_dense(layer)) {
           mlp_forward(ctx, w.dense, u.data(), y[on].data(), false);
         } else {
-          moe_forward(ctx, w.moe, experts, layer, u.data(), y[on].data());
+          ExpertProvider& ex = on ? static_cast<ExpertProvider&>(on_device) : experts;
+          moe_forward(ctx, w.moe, ex, layer, u.data(), y[on].data());
         }
       }
       double diff = 0, mag = 0;
@@ -368,7 +378,8 @@ TEST_P(GpuLayers, EveryLayerMatchesTheCpuLayer) {
 }
 
 // The first MoE layer of a golden model over R random rows: its CPU output, and the same layer
-// with only run_experts() under the device (route() and finish() stay on the CPU).
+// with only run_experts() given to the device (route() and finish() stay on the CPU) through
+// the engine's DeviceExperts, inside the pass environment a --gpu model runs in.
 struct MoeLayer {
   ModelConfig c;
   std::unique_ptr<Checkpoint> ck;
@@ -402,12 +413,12 @@ struct MoeLayer {
   ~MoeLayer() { trunk->release(layer); }
   std::vector<float> on(gpu::Backend& device) {
     std::vector<float> y(cpu.size());
+    DeviceExperts dev(
+        std::make_unique<MmapExpertProvider>(c, *ck, check_inventory(c, *ck).expert_format),
+        borrowed(device));
     MoePass moe(*ctx, *w, ctx->rows);
     moe.route(*ctx, 0, u.data());
-    {
-      const kernels::OffloadScope scope(&device);
-      moe.run_experts(*experts, layer, {});
-    }
+    offload_environment(borrowed(device))([&] { moe.run_experts(dev, layer, {}); });
     moe.finish(*ctx, 0, u.data(), y.data());
     return y;
   }

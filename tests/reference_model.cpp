@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "model/inventory.h"
+#include "storage/checkpoint.h"
 #include "tensor/matrix.h"
 
 namespace deltafin::test {

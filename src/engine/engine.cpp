@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "engine/device_experts.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "storage/expert_directory.h"
@@ -93,7 +94,12 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
     gpu = attach_gpu(o.gpu, c, *parts.trunk, stable, gpu_plan);
     fmt::print(stderr, "{}\n", gpu_plan.device);
     if (gpu) fmt::print(stderr, "{}\n", gpu_plan.describe());
-    parts.offload = gpu;
+    if (gpu) {
+      // Every pass offers its products to the device; prefill passes' routed experts go to it
+      // in grouped windows.
+      parts.pass_environment = offload_environment(gpu);
+      parts.experts = std::make_unique<DeviceExperts>(std::move(parts.experts), gpu);
+    }
   }
   auto model = std::make_unique<LoadedModel>(std::move(parts), ck, inventory, std::move(plan));
   model->set_gpu(std::move(gpu), std::move(gpu_plan));

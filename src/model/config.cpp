@@ -3,7 +3,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -11,7 +10,6 @@
 
 #include "core/error.h"
 #include "core/json_parse.h"
-#include "core/mapped_file.h"
 #include "model/field_reader.h"
 
 namespace deltafin {
@@ -273,18 +271,6 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
     fail_config(path, problems);
   }
   return c;
-}
-
-ModelConfig load_config(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  fs::path p = fs::path(model_dir) / "config.json";
-  if (!fs::exists(p)) {
-    fail(
-        "{}: no config.json (expected a Kimi K3 checkpoint folder: config.json plus "
-        "model.safetensors or model.safetensors.index.json with its shards)",
-        model_dir);
-  }
-  return parse_config(read_regular_file(p.string()), p.string());
 }
 
 }  // namespace deltafin

@@ -81,8 +81,8 @@ struct ModelConfig {
   int64_t num_moe_layers() const { return num_layers - first_k_dense; }
 };
 
-// Parses and validates config.json text. `path` is used in error messages.
+// Parses and validates config.json text. `path` is used in error messages. (Reading it from a
+// checkpoint folder: load_config in storage/checkpoint.h.)
 ModelConfig parse_config(const std::string& json_text, const std::string& path);
-ModelConfig load_config(const std::string& model_dir);
 
 }  // namespace deltafin

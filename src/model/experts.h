@@ -1,11 +1,14 @@
-// How the model reaches routed experts: the narrow interface it computes against. The model asks
-// for the experts one pass of a layer needs and gets pinned views (ExpertHandle) as they become
-// ready; it never knows where the bytes live (mapped shards, the budgeted SSD-streaming store,
-// anything a test supplies). Statistics, prefetch hints and prediction recall come through this
-// interface too, so nothing above it needs to know which provider it has.
+// How the model reaches routed experts: the narrow interface it computes against. The model hands
+// over the routed-expert step of one MoE layer pass (ExpertStep: which experts, which rows chose
+// each, and the math of one expert) and the provider carries it out — when each expert's bytes
+// arrive, in which order experts run, whether several go to another device together. The model
+// never knows where the bytes live (mapped shards, the budgeted SSD-streaming store, anything a
+// test supplies) nor how the step is scheduled. Statistics, prefetch hints and prediction recall
+// come through this interface too, so nothing above it needs to know which provider it has.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -66,9 +69,36 @@ class ExpertBatch {
   virtual bool next(size_t& index, ExpertHandle& handle) = 0;
 };
 
+// The routed-expert step of one MoE layer pass (docs/MODEL.md §3.8) as the model states it: every
+// expert in `experts` applied once to the latent rows that chose it,
+//   out[(r, s)] = W2_e · SiTU(W1_e · in[r], W3_e · in[r])   for each (row r, slot s) choosing e.
+// `apply` is that math on the CPU for one expert over its users; `activate` is the SiTU between
+// the gate/up and the down products, for a device that runs the products itself. Each expert
+// writes only its own users' outputs, so the order experts run in never shows in the result.
+struct ExpertStep {
+  int layer = 0;
+  std::span<const int> experts;  // distinct ids, ascending
+  // users[e]: the (row * top_k + slot) entries that chose expert e (indexed by expert id).
+  std::span<const std::vector<int64_t>> users;
+  int64_t rows = 0, top_k = 0;
+  const float* in = nullptr;  // [rows][in_dim]: the latent inputs
+  int64_t in_dim = 0, inner_dim = 0;
+  float* out = nullptr;  // [rows * top_k][in_dim]: one output per (row, slot)
+  std::function<void(const ExpertWeights& w, std::span<const int64_t> users)> apply;
+  std::function<void(const float* gate, const float* up, int64_t n, float* h)> activate;
+  // Called once the step's reads are all requested: the model's routing prediction for the next
+  // layer goes here, so prefetch hints never queue ahead of the reads this pass waits for.
+  std::function<void()> issued;
+};
+
 class ExpertProvider {
  public:
   virtual ~ExpertProvider() = default;
+  // Carries out `step`: every listed expert applied exactly once (ExpertStep). Throws IoError
+  // when an expert's read fails. The storage providers apply each expert on the CPU as soon as
+  // its weights are ready (storage/expert_step.h); the engine's DeviceExperts gives prefill
+  // passes' experts to the GPU in groups.
+  virtual void run(const ExpertStep& step) = 0;
   // Bytes of one expert as stored (what applying it reads).
   virtual uint64_t expert_bytes() const = 0;
   // Starts whatever reads the listed experts need (all of them together) and returns them as

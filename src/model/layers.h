@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <functional>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -17,9 +16,6 @@
 namespace deltafin {
 
 class ThreadPool;
-namespace kernels {
-class MatmulOffload;
-}
 
 struct SeqRows {
   int64_t begin = 0;  // first row of this sequence in the batch
@@ -62,33 +58,26 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
 void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y,
                  bool accumulate);
 // y = latent MoE(x) + shared experts(x); returns the number of distinct experts fetched.
-// `after_request` runs once this layer's expert reads are issued (the model predicts and
-// prefetches the next layer there). One block: MoePass below with the whole pass as its block.
+// `issued` runs once this layer's expert reads are issued (ExpertStep::issued). One block:
+// MoePass below with the whole pass as its block.
 int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                    int layer, const float* x, float* y,
-                    const std::function<void()>& after_request = {});
+                    int layer, const float* x, float* y, const std::function<void()>& issued = {});
 
 // The MoE of one layer over a pass computed in blocks (model/pass_plan.h): route() each block
-// (router, latent input), run_experts() once — every chosen expert is requested once for the
-// pass and applied to all the pass's rows that chose it, at most `block_rows` rows at a time —
-// then finish() each block (weighted sum in id order, latent norm, up projection, shared
-// experts). x are the block's normed MLP inputs, the same rows to route() and to finish().
-// Under an offload that takes grouped products for the pass (kernels/offload.h: the GPU in
-// prefill), run_experts() gives the experts to it in windows of grouped gate/up and down
-// products instead, and runs on the CPU whatever it declines.
+// (router, latent input), run_experts() once — the pass's routed-expert step (ExpertStep: every
+// chosen expert applied once to all the pass's rows that chose it, at most `block_rows` rows at
+// a time), carried out by the expert provider — then finish() each block (weighted sum in id
+// order, latent norm, up projection, shared experts). x are the block's normed MLP inputs, the
+// same rows to route() and to finish().
 class MoePass {
  public:
   MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t block_rows);
   void route(const LayerContext& block, int64_t first_row, const float* x);
-  int64_t run_experts(ExpertProvider& experts, int layer,
-                      const std::function<void()>& after_request);
+  int64_t run_experts(ExpertProvider& experts, int layer, const std::function<void()>& issued);
   void finish(const LayerContext& block, int64_t first_row, const float* x, float* y);
 
  private:
-  void apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list);
-  bool apply_on_device(kernels::MatmulOffload& device,
-                       std::span<const std::pair<int, ExpertHandle>> window,
-                       const std::vector<std::vector<int64_t>>& users);
+  void apply_expert(const ExpertWeights& w, std::span<const int64_t> list);
   const LayerContext& pass_;
   const MoeTrunkWeights& w_;
   int64_t block_rows_;

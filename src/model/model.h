@@ -17,13 +17,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "kernels/offload.h"
 #include "model/config.h"
 #include "model/experts.h"
 #include "model/pass_plan.h"
@@ -72,9 +72,10 @@ struct ModelParts {
   // The model's own compute threads; null = the process-wide pool (the CLI's --threads). Models
   // loaded side by side in one process (the C API) neither share nor resize each other's.
   std::unique_ptr<ThreadPool> pool;
-  // Another device for the matrix products of this model's passes (the engine's --gpu); null =
-  // all on the CPU. Installed around each pass (kernels/offload.h): the layers do not know.
-  std::shared_ptr<kernels::MatmulOffload> offload;
+  // What each pass runs inside, set by the engine: with --gpu, another device is offered the
+  // pass's matrix products (engine/device_experts.h: offload_environment). Empty: the pass runs
+  // as it is. The model computes the same math either way and does not know which it has.
+  std::function<void(const std::function<void()>& pass)> pass_environment;
   // How prompt passes are cut and walked (pass_plan.h); the engine sets it from the memory plan.
   PassPlan pass_plan;
 };
@@ -122,10 +123,10 @@ class Model {
   void set_pass_plan(const PassPlan& p) { pass_plan_ = p; }
 
  private:
-  class Predictor;
+  class Pass;
   std::shared_ptr<const void> keep_alive_;  // first member: destroyed after the providers
   std::unique_ptr<ThreadPool> pool_;        // own threads, else the global pool
-  std::shared_ptr<kernels::MatmulOffload> offload_;
+  std::function<void(const std::function<void()>&)> pass_environment_;
   ModelConfig config_;
   std::unique_ptr<TrunkProvider> trunk_;
   std::unique_ptr<ExpertProvider> experts_;

@@ -1,20 +1,15 @@
 // Dense SiTU MLP (layer 0 and the shared experts) and the latent MoE with its router
-// (docs/MODEL.md §3.7–3.8). Routing is per row; then every selected expert is fetched once per
-// pass and applied to all the rows that chose it, whichever sequences (and blocks of a long
-// pass, pass_plan.h) they belong to, as experts become ready. Each row's expert outputs are summed
-// in ascending expert-id order, so the result does not depend on arrival order, batching or thread
-// count. When the pass's offload takes grouped products (the GPU in a prefill pass), experts are
-// gathered in windows as they arrive and each window runs as two grouped products on the device
-// — gate and up of all its experts over their rows, then down — with SiTU between them on the
-// CPU (the same ops::situ_rows): each expert's weights go to the device once per pass, and a
-// window the device declines runs on the CPU as without it.
+// (docs/MODEL.md §3.7–3.8). Routing is per row; then the pass's routed-expert step — every
+// selected expert applied once to all the rows that chose it, whichever sequences (and blocks of
+// a long pass, pass_plan.h) they belong to — goes to the expert provider, which carries it out
+// (model/experts.h: ExpertStep; when and where each expert runs is the provider's). Each row's
+// expert outputs are then summed in ascending expert-id order, so the result does not depend on
+// the order experts ran in, on batching or on the thread count.
 #include <algorithm>
 #include <numeric>
 
 #include "core/thread_pool.h"
-#include "core/timer.h"
 #include "kernels/kernels.h"
-#include "kernels/offload.h"
 #include "model/layers.h"
 #include "model/ops.h"
 
@@ -116,15 +111,9 @@ void MoePass::route(const LayerContext& block, int64_t first_row, const float* x
   kernels::matmul(w_.down, x, block.rows, c.hidden, xi_ + first_row * Hl, Hl, block.pool);
 }
 
-namespace {
-// Experts gathered before a window goes to the device: enough for long grouped products whose
-// uploads overlap, few enough that pinning them all asks little of an expert store's budget.
-constexpr size_t kDeviceWindow = 16;
-}  // namespace
-
-// One expert over its (row, slot) users on the CPU, at most a block of rows at a time (a row's
-// result does not depend on how many rows run beside it); outputs land in their (row, slot).
-void MoePass::apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list) {
+// One expert over its (row, slot) users, at most a block of rows at a time (a row's result does
+// not depend on how many rows run beside it); outputs land in their (row, slot).
+void MoePass::apply_expert(const ExpertWeights& w, std::span<const int64_t> list) {
   const ModelConfig& c = pass_.c;
   const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim, I = c.moe.intermediate;
   ThreadPool& pool = pass_.pool;
@@ -148,51 +137,8 @@ void MoePass::apply_on_cpu(const ExpertWeights& w, std::span<const int64_t> list
   }
 }
 
-// A window of experts as two grouped products on the device; false (nothing written) when the
-// device declines either.
-bool MoePass::apply_on_device(kernels::MatmulOffload& device,
-                              std::span<const std::pair<int, ExpertHandle>> window,
-                              const std::vector<std::vector<int64_t>>& users) {
-  const ModelConfig& c = pass_.c;
-  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim, I = c.moe.intermediate;
-  std::vector<std::vector<int32_t>> rows(window.size());
-  int64_t total = 0;
-  std::vector<kernels::RowGroup> gate_up, down;
-  for (size_t e = 0; e < window.size(); ++e) {
-    for (int64_t u : users[static_cast<size_t>(window[e].first)])
-      rows[e].push_back(static_cast<int32_t>(u / k));
-    total += static_cast<int64_t>(rows[e].size());
-    gate_up.push_back({window[e].second->w1, rows[e]});
-    gate_up.push_back({window[e].second->w3, rows[e]});
-  }
-  // [expert][gate rows, then up rows][I]
-  std::vector<float> gu(static_cast<size_t>(2 * total * I));
-  if (!device.grouped(gate_up, xi_, Hl, gu.data())) return false;
-  std::vector<float> h(static_cast<size_t>(total * I));
-  std::vector<int32_t> hrows(static_cast<size_t>(total));
-  std::iota(hrows.begin(), hrows.end(), 0);
-  int64_t at = 0;
-  for (size_t e = 0; e < window.size(); ++e) {
-    const auto n = static_cast<int64_t>(rows[e].size());
-    const float* g = gu.data() + 2 * at * I;
-    situ_parallel(pass_.pool, g, g + n * I, n * I, c.situ_beta, c.situ_linear_beta,
-                  h.data() + at * I);
-    down.push_back({window[e].second->w2, std::span<const int32_t>(hrows).subspan(
-                                              static_cast<size_t>(at), static_cast<size_t>(n))});
-    at += n;
-  }
-  std::vector<float> y(static_cast<size_t>(total * Hl));
-  if (!device.grouped(down, h.data(), I, y.data())) return false;
-  at = 0;
-  for (const auto& [expert, handle] : window) {
-    for (int64_t u : users[static_cast<size_t>(expert)])
-      std::copy_n(y.data() + (at++) * Hl, Hl, slot_ + u * Hl);
-  }
-  return true;
-}
-
 int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
-                             const std::function<void()>& after_request) {
+                             const std::function<void()>& issued) {
   const ModelConfig& c = pass_.c;
   const int64_t R = pass_.rows, E = c.moe.num_experts, k = c.moe.top_k;
   std::vector<int> wanted;
@@ -205,30 +151,24 @@ int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
     for (int64_t s = 0; s < k; ++s)
       users[static_cast<size_t>(ids_[static_cast<size_t>(r * k + s)])].push_back(r * k + s);
   }
-  kernels::MatmulOffload* device = kernels::current_offload();
-  if (device != nullptr && !device->takes_grouped(R)) device = nullptr;
-  std::vector<std::pair<int, ExpertHandle>> window;  // (expert id, pinned weights)
-  auto flush = [&] {
-    if (!apply_on_device(*device, window, users)) {
-      for (const auto& [expert, handle] : window)
-        apply_on_cpu(*handle, users[static_cast<size_t>(expert)]);
-    }
-    window.clear();
+  ExpertStep step;
+  step.layer = layer;
+  step.experts = wanted;
+  step.users = users;
+  step.rows = R;
+  step.top_k = k;
+  step.in = xi_;
+  step.in_dim = c.moe.latent_dim;
+  step.inner_dim = c.moe.intermediate;
+  step.out = slot_;
+  step.apply = [this](const ExpertWeights& w, std::span<const int64_t> list) {
+    apply_expert(w, list);
   };
-  auto batch = experts.request(layer, wanted);
-  if (after_request) after_request();
-  size_t index = 0;
-  ExpertHandle handle;
-  while (batch->next(index, handle)) {
-    if (device == nullptr) {
-      apply_on_cpu(*handle, users[static_cast<size_t>(wanted[index])]);
-    } else {
-      window.emplace_back(wanted[index], std::move(handle));
-      if (window.size() == kDeviceWindow) flush();
-    }
-    handle.reset();
-  }
-  if (!window.empty()) flush();
+  step.activate = [&](const float* g, const float* u, int64_t n, float* h) {
+    situ_parallel(pass_.pool, g, u, n, c.situ_beta, c.situ_linear_beta, h);
+  };
+  step.issued = issued;
+  experts.run(step);
   return static_cast<int64_t>(wanted.size());
 }
 
@@ -251,11 +191,10 @@ void MoePass::finish(const LayerContext& block, int64_t first_row, const float* 
 }
 
 int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,
-                    int layer, const float* x, float* y,
-                    const std::function<void()>& after_request) {
+                    int layer, const float* x, float* y, const std::function<void()>& issued) {
   MoePass moe(ctx, w, ctx.rows);
   moe.route(ctx, 0, x);
-  const int64_t fetched = moe.run_experts(experts, layer, after_request);
+  const int64_t fetched = moe.run_experts(experts, layer, issued);
   moe.finish(ctx, 0, x, y);
   return fetched;
 }

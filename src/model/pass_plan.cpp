@@ -1,6 +1,7 @@
 // Sizes of the prefill arrangement (pass_plan.h). The byte counts follow the buffers the layer
-// code allocates (model.cpp, kda.cpp, mla.cpp, moe.cpp); when one of those changes shape, this
-// is the one place that must follow, so the planner's figure stays what a pass really holds.
+// code allocates (model.cpp, attn_residual.cpp, kda.cpp, mla.cpp, moe.cpp); when one of those
+// changes shape, this is the one place that must follow, so the planner's figure stays what a pass
+// really holds.
 #include "model/pass_plan.h"
 
 #include <fmt/format.h>

@@ -231,4 +231,16 @@ uint64_t Checkpoint::total_bytes() const {
   return n;
 }
 
+ModelConfig load_config(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(model_dir) / "config.json";
+  if (!fs::exists(p)) {
+    fail(
+        "{}: no config.json (expected a Kimi K3 checkpoint folder: config.json plus "
+        "model.safetensors or model.safetensors.index.json with its shards)",
+        model_dir);
+  }
+  return parse_config(read_regular_file(p.string()), p.string());
+}
+
 }  // namespace deltafin

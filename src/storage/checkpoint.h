@@ -12,9 +12,14 @@
 #include <vector>
 
 #include "core/mapped_file.h"
+#include "model/config.h"
 #include "tensor/tensor_info.h"
 
 namespace deltafin {
+
+// The folder's config.json, parsed and validated (model/config.h: parse_config); throws Error
+// naming the folder when it has none.
+ModelConfig load_config(const std::string& model_dir);
 
 class Checkpoint {
  public:

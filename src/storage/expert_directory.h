@@ -12,6 +12,7 @@
 
 #include "model/config.h"
 #include "model/experts.h"
+#include "storage/expert_step.h"
 
 namespace deltafin {
 
@@ -60,6 +61,7 @@ class MmapExpertProvider : public ExpertProvider {
   ExpertLocation locate(int layer, int expert) const { return dir_.location(layer, expert); }
   uint64_t expert_bytes() const override { return dir_.expert_bytes(); }
   std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override;
+  void run(const ExpertStep& step) override { run_as_ready(*this, step); }
   ExpertHandle acquire(int layer, int expert) override;
   ExpertStats stats() const override;
   std::string describe() const override;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "storage/expert_directory.h"
+#include "storage/expert_step.h"
 #include "storage/reader_pool.h"
 #include "storage/shard_files.h"
 
@@ -64,6 +65,7 @@ class ExpertStore : public ExpertProvider {
   ExpertLocation locate(int layer, int expert) const { return dir_.location(layer, expert); }
   uint64_t expert_bytes() const override { return dir_.expert_bytes(); }
   std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override;
+  void run(const ExpertStep& step) override { run_as_ready(*this, step); }
   ExpertHandle acquire(int layer, int expert) override;
   void prefetch(int layer, std::span<const int> experts) override;
   ExpertStats stats() const override;
