@@ -42,6 +42,10 @@ PROMPT=${PROMPT:-256}
 GEN=${GEN:-16}
 REPS=${REPS:-3}
 BENCH=$WORK/build/bin/llama-bench
+# Debian's interpreter, which sees the python3-* packages apt installs (a python3 earlier on PATH,
+# pyenv's say, would not).
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -83,7 +87,7 @@ convert() {
   local model=$1 out=$2 type=${3:-bf16}
   [ -d "$WORK/src" ] || { echo "no llama.cpp source in $WORK: run '$0 build' first" >&2; exit 1; }
   [ -f "$model/config.json" ] || { echo "$model: no config.json (expected a K3 checkpoint folder)" >&2; exit 1; }
-  if ! python3 -c 'import torch, numpy' 2>/dev/null; then
+  if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
     echo "installing python3-torch python3-numpy python3-tqdm" >&2
     apt-get update -qq &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch python3-numpy python3-tqdm >/dev/null
@@ -98,7 +102,7 @@ class _Absent:
         raise RuntimeError("transformers is not used by the yardstick's conversion")
 AutoConfig = AutoTokenizer = _Absent
 PY
-  SRC="$WORK/src" SHIM="$WORK/shim" python3 - "$model" "$out" "$type" <<'PY'
+  SRC="$WORK/src" SHIM="$WORK/shim" "$PY" - "$model" "$out" "$type" <<'PY'
 import os
 import sys
 
@@ -153,21 +157,20 @@ compare() {
   [ -x "$BENCH" ] || { echo "no llama-bench in $WORK: run '$0 build' first" >&2; exit 1; }
   [ -x "$DELTAFIN" ] || { echo "no deltafin binary at $DELTAFIN (set DELTAFIN)" >&2; exit 1; }
   echo "model $model; $THREADS threads; prompt $PROMPT, $GEN generated, $REPS reps; $(lscpu | sed -n 's/^Model name: *//p')"
-  printf '%-6s %-12s %-12s %-8s %-12s %-12s %-8s\n' round "llama pp/s" "deltafin pp/s" ratio \
-    "llama tg/s" "deltafin tg/s" ratio
-  local tmp
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
+  printf '%-6s %-14s %-14s %-8s %-14s %-14s %-8s\n' round "llama pp t/s" "deltafin pp" ratio \
+    "llama tg t/s" "deltafin tg" ratio
+  TMP=$(mktemp -d)
+  trap 'rm -rf "$TMP"' EXIT
   for ((r = 1; r <= rounds; ++r)); do
-    "$BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r "$REPS" -o json >"$tmp/llama.json" 2>/dev/null
+    "$BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r "$REPS" -o json >"$TMP/llama.json" 2>/dev/null
     "$DELTAFIN" bench --model "$model" --threads "$THREADS" --prompt-tokens "$PROMPT" \
-      --gen-tokens "$GEN" --reps "$REPS" --no-disk-probe --json >"$tmp/deltafin.json" 2>/dev/null
+      --gen-tokens "$GEN" --reps "$REPS" --no-disk-probe --json >"$TMP/deltafin.json" 2>/dev/null
     local lpp ltg dpp dtg
-    lpp=$(field "next(t['avg_ts'] for t in j if t['n_prompt'] > 0 and t['n_gen'] == 0)" <"$tmp/llama.json")
-    ltg=$(field "next(t['avg_ts'] for t in j if t['n_gen'] > 0 and t['n_prompt'] == 0)" <"$tmp/llama.json")
-    dpp=$(field "j['prefill_tokens_per_s']" <"$tmp/deltafin.json")
-    dtg=$(field "j['decode_tokens_per_s']" <"$tmp/deltafin.json")
-    printf '%-6s %-12.2f %-12.2f %-8.2f %-12.2f %-12.2f %-8.2f\n' "$r" "$lpp" "$dpp" \
+    lpp=$(field "next(t['avg_ts'] for t in j if t['n_prompt'] > 0 and t['n_gen'] == 0)" <"$TMP/llama.json")
+    ltg=$(field "next(t['avg_ts'] for t in j if t['n_gen'] > 0 and t['n_prompt'] == 0)" <"$TMP/llama.json")
+    dpp=$(field "j['prefill_tokens_per_s']" <"$TMP/deltafin.json")
+    dtg=$(field "j['decode_tokens_per_s']" <"$TMP/deltafin.json")
+    printf '%-6s %-14.2f %-14.2f %-8.2f %-14.2f %-14.2f %-8.2f\n' "$r" "$lpp" "$dpp" \
       "$(python3 -c "print($dpp / $lpp)")" "$ltg" "$dtg" "$(python3 -c "print($dtg / $ltg)")"
   done
 }
