@@ -10,6 +10,7 @@
 #include "draft/draft_model.h"
 #include "model/config.h"
 #include "server_util.h"
+#include "storage/checkpoint.h"
 #include "storage/plan.h"
 #include "test_util.h"
 
