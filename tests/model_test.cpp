@@ -1,7 +1,8 @@
 // Unit tests of the K3 layers and the forward pass's guarantees (docs/MODEL.md §7's list): router
 // selection vs weighting, AttnRes anchor counts, per-head A_log, chunked vs stepwise KDA,
-// absorbed vs expanded MLA and the latent-norm epsilon, batching several sequences, and state
-// snapshot / restore / deferred commit.
+// absorbed vs expanded MLA and the latent-norm epsilon, batching several sequences, state
+// snapshot / restore / deferred commit, the routed-expert step's seam (the order a provider runs
+// experts in never shows) and the model folder's includes (math only: no scheduling, I/O or GPU).
 #include "model/model.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -18,6 +23,7 @@
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"
+#include "storage/expert_directory.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -418,6 +424,118 @@ TEST(Forward, RejectsBadTokensAndReusedStates) {
   in[0].state = in[1].state = &st;
   in[0].tokens = in[1].tokens = t;
   EXPECT_THROW(model->forward(std::span<SequenceInput>(in, 2)), Error);
+}
+
+// --- The seams: what the model hands over, and what it includes ---------------------------------
+
+// An expert provider that carries out each routed-expert step in its own order: all the step's
+// experts fetched first, then applied from the highest id down (the storage providers apply them
+// as they arrive, the engine's DeviceExperts in device windows). It checks what the model hands
+// over: distinct ascending ids, and every (row, slot) of the pass in exactly one expert's list.
+class ReversedSteps : public ExpertProvider {
+ public:
+  explicit ReversedSteps(std::unique_ptr<ExpertProvider> inner) : inner_(std::move(inner)) {}
+  void run(const ExpertStep& step) override {
+    ++steps;
+    std::vector<ExpertHandle> handles(step.experts.size());
+    auto batch = inner_->request(step.layer, step.experts);
+    if (step.issued) step.issued();
+    size_t index = 0;
+    ExpertHandle h;
+    while (batch->next(index, h)) handles[index] = std::move(h);
+    std::set<int64_t> seen;
+    for (size_t i = 0; i < step.experts.size(); ++i) {
+      if (i > 0) {
+        EXPECT_LT(step.experts[i - 1], step.experts[i]);
+      }
+      for (int64_t u : step.users[static_cast<size_t>(step.experts[i])])
+        EXPECT_TRUE(seen.insert(u).second) << "(row, slot) " << u << " given to two experts";
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), step.rows * step.top_k);
+    for (size_t i = step.experts.size(); i-- > 0;)
+      step.apply(*handles[i], step.users[static_cast<size_t>(step.experts[i])]);
+  }
+  uint64_t expert_bytes() const override { return inner_->expert_bytes(); }
+  std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override {
+    return inner_->request(layer, experts);
+  }
+  ExpertHandle acquire(int layer, int expert) override { return inner_->acquire(layer, expert); }
+  ExpertStats stats() const override { return inner_->stats(); }
+  std::string describe() const override { return "reversed steps"; }
+
+  int64_t steps = 0;
+
+ private:
+  std::unique_ptr<ExpertProvider> inner_;
+};
+
+TEST(Forward, TheOrderAProviderRunsExpertsInNeverShows) {
+  for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
+    const std::string dir = golden_model(name);
+    auto plain = load_model(dir);
+    ReversedSteps* reversed = nullptr;
+    LoadOptions o;
+    o.make_experts = [&](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
+      auto p = std::make_unique<ReversedSteps>(std::make_unique<MmapExpertProvider>(c, ck, f));
+      reversed = p.get();
+      return p;
+    };
+    auto model = load_model(dir, o);
+    ASSERT_NE(reversed, nullptr);
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 5) % 500);
+    State a = plain->new_state(), b = model->new_state();
+    EXPECT_EQ(plain->forward(a, prompt, true), model->forward(b, prompt, true)) << name;
+    for (int32_t t : {7, 300, 64}) {
+      const std::vector<int32_t> one = {t};
+      EXPECT_EQ(plain->forward(a, one), model->forward(b, one)) << name;
+    }
+    // One step per MoE layer per pass: the model hands each layer pass's experts over once.
+    const ModelConfig& c = model->config();
+    int64_t moe_layers = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) moe_layers += c.is_dense(i) ? 0 : 1;
+    EXPECT_GT(moe_layers, 0);
+    EXPECT_EQ(reversed->steps, model->pass_stats().passes * moe_layers) << name;
+  }
+}
+
+// docs/ARCHITECTURE.md: the model folder holds the math and nothing that schedules it. Its
+// project includes are the math's own layers (model, tensor, the kernels' products) and the
+// core pieces a computation needs (errors, the compute threads, a pass's clock, JSON parsing of
+// config.json, the allocation-fault test hook); no offload seam, device, storage, file or
+// mapping header, and no system header for threads, locks, files or descriptors.
+TEST(ModelSources, IncludeNoSchedulingIoOrGpuHeaders) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(test::data_dir()) / ".." / ".." / "src" / "model";
+  const std::set<std::string> core_allowed = {"core/error.h",        "core/thread_pool.h",
+                                              "core/timer.h",        "core/json_parse.h",
+                                              "core/fault_inject.h", "kernels/kernels.h"};
+  const std::regex project(R"re(^\s*#\s*include\s*"([^"]+)")re");
+  const std::regex system(
+      R"re(^\s*#\s*include\s*<(thread|mutex|shared_mutex|condition_variable|future|fstream|iostream|filesystem|cstdio|fcntl\.h|unistd\.h|dlfcn\.h|sys/.*|vulkan/.*)>)re");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string ext = e.path().extension().string();
+    if (ext != ".cpp" && ext != ".h") continue;
+    ++files;
+    std::ifstream in(e.path());
+    std::string line;
+    const std::string file = "src/model/" + e.path().filename().string();
+    for (int n = 1; std::getline(in, line); ++n) {
+      std::smatch m;
+      if (std::regex_search(line, m, project)) {
+        const std::string h = m[1];
+        const bool ok =
+            h.rfind("model/", 0) == 0 || h.rfind("tensor/", 0) == 0 || core_allowed.count(h) > 0;
+        EXPECT_TRUE(ok) << file << ":" << n << " includes " << h
+                        << ": the model folder holds the math only (docs/ARCHITECTURE.md)";
+      }
+      EXPECT_FALSE(std::regex_search(line, system))
+          << file << ":" << n
+          << " includes a threads, locks, files or descriptors header: " << line;
+    }
+  }
+  EXPECT_GT(files, 20);
 }
 
 }  // namespace
