@@ -176,7 +176,7 @@ CheckpointCheck check_checkpoint_files(const std::string& dir) {
       auto it = c.tensors.find(t);
       if (it == c.tensors.end()) {
         const auto s = std::find_if(c.shards.begin(), c.shards.end(),
-                                    [&](const ShardCheck& x) { return x.file == f; });
+                                    [&file = f](const ShardCheck& x) { return x.file == file; });
         if (s != c.shards.end() && s->header_ok) absent.push_back(t);
       } else if (c.shards[static_cast<size_t>(it->second.shard)].file != f) {
         elsewhere.push_back(t);
