@@ -6,16 +6,36 @@
 #include "grammar/pda.h"
 
 namespace deltafin::grammar {
+namespace {
+
+// A handle on a cached grammar that also keeps its vocabulary alive: the cache's grammars do not
+// own the vocabulary that holds them (matcher.h), the handles callers get do.
+std::shared_ptr<const CompiledGrammar> owning(std::shared_ptr<const CompiledGrammar> g,
+                                              std::shared_ptr<const TokenVocab> vocab) {
+  struct Held {
+    std::shared_ptr<const TokenVocab> vocab;
+    std::shared_ptr<const CompiledGrammar> grammar;
+  };
+  auto held = std::make_shared<const Held>(Held{std::move(vocab), std::move(g)});
+  return {held, held->grammar.get()};
+}
+
+std::shared_ptr<const CompiledGrammar> cached_in(const std::string& key,
+                                                 const std::shared_ptr<const TokenVocab>& vocab) {
+  auto hit = vocab->cached(key);
+  return hit ? owning(std::move(hit), vocab) : nullptr;
+}
+
+}  // namespace
 
 std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& g, const std::string& key,
                                                        std::shared_ptr<const TokenVocab> vocab,
                                                        bool use_cache) {
-  if (use_cache) {
-    if (auto hit = vocab->cached(key)) return hit;
-  }
-  auto compiled = std::make_shared<const CompiledGrammar>(Pda::compile(g), vocab);
-  if (use_cache) vocab->put(key, compiled);
-  return compiled;
+  if (!use_cache) return std::make_shared<const CompiledGrammar>(Pda::compile(g), vocab);
+  if (auto hit = cached_in(key, vocab)) return hit;
+  auto compiled = std::make_shared<const CompiledGrammar>(Pda::compile(g), *vocab);
+  vocab->put(key, compiled);
+  return owning(std::move(compiled), std::move(vocab));
 }
 
 std::shared_ptr<const CompiledGrammar> compile_gbnf(const std::string& text,
@@ -23,7 +43,7 @@ std::shared_ptr<const CompiledGrammar> compile_gbnf(const std::string& text,
                                                     bool use_cache) {
   const std::string key = "gbnf\n" + text;
   if (use_cache) {
-    if (auto hit = vocab->cached(key)) return hit;
+    if (auto hit = cached_in(key, vocab)) return hit;
   }
   return compile_grammar(parse_gbnf(text, &vocab->lookup()), key, vocab, use_cache);
 }
@@ -34,7 +54,7 @@ std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::order
                                                            const std::string& prefix) {
   const std::string key = "schema\n" + schema.dump();
   if (use_cache) {
-    if (auto hit = vocab->cached(key)) return hit;
+    if (auto hit = cached_in(key, vocab)) return hit;
   }
   const Grammar g = json_schema_grammar(schema, prefix);
   try {

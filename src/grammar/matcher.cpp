@@ -82,9 +82,12 @@ struct CompiledGrammar::Memo {
 };
 
 CompiledGrammar::CompiledGrammar(Pda pda, std::shared_ptr<const TokenVocab> vocab)
-    : pda_(std::move(pda)),
-      vocab_(std::move(vocab)),
-      infos_(new std::atomic<const NodeInfo*>[pda_.size()]) {
+    : CompiledGrammar(std::move(pda), *vocab) {
+  owner_ = std::move(vocab);
+}
+
+CompiledGrammar::CompiledGrammar(Pda pda, const TokenVocab& vocab)
+    : pda_(std::move(pda)), vocab_(&vocab), infos_(new std::atomic<const NodeInfo*>[pda_.size()]) {
   for (size_t i = 0; i < pda_.size(); ++i) infos_[i].store(nullptr, std::memory_order_relaxed);
   for (size_t i = 0; i < pda_.size(); ++i) {
     for (const auto& e : pda_.tokens(static_cast<uint32_t>(i))) {

@@ -68,7 +68,12 @@ class CompiledGrammar {
     size_t bytes() const;
   };
 
+  // Owns `vocab` (kept alive with the grammar).
   CompiledGrammar(Pda pda, std::shared_ptr<const TokenVocab> vocab);
+  // Does not own `vocab`: for the vocabulary's own cache of grammars, which would otherwise
+  // form an ownership cycle (a vocabulary holding a grammar holding the vocabulary) that is
+  // never freed. The handles compile_*() return own both (constraint.cpp).
+  CompiledGrammar(Pda pda, const TokenVocab& vocab);
   ~CompiledGrammar();
 
   const Pda& pda() const { return pda_; }
@@ -84,7 +89,8 @@ class CompiledGrammar {
   NodeInfo compute(uint32_t node) const;
 
   Pda pda_;
-  std::shared_ptr<const TokenVocab> vocab_;
+  std::shared_ptr<const TokenVocab> owner_;  // null when not owning
+  const TokenVocab* vocab_;
   mutable std::mutex mu_;
   mutable std::unique_ptr<Memo> memo_;
   mutable std::vector<std::unique_ptr<NodeInfo>> owned_;
