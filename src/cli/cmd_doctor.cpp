@@ -276,7 +276,8 @@ ojson verify_folder(CheckpointCheck& c) {
   if (listed.empty()) return nullptr;
   ojson mismatched = ojson::array();
   int checked = 0;
-  for (const auto& [path, f] : listed) {
+  for (const auto& [listed_path, f] : listed) {
+    const std::string& path = listed_path;  // clang 15 cannot capture a structured binding
     const std::string want =
         f.value("sha256", "").empty() ? f.value("oid", "") : f.value("sha256", "");
     if (want.empty()) continue;
