@@ -16,7 +16,6 @@
 #include "core/error.h"
 #include "draft/draft_config.h"
 #include "engine/engine.h"
-#include "fixtures/synthetic.h"
 #include "generate/generation.h"
 #include "generate/generation_config.h"
 #include "model/config.h"
@@ -32,13 +31,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
+// The synthetic tiny model every server and surface test shares (server_util.h).
 const std::string& tiny_model() {
-  static const std::string dir = [] {
-    std::string d = test::temp_dir("edges_tiny") + "/model";
-    make_model(d, synthetic_preset("tiny"));
-    return d;
-  }();
-  return dir;
+  return test::server_model_dir();
 }
 
 std::string source_root() {
