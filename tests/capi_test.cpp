@@ -448,3 +448,68 @@ TEST(CApi, ErrorsAreStatusesWithMessages) {
 
 }  // namespace
 }  // namespace deltafin
+
+namespace deltafin {
+namespace {
+
+// The C API loads through the same path as the CLI: a draft model folder is opened once and
+// counted in the memory plan (its weights, and its cache for every planned sequence), so under
+// the same budget the expert cache shrinks by what the drafter takes. It then drafts.
+TEST(CApi, ADraftModelIsCountedInTheMemoryPlan) {
+  const std::string draft = test::temp_dir("capi_draft") + "/draft";
+  auto made = test::run_deltafin(
+      {"make-model", draft, "--drafter", "eagle3.1", "--target", tiny(), "--quiet"});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  auto plan_of = [](const char* spec, deltafin_model** out) {
+    deltafin_model_params p;
+    deltafin_model_params_init(&p);
+    p.threads = 1;
+    p.memory_budget = 46ull << 20;  // the expert cache holds only part of the experts
+    p.ctx = 512;
+    p.draft = spec;
+    p.draft_max = 4;
+    EXPECT_EQ(deltafin_model_load(tiny().c_str(), &p, out), DELTAFIN_OK) << deltafin_last_error();
+    char* text = nullptr;
+    EXPECT_EQ(deltafin_model_memory_plan_json(*out, &text), DELTAFIN_OK);
+    return json::parse(take(text));
+  };
+  deltafin_model* plain = nullptr;
+  deltafin_model* drafted = nullptr;
+  const json a = plan_of("none", &plain);
+  const json b = plan_of(draft.c_str(), &drafted);
+  ASSERT_NE(drafted, nullptr);
+  EXPECT_EQ(a["draft_weight_bytes"], 0);
+  EXPECT_GT(b["draft_weight_bytes"].get<uint64_t>(), 0u) << b.dump();
+  EXPECT_GT(b["draft_cache_bytes"].get<uint64_t>(), 0u) << b.dump();
+  EXPECT_EQ(a["expert_cache_bytes"].get<uint64_t>() - b["expert_cache_bytes"].get<uint64_t>(),
+            b["draft_weight_bytes"].get<uint64_t>() + b["draft_cache_bytes"].get<uint64_t>())
+      << a.dump() << "\n"
+      << b.dump();
+  // And the drafter drafts (a greedy generation through the C API).
+  std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12};
+  const json ja = greedy(plain, prompt, 12), jb = greedy(drafted, prompt, 12);
+  EXPECT_EQ(ja["completion_ids"], jb["completion_ids"]);
+  EXPECT_GT(jb["draft_proposed"].get<int64_t>(), 0) << jb.dump();
+  deltafin_model_free(plain);
+  deltafin_model_free(drafted);
+}
+
+// More threads than CPUs are capped as the CLI caps --threads (with a warning), never an
+// abort: a model asked for 100000 threads loads and computes the same tokens.
+TEST(CApi, ThreadsBeyondTheCpusAreCapped) {
+  deltafin_model_params p;
+  deltafin_model_params_init(&p);
+  p.threads = 100000;
+  p.memory_budget = 1ull << 30;
+  p.ctx = 512;
+  deltafin_model* m = nullptr;
+  ASSERT_EQ(deltafin_model_load(tiny().c_str(), &p, &m), DELTAFIN_OK) << deltafin_last_error();
+  deltafin_model* one = load(tiny());
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  EXPECT_EQ(greedy(m, prompt, 4)["completion_ids"], greedy(one, prompt, 4)["completion_ids"]);
+  deltafin_model_free(m);
+  deltafin_model_free(one);
+}
+
+}  // namespace
+}  // namespace deltafin

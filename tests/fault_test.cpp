@@ -49,8 +49,9 @@ std::string small_budget() {
 // `streaming`: the smallest budget (the trunk streams); else the default one (it is resident,
 // read while loading).
 std::unique_ptr<ServerProcess> serve_with_fault(const std::string& spec, bool streaming = true) {
-  std::vector<std::string> args = {"--ctx",   "256", "--prefill-chunk", "16", "--parallel", "1",
-                                   "--cache", "0",   "--readers",       "2"};
+  std::vector<std::string> args = {"--ctx",      "256", "--prefill-chunk", "16",
+                                   "--parallel", "1",   "--state-cache",   "none",
+                                   "--readers",  "2"};
   if (streaming) {
     for (const std::string& a :
          {std::string("--memory-budget"), small_budget(), std::string("--no-prefetch")})

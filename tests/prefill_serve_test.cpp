@@ -41,7 +41,8 @@ TEST(PrefillServe, AutoPassesHoldThePlannedRowsDecodersFirst) {
   const int64_t ctx = 256;
   // Every step slowed, so the three decoders are still decoding when the long prompt arrives.
   setenv("DELTAFIN_DEBUG_STEP_DELAY_MS", "20", 1);
-  ServerProcess srv({"--parallel", "4", "--ctx", std::to_string(ctx), "--cache", "0", "-v"});
+  ServerProcess srv(
+      {"--parallel", "4", "--ctx", std::to_string(ctx), "--state-cache", "none", "-v"});
   unsetenv("DELTAFIN_DEBUG_STEP_DELAY_MS");
   ASSERT_TRUE(srv.ready()) << srv.err();
   EXPECT_NE(srv.err().find("[plan] prefill passes of up to"), std::string::npos) << srv.err();
@@ -67,7 +68,8 @@ TEST(PrefillServe, AutoPassesHoldThePlannedRowsDecodersFirst) {
   EXPECT_EQ(srv.stop(), 0);
 
   // The same completions from a server that feeds every prompt 64 rows at a time.
-  ServerProcess ref({"--prefill-chunk", "64", "--ctx", std::to_string(ctx), "--cache", "0"});
+  ServerProcess ref(
+      {"--prefill-chunk", "64", "--ctx", std::to_string(ctx), "--state-cache", "none"});
   ASSERT_TRUE(ref.ready()) << ref.err();
   EXPECT_EQ(metric(ref, "deltafin_forward_rows_limit"), 0);
   const auto alone = concurrent_completions(ref, {long_prompt}, 1);

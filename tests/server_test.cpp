@@ -765,7 +765,7 @@ TEST_F(Server, ConversationReuse) {
   EXPECT_EQ(cached, p1 + 2) << r2.body;
   EXPECT_GT(r2.j["usage"]["prompt_tokens"].get<int>(), cached);
   // Exact: the same first-token distribution as a fresh prefill of the whole conversation.
-  ServerProcess fresh({"--cache", "0"});
+  ServerProcess fresh({"--state-cache", "none"});
   ASSERT_TRUE(fresh.ready()) << fresh.err();
   auto fc = fresh.client();
   auto f2 = post_json(*fc, "/v1/chat/completions", t2);

@@ -53,9 +53,15 @@ TEST(Speculative, BadDrafterAndDraftMaxAreRejected) {
   EXPECT_THROW(make_drafter("eagle"), InvalidArgument);
   EXPECT_EQ(make_drafter("none"), nullptr);
   EXPECT_NE(make_drafter("ngram"), nullptr);
-  EXPECT_THROW(validate_draft_max(0), InvalidArgument);
-  EXPECT_THROW(validate_draft_max(-3), InvalidArgument);
-  validate_draft_max(1);
+  EXPECT_THROW(DraftMax::parse("0"), InvalidArgument);
+  EXPECT_THROW(DraftMax::parse("-3"), InvalidArgument);
+  EXPECT_THROW(DraftMax::parse("257"), InvalidArgument);
+  EXPECT_THROW(DraftMax::from_count(-1), InvalidArgument);
+  EXPECT_EQ(DraftMax::parse("1").max, 1);
+  EXPECT_TRUE(DraftMax::parse("auto").automatic);
+  EXPECT_EQ(DraftMax::parse("auto").max, kAutoDraftMax);
+  EXPECT_TRUE(DraftMax::from_count(0).automatic);
+  EXPECT_EQ(DraftMax::from_count(5).max, 5);
 }
 
 TEST(Speculative, GreedyOutputIsIdenticalWithDrafting) {

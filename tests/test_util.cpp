@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,21 @@ std::string temp_dir(const std::string& name) {
   fs::create_directories(p);
   return p.string();
 }
+
+namespace {
+// Each test process has a cache folder of its own (the unpacked demo, heat counts, prefix
+// snapshots), removed when it exits: a test never continues another test's kept snapshots.
+const bool g_own_cache = [] {
+  if (std::getenv("DELTAFIN_CACHE") != nullptr) return false;
+  static const std::string dir = temp_dir("cache");
+  ::setenv("DELTAFIN_CACHE", dir.c_str(), 1);
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  });
+  return true;
+}();
+}  // namespace
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

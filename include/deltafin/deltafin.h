@@ -97,13 +97,25 @@ typedef struct deltafin_model_params {
   const char* heat_file;    /* NULL/"" = none; where the expert heat counts persist (pinned) */
   /* Appended (ABI 1 still): speculative decoding for this model's generations and streams.
    * Output is unchanged by it (greedy token for token; seeded sampling too for "ngram"). */
-  const char* draft; /* NULL/"" = "none"; "ngram" = prompt lookup */
-  int32_t draft_max; /* most drafts per pass; 0 = auto (chosen from measured pass costs) */
+  /* NULL/"" = the model folder's draft/ subfolder when it has one, else "none"; "none",
+   * "ngram" = prompt lookup, or a draft model folder (EAGLE-3.x, DSpark), which the memory
+   * budget counts as the CLI does */
+  const char* draft;
+  int32_t draft_max; /* most drafts per pass; 0 = auto (chosen from measured pass costs), 1..256 */
   /* Appended (ABI 1 still): the Vulkan GPU for the matrix products (README "GPU"), as the
    * CLI's --gpu: NULL/"" = "off"; "auto" = a GPU if the machine has one, else the CPU; "0",
    * "1", ... = that Vulkan device (lavapipe too). fp32 throughout; logits agree with the CPU's
    * to fp32 summation order. The selection line goes to stderr; "gpu" in the info JSON. */
   const char* gpu;
+  /* Appended (ABI 1 still): prefix snapshots of sequence states (README "Conversations that
+   * reuse state"), so a prompt that starts with a kept prefix — the conversation so far, a
+   * shared system prompt — prefills only the rest; output is unchanged by it.
+   * state_cache: NULL/"" = states/<model id> in the cache folder; "none" = no reuse at all;
+   * else a folder. */
+  const char* state_cache;
+  uint64_t state_cache_size; /* disk bytes the snapshots may take; default 16 GiB; 0 = RAM only */
+  int64_t state_cache_ram;   /* bytes of the memory budget kept for snapshots; -1 (default) =
+                                auto (two full-context states); 0 = disk only */
 } deltafin_model_params;
 
 /* Fills `p` with the defaults above. */

@@ -81,20 +81,20 @@ def _ids(name: str, ids: Any) -> ctypes.Array:
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*$", re.I)
 
 
-def _budget(v: Any) -> int:
+def _budget(v: Any, name: str = "memory_budget") -> int:
     """48G, 512M, 1.5 (GiB), or an int of bytes -> bytes (the CLI's --memory-budget)."""
     if v is None:
         return 0
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         if v <= 0:
-            raise ArgumentError(f"memory_budget: expected a positive size, got {v}", 1)
+            raise ArgumentError(f"{name}: expected a positive size, got {v}", 1)
         return int(v)
     if not isinstance(v, str):
-        raise TypeError(f"memory_budget: expected a size such as '48G' or an int of bytes, "
+        raise TypeError(f"{name}: expected a size such as '48G' or an int of bytes, "
                         f"got {type(v).__name__}")
     m = _SIZE.match(v)
     if not m or float(m.group(1)) <= 0:
-        raise ArgumentError(f"memory_budget: \"{v}\" is not a size (expected a positive number "
+        raise ArgumentError(f"{name}: \"{v}\" is not a size (expected a positive number "
                             "with an optional K, M, G or T suffix; a bare number means GiB)", 1)
     mult = {"": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     return int(float(m.group(1)) * mult[m.group(2).upper()])
@@ -207,9 +207,17 @@ class Model(_Handle):
             the memory budget holds (as the CLI's --prefill-chunk auto).
         verbose: print the memory plan to stderr.
         heat_file: where expert heat counts persist (for cache_policy="pinned").
-        draft: speculative decoding, "none" or "ngram" (prompt lookup); the output is the
-            same with it (greedy token for token, seeded sampling too).
+        draft: speculative decoding: None (default: the model folder's draft/ subfolder when it
+            has one, as the CLI does — the built-in demo ships its trained EAGLE-3.1 drafter —
+            else none), "none", "ngram" (prompt lookup) or a draft model folder (EAGLE-3.x,
+            DSpark; counted in the memory budget); the output is the same with it (greedy token
+            for token, seeded sampling too).
         draft_max: most drafts verified per pass (0 = auto, from measured pass costs).
+        state_cache: prefix snapshots of sequence states, so a prompt that starts with a kept
+            prefix (the conversation so far with create_chat_completion, a shared system
+            prompt) prefills only the rest: None (default: states/ in the cache folder),
+            "none" (no reuse) or a folder. state_cache_size: disk bytes (or "16G"; 0 = RAM
+            only); state_cache_ram: bytes of the memory budget (None = auto; 0 = disk only).
         gpu: the Vulkan GPU for the matrix products, as the CLI's --gpu: "off" (default),
             "auto" (a GPU if there is one) or a device index such as "0" (an int works too).
             fp32 throughout; `info["gpu"]` names the device used (None: the CPU).
@@ -223,7 +231,9 @@ class Model(_Handle):
                  cache_policy: str = "lru", readers: int = 4, prefetch: bool = True,
                  direct_io: bool = True, trunk: str = "bf16", ctx: int = 0, sequences: int = 1,
                  max_rows: int = 0, verbose: bool = False, heat_file: str | None = None,
-                 draft: str = "none", draft_max: int = 0, gpu: str | int = "off"):
+                 draft: str | os.PathLike | None = None, draft_max: int = 0,
+                 gpu: str | int = "off", state_cache: str | os.PathLike | None = None,
+                 state_cache_size: str | int = "16G", state_cache_ram: str | int | None = None):
         self._h = c_void_p()
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path: expected a folder path, got {type(path).__name__}")
@@ -247,13 +257,22 @@ class Model(_Handle):
         p.verbose = _bool("verbose", verbose)
         self._heat = None if heat_file is None else _str("heat_file", heat_file).encode()
         p.heat_file = self._heat
-        self._draft = _str("draft", draft).encode()
+        self._draft = None if draft is None else (
+            os.fspath(draft) if isinstance(draft, os.PathLike) else _str("draft", draft)).encode()
         p.draft = self._draft
         p.draft_max = _int("draft_max", draft_max, 0)
         if isinstance(gpu, int) and not isinstance(gpu, bool):
             gpu = str(_int("gpu", gpu, 0))
         self._gpu = _str("gpu", gpu).encode()
         p.gpu = self._gpu
+        self._state_cache = None if state_cache is None else (
+            os.fspath(state_cache) if isinstance(state_cache, os.PathLike)
+            else _str("state_cache", state_cache)).encode()
+        p.state_cache = self._state_cache
+        p.state_cache_size = (0 if state_cache_size == 0
+                              else _budget(state_cache_size, "state_cache_size"))
+        p.state_cache_ram = -1 if state_cache_ram is None else (
+            0 if state_cache_ram == 0 else _budget(state_cache_ram, "state_cache_ram"))
         self.path = os.fspath(path)
         self._local = threading.local()
         check(lib.deltafin_model_load(self.path.encode(), byref(p), byref(self._h)))

@@ -56,7 +56,10 @@ class ModelParams(ctypes.Structure):
                 # appended: speculative decoding
                 ("draft", c_char_p), ("draft_max", c_int32),
                 # appended: the Vulkan GPU
-                ("gpu", c_char_p)]
+                ("gpu", c_char_p),
+                # appended: prefix snapshots of sequence states
+                ("state_cache", c_char_p), ("state_cache_size", c_uint64),
+                ("state_cache_ram", c_int64)]
 
 
 class SamplingParams(ctypes.Structure):

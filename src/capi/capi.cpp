@@ -1,8 +1,8 @@
 // The C API's models, tokens and sessions (include/deltafin/deltafin.h documents every call).
-// Each entry point is a thin shell: argument checks, then the library's own code (load_model
-// with the engine options, the Tokenizer, the K3 renderer, Model::forward, Generation) inside
-// guard(), which turns any exception into a status and a message. Model assembly lives in one
-// function, load_engine(), which maps the C options onto the engine factory (engine/engine.h).
+// Each entry point is a thin shell: argument checks, then the library's own code (the one load
+// path of runtime/load.h, the Tokenizer, the K3 renderer, Model::forward, Generation) inside
+// guard(), which turns any exception into a status and a message. load_request() maps the C
+// options onto the load request every front end uses.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -107,10 +107,9 @@ json parse_object(const char* text, const char* what) {
   return j;
 }
 
-// The engine assembly of the C API: the same steps as the front ends' load_model(EngineOptions)
-// (src/engine/engine.cpp) from the C options. One function, so it can be pointed at a shared
-// factory.
-std::unique_ptr<LoadedModel> load_engine(const std::string& dir, const deltafin_model_params& p) {
+// The C options as a load request: the C API loads through the same path as the CLI
+// (runtime/load.h), so a draft model is counted in the memory plan here too.
+LoadRequest load_request(const std::string& dir, const deltafin_model_params& p) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(dir, ec)) fail_arg("model folder {} does not exist", dir);
@@ -132,34 +131,52 @@ std::unique_ptr<LoadedModel> load_engine(const std::string& dir, const deltafin_
   if (policy != "lru" && policy != "lfu" && policy != "pinned")
     fail_arg("cache_policy: {} is not a policy (expected lru, lfu or pinned)", policy);
   if (p.mmap != 0 && trunk == "int8") fail_arg("trunk int8 needs the planned store (drop mmap)");
-  if (p.kernels != nullptr && *p.kernels) {
-    std::lock_guard<std::mutex> lock(g_kernels_mutex);
-    if (std::strcmp(kernels::active().name, p.kernels) != 0) {
-      if (g_live_models.load() > 0) {
-        fail_arg(
-            "kernels: the kernel set is process-wide; {} is in use by a loaded model, so {} "
-            "cannot be selected now (free the other models first)",
-            kernels::active().name, p.kernels);
-      }
-      kernels::select(p.kernels);
-    }
+  LoadRequest r;
+  EngineOptions& e = r.engine;
+  e.model = dir;
+  e.threads = static_cast<int>(std::min<int64_t>(p.threads, INT32_MAX));
+  e.own_threads = true;  // models loaded side by side neither share nor resize threads
+  e.memory_budget_bytes = p.memory_budget;
+  e.mmap = p.mmap != 0;
+  e.cache_policy = policy;
+  e.readers = p.readers;
+  e.no_prefetch = p.prefetch == 0;
+  e.no_direct_io = p.direct_io == 0;
+  e.trunk = trunk;
+  e.ctx = p.ctx;
+  e.verbose = p.verbose != 0;
+  e.plan_on_terminal = false;
+  e.heat_file = p.heat_file != nullptr ? p.heat_file : "";
+  e.gpu = p.gpu != nullptr && *p.gpu ? p.gpu : "off";
+  // NULL or "": the model folder's draft/ subfolder when it has one (as on the command line).
+  r.draft = p.draft != nullptr ? p.draft : "";
+  r.draft_max = DraftMax::from_count(p.draft_max);
+  r.prefill_chunk = p.max_rows;
+  r.sequences = static_cast<int>(p.sequences);
+  const std::string cache = p.state_cache != nullptr ? p.state_cache : "";
+  if (cache == "none") r.reuse = false;
+  r.state_cache = cache == "none" ? "" : cache;
+  r.state_cache_size = p.state_cache_size;
+  if (p.state_cache_ram < -1)
+    fail_arg("state_cache_ram: expected -1 (auto), 0 (disk only) or bytes, got {}",
+             p.state_cache_ram);
+  if (p.state_cache_ram >= 0) r.state_cache_ram = static_cast<uint64_t>(p.state_cache_ram);
+  return r;
+}
+
+// The process-wide kernel choice (deltafin_model_params.kernels): only while no other model
+// computes with the current one.
+void select_kernels(const char* name) {
+  if (name == nullptr || *name == '\0') return;
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  if (std::strcmp(kernels::active().name, name) == 0) return;
+  if (g_live_models.load() > 0) {
+    fail_arg(
+        "kernels: the kernel set is process-wide; {} is in use by a loaded model, so {} "
+        "cannot be selected now (free the other models first)",
+        kernels::active().name, name);
   }
-  LoadOptions lo;
-  lo.threads = p.threads;
-  lo.mmap = p.mmap != 0;
-  lo.plan.budget = p.memory_budget;
-  lo.plan.context = p.ctx;
-  lo.plan.sequences = p.sequences;
-  lo.plan.max_rows = p.max_rows;
-  lo.plan.trunk = trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
-  lo.cache_policy = parse_cache_policy(policy);
-  lo.readers = p.readers;
-  lo.direct_io = p.direct_io != 0;
-  lo.prefetch = p.prefetch != 0;
-  lo.print_plan = p.verbose != 0;
-  lo.heat_file = p.heat_file != nullptr ? p.heat_file : "";
-  lo.gpu.select = p.gpu != nullptr && *p.gpu ? p.gpu : "off";
-  return load_model(dir, lo);
+  kernels::select(name);
 }
 
 }  // namespace deltafin::capi
@@ -173,15 +190,6 @@ const Tokenizer& deltafin_model::tokenizer(const char* who) const {
     fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); {} needs one", path,
              who);
   return *tok;
-}
-
-DraftConfig deltafin_model::draft_config(std::unique_ptr<Drafter>& holder) {
-  holder = make_drafter(draft, {model->config().vocab, model.get()});
-  DraftConfig cfg;
-  cfg.drafter = holder.get();
-  cfg.auto_length = draft_max == 0;
-  cfg.max = draft_max == 0 ? kAutoDraftMax : draft_max;
-  return cfg;
 }
 
 std::vector<float> deltafin_model::forward(State& state, std::span<const int32_t> ids, bool all) {
@@ -216,6 +224,8 @@ void deltafin_model_params_init(deltafin_model_params* p) {
   p->direct_io = 1;
   p->sequences = 1;
   p->max_rows = 0;  // auto: the pass plan sizes prefill passes from the memory budget
+  p->state_cache_size = 16ull << 30;
+  p->state_cache_ram = -1;  // auto
 }
 
 deltafin_status deltafin_model_load(const char* path, const deltafin_model_params* params,
@@ -236,25 +246,11 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     }
     auto m = std::make_unique<deltafin_model>();
     m->path = path;
-    if (p.draft != nullptr && *p.draft) m->draft = p.draft;
-    if (p.draft_max < 0)
-      fail_arg("draft_max: expected 0 (auto) or a number of drafts >= 1, got {}", p.draft_max);
-    m->draft_max = p.draft_max;
-    register_draft_models();     // a draft model folder works here as on the command line
-    make_drafter(m->draft, {});  // an unknown drafter fails before the (slow) load
-    if (m->draft != "none" && p.max_rows > 0) {
-      p.max_rows =
-          std::max<int64_t>(p.max_rows, 1 + (p.draft_max > 0 ? p.draft_max : kAutoDraftMax));
-    }
-    m->model = capi::load_engine(path, p);
+    LoadRequest req = capi::load_request(path, p);
+    capi::select_kernels(p.kernels);
+    m->engine = load_engine(std::move(req));
+    m->model = m->engine.model.get();
     namespace fs = std::filesystem;
-    if (fs::exists(fs::path(path) / "tiktoken.model") &&
-        fs::exists(fs::path(path) / "tokenizer_config.json")) {
-      m->tok = Tokenizer::load(path);
-      if (m->tok->vocab_size() > m->model->config().vocab)
-        fail("the tokenizer has {} ids but the model's vocabulary is {}", m->tok->vocab_size(),
-             m->model->config().vocab);
-    }
     const ModelConfig& c = m->model->config();
     auto& l = m->limits;
     l.prefill_chunk = m->model->pass_plan().pass_rows;  // what the plan holds per pass
@@ -336,6 +332,8 @@ deltafin_status deltafin_model_memory_plan_json(deltafin_model* model, char** ou
            {"buffer_bytes", p->buffer_bytes},
            {"overhead_bytes", p->overhead_bytes},
            {"router_bytes", p->router_bytes},
+           {"draft_weight_bytes", p->draft_weight_bytes},
+           {"draft_cache_bytes", p->draft_cache_bytes},
            {"fixed_bytes", p->fixed_bytes()},
            {"trunk_units", p->resident.size()},
            {"resident_trunk_units", resident},

@@ -19,20 +19,25 @@
 #include "generate/chat_session.h"
 #include "generate/driver.h"
 #include "generate/generation.h"
+#include "prefix/reuse.h"
+#include "runtime/load.h"
 #include "server/request.h"
 #include "server/response.h"
 #include "tokenizer/tokenizer.h"
 
 struct deltafin_model {
   std::string path;
-  std::unique_ptr<deltafin::LoadedModel> model;
-  std::optional<deltafin::Tokenizer> tok;
+  // The model, its tokenizer and drafter as the one load path made them (runtime/load.h);
+  // `model` and `tok` point into it.
+  deltafin::LoadedEngine engine;
+  deltafin::LoadedModel* model = nullptr;
+  std::optional<deltafin::Tokenizer>& tok = engine.tokenizer;
   deltafin::server::ServeLimits limits;  // what the server would apply to requests
   std::mutex pass;                       // one forward pass at a time on this model
-  std::string draft = "none";            // deltafin_model_params.draft / draft_max
-  int draft_max = 0;
   // A drafter and draft settings for one generation (`holder` owns the drafter).
-  deltafin::DraftConfig draft_config(std::unique_ptr<deltafin::Drafter>& holder);
+  deltafin::DraftConfig draft_config(std::unique_ptr<deltafin::Drafter>& holder) {
+    return engine.draft_config(holder);
+  }
 
   const deltafin::Tokenizer& tokenizer(const char* who) const;
   // One locked forward pass.
@@ -66,7 +71,9 @@ struct deltafin_stream {
   std::deque<std::string> pending;  // chunks produced, not returned yet
   size_t sent = 0;                  // tokens folded into the builder
   std::vector<int32_t> input;       // what the generation was fed before sampling
-  int64_t cached = 0;
+  std::vector<int32_t> prompt;      // a stream's whole prompt (a chat turn: empty)
+  int64_t cached = 0;               // prompt ids the state held before it (restored or kept)
+  std::optional<deltafin::SequenceReuse> reuse;  // the prefix store's restore and snapshots
   bool begun = false, ended = false;
   deltafin::server::Usage usage;
   std::optional<deltafin::RunStats> stats;

@@ -8,6 +8,7 @@
 
 #include "capi/handles.h"
 #include "core/error.h"
+#include "prefix/reuse.h"
 #include "server/api_error.h"
 
 using namespace deltafin;
@@ -17,9 +18,12 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
+// A stream over `ids` (a whole prompt, or a chat's history with its new turn) whose state holds
+// the first state->position() of them (a fresh stream: none). The prefix store (prefix/reuse.h)
+// may restore a deeper prefix first; the generation is fed the rest.
 std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeRequest& r,
-                                             const std::vector<int32_t>& input, State* state,
-                                             int64_t cached) {
+                                             std::span<const int32_t> ids, const PromptMarks& marks,
+                                             State* state) {
   auto s = std::make_unique<deltafin_stream>();
   s->m = &m;
   const Tokenizer& tok = m.tokenizer("an OpenAI-shaped completion");
@@ -28,7 +32,15 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
     state = &s->own_state;
   }
   s->state = state;
-  s->gen = std::make_unique<Generation>(input, r.params, &tok, m.model->config().vocab,
+  s->draft = m.draft_config(s->drafter);
+  {
+    std::lock_guard<std::mutex> lock(m.pass);  // a restored drafter computes with the model
+    if (m.engine.store)
+      s->reuse.emplace(m.engine.store.get(), ids, marks, *state, s->drafter.get());
+  }
+  s->cached = state->position();  // restored, or kept by the chat
+  s->input.assign(ids.begin() + state->position(), ids.end());
+  s->gen = std::make_unique<Generation>(s->input, r.params, &tok, m.model->config().vocab,
                                         state->position());
   s->logit_bias = r.logit_bias;
   const bool chat = r.endpoint == server::Endpoint::chat;
@@ -39,10 +51,13 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
     std::lock_guard<std::mutex> lock(m.pass);  // the counters are written by passes
     s->rec = std::make_unique<StatsRecorder>(*m.model);
   }
-  s->draft = m.draft_config(s->drafter);
-  s->input = input;
-  s->cached = cached;
   return s;
+}
+
+// The ids the stream's reuse refers to: its prompt, or its chat's history.
+std::span<const int32_t> reuse_ids(const deltafin_stream& s) {
+  if (s.chat != nullptr) return s.chat->session->history();
+  return s.prompt;
 }
 
 void push(deltafin_stream& s, const std::vector<json>& chunks) {
@@ -61,12 +76,28 @@ void finish(deltafin_stream& s) {
   RunStats st = s.rec->finish(g);
   lock.unlock();
   st.reused_tokens = s.cached;
+  if (s.reuse && s.reuse->restored().position > 0) {
+    st.reused_from = s.reuse->restored().from_disk ? "disk" : "RAM";
+    st.reuse_load_s = s.reuse->restored().seconds;
+  }
   st.draft = s.draft.stats;
   s.stats = st;
+  std::vector<int32_t> consumed;  // the state after the answer, for the prefix store
   if (s.chat != nullptr) {
     s.chat->session->end_turn(g);
+    const auto c = s.chat->session->consumed();
+    consumed.assign(c.begin(), c.end());
     s.chat->active = nullptr;
     s.chat = nullptr;
+  } else {
+    consumed = s.prompt;
+    const auto ids = g.completion_ids();
+    consumed.insert(consumed.end(), ids.begin(), ids.end());
+    if (g.unconsumed_token()) consumed.pop_back();
+  }
+  if (s.reuse && g.stop_reason() != StopReason::kCancelled && s.state != nullptr) {
+    std::lock_guard<std::mutex> pass(s.m->pass);
+    s.reuse->at_end(consumed, *s.state, s.drafter.get());
   }
 }
 
@@ -77,9 +108,15 @@ void step(deltafin_stream& s) {
   if (!g.finished()) {
     try {
       std::lock_guard<std::mutex> lock(s.m->pass);
-      drive_step(*s.m->model, *s.state, g, &s.draft, [&s](std::span<float> row) {
-        for (const auto& [id, bias] : s.logit_bias) row[static_cast<size_t>(id)] += bias;
-      });
+      const auto ids = reuse_ids(s);
+      const auto before = ids.first(static_cast<size_t>(s.cached));
+      const std::span<const int64_t> cuts = s.reuse ? s.reuse->cuts() : std::span<const int64_t>();
+      drive_step(*s.m->model, *s.state, g, &s.draft,
+                 [&s](std::span<float> row) {
+                   for (const auto& [id, bias] : s.logit_bias) row[static_cast<size_t>(id)] += bias;
+                 },
+                 {before, cuts});
+      if (s.reuse) s.reuse->after_pass(ids, *s.state, s.drafter.get(), true);
     } catch (...) {
       g.abort();
       if (s.chat != nullptr) {
@@ -138,7 +175,9 @@ deltafin_status deltafin_stream_start(deltafin_model* model, const char* request
     const Tokenizer& tok = model->tokenizer("an OpenAI-shaped completion");
     server::ServeRequest r = chat != 0 ? server::parse_chat_request(body, model->limits, tok)
                                        : server::parse_completion_request(body, model->limits, tok);
-    *out = make_stream(*model, r, r.prompt, nullptr, 0).release();
+    auto s = make_stream(*model, r, r.prompt, PromptMarks{r.system_end, r.messages_end}, nullptr);
+    s->prompt = std::move(r.prompt);
+    *out = s.release();
   });
 }
 
@@ -294,7 +333,8 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
                                            m.limits.context, state.position() + turn.input.size()),
                                "invalid_request_error", "content", "context_length_exceeded");
       }
-      auto s = make_stream(m, r, turn.input, &state, turn.reused);
+      auto s = make_stream(m, r, chat->session->history(),
+                           PromptMarks{turn.system_end, turn.messages_end}, &state);
       s->chat = chat;
       chat->active = s.get();
       *out = s.release();

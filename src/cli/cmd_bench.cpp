@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_report.h"
+#include "cli/bench_turns.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -44,6 +45,8 @@ struct BenchArgs {
   bool no_disk_probe = false;
   std::string report;  // HTML report file ("" = none)
   DraftOptions draft;
+  int turns = 0;  // --turns: a multi-turn conversation with and without state reuse
+  StateCacheOptions state_cache;
 };
 
 struct Summary {
@@ -59,6 +62,11 @@ Summary summarize(std::vector<double> v) {
   size_t n = v.size();
   s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   return s;
+}
+
+// The tokens a --turns conversation reaches.
+int64_t req_tokens(const BenchArgs& a) {
+  return int64_t{a.turns} * (a.prompt_tokens + a.gen_tokens);
 }
 
 int32_t argmax(const float* x, int64_t n) {
@@ -146,14 +154,38 @@ void run_bench(BenchArgs& a) {
   }
   if (!a.report.empty()) check_output_target(a.report);  // before the benchmark runs
   a.engine.model = resolve_model_dir(a.engine.model);
-  resolve_default_draft(a.draft, a.engine.model);
   // Passes of --prefill-chunk rows (auto: as many as the budget holds, up to the prompt), and
   // at least a verify pass's rows when drafting.
-  a.engine.max_rows = prefill_chunk_rows(a.prefill_chunk);
-  if (a.engine.max_rows > 0) a.engine.max_rows = std::max(a.engine.max_rows, draft_rows(a.draft));
-  a.engine.prefill_rows = std::max<int64_t>(a.prompt_tokens, draft_rows(a.draft));
-  plan_draft_model(a.draft.draft, a.engine);
-  auto model = load_model(a.engine);
+  LoadRequest req = load_request(a.engine, a.draft, a.prefill_chunk);
+  req.prompt_rows = a.prompt_tokens;
+  // Prefill and decode are measured without reuse; --turns measures it.
+  req.reuse = a.turns > 0;
+  if (a.turns > 0) {
+    apply_state_cache(a.state_cache, req);
+    req.prompt_rows = req_tokens(a);
+  }
+  LoadedEngine engine = load_engine(std::move(req));
+  note_demo_drafter(a.engine.model, engine.draft);
+  auto& model = engine.model;
+  if (a.turns > 0) {
+    if (!engine.store) fail_usage("--turns measures state reuse: drop --state-cache none");
+    const int64_t ctx = model->plan() ? model->plan()->context : model->config().max_positions;
+    if (req_tokens(a) > ctx) {
+      fail_usage(
+          "--turns {} x (--prompt-tokens {} + --gen-tokens {}) = {} tokens, more than the "
+          "context of {} positions",
+          a.turns, a.prompt_tokens, a.gen_tokens, req_tokens(a), ctx);
+    }
+    nlohmann::json turns = bench_turns(engine, a.turns, a.prompt_tokens, a.gen_tokens, !a.json);
+    if (a.json) {
+      nlohmann::json j = {{"model", a.engine.model},
+                          {"cpu", cpu_model_name()},
+                          {"threads", global_pool().size()},
+                          {"turns", turns}};
+      fmt::print("{}\n", j.dump());
+    }
+    return;
+  }
   const auto chunk = static_cast<size_t>(model->pass_plan().pass_rows);
   const ModelConfig& c = model->config();
   // Each repetition holds its prompt and every generated token in one state: check the whole
@@ -199,13 +231,18 @@ void run_bench(BenchArgs& a) {
   // With --draft the decode is greedy generation driven with drafting (the first decode pass
   // is the plain pass over the prompt's token; the others verify drafts).
   std::unique_ptr<Drafter> drafter;
-  DraftConfig draft = make_draft_config(a.draft, *model, drafter);
+  DraftConfig draft = engine.draft_config(drafter);
   DraftStats drafted;
   PrefillTotals pre;
   std::vector<double> ttft;
   auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
     new_prompt();
     State st = model->new_state();
+    // A draft model reads the target's taps of the prompt too: attached before the prefill.
+    if (drafter) {
+      drafter->attach(st);
+      draft.attached = &st;
+    }
     gpu::Stats g0 = gpu != nullptr ? gpu->stats() : gpu::Stats{};
     if (measured) pre.begin(*model);
     Stopwatch sw;
@@ -230,7 +267,7 @@ void run_bench(BenchArgs& a) {
       gp.max_new_tokens = gen;
       Generation g({next}, gp, nullptr, V, st.position());
       draft.stats = DraftStats{};
-      drive(*model, st, g, nullptr, nullptr, &draft);
+      drive(*model, st, g, nullptr, nullptr, &draft, {prompt, {}});
       if (measured) drafted += draft.stats;
     } else {
       for (int i = 0; i < gen; ++i) {
@@ -488,6 +525,12 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per repetition")
       ->capture_default_str();
   cmd->add_option("--reps", a->reps, "Repetitions (after one warm-up)")->capture_default_str();
+  cmd->add_option("--turns", a->turns,
+                  "Instead: a conversation of N turns, each adding --prompt-tokens to all before "
+                  "it and decoding --gen-tokens; prints each turn's prefill seconds continuing "
+                  "from the prefix store and from scratch")
+      ->check(CLI::Range(1, 1000));
+  add_state_cache_options(cmd, a->state_cache);
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   add_draft_options(cmd, a->draft);

@@ -22,6 +22,7 @@
 #include "core/mapped_file.h"
 #include "generate/chat_session.h"
 #include "generate/driver.h"
+#include "prefix/reuse.h"
 
 namespace deltafin::cli {
 
@@ -29,13 +30,13 @@ namespace {
 struct ChatArgs {
   EngineOptions engine;
   GenOptions gen;
+  StateCacheOptions state_cache;
   std::string system, think = "on", effort = "max";
 };
 
 const char* kHelp =
-    "commands: /reset  /stats  /system TEXT  /save FILE  /load FILE  /effort low|high|max  /think "
-    "on|off  "
-    "/help  /quit";
+    "commands: /reset  /retry  /stats  /system TEXT  /save FILE  /load FILE  /effort low|high|max  "
+    "/think on|off  /help  /quit";
 
 // SIGINT while waiting at the prompt: without SA_RESTART the read returns (EINTR) and the
 // session ends cleanly instead of the process being killed.
@@ -77,19 +78,22 @@ const char* plural(int64_t n) {
 void run_chat(ChatArgs& a) {
   if (a.think != "on" && a.think != "off") fail_usage("--think {}: expected on or off", a.think);
   a.engine.model = resolve_model_dir(a.engine.model);
-  resolve_default_draft(a.gen.draft, a.engine.model);
   apply_generation_config(a.gen, a.engine.model);
-  require_tokenizer(a.engine.model, "chat");
-  Tokenizer tok = Tokenizer::load(a.engine.model);
-  plan_prefill(a.gen, a.engine, 0);  // auto: passes of up to the context, as the budget allows
-  plan_draft_model(a.gen.draft.draft, a.engine);
-  auto model = load_model(a.engine);
+  // auto: passes of up to the context, as the budget allows
+  LoadRequest req = load_request(a.engine, a.gen.draft, a.gen.prefill_chunk);
+  apply_state_cache(a.state_cache, req);
+  req.tokenizer = NeedTokenizer::kRequired;
+  req.who = "chat";
+  LoadedEngine engine = load_engine(std::move(req));
+  auto& model = engine.model;
+  const Tokenizer& tok = *engine.tokenizer;
+  note_demo_drafter(a.engine.model, engine.draft);
   a.gen.prefill_rows = model->pass_plan().pass_rows;
   ChatSession session(*model, tok);
   // One drafter and one draft-length state for the session: the acceptance it learned and the
   // pass costs it measured carry over from turn to turn.
   std::unique_ptr<Drafter> drafter;
-  DraftConfig draft = make_draft_config(a.gen.draft, *model, drafter);
+  DraftConfig draft = engine.draft_config(drafter);
   session.set_system(a.system);
   session.set_effort(a.effort);
   session.set_thinking(a.think == "on");
@@ -97,6 +101,58 @@ void run_chat(ChatArgs& a) {
   if (tty) fmt::print(stderr, "deltafin chat on {} — {}\n", a.engine.model, kHelp);
   std::optional<RunStats> last;
   int64_t turns = 0, total_prefill = 0, total_reused = 0, total_generated = 0;
+  PrefixStore* store = engine.store.get();
+  // One turn: continue from the kept state or the prefix store (only the rest is prefilled),
+  // generate, keep its snapshots (prefix/reuse.h).
+  auto run_turn = [&](ChatTurn turn) {
+    std::optional<SequenceReuse> reuse;
+    Restored restored;
+    if (store != nullptr) {
+      reuse.emplace(store, session.history(), PromptMarks{turn.system_end, turn.messages_end},
+                    session.state(), drafter.get());
+      restored = reuse->restored();
+      turn.skip(restored.position);
+    }
+    GenerationParams params = make_params(a.gen, *model, &tok, /*chat=*/true);
+    if (model->plan()) params.context_limit = model->plan()->context;
+    params.start_channel = turn.start;
+    Generation gen(turn.input, params, &tok, model->config().vocab, session.state().position());
+    StatsRecorder rec(*model);
+    Printer printer(a.gen, true, false);
+    interrupted().store(false);
+    install_sigint();
+    draft.stats = DraftStats{};
+    const std::vector<int32_t> before(session.consumed().begin(), session.consumed().end());
+    const std::span<const int64_t> cuts = reuse ? reuse->cuts() : std::span<const int64_t>();
+    drive(*model, session.state(), gen, &interrupted(),
+          [&](Generation& g) {
+            printer.on_step(g);
+            if (reuse) reuse->after_pass(session.history(), session.state(), drafter.get(), true);
+          },
+          &draft, {before, cuts});
+    std::signal(SIGINT, SIG_DFL);
+    printer.finish();
+    session.end_turn(gen);
+    if (reuse) reuse->at_end(session.consumed(), session.state(), drafter.get());
+    RunStats s = rec.finish(gen);
+    s.draft = draft.stats;
+    s.reused_tokens = turn.reused;
+    if (restored.position > 0) {
+      s.reused_from = restored.from_disk ? "disk" : "RAM";
+      s.reuse_load_s = restored.seconds;
+    }
+    ++turns;
+    total_prefill += s.prompt_tokens;
+    total_reused += s.reused_tokens;
+    total_generated += s.completion_tokens;
+    if (a.gen.stats) {
+      fmt::print(
+          stderr, "{}{}\n",
+          turn.full_prefill && turn.reused == 0 ? "[stats] full prefill of the conversation\n" : "",
+          s.summary());
+    }
+    last = s;
+  };
   std::string line;
   while (read_line(tty, line)) {
     if (line.empty()) continue;
@@ -108,6 +164,8 @@ void run_chat(ChatArgs& a) {
           if (cmd == "/quit" || cmd == "/exit") break;
           if (cmd == "/help") {
             fmt::print(stderr, "{}\n", kHelp);
+          } else if (cmd == "/retry") {
+            run_turn(session.begin_retry());
           } else if (cmd == "/reset") {
             session.reset();
             fmt::print(stderr, "conversation cleared\n");
@@ -148,35 +206,7 @@ void run_chat(ChatArgs& a) {
         }
         continue;
       }
-      ChatTurn turn = session.begin_user_turn(line);
-      GenerationParams params = make_params(a.gen, *model, &tok, /*chat=*/true);
-      if (model->plan()) params.context_limit = model->plan()->context;
-      params.start_channel = turn.start;
-      Generation gen(turn.input, params, &tok, model->config().vocab, session.state().position());
-      StatsRecorder rec(*model);
-      Printer printer(a.gen, true, false);
-      interrupted().store(false);
-      install_sigint();
-      draft.stats = DraftStats{};
-      drive(
-          *model, session.state(), gen, &interrupted(), [&](Generation& g) { printer.on_step(g); },
-          &draft);
-      std::signal(SIGINT, SIG_DFL);
-      printer.finish();
-      session.end_turn(gen);
-      RunStats s = rec.finish(gen);
-      s.draft = draft.stats;
-      s.reused_tokens = turn.reused;
-      ++turns;
-      total_prefill += s.prompt_tokens;
-      total_reused += s.reused_tokens;
-      total_generated += s.completion_tokens;
-      if (a.gen.stats) {
-        fmt::print(stderr, "{}{}\n",
-                   turn.full_prefill ? "[stats] full prefill of the conversation\n" : "",
-                   s.summary());
-      }
-      last = s;
+      run_turn(session.begin_user_turn(line));
     } catch (const InvalidArgument& e) {
       const bool full = std::string(e.what()).find("context") != std::string::npos;
       fmt::print(
@@ -199,6 +229,7 @@ void register_chat(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"low", "high", "max"}));
   add_gen_options(cmd, a->gen);
+  add_state_cache_options(cmd, a->state_cache);
   cmd->callback([a] { run_chat(*a); });
 }
 

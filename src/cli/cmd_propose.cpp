@@ -6,6 +6,7 @@
 // float32 LE row per draft ([K, vocab]), before any Markov bias.
 #include <fmt/ranges.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -36,10 +37,15 @@ void run_propose(ProposeArgs& a) {
   if (!a.logits_out.empty()) check_output_target(a.logits_out);  // before anything loads
   // The draft is opened first so the target's memory plan counts it.
   a.engine.model = resolve_model_dir(a.engine.model);
-  EngineOptions engine = a.engine;
-  auto draft_model = plan_draft_model(a.draft, engine);
-  if (!draft_model) fail_arg("--draft {}: expected a draft model folder", a.draft);
-  auto model = load_model(engine);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(a.draft, ec))
+    fail_arg("--draft {}: expected a draft model folder", a.draft);
+  LoadRequest req;
+  req.engine = a.engine;
+  req.draft = a.draft;
+  LoadedEngine loaded = load_engine(std::move(req));
+  auto& draft_model = loaded.draft_model;
+  auto& model = loaded.model;
   const int64_t vocab = model->config().vocab;
   if (a.anchor < 0 || a.anchor >= vocab)
     fail_arg("--anchor {}: expected a token id in 0..{}", a.anchor, vocab - 1);
@@ -55,7 +61,7 @@ void run_propose(ProposeArgs& a) {
   const DraftProposal p = drafter->propose(history, a.drafts);
   const double draft_s = sw.elapsed();
   if (!drafter->fallback_reason().empty()) fail("{}", drafter->fallback_reason());
-  if (engine.verbose) {
+  if (a.engine.verbose) {
     fmt::print(stderr,
                "propose: target prefill of {} tokens {:.3f} s; draft cache of {} positions "
                "and {} drafts {:.3f} s\n",

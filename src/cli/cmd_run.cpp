@@ -36,7 +36,6 @@ void run_run(RunArgs& a) {
     fail_usage("--chat renders text; it cannot take --prompt-ids");
   if (!a.chat && !a.system.empty()) fail_usage("--system needs --chat");
   a.engine.model = resolve_model_dir(a.engine.model);
-  resolve_default_draft(a.gen.draft, a.engine.model);
   apply_generation_config(a.gen, a.engine.model);
   std::optional<Tokenizer> tok;
   if (has_tokenizer(a.engine.model)) {
@@ -67,14 +66,14 @@ void run_run(RunArgs& a) {
     }
   }
   // Plan memory for what this run needs: its prompt (in as few passes as the budget allows, or
-  // in --prefill-chunk rows) and its context.
-  plan_prefill(a.gen, a.engine, static_cast<int64_t>(prompt.size()));
-  plan_draft_model(a.gen.draft.draft, a.engine);
-  auto model = load_model(a.engine);
-  if (tok && tok->vocab_size() > model->config().vocab) {
-    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok->vocab_size(),
-         model->config().vocab);
-  }
+  // in --prefill-chunk rows), its drafter and its context.
+  LoadRequest req = load_request(a.engine, a.gen.draft, a.gen.prefill_chunk);
+  req.prompt_rows = static_cast<int64_t>(prompt.size());
+  req.loaded_tokenizer = std::move(tok);
+  LoadedEngine engine = load_engine(std::move(req));
+  note_demo_drafter(a.engine.model, engine.draft);
+  auto& model = engine.model;
+  tok = std::move(engine.tokenizer);
   a.gen.prefill_rows = model->pass_plan().pass_rows;
   GenerationParams params = make_params(a.gen, *model, tok ? &*tok : nullptr, a.chat);
   if (model->plan()) params.context_limit = model->plan()->context;
@@ -85,7 +84,7 @@ void run_run(RunArgs& a) {
   StatsRecorder rec(*model);
   Printer printer(a.gen, tok.has_value(), a.json);
   std::unique_ptr<Drafter> drafter;
-  DraftConfig draft = make_draft_config(a.gen.draft, *model, drafter);
+  DraftConfig draft = engine.draft_config(drafter);
   install_sigint();
   drive(
       *model, state, gen, &interrupted(), [&](Generation& g) { printer.on_step(g); }, &draft);

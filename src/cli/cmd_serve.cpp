@@ -48,7 +48,7 @@ struct ServeArgs {
   double timeout = 600;
   int64_t max_tokens = 0;
   std::string max_request_bytes = "16M";
-  int cache = 4;
+  StateCacheOptions state_cache;
   std::string prefill_chunk = "auto";
   bool no_webui = false;
   DraftOptions draft;
@@ -64,10 +64,12 @@ nlohmann::ordered_json engine_info(const LoadedModel& model, int readers) {
     const uint64_t state = p->state_bytes;
     const uint64_t other =
         p->buffer_bytes + p->overhead_bytes + p->router_bytes + p->stream_buffer_bytes;
-    const uint64_t used = p->trunk_resident_bytes + p->expert_cache_bytes + state + other;
+    const uint64_t used =
+        p->trunk_resident_bytes + p->expert_cache_bytes + state + p->state_cache_bytes + other;
     j["memory"] = {{"budget", p->budget},
                    {"trunk_resident", p->trunk_resident_bytes},
                    {"expert_cache", p->expert_cache_bytes},
+                   {"state_cache", p->state_cache_bytes},
                    {"states", state},
                    {"buffers", other},
                    {"free", p->budget > used ? p->budget - used : 0}};
@@ -121,7 +123,6 @@ void run_serve(ServeArgs& a) {
   }
   if (max_body == 0) fail_usage("--max-request-bytes must be positive");
   a.engine.model = resolve_model_dir(a.engine.model);
-  resolve_default_draft(a.draft, a.engine.model);
   require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
     const ModelConfig cfg = load_config(a.engine.model);
@@ -190,18 +191,17 @@ void run_serve(ServeArgs& a) {
   // The memory plan reserves a full-context state for every active sequence and every kept
   // conversation, and the rows of one pass: with --prefill-chunk auto as many as the budget
   // holds (prompts share them, decoding rows first), with N every sequence's N rows.
-  a.engine.sequences = a.parallel + a.cache;
+  LoadRequest req = load_request(a.engine, a.draft, a.prefill_chunk);
+  apply_state_cache(a.state_cache, req);
+  req.sequences = a.parallel;
+  req.parallel = a.parallel;
+  req.loaded_tokenizer = tok;
+  LoadedEngine engine = load_engine(std::move(req));  // the drafter counted for every sequence
+  note_demo_drafter(a.engine.model, engine.draft);
+  auto& model = engine.model;
   const int64_t chunk = prefill_chunk_rows(a.prefill_chunk);
-  const int64_t decode_rows = static_cast<int64_t>(a.parallel) * draft_rows(a.draft);
-  a.engine.max_rows =
-      chunk > 0 ? static_cast<int64_t>(a.parallel) * std::max(chunk, draft_rows(a.draft)) : 0;
-  plan_draft_model(a.draft.draft, a.engine);  // counted for every planned sequence
-  auto model = load_model(a.engine);
-  const int64_t pass_rows = std::max(model->pass_plan().pass_rows, decode_rows);
+  const int64_t pass_rows = engine.pass_rows;
   const auto& cfg = model->config();
-  if (tok.vocab_size() > cfg.vocab) {
-    fail("the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), cfg.vocab);
-  }
   int64_t context = cfg.max_positions;
   if (a.engine.ctx > 0) context = a.engine.ctx;
   if (model->plan())
@@ -220,35 +220,35 @@ void run_serve(ServeArgs& a) {
   server::SchedulerOptions so;
   so.parallel = a.parallel;
   so.queue = a.queue;
-  so.cache = static_cast<size_t>(a.cache);
-  so.draft = a.draft.draft;
-  so.draft_max = parse_draft_max(a.draft.draft_max);
+  so.store = engine.store.get();
+  so.new_drafter = engine.drafter_factory();
+  so.draft_max = engine.draft_max;
   so.pass_rows = chunk > 0 ? 0 : pass_rows;
   metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
-  metrics.set_static(context, a.parallel, a.queue, a.cache, so.pass_rows);
+  metrics.set_static(context, a.parallel, a.queue, so.pass_rows);
   metrics.set_ready(true);
   http.set_ready(&scheduler, limits);
   stop_signal->ready.store(true);
   fmt::print(stderr,
              "deltafin serve: ready: {} as `{}`{}; context {} tokens (model max {}), max tokens "
              "{}, parallel {}, "
-             "queue {}, timeout {} s, conversation cache {}{}\n",
+             "queue {}, timeout {} s{}\n",
              a.engine.model, a.model_id,
              a.aliases.empty() ? "" : fmt::format(" (aliases {})", fmt::join(a.aliases, ", ")),
-             context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout, a.cache,
+             context, cfg.max_positions, limits.max_tokens, a.parallel, a.queue, a.timeout,
              api_key.empty() ? "" : ", API key required");
   if (!a.no_webui) {
     fmt::print(stderr, "deltafin serve: open http://{}{}{}:{}/ in a browser for the chat page\n",
                v6 ? "[" : "", a.host, v6 ? "]" : "", port);
   }
   if (model->plan()) {
-    fmt::print(stderr,
-               "deltafin serve: the memory plan holds {} states of up to {} ({} active + {} kept "
-               "conversations)\n",
+    fmt::print(stderr, "deltafin serve: the memory plan holds {} states of up to {}\n",
                model->plan()->sequences,
-               human_bytes(static_cast<double>(state_bytes(cfg, context))), a.parallel, a.cache);
+               human_bytes(static_cast<double>(state_bytes(cfg, context))));
   }
+  fmt::print(stderr, "deltafin serve: {}\n",
+             engine.store ? engine.store->describe() : "[state cache] off (--state-cache none)");
 
   {
     std::unique_lock<std::mutex> lock(stop_signal->m);
@@ -291,9 +291,6 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-request-bytes", a->max_request_bytes,
                   "Largest request body (e.g. 16M; beyond: 413)")
       ->capture_default_str();
-  cmd->add_option("--cache", a->cache, "Conversation states kept for reuse (0 = off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
                   "Prompt tokens per forward pass: auto (as many as the memory budget holds, "
                   "shared by the sequences) or N per sequence")
@@ -302,6 +299,7 @@ void register_serve(CLI::App& app) {
   cmd->add_flag("--no-webui", a->no_webui,
                 "Do not serve the browser page (chat and engine view) at /");
   add_draft_options(cmd, a->draft);
+  add_state_cache_options(cmd, a->state_cache);
   cmd->callback([a] { run_serve(*a); });
 }
 

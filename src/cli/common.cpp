@@ -11,7 +11,6 @@
 #include "cli/error_text.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "draft/draft_model.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 
@@ -68,54 +67,59 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
                   "draft model folder (EAGLE-3.x, DSpark); drafts are verified in one pass and "
                   "the output is unchanged. Default: the model folder's draft/ subfolder when it "
                   "has one (the built-in demo's trained EAGLE-3.1 drafter), else none")
-      ->check(parses_with([](const std::string& v) { make_drafter(v); }, "none|ngram|DIR"));
+      ->check(parses_with([](const std::string& v) { check_draft_spec(v); }, "none|ngram|DIR"));
   cmd->add_option("--draft-max", o.draft_max,
                   "Most drafts verified per pass: auto (chosen per pass from measured pass costs "
                   "and acceptance, up to 16) or N (always up to N)")
       ->capture_default_str()
-      ->check(parses_with([](const std::string& v) { parse_draft_max(v); }, "auto|N>=1"));
+      ->check(parses_with([](const std::string& v) { DraftMax::parse(v); }, "auto|N>=1"));
 }
 
-int64_t draft_rows(const DraftOptions& o) {
-  if (o.draft == "none") return 1;
-  const int n = parse_draft_max(o.draft_max);
-  return 1 + (n == 0 ? kAutoDraftMax : n);
+void add_state_cache_options(CLI::App* cmd, StateCacheOptions& o) {
+  cmd->add_option("--state-cache", o.dir,
+                  "Where prefix snapshots of sequence states are kept on disk, so a prompt that "
+                  "starts with a kept prefix prefills only the rest, across restarts too "
+                  "(default: states/ in the cache folder; none: no reuse at all)");
+  cmd->add_option("--state-cache-size", o.size,
+                  "Most disk the snapshots may take, e.g. 16G (0: RAM only)")
+      ->capture_default_str();
+  cmd->add_option("--state-cache-ram", o.ram,
+                  "RAM of the memory budget kept for snapshots, e.g. 2G (auto: two full-context "
+                  "states; 0: disk only)")
+      ->capture_default_str();
 }
 
-void resolve_default_draft(DraftOptions& o, const std::string& model_dir) {
-  if (!o.draft.empty()) return;
-  const std::filesystem::path own = std::filesystem::path(model_dir) / "draft";
-  std::error_code ec;
-  o.draft = std::filesystem::exists(own / "config.json", ec) ? own.string() : "none";
-  if (const std::string note = demo_drafter_note(model_dir, o.draft); !note.empty())
+void apply_state_cache(const StateCacheOptions& o, LoadRequest& r) {
+  auto size = [](const std::string& v, const char* flag) -> uint64_t {
+    if (v == "0") return 0;
+    try {
+      return parse_size(v, flag);
+    } catch (const InvalidArgument& e) {
+      fail_usage("{}", e.what());
+    }
+  };
+  if (o.dir == "none") {
+    r.reuse = false;
+    return;
+  }
+  r.state_cache = o.dir;
+  r.state_cache_size = size(o.size, "--state-cache-size");
+  if (o.ram != "auto") r.state_cache_ram = size(o.ram, "--state-cache-ram");
+}
+
+void note_demo_drafter(const std::string& model_dir, const std::string& draft) {
+  if (const std::string note = demo_drafter_note(model_dir, draft); !note.empty())
     fmt::print(stderr, "{}\n", note);
 }
 
-std::shared_ptr<DraftModel> plan_draft_model(const std::string& spec, EngineOptions& e) {
-  if (spec == "none" || spec == "ngram" || spec.rfind("replay", 0) == 0 ||
-      !std::filesystem::is_directory(spec)) {
-    return nullptr;
-  }
-  require_model_folder(e.model);
-  auto dm = open_draft_model(spec, load_config(e.model));
-  e.draft_weight_bytes = dm->weight_bytes();
-  e.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
-  if (e.verbose) fmt::print(stderr, "draft: {}\n", dm->describe());
-  return dm;
-}
-
-DraftConfig make_draft_config(const DraftOptions& o, Model& model,
-                              std::unique_ptr<Drafter>& holder) {
-  DrafterContext ctx;
-  ctx.vocab = model.config().vocab;
-  ctx.model = &model;
-  holder = make_drafter(o.draft, ctx);
-  DraftConfig cfg;
-  cfg.drafter = holder.get();
-  const int n = parse_draft_max(o.draft_max);
-  cfg.auto_length = n == 0;
-  cfg.max = n == 0 ? kAutoDraftMax : n;
-  return cfg;
+LoadRequest load_request(const EngineOptions& e, const DraftOptions& d,
+                         const std::string& prefill_chunk) {
+  LoadRequest r;
+  r.engine = e;
+  r.draft = d.draft;
+  r.draft_max = DraftMax::parse(d.draft_max);
+  r.prefill_chunk = prefill_chunk_rows(prefill_chunk);
+  return r;
 }
 
 CLI::Validator auto_or_positive() {

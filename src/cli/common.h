@@ -10,10 +10,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "generate/driver.h"
-
-namespace deltafin {
-class DraftModel;
-}  // namespace deltafin
+#include "runtime/load.h"
 
 namespace deltafin::cli {
 
@@ -55,23 +52,28 @@ struct DraftOptions {
   std::string draft;
   std::string draft_max = "auto";  // auto (the cost model chooses) or N
 };
-// The default drafter of a model folder: its draft/ subfolder (a draft model folder, as the
-// built-in demo ships its trained EAGLE-3.1 drafter) when --draft was not given; `--draft none`
-// turns it off. Call once the model folder is known.
-void resolve_default_draft(DraftOptions& o, const std::string& model_dir);
 // Adds --draft and --draft-max; a bad value is a usage error (one line, exit 2).
 void add_draft_options(CLI::App* cmd, DraftOptions& o);
-// Rows a decode pass of one sequence may have with these flags (1 + the most drafts).
-int64_t draft_rows(const DraftOptions& o);
-// A draft model folder (`--draft DIR`) counted in the target's memory plan before either loads:
-// its weights and its cache per position (from its config and safetensors headers, through the
-// same opener decoding uses, so the figures are the ones the loaded drafter binds); -v prints
-// the draft's line. Returns the opened draft (nullptr for none / ngram / replay).
-std::shared_ptr<DraftModel> plan_draft_model(const std::string& spec, EngineOptions& e);
-// The drafter the flags name for `model` (nullptr for none) and the DraftConfig to drive with;
-// the config points into `holder`.
-DraftConfig make_draft_config(const DraftOptions& o, Model& model,
-                              std::unique_ptr<Drafter>& holder);
+
+// Prefix snapshot flags of chat, serve, run and bench --turns (prefix/prefix_store.h).
+struct StateCacheOptions {
+  std::string dir;           // --state-cache DIR|none ("" = the default folder)
+  std::string size = "16G";  // --state-cache-size (disk; 0 = RAM only)
+  std::string ram = "auto";  // --state-cache-ram (share of the memory budget)
+};
+void add_state_cache_options(CLI::App* cmd, StateCacheOptions& o);
+// Puts the flags into a load request (sizes checked: a usage error names the flag).
+void apply_state_cache(const StateCacheOptions& o, LoadRequest& r);
+
+// The built-in demo's note that it drafts (with which drafter), when `draft` is its own.
+void note_demo_drafter(const std::string& model_dir, const std::string& draft);
+
+// The load request of an engine command's flags: the engine options, the draft flags (the
+// default drafter is the model folder's draft/ subfolder, as the built-in demo ships its trained
+// EAGLE-3.1 drafter; `--draft none` turns it off) and --prefill-chunk. The command adds what it
+// knows (prompt rows, sequences) and calls load_engine (runtime/load.h).
+LoadRequest load_request(const EngineOptions& e, const DraftOptions& d,
+                         const std::string& prefill_chunk = "auto");
 
 // Adds --model, --threads and --kernels to a subcommand (the command resolves --model with
 // resolve_model_dir).

@@ -97,14 +97,6 @@ SamplingParams sampling_from(const GenOptions& o) {
   return s;
 }
 
-void plan_prefill(const GenOptions& o, EngineOptions& e, int64_t prompt_rows) {
-  // A verify pass holds the last token and its drafts: passes are planned for at least that.
-  const int64_t verify = draft_rows(o.draft);
-  e.max_rows = prefill_chunk_rows(o.prefill_chunk);
-  if (e.max_rows > 0) e.max_rows = std::max(e.max_rows, verify);
-  e.prefill_rows = prompt_rows > 0 ? std::max(prompt_rows, verify) : 0;
-}
-
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat) {
   GenerationParams p;
   p.max_new_tokens = o.max_new;

@@ -45,8 +45,6 @@ void add_gen_options(CLI::App* cmd, GenOptions& o);
 void apply_generation_config(GenOptions& o, const std::string& model_dir);
 // The sampling settings of the flags, validated (throws InvalidArgument naming the field).
 SamplingParams sampling_from(const GenOptions& o);
-// Plans memory for --prefill-chunk (auto: up to `prompt_rows` rows per pass, 0 = the context).
-void plan_prefill(const GenOptions& o, EngineOptions& e, int64_t prompt_rows);
 // The generation parameters for a model (stop ids: stop_ids_for the config, the tokenizer and
 // generation_config.json); the prefill chunk is the model's pass plan (which honours
 // --prefill-chunk).

@@ -30,7 +30,6 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(false);
 
-  deltafin::register_draft_models();  // --draft DIR on every command
   deltafin::cli::register_all(app);
 
   try {

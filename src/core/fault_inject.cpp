@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -61,6 +62,8 @@ Spec parse_spec(const char* text) {
         s.kind = FaultKind::shrink;
       else if (val == "oom")
         s.kind = FaultKind::oom;
+      else if (val == "enospc")
+        s.kind = FaultKind::enospc;
       else
         ok = false;
     } else if (key == "match") {
@@ -78,7 +81,8 @@ Spec parse_spec(const char* text) {
     }
     if (!ok) {
       log_warn(
-          "DELTAFIN_FAULT: cannot use \"{}\" (expected kind=eio|short|slow|shrink|oom, match=, "
+          "DELTAFIN_FAULT: cannot use \"{}\" (expected kind=eio|short|slow|shrink|oom|enospc, "
+          "match=, "
           "after=N, count=N, delay_ms=N, arm=PATH): no fault is injected",
           item);
       return Spec{};
@@ -98,9 +102,12 @@ const Spec& spec() {
 std::atomic<int64_t> g_seen{0};
 
 // Counts a matching event once armed; true when it is one of those to fail.
-bool hits(std::string_view description, bool oom) {
+enum class Event { read, write, alloc };
+
+bool hits(std::string_view description, Event e) {
   const Spec& s = spec();
-  if ((s.kind == FaultKind::oom) != oom) return false;
+  if ((s.kind == FaultKind::oom) != (e == Event::alloc)) return false;
+  if ((s.kind == FaultKind::enospc) != (e == Event::write)) return false;
   if (!s.match.empty() && description.find(s.match) == std::string_view::npos) return false;
   if (!s.arm.empty()) {
     struct stat st {};
@@ -120,7 +127,7 @@ ReadFault read_fault(std::string_view what, std::string_view path) {
   std::string description(what);
   description += ' ';
   description += path;
-  if (!hits(description, false)) return {};
+  if (!hits(description, Event::read)) return {};
   const Spec& s = spec();
   log_warn("DELTAFIN_FAULT: injecting a {} fault into the read of {}",
            s.kind == FaultKind::eio          ? "EIO"
@@ -131,8 +138,17 @@ ReadFault read_fault(std::string_view what, std::string_view path) {
   return {s.kind, s.delay_ms};
 }
 
+int write_fault(std::string_view what, std::string_view path) {
+  std::string description(what);
+  description += ' ';
+  description += path;
+  if (!hits(description, Event::write)) return 0;
+  log_warn("DELTAFIN_FAULT: injecting ENOSPC (disk full) into the write of {}", description);
+  return ENOSPC;
+}
+
 void alloc_fault_slow(std::string_view what) {
-  if (!hits(what, true)) return;
+  if (!hits(what, Event::alloc)) return;
   log_warn("DELTAFIN_FAULT: injecting out-of-memory into the allocation of {}", what);
   throw std::bad_alloc();
 }

@@ -16,7 +16,8 @@
 //    until the server is ready, and then aim at exactly the next request's reads.
 //
 // DELTAFIN_FAULT is `;`-separated key=value pairs:
-//   kind=eio|short|slow|shrink|oom   what happens (oom: alloc_fault throws std::bad_alloc)
+//   kind=eio|short|slow|shrink|oom|enospc   what happens (oom: alloc_fault throws std::bad_alloc;
+//                  enospc fails writes, and only writes: write_fault, the prefix store's files)
 //   match=TEXT     only reads whose "WHAT PATH" (or allocation name) contains TEXT (default: all)
 //   after=N        let N matching events through first (default 0)
 //   count=N        how many events fail (default 1; 0 = every one from then on)
@@ -30,7 +31,7 @@
 
 namespace deltafin {
 
-enum class FaultKind { none, eio, short_read, slow, shrink, oom };
+enum class FaultKind { none, eio, short_read, slow, shrink, oom, enospc };
 
 struct ReadFault {
   FaultKind kind = FaultKind::none;
@@ -47,6 +48,10 @@ inline bool faults_enabled() {
 // The fault for the next read of `what` (a tensor or expert description) from `path`; counts the
 // read. Only call when faults_enabled().
 ReadFault read_fault(std::string_view what, std::string_view path);
+
+// The errno to fail the next write of `what` to `path` with (ENOSPC), or 0; counts the
+// write. Only call when faults_enabled().
+int write_fault(std::string_view what, std::string_view path);
 
 // Throws std::bad_alloc when an oom fault is aimed at this allocation (named `what`).
 void alloc_fault_slow(std::string_view what);

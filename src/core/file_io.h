@@ -1,7 +1,7 @@
 // Positioned reads of checkpoint shards, shared by the trunk streamer, the expert store and the
-// disk probe: opening with O_DIRECT where the platform and file system allow it (falling back to
-// buffered reads), 4 KiB alignment for O_DIRECT ranges, and a read loop that survives EINTR and
-// partial reads.
+// disk probe, and positioned writes of the prefix store's snapshot files: opening with O_DIRECT
+// where the platform and file system allow it (falling back to buffered reads), 4 KiB alignment for
+// O_DIRECT ranges, and a read loop that survives EINTR and partial reads.
 #pragma once
 
 #include <cstdint>
@@ -29,5 +29,13 @@ struct ReadResult {
 // Reads up to n bytes at `offset` into dst, retrying interrupted and partial reads; stops early
 // at the end of the file or at the first error.
 ReadResult read_at(int fd, void* dst, uint64_t n, uint64_t offset);
+
+// Creates (or truncates) `path` for writing, with O_DIRECT where the platform and file system
+// accept it (`*direct_ok` cleared when it fell back). Throws IoError naming the path.
+int open_for_writing(const std::string& path, bool direct, bool* direct_ok = nullptr);
+// Writes n bytes at `offset`, retrying interrupted and partial writes; returns 0 or the errno of
+// the write that failed (ENOSPC: the disk is full). With O_DIRECT, src, n and offset are
+// multiples of kIoAlign.
+int write_at(int fd, const void* src, uint64_t n, uint64_t offset);
 
 }  // namespace deltafin

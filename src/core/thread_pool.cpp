@@ -1,5 +1,6 @@
 #include "core/thread_pool.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <set>
 #include <string>
 #include <utility>
+
+#include "core/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -48,12 +51,21 @@ int physical_cores() {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = physical_cores();
-  for (int i = 1; i < threads; ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i); });
+  try {
+    for (int i = 1; i < threads; ++i) {
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    }
+  } catch (const std::exception& e) {
+    // The system refused a thread: stop the ones started (a joinable thread destroyed would
+    // terminate the process) and report it as an error the caller can handle.
+    const size_t started = workers_.size() + 1;
+    stop_workers();
+    throw Error(fmt::format("could not start {} compute threads ({} started): {}", threads, started,
+                            e.what()));
   }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() {
   stop_.store(true);
   epoch_.fetch_add(1);
   {
@@ -61,6 +73,11 @@ ThreadPool::~ThreadPool() {
     sleep_cv_.notify_all();
   }
   for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+ThreadPool::~ThreadPool() {
+  stop_workers();
 }
 
 void ThreadPool::worker_loop(int index) {

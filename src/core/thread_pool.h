@@ -36,6 +36,7 @@ class ThreadPool {
                     int64_t align = 1, int tasks_per_thread = 1);
 
  private:
+  void stop_workers();  // signals and joins every worker
   void worker_loop(int index);
 
   std::vector<std::thread> workers_;

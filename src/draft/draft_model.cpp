@@ -4,8 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
-#include <map>
-#include <mutex>
 
 #include "core/error.h"
 #include "draft/dspark.h"
@@ -22,6 +20,12 @@ std::string DraftModel::describe() const {
       c_.num_layers, fmt::join(c_.taps.layers, ","), tap_stream_name(c_.taps.stream),
       c_.fc_norm ? " + fc_norm" : "", double(weight_bytes_) / (1 << 20),
       cache_bytes_per_position());
+}
+
+std::string DraftModel::state_id() const {
+  std::error_code ec;
+  const auto dir = std::filesystem::weakly_canonical(std::filesystem::path(c_.path), ec);
+  return describe() + " @ " + (ec ? c_.path : dir.string());
 }
 
 std::shared_ptr<DraftModel> open_draft_model(const std::string& dir, const ModelConfig& target) {
@@ -49,21 +53,6 @@ std::unique_ptr<Drafter> open_drafter(const std::string& spec, Model& target) {
                  "expected none, ngram or a draft model folder (config.json + model.safetensors)");
   }
   return open_draft_model(spec, target.config())->new_drafter(target);
-}
-
-void register_draft_models() {
-  set_folder_drafter_opener([](const std::string& dir, Model& target) -> std::unique_ptr<Drafter> {
-    static std::mutex mu;
-    static std::map<std::pair<std::string, const Model*>, std::shared_ptr<DraftModel>> opened;
-    std::shared_ptr<DraftModel> m;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      std::shared_ptr<DraftModel>& slot = opened[{dir, &target}];
-      if (!slot) slot = open_draft_model(dir, target.config());
-      m = slot;
-    }
-    return m->new_drafter(target);
-  });
 }
 
 }  // namespace deltafin

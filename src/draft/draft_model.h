@@ -31,6 +31,8 @@ class DraftModel : public std::enable_shared_from_this<DraftModel> {
   virtual std::unique_ptr<TapDrafter> new_drafter(Model& target) const = 0;
   // One line for -v: kind, layers, taps, bytes.
   std::string describe() const;
+  // What its cache rows mean, for prefix snapshots: the description and the folder.
+  std::string state_id() const;
 
  protected:
   explicit DraftModel(DraftModelConfig c) : c_(std::move(c)) {}
@@ -48,9 +50,5 @@ class DraftModel : public std::enable_shared_from_this<DraftModel> {
 std::shared_ptr<DraftModel> open_draft_model(const std::string& dir, const ModelConfig& target);
 // `spec`: "none" (nullptr), "ngram", or a draft folder.
 std::unique_ptr<Drafter> open_drafter(const std::string& spec, Model& target);
-// Installs the folder opener of generate's make_drafter, so `--draft DIR` works on every surface
-// (run, chat, serve, bench, the C API). Each folder is opened once per target model and shared by
-// the drafters of all its sequences.
-void register_draft_models();
 
 }  // namespace deltafin

@@ -43,7 +43,7 @@ std::unique_ptr<TapDrafter> DSparkModel::new_drafter(Model& target) const {
 }
 
 DSparkDrafter::DSparkDrafter(Model& target, std::shared_ptr<const DSparkModel> m)
-    : TapDrafter(target, m->config().taps, "DSpark"),
+    : TapDrafter(target, m->config().taps, "DSpark", m->state_id()),
       m_(std::move(m)),
       c_(m_->config()),
       w_(m_->weights()),
@@ -52,6 +52,46 @@ DSparkDrafter::DSparkDrafter(Model& target, std::shared_ptr<const DSparkModel> m
 void DSparkDrafter::reset() {
   for (auto& c : caches_) c.clear();
   context_len_ = 0;
+}
+
+void DSparkDrafter::sync(std::span<const int32_t> committed) {
+  inject_context(static_cast<int64_t>(committed.size()));
+}
+
+// A row per committed position: every layer's context row, layer after layer.
+DraftRows DSparkDrafter::export_rows(int64_t from) const {
+  const int64_t cw = c_.mla.cache_width(), layers = static_cast<int64_t>(caches_.size());
+  DraftRows r;
+  r.width = cw * layers;
+  r.begin = std::clamp<int64_t>(from, 0, context_len_);
+  r.rows.resize(static_cast<size_t>((context_len_ - r.begin) * r.width));
+  for (int64_t p = r.begin; p < context_len_; ++p) {
+    for (int64_t l = 0; l < layers; ++l) {
+      const float* src = caches_[static_cast<size_t>(l)].data() + p * cw;
+      std::copy(src, src + cw, r.rows.begin() + (p - r.begin) * r.width + l * cw);
+    }
+  }
+  return r;
+}
+
+void DSparkDrafter::import_rows(const DraftRows& r, int64_t position) {
+  const int64_t cw = c_.mla.cache_width(), layers = static_cast<int64_t>(caches_.size());
+  if (r.width != cw * layers || r.lag != 0 || r.begin != 0 || r.count() != position ||
+      !r.tail.empty()) {
+    fail(
+        "the kept draft state does not fit this DSpark drafter ({} rows of {} floats for {} "
+        "positions)",
+        r.count(), r.width, position);
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    auto& cache = caches_[static_cast<size_t>(l)];
+    cache.resize(static_cast<size_t>(position * cw));
+    for (int64_t p = 0; p < position; ++p) {
+      const float* src = r.rows.data() + p * r.width + l * cw;
+      std::copy(src, src + cw, cache.begin() + p * cw);
+    }
+  }
+  context_len_ = position;
 }
 
 void DSparkDrafter::inject_context(int64_t L) {

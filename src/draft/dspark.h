@@ -60,6 +60,9 @@ class DSparkDrafter : public TapDrafter {
  protected:
   void reset() override;
   DraftProposal draft(std::span<const int32_t> history, int max_tokens) override;
+  void sync(std::span<const int32_t> committed) override;
+  DraftRows export_rows(int64_t from) const override;
+  void import_rows(const DraftRows& rows, int64_t position) override;
 
  private:
   void inject_context(int64_t committed);

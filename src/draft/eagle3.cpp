@@ -37,7 +37,8 @@ std::unique_ptr<TapDrafter> Eagle3Model::new_drafter(Model& target) const {
 }
 
 Eagle3Drafter::Eagle3Drafter(Model& target, std::shared_ptr<const Eagle3Model> m)
-    : TapDrafter(target, m->config().taps, m->config().norm_output ? "EAGLE-3.1" : "EAGLE-3"),
+    : TapDrafter(target, m->config().taps, m->config().norm_output ? "EAGLE-3.1" : "EAGLE-3",
+                 m->state_id()),
       m_(std::move(m)),
       c_(m_->config()),
       w_(m_->weights()) {}
@@ -46,6 +47,41 @@ void Eagle3Drafter::reset() {
   cache_.clear();
   cache_len_ = 0;
   g_.clear();
+}
+
+void Eagle3Drafter::sync(std::span<const int32_t> committed) {
+  if (committed.empty()) return;
+  std::vector<int32_t> history(committed.begin(), committed.end());
+  history.push_back(0);  // an anchor: committing rows never reads it
+  commit_rows(history);
+}
+
+// Cache row p holds (g_p, x_{p+1}): rows lag the committed positions by one, and the fused g of
+// the last committed position is the tail.
+DraftRows Eagle3Drafter::export_rows(int64_t from) const {
+  const int64_t cw = c_.mla.cache_width();
+  DraftRows r;
+  r.width = cw;
+  r.lag = 1;
+  r.begin = std::clamp<int64_t>(from, 0, cache_len_);
+  r.rows.assign(cache_.begin() + r.begin * cw, cache_.begin() + cache_len_ * cw);
+  r.tail = g_;
+  return r;
+}
+
+void Eagle3Drafter::import_rows(const DraftRows& r, int64_t position) {
+  const int64_t cw = c_.mla.cache_width(), H = c_.hidden;
+  const int64_t want = std::max<int64_t>(0, position - 1);
+  if (r.width != cw || r.lag != 1 || r.begin != 0 || r.count() != want ||
+      static_cast<int64_t>(r.tail.size()) != (position > 0 ? H : 0)) {
+    fail(
+        "the kept draft state does not fit this EAGLE drafter ({} rows of {} floats for {} "
+        "positions)",
+        r.count(), r.width, position);
+  }
+  cache_ = r.rows;
+  cache_len_ = want;
+  g_ = r.tail;
 }
 
 void Eagle3Drafter::fuse(const float* taps, float* g) const {

@@ -59,6 +59,9 @@ class Eagle3Drafter : public TapDrafter {
  protected:
   void reset() override;
   DraftProposal draft(std::span<const int32_t> history, int max_tokens) override;
+  void sync(std::span<const int32_t> committed) override;
+  DraftRows export_rows(int64_t from) const override;
+  void import_rows(const DraftRows& rows, int64_t position) override;
 
  private:
   // u [R][2·hidden] = [RMSNorm(E[x_r]; input_layernorm) ; RMSNorm(h_r; hidden_norm)].

@@ -119,7 +119,7 @@ static int capped_threads(int threads) {
 }
 
 void apply_engine_options(const EngineOptions& o) {
-  set_global_threads(capped_threads(o.threads));
+  if (!o.own_threads) set_global_threads(capped_threads(o.threads));
   if (!o.kernels.empty()) kernels::select(o.kernels.c_str());
 }
 
@@ -128,12 +128,16 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   require_model_folder(o.model);
   LoadOptions lo;
   lo.mmap = o.mmap;
+  if (o.own_threads) lo.threads = capped_threads(o.threads);
+  lo.plan.budget = o.memory_budget_bytes;
   if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "memory budget");
   lo.plan.context = o.ctx;
   lo.plan.sequences = o.sequences;
   lo.plan.max_rows = o.max_rows;
   lo.plan.draft_weight_bytes = o.draft_weight_bytes;
   lo.plan.draft_cache_bytes_per_position = o.draft_cache_bytes_per_position;
+  lo.plan.state_cache_bytes = o.state_cache_bytes;
+  lo.plan.state_cache_states = o.state_cache_states;
   lo.plan.prefill_rows = o.prefill_rows;
   lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
   if (o.mmap && o.trunk == "int8")
@@ -143,8 +147,8 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.readers = o.readers;
   lo.direct_io = !o.no_direct_io;
   lo.prefetch = !o.no_prefetch;
-  lo.print_plan = o.verbose || ::isatty(STDERR_FILENO);
-  lo.heat_file = heat_file_for(o.model);
+  lo.print_plan = o.verbose || (o.plan_on_terminal && ::isatty(STDERR_FILENO));
+  lo.heat_file = o.heat_file ? *o.heat_file : heat_file_for(o.model);
   lo.gpu.select = o.gpu;
   lo.gpu.min_rows = o.gpu_min_rows;
   if (!o.gpu_memory.empty()) {
@@ -153,7 +157,8 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
     lo.gpu.memory = parse_size(o.gpu_memory, "gpu memory");
   }
   if (lo.print_plan)
-    fmt::print(stderr, "[engine] {} threads, {} kernels\n", global_pool().size(),
+    fmt::print(stderr, "[engine] {} threads, {} kernels\n",
+               o.own_threads ? static_cast<size_t>(lo.threads) : global_pool().size(),
                kernels::active().name);
   return load_model(o.model, lo);
 }

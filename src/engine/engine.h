@@ -75,8 +75,12 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
 struct EngineOptions {
   std::string model;
   int threads = 0;
-  std::string kernels;        // force a kernel table
-  std::string memory_budget;  // SIZE, "" = default share of RAM
+  // false (the CLI): `threads` sizes the process-wide pool; true (the C API): the model owns a
+  // pool of that many threads, so models loaded side by side neither share nor resize threads.
+  bool own_threads = false;
+  std::string kernels;               // force a kernel table
+  std::string memory_budget;         // SIZE, "" = default share of RAM
+  uint64_t memory_budget_bytes = 0;  // the same in bytes (the C API); used when the text is ""
   bool mmap = false;
   std::string cache_policy = "lru";
   int readers = 4;
@@ -88,6 +92,9 @@ struct EngineOptions {
   int64_t max_rows = 256;    // rows per pass to plan for (0 = auto: from the budget)
   int64_t prefill_rows = 0;  // with auto: the rows a prompt needs (0 = the context)
   bool verbose = false;  // print the memory plan and the kernels even when stderr is not a terminal
+  bool plan_on_terminal = true;  // also print them when stderr is a terminal (the CLI)
+  // Expert heat counts: unset = the model folder's file in the cache folder, "" = none.
+  std::optional<std::string> heat_file;
   std::string gpu = "off";    // --gpu auto|N|off
   std::string gpu_memory;     // --gpu-memory SIZE ("" = 3/4 of the device's memory)
   int64_t gpu_min_rows = 16;  // --gpu-min-rows: rows from which non-resident products go to the GPU
@@ -95,6 +102,9 @@ struct EngineOptions {
   // cache_bytes_per_position): the plan counts it before trunk and experts.
   uint64_t draft_weight_bytes = 0;
   uint64_t draft_cache_bytes_per_position = 0;
+  // RAM for kept prefix snapshots (PlanOptions::state_cache_bytes / state_cache_states).
+  uint64_t state_cache_bytes = 0;
+  int state_cache_states = 0;
 };
 
 // Applies threads and kernels, checks the folder exists, and loads it (errors say what is

@@ -27,7 +27,8 @@ ChatTurn ChatSession::begin_user_turn(const std::string& text) {
   std::vector<int32_t> before;
   if (history_valid_) before = render(request(false), tok_).ids;
   messages_.push_back({ChatMessage::Role::user, "", text});
-  std::vector<int32_t> full = render(request(true), tok_).ids;
+  const RenderedPrompt rendered = render(request(true), tok_);
+  const std::vector<int32_t>& full = rendered.ids;
   if (history_valid_ && before.size() <= full.size() &&
       std::equal(before.begin(), before.end(), full.begin())) {
     // Append the new turn to what the model actually saw.
@@ -45,6 +46,32 @@ ChatTurn ChatSession::begin_user_turn(const std::string& text) {
   }
   to_feed_.clear();
   history_valid_ = false;  // until the generation's result is recorded
+  // The marks of the rendering, where they fall in this turn's new ids.
+  const auto shift = static_cast<int64_t>(history_.size()) - static_cast<int64_t>(full.size());
+  const int64_t fresh =
+      static_cast<int64_t>(history_.size()) - static_cast<int64_t>(t.input.size());
+  auto place = [&](int64_t mark) { return mark + shift > fresh ? mark + shift : 0; };
+  t.system_end = place(rendered.system_end);
+  t.messages_end = place(rendered.messages_end);
+  turn_end_ = static_cast<int64_t>(history_.size());
+  last_turn_ = t;
+  last_turn_.input.clear();
+  return t;
+}
+
+ChatTurn ChatSession::begin_retry() {
+  if (messages_.empty() || messages_.back().role != ChatMessage::Role::assistant ||
+      turn_end_ == 0 || turn_end_ > static_cast<int64_t>(history_.size()))
+    fail_arg("there is no answer to regenerate (ask something first)");
+  messages_.pop_back();
+  history_.resize(static_cast<size_t>(turn_end_));
+  to_feed_.clear();
+  history_valid_ = false;
+  state_.reset();
+  ChatTurn t = last_turn_;
+  t.input = history_;
+  t.reused = 0;
+  t.full_prefill = true;
   return t;
 }
 

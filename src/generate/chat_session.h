@@ -27,6 +27,15 @@ struct ChatTurn {
   int64_t reused = 0;          // conversation tokens already in the state
   bool full_prefill = false;
   Channel start = Channel::think;
+  // Positions in history() (0 where not in this turn's new ids): after the leading system
+  // messages and after the last message, before the generation prompt — where the prefix store
+  // snapshots (prefix/reuse.h).
+  int64_t system_end = 0, messages_end = 0;
+  // A restore from the prefix store replaced the state: the first `n` ids of the input are in it.
+  void skip(int64_t n) {
+    input.erase(input.begin(), input.begin() + n);
+    reused += n;
+  }
 };
 
 class ChatSession {
@@ -34,6 +43,10 @@ class ChatSession {
   ChatSession(Model& model, const Tokenizer& tokenizer);
 
   ChatTurn begin_user_turn(const std::string& text);
+  // Regenerates the last answer: it is dropped and the turn that asked for it starts again from
+  // an empty state (the prefix store then restores what it kept of it). Throws InvalidArgument
+  // when there is no answer to regenerate.
+  ChatTurn begin_retry();
   // Records the assistant's answer from a finished generation of the turn begun last.
   void end_turn(const Generation& g);
 
@@ -54,6 +67,12 @@ class ChatSession {
   void load_json(const nlohmann::ordered_json& j);
 
   State& state() { return state_; }
+  // The conversation's ids as the model saw and wrote them (with a turn's input once begun).
+  std::span<const int32_t> history() const { return history_; }
+  // The ids the state has consumed (the conversation before the turn's input).
+  std::span<const int32_t> consumed() const {
+    return std::span<const int32_t>(history_).first(static_cast<size_t>(state_.position()));
+  }
   int64_t history_tokens() const { return static_cast<int64_t>(history_.size()); }
 
  private:
@@ -71,6 +90,9 @@ class ChatSession {
   // The tail of history_ the state has not consumed yet: the last sampled token and any
   // closing structure; fed at the start of the next turn.
   std::vector<int32_t> to_feed_;
+  // The last user turn: history_'s length at its end (generation prompt included) and its marks.
+  int64_t turn_end_ = 0;
+  ChatTurn last_turn_;
 };
 
 }  // namespace deltafin

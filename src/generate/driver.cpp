@@ -27,90 +27,25 @@ uint64_t bytes_read_so_far(Model& model) {
   return model.experts().stats().bytes_read + model.trunk_stats().bytes_streamed;
 }
 
-// One decode pass over [last token, drafts]: the drafter proposes, the draft-length choice may
-// shorten the proposal, the rows go to the generation through accept_rows, and the state is
-// committed by the rows it consumed.
-static void verify_step(Model& model, State& state, Generation& gen, DraftConfig& draft,
-                        const std::function<void(std::span<float>)>& adjust) {
-  std::vector<int32_t> history(gen.prompt().begin(), gen.prompt().end());
-  for (int32_t t : gen.completion_ids()) history.push_back(t);
-  // Drafts past the token limit could never be emitted.
-  int room = static_cast<int>(std::min<int64_t>(draft.max, gen.tokens_left() - 1));
-  if (draft.auto_length) room = auto_draft_room(room, draft.acceptance.rate());
-  DraftProposal d = room > 0 ? draft.drafter->propose(history, room) : DraftProposal{};
-  if (static_cast<int>(d.tokens.size()) > room) d.tokens.resize(static_cast<size_t>(room));
-  const std::span<const int32_t> input = gen.next_input();
-  const std::vector<int32_t> proposal = d.tokens;
-  if (draft.auto_length && !d.tokens.empty()) {
-    const std::vector<std::vector<double>> e = {expected_tokens(d, draft.acceptance.rate())};
-    const int k = choose_draft_lengths(e, static_cast<int64_t>(input.size()), *draft.cost)[0];
-    d.tokens.resize(static_cast<size_t>(k));
-    if (d.q.size() > d.tokens.size()) d.q.resize(d.tokens.size());
-  }
-  std::vector<int32_t> rows(input.begin(), input.end());
-  rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
-  PendingCommit pending;
-  std::vector<float> logits;
-  Stopwatch sw;
-  try {
-    logits = verify_pass(model, state, rows, pending);
-  } catch (...) {
-    gen.abort();
-    throw;
-  }
-  draft.cost->observe(static_cast<int64_t>(rows.size()), sw.elapsed());
-  const RowsVerdict v = accept_rows(gen, logits, model.config().vocab, d, adjust);
-  model.commit(state, pending, v.fed);
-  const int proposed = static_cast<int>(d.tokens.size());
-  draft.drafter->on_verified(proposed, v.accepted);
-  std::vector<int32_t> emitted;
-  for (size_t t = gen.tokens().size() - static_cast<size_t>(v.tokens); t < gen.tokens().size(); ++t)
-    emitted.push_back(gen.tokens()[t].id);
-  draft.acceptance.observe_pass(proposal, proposed, v.accepted, emitted);
-  if (draft.widths.size() <= static_cast<size_t>(proposed))
-    draft.widths.resize(static_cast<size_t>(proposed) + 1);
-  ++draft.widths[static_cast<size_t>(proposed)];
-  draft.stats.proposed += proposed;
-  draft.stats.accepted += v.accepted;
-  draft.stats.tokens += v.tokens;
-}
-
 void drive_step(Model& model, State& state, Generation& gen, DraftConfig* draft,
-                const std::function<void(std::span<float>)>& adjust) {
+                const std::function<void(std::span<float>)>& adjust, const SequenceContext& ctx) {
   if (gen.finished()) return;
   if (draft != nullptr && !draft->cost) draft->cost = PassCostModel::for_model(model);
-  if (draft != nullptr && draft->drafter != nullptr && draft->attached != &state) {
-    draft->drafter->attach(state);
-    draft->attached = &state;
-  }
-  auto input = gen.next_input();
-  const bool decode = draft != nullptr && !gen.in_prefill();
-  const uint64_t bytes0 = decode ? bytes_read_so_far(model) : 0;
-  if (decode && draft->drafter != nullptr) {
-    verify_step(model, state, gen, *draft, adjust);
-  } else {
-    std::vector<float> logits;
-    Stopwatch sw;
-    try {
-      logits = model.forward(state, input);
-    } catch (...) {
-      gen.abort();
-      throw;
-    }
-    if (decode) draft->cost->observe(static_cast<int64_t>(input.size()), sw.elapsed());
-    if (adjust) adjust(logits);
-    const size_t before = gen.tokens().size();
-    gen.on_logits(logits);
-    if (decode) draft->stats.tokens += static_cast<int64_t>(gen.tokens().size() - before);
-  }
-  if (decode) {
-    ++draft->stats.target_passes;
-    draft->stats.bytes_read += bytes_read_so_far(model) - bytes0;
-  }
+  RoundSequence seq;
+  seq.state = &state;
+  seq.gen = &gen;
+  seq.draft = draft;
+  seq.adjust = adjust;
+  seq.before = ctx.before;
+  seq.cut_at = ctx.cuts;
+  run_round(model, std::span<RoundSequence>(&seq, 1), 0,
+            draft != nullptr ? &*draft->cost : nullptr);
+  if (seq.error) std::rethrow_exception(seq.error);
 }
 
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
-           const std::function<void(Generation&)>& on_step, DraftConfig* draft) {
+           const std::function<void(Generation&)>& on_step, DraftConfig* draft,
+           const SequenceContext& ctx) {
   if (draft != nullptr && draft->drafter != nullptr) {
     draft->drafter->attach(state);
     draft->attached = &state;
@@ -121,7 +56,7 @@ void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>*
       if (on_step) on_step(gen);
       break;
     }
-    drive_step(model, state, gen, draft);
+    drive_step(model, state, gen, draft, {}, ctx);
     if (on_step) on_step(gen);
   }
 }
@@ -194,6 +129,10 @@ double RunStats::gb_per_token() const {
 void RunStats::to_json(nlohmann::json& j) const {
   j["prompt_tokens"] = prompt_tokens;
   j["reused_prompt_tokens"] = reused_tokens;
+  if (!reused_from.empty()) {
+    j["reused_from"] = reused_from;
+    j["reuse_load_s"] = reuse_load_s;
+  }
   j["completion_tokens"] = completion_tokens;
   j["prefill_s"] = prefill_s;
   j["prefill_tokens_per_s"] = prefill_tokens_per_s;
@@ -237,7 +176,11 @@ std::string RunStats::summary() const {
   s += fmt::format(
       "[stats] prefill {} tokens in {:.3f} s ({:.1f} tokens/s){}; time to first token {:.3f} s\n",
       prompt_tokens, prefill_s, prefill_tokens_per_s,
-      reused_tokens > 0 ? fmt::format(", {} reused from the kept state", reused_tokens) : "",
+      reused_tokens > 0 ? fmt::format(", {} reused from the kept state{}", reused_tokens,
+                                      reused_from.empty() ? ""
+                                                          : fmt::format(" ({} snapshot, {:.3f} s)",
+                                                                        reused_from, reuse_load_s))
+                        : "",
       ttft_s);
   s += fmt::format(
       "[stats] decode {} tokens in {:.3f} s: {:.2f} tokens/s, {:.4f} s/token (excludes prefill and "

@@ -11,30 +11,13 @@
 
 #include "generate/draft_length.h"
 #include "generate/generation.h"
+#include "generate/round.h"
 #include "generate/speculative.h"
 #include "model/experts.h"
 #include "model/model.h"
 
 namespace deltafin {
 
-// Drafting for drive(): decode passes verify up to `max` drafts of `drafter`; with
-// `auto_length` the draft-length choice (draft_length.h) picks how many of them from the
-// measured pass costs and this sequence's acceptance. Without a drafter the decode passes are
-// plain ones, still counted in `stats` (so `--json` reports passes and bytes per token either
-// way).
-struct DraftConfig {
-  Drafter* drafter = nullptr;
-  int max = 8;
-  bool auto_length = false;
-  DraftStats stats;  // accumulated over the decode passes driven
-  AcceptanceEstimate acceptance;
-  std::optional<PassCostModel> cost;  // made from the model at the first pass when unset
-  // The state the drafter was last attached to (Drafter::attach): drive attaches at each call,
-  // drive_step at its first pass on a state, so callers stepping by hand need not.
-  const State* attached = nullptr;
-  // Decode passes by the number of drafts they verified (index = drafts), for -v.
-  std::vector<int64_t> widths;
-};
 // One line for -v: the verify widths chosen, the acceptance estimate and the measured pass
 // costs they were chosen from.
 std::string describe_draft_choice(const DraftConfig& c);
@@ -49,17 +32,28 @@ uint64_t bytes_read_so_far(Model& model);
 // passes (same logits, same sampler draws) and a draft is accepted while it equals the sampled
 // token, so output and seeded sampling are unchanged; the state is committed by the rows the
 // generation consumed.
+// What the sequence is besides its generation: the ids the state consumed before the
+// generation's prompt (a kept conversation), so a drafter proposes from the whole sequence, and
+// the positions at which prefill passes end for a snapshot (RoundSequence::cut_at).
+struct SequenceContext {
+  std::span<const int32_t> before;
+  std::span<const int64_t> cuts;
+};
 void drive(Model& model, State& state, Generation& gen, const std::atomic<bool>* cancel,
-           const std::function<void(Generation&)>& on_step, DraftConfig* draft = nullptr);
+           const std::function<void(Generation&)>& on_step, DraftConfig* draft = nullptr,
+           const SequenceContext& seq = {});
 // One pass of drive(): a prompt chunk, a plain decode pass, or (with a drafter) a verify pass;
 // `adjust` edits each logit row before sampling (the C API's logit_bias). For callers that
 // must lock around each pass (the C API).
 void drive_step(Model& model, State& state, Generation& gen, DraftConfig* draft,
-                const std::function<void(std::span<float>)>& adjust = {});
+                const std::function<void(std::span<float>)>& adjust = {},
+                const SequenceContext& seq = {});
 
 struct RunStats {
   int64_t prompt_tokens = 0;  // tokens prefilled in this run
   int64_t reused_tokens = 0;  // prompt tokens served from kept state (chat turns)
+  std::string reused_from;    // "RAM" or "disk" when a prefix snapshot was restored
+  double reuse_load_s = 0;
   int64_t completion_tokens = 0;
   double prefill_s = 0, ttft_s = 0, decode_s = 0;
   double decode_tokens_per_s = 0, s_per_token = 0, prefill_tokens_per_s = 0;

@@ -108,54 +108,24 @@ std::unique_ptr<Drafter> make_replay(const std::string& spec, const DrafterConte
 }
 }  // namespace
 
-namespace {
-FolderDrafterOpener& folder_opener() {
-  static FolderDrafterOpener opener;
-  return opener;
-}
-}  // namespace
-
-void set_folder_drafter_opener(FolderDrafterOpener opener) {
-  folder_opener() = std::move(opener);
-}
-
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx) {
   if (spec == "none") return nullptr;
   if (spec == "ngram") return std::make_unique<NgramDrafter>();
   if (spec.rfind("replay:", 0) == 0 || spec.rfind("replay/", 0) == 0) return make_replay(spec, ctx);
   std::error_code ec;
   if (std::filesystem::is_directory(spec, ec)) {
-    if (!folder_opener()) fail_setting("draft", spec, "draft model folders are not available here");
     const std::filesystem::path config = std::filesystem::path(spec) / "config.json";
     if (!std::filesystem::exists(config, ec))
       fail_setting("draft", spec,
                    "no config.json (expected a draft model folder: config.json + "
                    "model.safetensors)");
     require_regular_file(config.string());     // a FIFO or a folder named config.json
-    if (ctx.model == nullptr) return nullptr;  // checked; built once the target is loaded
-    return folder_opener()(spec, *ctx.model);
+    if (ctx.model == nullptr) return nullptr;  // checked; opened by the load path
+    fail_setting("draft", spec,
+                 "a draft model folder is opened once by the load path (runtime/load.h), not "
+                 "per sequence");
   }
   fail_setting("draft", spec, "unknown drafter (expected none, ngram or a draft model folder)");
-}
-
-void validate_draft_max(int64_t n) {
-  if (n < 1) fail_setting("draft max", std::to_string(n), "must be at least 1");
-}
-
-int parse_draft_max(const std::string& text) {
-  if (text == "auto") return 0;
-  size_t used = 0;
-  long long n = 0;
-  try {
-    n = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size())
-    fail_setting("draft max", text, "expected auto or a number of drafts");
-  validate_draft_max(n);
-  if (n > 256) fail_setting("draft max", text, "at most 256 drafts per pass");
-  return static_cast<int>(n);
 }
 
 DraftStats& DraftStats::operator+=(const DraftStats& o) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,6 +40,19 @@ struct DraftProposal {
   std::vector<float> confidence;
 };
 
+// What a drafter keeps of one sequence besides its history (a draft model's cache), in the form
+// a prefix store keeps it (docs/ARCHITECTURE.md, "Prefix snapshots"): one row of `width` floats
+// per position, for positions [0, position - lag) (an EAGLE row p needs token p + 1, so its rows
+// lag the sequence by one; DSpark's do not), and a tail the next proposal continues from.
+struct DraftRows {
+  int64_t width = 0;
+  int64_t lag = 0;
+  int64_t begin = 0;        // the first position `rows` holds
+  std::vector<float> rows;  // [positions][width]
+  std::vector<float> tail;  // e.g. EAGLE's pending fused feature of the last position
+  int64_t count() const { return width > 0 ? static_cast<int64_t>(rows.size()) / width : 0; }
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -50,6 +64,24 @@ class Drafter {
   virtual DraftProposal propose(std::span<const int32_t> history, int max_tokens) = 0;
   // Told after each verify pass how many of the proposed tokens were accepted.
   virtual void on_verified(int /*proposed*/, int /*accepted*/) {}
+
+  // Prefix snapshots. A drafter whose proposals need more than the history (a draft model's
+  // cache, built from the target's taps) keeps state: save() first brings it up to date with
+  // `committed` (every id the sequence's state consumed) and returns its rows from position
+  // `from` on and its tail; restore() continues a sequence whose target state was restored at
+  // committed.size() from rows [0, position - lag) and a tail, attaching to `state` so the next
+  // passes record taps from there. A drafter that cannot (it fell back to plain decoding) returns
+  // nothing from save(); restore() with rows it cannot use makes it say why and stop drafting
+  // that sequence (the output never depends on it).
+  virtual bool keeps_state() const { return false; }
+  virtual std::optional<DraftRows> save(std::span<const int32_t> /*committed*/, int64_t /*from*/) {
+    return std::nullopt;
+  }
+  virtual void restore(State& /*state*/, std::span<const int32_t> /*committed*/,
+                       const DraftRows* /*rows*/) {}
+  // Identifies what a drafter's rows mean (kind and weights), so rows saved by another drafter
+  // are never restored into this one; "" for drafters without state.
+  virtual std::string state_id() const { return ""; }
 };
 
 // Prompt lookup: the longest n-gram (n from max_n down to min_n) ending the history that also
@@ -86,25 +118,15 @@ struct DrafterContext {
   Model* model = nullptr;  // the target, when the drafter needs it (draft models tap it)
 };
 
-// Draft models (EAGLE-3.x, DSpark) live in a layer above this one (src/draft), so generate
-// cannot build them: that layer installs an opener (register_draft_models() in
-// draft/draft_model.h; the CLI and the C API call it at start) that make_drafter uses for a
-// folder. Without one, a folder is refused with a line saying so.
-using FolderDrafterOpener =
-    std::function<std::unique_ptr<Drafter>(const std::string& dir, Model& target)>;
-void set_folder_drafter_opener(FolderDrafterOpener opener);
-
-// The one factory the surfaces call. "none" gives nullptr, "ngram" an NgramDrafter,
-// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong), a folder a draft
-// model through the installed opener (with no `ctx.model` the folder is only checked and nullptr
-// returned: the surfaces validate flags before the slow load); anything else throws
-// InvalidArgument naming the spec and what was expected.
+// The drafters that need no model of their own: "none" gives nullptr, "ngram" an NgramDrafter,
+// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong). A draft model folder
+// (EAGLE-3.x, DSpark) lives in a layer above this one and is opened once by the load path
+// (runtime/load.h), which hands each sequence its own drafter: here a folder is only checked
+// (it must hold a config.json) and nullptr returned when `ctx.model` is null. Anything else
+// throws InvalidArgument naming the spec and what was expected.
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx = {});
-// Throws InvalidArgument unless n >= 1.
-void validate_draft_max(int64_t n);
-// "auto" gives 0 (the cost model chooses), else a number >= 1; throws InvalidArgument.
-int parse_draft_max(const std::string& text);
-// The cap on drafts per pass when the cost model chooses (`--draft-max auto`).
+// The cap on drafts per pass when the cost model chooses (`--draft-max auto`; the setting is
+// parsed once, by DraftMax in round.h).
 constexpr int kAutoDraftMax = 16;
 
 struct GreedyVerdict {

@@ -7,23 +7,46 @@
 
 namespace deltafin {
 
-State::State(const ModelConfig& c) {
-  alloc_fault("sequence state");  // tests: DELTAFIN_FAULT=kind=oom (core/fault_inject.h)
+StateShape StateShape::of(const ModelConfig& c) {
+  StateShape s;
   const int64_t dk = c.kda.head_dim;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.is_mla(i)) {
-      layer_slot_.push_back({-1, static_cast<int>(mla_.size())});
-      MlaLayerCache m;
-      m.width = c.mla.cache_width();
-      mla_.push_back(std::move(m));
+      s.mla.push_back(c.mla.cache_width());
     } else {
-      layer_slot_.push_back({static_cast<int>(kda_.size()), -1});
-      KdaLayerState k;
-      k.S.assign(static_cast<size_t>(c.kda.num_heads * dk * dk), 0.0f);
-      k.conv.assign(static_cast<size_t>((c.kda.conv_kernel - 1) * 3 * c.kda.proj_dim()), 0.0f);
-      kda_.push_back(std::move(k));
+      s.kda.push_back({static_cast<size_t>(c.kda.num_heads * dk * dk),
+                       static_cast<size_t>((c.kda.conv_kernel - 1) * 3 * c.kda.proj_dim())});
     }
   }
+  return s;
+}
+
+State::State(const ModelConfig& c) {
+  alloc_fault("sequence state");  // tests: DELTAFIN_FAULT=kind=oom (core/fault_inject.h)
+  const StateShape shape = StateShape::of(c);
+  size_t k = 0, m = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (c.is_mla(i)) {
+      layer_slot_.push_back({-1, static_cast<int>(mla_.size())});
+      MlaLayerCache cache;
+      cache.width = shape.mla[m++];
+      mla_.push_back(std::move(cache));
+    } else {
+      layer_slot_.push_back({static_cast<int>(kda_.size()), -1});
+      KdaLayerState layer;
+      layer.S.assign(shape.kda[k].first, 0.0f);
+      layer.conv.assign(shape.kda[k].second, 0.0f);
+      ++k;
+      kda_.push_back(std::move(layer));
+    }
+  }
+}
+
+StateShape State::shape() const {
+  StateShape s;
+  for (const auto& k : kda_) s.kda.push_back({k.S.size(), k.conv.size()});
+  for (const auto& m : mla_) s.mla.push_back(m.width);
+  return s;
 }
 
 void State::reset() {

@@ -28,6 +28,15 @@ struct MlaLayerCache {
   int64_t length() const { return width == 0 ? 0 : static_cast<int64_t>(rows.size()) / width; }
 };
 
+// The sizes a model's states have: per KDA layer (floats of S, floats of the conv history), per
+// MLA layer the floats of one cache row. What a saved state must match to be restored.
+struct StateShape {
+  std::vector<std::pair<size_t, size_t>> kda;
+  std::vector<int64_t> mla;
+  static StateShape of(const ModelConfig& c);
+  bool operator==(const StateShape&) const = default;
+};
+
 class State {
  public:
   State() = default;
@@ -52,6 +61,7 @@ class State {
   int kda_slot(int layer) const { return layer_slot_[static_cast<size_t>(layer)].first; }
   int mla_slot(int layer) const { return layer_slot_[static_cast<size_t>(layer)].second; }
   bool compatible(const State& other) const;
+  StateShape shape() const;
   // False after a pass that failed midway: the state is then half-updated and must be reset.
   bool consistent() const { return consistent_; }
   void set_consistent(bool v) { consistent_ = v; }

@@ -78,6 +78,11 @@ void TapRecorder::truncate(int64_t n) {
   if (n < end()) committed_.resize(static_cast<size_t>((n - begin_) * width()));
 }
 
+void TapRecorder::restart(int64_t position) {
+  clear();
+  begin_ = position;
+}
+
 void TapRecorder::clear() {
   committed_.clear();
   staged_.clear();

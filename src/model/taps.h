@@ -55,8 +55,9 @@ class TapRecorder {
   // ran without this recorder) drops them and restarts at `base`.
   float* stage(int64_t base, int64_t rows);
   void publish(int64_t accepted);
-  void truncate(int64_t n);  // drops committed rows at positions >= n
-  void clear();              // an empty sequence again
+  void truncate(int64_t n);        // drops committed rows at positions >= n
+  void clear();                    // an empty sequence again
+  void restart(int64_t position);  // no rows held, the next pass starts at `position`
 
  private:
   TapSpec spec_;

@@ -537,8 +537,11 @@ Outcome outcome(const Job& job) {
 
 void log_done(const Exchange& x, int status, const char* how) {
   const Usage u = x.job->usage();
-  log_info("[serve] {} {} {}: prompt {} tokens ({} cached), completion {} tokens, {:.2f} s", x.what,
-           status, how, u.prompt_tokens, u.cached_tokens, u.completion_tokens,
+  const std::string kept = u.cached_tokens > 0
+                               ? fmt::format(" from {} in {:.3f} s", u.cached_from, u.cached_load_s)
+                               : "";
+  log_info("[serve] {} {} {}: prompt {} tokens ({} cached{}), completion {} tokens, {:.2f} s",
+           x.what, status, how, u.prompt_tokens, u.cached_tokens, kept, u.completion_tokens,
            now_seconds() - x.start);
 }
 
@@ -591,10 +594,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, T
         [text](size_t offset, size_t length, httplib::DataSink& sink) {
           return sink.write(text->data() + offset, length);
         },
-        [x](bool success) {
-          if (success) x->sched->publish(*x->job, x->wire->answer());
-          log_done(*x, 200, success ? "ok" : "not delivered");
-        });
+        [x](bool success) { log_done(*x, 200, success ? "ok" : "not delivered"); });
     return;
   }
 
@@ -654,7 +654,6 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, T
       },
       [x](bool success) {
         if (success && x->delivered) {
-          x->sched->publish(*x->job, x->wire->answer());
           log_done(*x, 200, "streamed");
         } else {
           x->sched->cancel(x->job);

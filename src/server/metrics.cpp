@@ -53,9 +53,10 @@ void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens,
   completion_tokens_ += static_cast<uint64_t>(completion_tokens);
 }
 
-void Metrics::count_kept(bool kept) {
+void Metrics::set_prefix(const PrefixStats& s) {
   std::lock_guard<std::mutex> lock(m_);
-  ++(kept ? kept_ : not_kept_);
+  prefix_ = s;
+  prefix_on_ = true;
 }
 
 void Metrics::set_gauges(int64_t queued, int64_t active) {
@@ -78,23 +79,17 @@ void Metrics::set_storage(const ExpertStats& experts, const TrunkStats& trunk, u
 }
 
 void Metrics::set_static(int64_t context, int64_t parallel, int64_t queue_capacity,
-                         int64_t cache_capacity, int64_t pass_rows) {
+                         int64_t pass_rows) {
   std::lock_guard<std::mutex> lock(m_);
   pass_rows_limit_ = pass_rows;
   context_ = context;
   parallel_ = parallel;
   queue_capacity_ = queue_capacity;
-  cache_capacity_ = cache_capacity;
 }
 
 void Metrics::set_ready(bool ready) {
   std::lock_guard<std::mutex> lock(m_);
   ready_ = ready;
-}
-
-void Metrics::set_cache_entries(int64_t n) {
-  std::lock_guard<std::mutex> lock(m_);
-  cache_entries_ = n;
 }
 
 void Metrics::set_engine_info(nlohmann::ordered_json info) {
@@ -124,6 +119,16 @@ nlohmann::ordered_json Metrics::engine_snapshot(uint64_t& heat_seen) const {
   j["prefill_tokens"] = prompt_rows_;
   j["forward_passes"] = passes_;
   j["forward_seconds"] = pass_seconds_;
+  if (prefix_on_) {  // the page's engine view: what the prefix store holds and saved
+    j["state_cache"] = {{"ram_snapshots", prefix_.ram_snapshots},
+                        {"ram_bytes", prefix_.ram_bytes},
+                        {"disk_snapshots", prefix_.disk_snapshots},
+                        {"disk_bytes", prefix_.disk_bytes},
+                        {"lookups", prefix_.lookups},
+                        {"ram_hits", prefix_.ram_hits},
+                        {"disk_hits", prefix_.disk_hits},
+                        {"prompt_tokens_reused", cached_tokens_}};
+  }
   if (drafting_) {  // serve --draft: the page shows acceptance and tokens per pass
     j["draft_n"] = draft_proposed_;
     j["draft_n_accepted"] = draft_accepted_;
@@ -170,7 +175,7 @@ std::string Metrics::render() const {
   sample("deltafin_prompt_tokens_total", "counter",
          "Prompt tokens of finished generations (cached included).", prompt_tokens_);
   sample("deltafin_cached_prompt_tokens_total", "counter",
-         "Prompt tokens served from kept conversation states.", cached_tokens_);
+         "Prompt tokens continued from kept snapshots (never prefilled).", cached_tokens_);
   sample("deltafin_completion_tokens_total", "counter", "Generated tokens of finished generations.",
          completion_tokens_);
   sample("deltafin_generations_total", "counter", "Generations that ran to an end (any reason).",
@@ -213,14 +218,23 @@ std::string Metrics::render() const {
          parallel_);
   sample("deltafin_context_tokens", "gauge", "Positions a sequence may reach.", context_);
   sample("deltafin_model_ready", "gauge", "1 once the model is loaded.", ready_ ? 1 : 0);
-  sample("deltafin_conversation_cache_entries", "gauge", "Kept conversation states.",
-         cache_entries_);
-  sample("deltafin_conversation_cache_capacity", "gauge",
-         "Most kept conversation states (--cache).", cache_capacity_);
-  sample("deltafin_conversations_kept_total", "counter",
-         "Finished chat answers whose state was kept for reuse.", kept_);
-  sample("deltafin_conversations_not_kept_total", "counter",
-         "Delivered chat answers whose state could not be kept.", not_kept_);
+  // The prefix store (prefix/prefix_store.h): snapshots and bytes per tier, lookups and hits.
+  auto tiers = [&](const char* name, const char* type, const char* help, auto ram, auto disk) {
+    metric(name, type, help);
+    out += fmt::format("{}{{tier=\"ram\"}} {}\n{}{{tier=\"disk\"}} {}\n", name, ram, name, disk);
+  };
+  tiers("deltafin_state_snapshots", "gauge", "Prefix snapshots kept, by tier.",
+        prefix_.ram_snapshots, prefix_.disk_snapshots);
+  tiers("deltafin_state_snapshot_bytes", "gauge", "Bytes of prefix snapshots, by tier.",
+        prefix_.ram_bytes, prefix_.disk_bytes);
+  tiers("deltafin_state_cache_hits_total", "counter",
+        "Requests that continued from a kept snapshot, by the tier it came from.", prefix_.ram_hits,
+        prefix_.disk_hits);
+  sample("deltafin_state_cache_lookups_total", "counter", "Prompts looked up in the prefix store.",
+         prefix_.lookups);
+  sample("deltafin_state_cache_saves_total", "counter", "Snapshots taken.", prefix_.saves);
+  sample("deltafin_state_cache_disk_errors_total", "counter",
+         "Snapshot files that could not be written or were found corrupt.", prefix_.disk_errors);
   sample("deltafin_expert_requests_total", "counter", "Routed experts asked for by passes.",
          experts_.requests);
   sample("deltafin_expert_hits_total", "counter", "Routed experts served from RAM.", experts_.hits);

@@ -19,6 +19,7 @@
 
 #include "model/experts.h"
 #include "model/weights.h"
+#include "prefix/prefix_store.h"
 
 namespace deltafin::server {
 
@@ -33,7 +34,6 @@ class Metrics {
   void count_drafts(int64_t proposed, int64_t accepted, int64_t decode_sequences,
                     int64_t decode_tokens);
   void count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
-  void count_kept(bool kept);
   void set_gauges(int64_t queued, int64_t active);
   // Storage counters after a pass: the expert provider's, the trunk streamer's, and the
   // look-ahead predictor's recall totals (requested experts that had been predicted, of those
@@ -42,10 +42,10 @@ class Metrics {
   void set_storage(const ExpertStats& experts, const TrunkStats& trunk, uint64_t recall_hits,
                    uint64_t recall_requested, std::optional<ExpertHeat> heat = std::nullopt);
   // pass_rows: the rows one pass may carry (the plan's, with --prefill-chunk auto; 0 = no cap).
-  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t cache_capacity,
-                  int64_t pass_rows = 0);
+  void set_static(int64_t context, int64_t parallel, int64_t queue_capacity, int64_t pass_rows = 0);
   void set_ready(bool ready);
-  void set_cache_entries(int64_t n);
+  // The prefix store's counters (prefix/prefix_store.h), copied by the engine thread.
+  void set_prefix(const PrefixStats& s);
   // What does not change while serving: the memory plan and the probed disk bandwidth.
   void set_engine_info(nlohmann::ordered_json info);
 
@@ -65,11 +65,12 @@ class Metrics {
   int64_t pass_rows_limit_ = 0;
   double pass_seconds_ = 0;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, finished_ = 0;
-  uint64_t kept_ = 0, not_kept_ = 0;
+  PrefixStats prefix_;
+  bool prefix_on_ = false;
   uint64_t draft_proposed_ = 0, draft_accepted_ = 0, target_passes_ = 0, decode_tokens_ = 0;
   bool drafting_ = false;
-  int64_t queued_ = 0, active_ = 0, cache_entries_ = 0;
-  int64_t context_ = 0, parallel_ = 0, queue_capacity_ = 0, cache_capacity_ = 0;
+  int64_t queued_ = 0, active_ = 0;
+  int64_t context_ = 0, parallel_ = 0, queue_capacity_ = 0;
   bool ready_ = false;
   ExpertStats experts_;
   TrunkStats trunk_;

@@ -401,7 +401,10 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   b.erase("add_generation_prompt");  // not a field clients may set here (refused above anyway)
   try {
     r.chat = ChatRequest::from_json(b);
-    r.prompt = render(*r.chat, tok).ids;
+    RenderedPrompt rendered = render(*r.chat, tok);
+    r.prompt = std::move(rendered.ids);
+    r.system_end = rendered.system_end;
+    r.messages_end = rendered.messages_end;
   } catch (const InvalidArgument& e) {
     bad_request(param_of(e.what()), "{}", e.what());
   }

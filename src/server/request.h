@@ -53,6 +53,8 @@ struct ServeRequest {
   int top_logprobs = 0;             // alternatives per token
   std::optional<ChatRequest> chat;  // chat: the parsed conversation (reused for the kept state)
   std::vector<int32_t> prompt;      // the full prompt ids
+  // Chat: where its messages end in `prompt` (the prefix store snapshots there; prefix/reuse.h).
+  int64_t system_end = 0, messages_end = 0;
   GenerationParams params;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
   bool max_tokens_capped = false;                     // the client asked for more than the ceiling

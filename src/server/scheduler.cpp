@@ -45,10 +45,8 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
       tok_(tok),
       opt_(options),
       metrics_(metrics),
-      cache_(options.cache),
       cost_(PassCostModel::for_model(model)) {
   opt_.parallel = std::max(1, opt_.parallel);
-  make_drafter(opt_.draft, {model.config().vocab, &model});  // a bad spec fails here, not later
   opt_.queue = std::max(0, opt_.queue);
   step_delay_ms_ = debug_step_delay_ms();  // test hooks (core/test_hooks.h)
   if (const char* t = test_hook_env("DELTAFIN_DEBUG_SCRIPT")) {
@@ -90,6 +88,7 @@ void Scheduler::publish_storage(bool with_heat) {
   }
   metrics_.set_storage(model_.experts().stats(), model_.trunk_stats(), hits, requested,
                        std::move(heat));
+  if (opt_.store != nullptr) metrics_.set_prefix(opt_.store->stats());
 }
 
 void Scheduler::stop() {
@@ -165,28 +164,31 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
   const int64_t vocab = model_.config().vocab;
   slot.job = job;
   try {
-    if (r.chat && opt_.cache > 0) {
-      if (auto kept = cache_.take(r.prompt)) {
-        std::vector<int32_t> input = kept->feed;
-        input.insert(input.end(), r.prompt.begin() + static_cast<ptrdiff_t>(kept->canon.size()),
-                     r.prompt.end());
-        try {
-          slot.gen =
-              std::make_unique<Generation>(input, r.params, &tok_, vocab, kept->state.position());
-          slot.state = std::move(kept->state);
-          slot.seen = std::move(kept->seen);
-          slot.input = std::move(input);
-          slot.cached = slot.state.position();
-        } catch (const InvalidArgument&) {
-          slot.gen.reset();  // does not fit from the kept state (tokenized differently): start over
-        }
-        metrics_.set_cache_entries(static_cast<int64_t>(cache_.size()));
-      }
-    }
-    if (!slot.gen) {
-      slot.gen = std::make_unique<Generation>(r.prompt, r.params, &tok_, vocab, 0);
-      slot.state = model_.new_state();
-      slot.input = r.prompt;
+    if (opt_.new_drafter) slot.drafter = opt_.new_drafter();
+    slot.draft.drafter = slot.drafter.get();
+    slot.draft.set_max(opt_.draft_max);
+  } catch (const std::exception& e) {
+    fail(job,
+         ApiError(500, fmt::format("could not start the drafter: {}", e.what()), "server_error"));
+    return false;
+  }
+  try {
+    slot.state = model_.new_state();
+    // The deepest kept snapshot of this prompt (prefix/reuse.h): only the rest is prefilled.
+    slot.reuse.emplace(opt_.store, r.prompt, PromptMarks{r.system_end, r.messages_end}, slot.state,
+                       slot.drafter.get());
+    const auto kept = static_cast<size_t>(slot.reuse->restored().position);
+    slot.seen.assign(r.prompt.begin(), r.prompt.begin() + static_cast<ptrdiff_t>(kept));
+    slot.input.assign(r.prompt.begin() + static_cast<ptrdiff_t>(kept), r.prompt.end());
+    slot.cached = static_cast<int64_t>(kept);
+    slot.gen = std::make_unique<Generation>(slot.input, r.params, &tok_, vocab, slot.cached);
+    const Restored& how = slot.reuse->restored();
+    if (how.position > 0) {
+      log_debug("[serve] continuing a kept prefix of {} tokens from {} ({:.3f} s){}", how.position,
+                how.from_disk ? "disk" : "RAM", how.seconds,
+                slot.drafter && slot.drafter->keeps_state() && !how.with_draft
+                    ? "; the drafter has no state for it"
+                    : "");
     }
   } catch (const InvalidArgument& e) {
     fail(job, ApiError(400, e.what(), "invalid_request_error"));
@@ -203,14 +205,6 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
   } catch (const std::exception& e) {
     fail(job, ApiError(500, fmt::format("could not start the generation: {}", e.what()),
                        "server_error"));
-    return false;
-  }
-  try {
-    slot.drafter = make_drafter(opt_.draft, {vocab, &model_});
-    if (slot.drafter) slot.drafter->attach(slot.state);  // a draft model taps this sequence
-  } catch (const std::exception& e) {
-    fail(job,
-         ApiError(500, fmt::format("could not start the drafter: {}", e.what()), "server_error"));
     return false;
   }
   slot.timings.arrived = job->arrived;
@@ -245,6 +239,14 @@ Usage Scheduler::usage_of(const Slot& s) const {
   usage.completion_tokens = s.gen ? static_cast<int64_t>(s.gen->tokens().size()) : 0;
   usage.timings = s.timings;
   usage.timings.finished = now_seconds();
+  if (s.reuse && s.cached > 0) {
+    usage.cached_from = s.reuse->restored().from_disk ? "disk" : "RAM";
+    usage.cached_load_s = s.reuse->restored().seconds;
+  }
+  usage.timings.draft_n = s.draft.stats.proposed;
+  usage.timings.draft_n_accepted = s.draft.stats.accepted;
+  usage.timings.target_passes = s.draft.stats.target_passes;
+  usage.timings.decode_tokens = s.draft.stats.tokens;
   return usage;
 }
 
@@ -268,18 +270,17 @@ void Scheduler::finish(Slot& s) {
     s.job->usage_ = usage;
     s.job->stop_ = g.stop_reason();
     s.job->stop_string_ = g.stop_string();
-    if (s.job->req.chat && opt_.cache > 0) {
-      std::vector<int32_t> history = std::move(s.seen);
-      history.insert(history.end(), s.input.begin(), s.input.end());
-      const auto ids = g.completion_ids();
-      history.insert(history.end(), ids.begin(), ids.end());
-      if (g.unconsumed_token()) history.pop_back();
-      s.job->history_ = std::move(history);
-      s.job->state_ = std::move(s.state);
-    }
     s.job->phase_ = JobPhase::done;
   }
   s.job->cv_.notify_all();
+  // The state after the answer as the model wrote it, for a client that sends it back verbatim.
+  if (s.reuse && g.stop_reason() != StopReason::kCancelled) {
+    std::vector<int32_t> consumed = s.job->req.prompt;
+    const auto ids = g.completion_ids();
+    consumed.insert(consumed.end(), ids.begin(), ids.end());
+    if (g.unconsumed_token()) consumed.pop_back();
+    s.reuse->at_end(consumed, s.state, s.drafter.get());
+  }
 }
 
 void Scheduler::step() {
@@ -298,184 +299,91 @@ void Scheduler::step() {
       fail(s, ApiError(504, "the request did not finish within the server's time limit (--timeout)",
                        "timeout_error", std::nullopt, "timeout"));
       drop[i] = true;
+    } else if (s.gen->next_input().empty()) {  // finished without a pass (not for a fresh one)
+      finish(s);
+      drop[i] = true;
     }
   }
-  int64_t rows = 0, prompt_rows = 0;
+  // One round over every live sequence: decoding rows first, prompt rows fill what the pass
+  // plan leaves (generate/round.h).
+  std::vector<RoundSequence> seqs;
+  std::vector<size_t> slot_of;
+  std::vector<bool> was_prefill;
   for (size_t i = 0; i < active_.size(); ++i) {
     if (drop[i]) continue;
-    if (active_[i].gen->next_input().empty()) {  // finished without a pass (not for a fresh one)
-      finish(active_[i]);
-      drop[i] = true;
+    Slot& s = active_[i];
+    RoundSequence r;
+    r.state = &s.state;
+    r.gen = s.gen.get();
+    r.before = s.seen;
+    r.draft = &s.draft;
+    r.adjust = [&s, this](std::span<float> row) {
+      for (const auto& [id, b] : s.job->req.logit_bias) row[static_cast<size_t>(id)] += b;
+      force_script(s, row);
+    };
+    r.cut_at = s.reuse ? s.reuse->cuts() : std::span<const int64_t>();
+    seqs.push_back(std::move(r));
+    slot_of.push_back(i);
+    was_prefill.push_back(s.gen->in_prefill());
+  }
+  if (seqs.empty()) {
+    compact(drop);
+    return;
+  }
+  heat_stale_ = true;  // even a pass that throws may have counted expert lookups
+  const RoundReport rep = run_round(model_, seqs, opt_.pass_rows, &cost_);
+  if (!rep.ran) {
+    compact(drop);
+    return;
+  }
+  if (rep.failure) {
+    try {
+      std::rethrow_exception(rep.failure);
+    } catch (const std::exception& e) {
+      log_warn("forward pass over {} sequences failed: {}", rep.sequences, e.what());
+    }
+  }
+  if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    const RoundSequence& r = seqs[k];
+    if (!r.in_pass) continue;
+    Slot& s = active_[slot_of[k]];
+    if (r.error) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(r.error);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      fail(s,
+           ApiError(500, (rep.failure ? "the forward pass failed: " : "generation failed: ") + what,
+                    "server_error"));
+      drop[slot_of[k]] = true;
       continue;
     }
-    if (!active_[i].gen->in_prefill())
-      rows += static_cast<int64_t>(active_[i].gen->next_input().size());
-  }
-  // Prompt rows fill what the pass plan leaves after the decoding rows, in admission order: a
-  // long prompt takes whole passes (each routed expert read once for all of its rows) and a
-  // prompt that finds no room this pass waits for the next one.
-  std::vector<bool> wait(active_.size(), false);
-  for (size_t i = 0; i < active_.size(); ++i) {
-    if (drop[i] || !active_[i].gen->in_prefill()) continue;
-    if (opt_.pass_rows > 0) {
-      const int64_t room = opt_.pass_rows - rows;
-      if (room <= 0) {
-        wait[i] = true;
-        continue;
-      }
-      active_[i].gen->limit_input(room);
+    if (s.timings.first_token == 0 && !s.gen->tokens().empty())
+      s.timings.first_token = now_seconds();
+    post(s);
+    if (s.gen->finished()) {
+      finish(s);
+      drop[slot_of[k]] = true;
     }
-    rows += static_cast<int64_t>(active_[i].gen->next_input().size());
   }
-  std::vector<std::vector<int32_t>> proposals(active_.size());
-  const std::vector<DraftProposal> drafts = propose_drafts(drop, rows, proposals);
-  std::vector<SequenceInput> seqs;
-  std::vector<size_t> in_pass;
-  std::vector<std::vector<int32_t>> row_ids(active_.size());
-  std::vector<PendingCommit> pending(active_.size());
-  rows = 0;
-  for (size_t i = 0; i < active_.size(); ++i) {
-    if (drop[i] || wait[i]) continue;
-    auto in = active_[i].gen->next_input();
-    if (active_[i].gen->in_prefill()) prompt_rows += static_cast<int64_t>(in.size());
-    if (drafts[i].tokens.empty()) {
-      seqs.push_back({&active_[i].state, in, false, nullptr});
-      rows += static_cast<int64_t>(in.size());
-    } else {
-      row_ids[i].assign(in.begin(), in.end());
-      row_ids[i].insert(row_ids[i].end(), drafts[i].tokens.begin(), drafts[i].tokens.end());
-      seqs.push_back({&active_[i].state, row_ids[i], true, &pending[i]});
-      rows += static_cast<int64_t>(row_ids[i].size());
-    }
-    in_pass.push_back(i);
-  }
-  if (!seqs.empty()) {
-    Stopwatch sw;
-    std::vector<float> logits;
-    bool ok = true;
-    try {
-      heat_stale_ = true;  // even a pass that throws may have counted expert lookups
-      logits = model_.forward(seqs);
-    } catch (const std::exception& e) {
-      ok = false;
-      log_warn("forward pass over {} sequences failed: {}", seqs.size(), e.what());
-      for (size_t i : in_pass) {
-        active_[i].gen->abort();
-        fail(active_[i],
-             ApiError(500, fmt::format("the forward pass failed: {}", e.what()), "server_error"));
-        drop[i] = true;
-      }
-    }
-    if (ok && prompt_rows == 0) cost_.observe(rows, sw.elapsed());
-    if (step_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms_));
-    const double seconds = sw.elapsed();
-    int64_t generated = 0, proposed = 0, accepted = 0, decode_seqs = 0, decode_tokens = 0;
-    if (ok) {
-      const int64_t vocab = model_.config().vocab;
-      size_t offset = 0;  // this sequence's first logit row
-      for (size_t k = 0; k < in_pass.size(); ++k) {
-        const size_t i = in_pass[k];
-        Slot& s = active_[i];
-        const DraftProposal& d = drafts[i];
-        const size_t n_rows = d.tokens.size() + 1;
-        std::span<float> l(logits.data() + offset * static_cast<size_t>(vocab),
-                           n_rows * static_cast<size_t>(vocab));
-        offset += n_rows;
-        auto bias = [&s, this](std::span<float> row) {
-          for (const auto& [id, b] : s.job->req.logit_bias) row[static_cast<size_t>(id)] += b;
-          force_script(s, row);
-        };
-        const bool decoding = !s.gen->in_prefill();
-        const size_t before = s.gen->tokens().size();
-        try {
-          const RowsVerdict v = accept_rows(*s.gen, l, vocab, d, bias);
-          if (!d.tokens.empty()) {
-            model_.commit(s.state, pending[i], v.fed);
-            s.drafter->on_verified(static_cast<int>(d.tokens.size()), v.accepted);
-          }
-          if (!proposals[i].empty()) {
-            std::vector<int32_t> emitted;
-            for (size_t t = before; t < s.gen->tokens().size(); ++t)
-              emitted.push_back(s.gen->tokens()[t].id);
-            s.acceptance.observe_pass(proposals[i], static_cast<int>(d.tokens.size()), v.accepted,
-                                      emitted);
-          }
-          if (decoding) {
-            s.timings.draft_n += static_cast<int64_t>(d.tokens.size());
-            s.timings.draft_n_accepted += v.accepted;
-            ++s.timings.target_passes;
-            s.timings.decode_tokens += v.tokens;
-            proposed += static_cast<int64_t>(d.tokens.size());
-            accepted += v.accepted;
-            ++decode_seqs;
-            decode_tokens += v.tokens;
-          }
-        } catch (const std::exception& e) {
-          s.gen->abort();
-          fail(s, ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error"));
-          drop[i] = true;
-          continue;
-        }
-        generated += static_cast<int64_t>(s.gen->tokens().size() - before);
-        if (before == 0 && !s.gen->tokens().empty()) s.timings.first_token = now_seconds();
-        post(s);
-        if (s.gen->finished()) {
-          finish(s);
-          drop[i] = true;
-        }
-      }
-    }
-    metrics_.count_pass(rows, prompt_rows, generated, static_cast<int64_t>(seqs.size()), seconds);
-    if (opt_.draft != "none") metrics_.count_drafts(proposed, accepted, decode_seqs, decode_tokens);
-    publish_storage();
-  }
+  metrics_.count_pass(rep.rows, rep.prompt_rows, rep.generated, rep.sequences,
+                      rep.seconds + static_cast<double>(step_delay_ms_) / 1000.0);
+  if (opt_.new_drafter)
+    metrics_.count_drafts(rep.proposed, rep.accepted, rep.decode_sequences, rep.decode_tokens);
+  publish_storage();
+  compact(drop);
+}
+
+void Scheduler::compact(const std::vector<bool>& drop) {
   std::vector<Slot> keep;
   for (size_t i = 0; i < active_.size(); ++i) {
     if (!drop[i]) keep.push_back(std::move(active_[i]));
   }
   active_.swap(keep);
-}
-
-std::vector<DraftProposal> Scheduler::propose_drafts(const std::vector<bool>& drop, int64_t rows,
-                                                     std::vector<std::vector<int32_t>>& proposals) {
-  std::vector<DraftProposal> drafts(active_.size());
-  std::vector<size_t> who;
-  std::vector<std::vector<double>> expected;
-  const int cap = opt_.draft_max > 0 ? opt_.draft_max : kAutoDraftMax;
-  for (size_t i = 0; i < active_.size(); ++i) {
-    Slot& s = active_[i];
-    if (drop[i] || !s.drafter || s.gen->in_prefill()) continue;
-    // Drafts past the token limit could never be emitted; auto asks for what may be accepted.
-    int room = static_cast<int>(std::min<int64_t>(cap, s.gen->tokens_left() - 1));
-    if (opt_.draft_max == 0) room = auto_draft_room(room, s.acceptance.rate());
-    if (room <= 0) continue;
-    std::vector<int32_t> history = s.seen;
-    history.insert(history.end(), s.input.begin(), s.input.end());
-    for (int32_t t : s.gen->completion_ids()) history.push_back(t);
-    try {
-      drafts[i] = s.drafter->propose(history, room);
-    } catch (const std::exception& e) {
-      // A drafter that fails only costs this sequence its drafts.
-      log_warn("drafter failed: {}", e.what());
-      drafts[i] = DraftProposal{};
-    }
-    if (static_cast<int>(drafts[i].tokens.size()) > room)
-      drafts[i].tokens.resize(static_cast<size_t>(room));
-    proposals[i] = drafts[i].tokens;
-    if (!drafts[i].tokens.empty()) {
-      who.push_back(i);
-      expected.push_back(expected_tokens(drafts[i], s.acceptance.rate()));
-    }
-  }
-  if (opt_.draft_max == 0 && !who.empty()) {
-    const std::vector<int> k = choose_draft_lengths(expected, rows, cost_);
-    for (size_t j = 0; j < who.size(); ++j) {
-      DraftProposal& d = drafts[who[j]];
-      d.tokens.resize(static_cast<size_t>(k[j]));
-      if (d.q.size() > d.tokens.size()) d.q.resize(d.tokens.size());
-    }
-  }
-  return drafts;
 }
 
 void Scheduler::run() {
@@ -532,56 +440,6 @@ void Scheduler::run() {
     queued.swap(queue_);
   }
   for (auto& j : queued) fail(j, down);
-}
-
-bool Scheduler::publish(Job& job, const ResponseBuilder& response) {
-  if (!job.req.chat || opt_.cache == 0) return false;
-  std::optional<State> state;
-  std::vector<int32_t> history;
-  StopReason stop = StopReason::kNone;
-  {
-    std::lock_guard<std::mutex> lock(job.m_);
-    if (job.phase_ != JobPhase::done || !job.state_) return false;
-    state = std::move(job.state_);
-    job.state_.reset();
-    history = std::move(job.history_);
-    stop = job.stop_;
-  }
-  bool kept = false;
-  if (stop == StopReason::kEndOfTurn || stop == StopReason::kStopToken ||
-      stop == StopReason::kLength || stop == StopReason::kContext) {
-    try {
-      // The answer as a client sends it back.
-      json msg;
-      msg["role"] = "assistant";
-      msg["content"] = response.content();
-      if (job.req.chat->thinking && !response.reasoning().empty())
-        msg["reasoning_content"] = response.reasoning();
-      if (!response.tool_calls().empty()) {
-        json calls = json::array();
-        for (const auto& c : response.tool_calls()) {
-          calls.push_back({{"id", c.id},
-                           {"type", "function"},
-                           {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-        }
-        msg["tool_calls"] = calls;
-      }
-      ChatRequest conv = *job.req.chat;
-      conv.add_generation_prompt = false;
-      conv.messages.push_back(
-          ChatRequest::from_json(json{{"messages", json::array({msg})}}).messages.at(0));
-      std::vector<int32_t> canon = render(conv, tok_).ids;
-      if (auto feed = segment_completion(tok_, history, canon)) {
-        cache_.put({std::move(canon), std::move(*state), std::move(history), std::move(*feed)});
-        kept = true;
-      }
-    } catch (const std::exception& e) {
-      log_debug("conversation state not kept: {}", e.what());
-    }
-  }
-  metrics_.count_kept(kept);
-  metrics_.set_cache_entries(static_cast<int64_t>(cache_.size()));
-  return kept;
 }
 
 }  // namespace deltafin::server

@@ -21,10 +21,11 @@
 // rows go through accept_rows and its state is committed by the rows it consumed. Drafts never
 // change a sequence's output, and one sequence's drafts cannot touch another's state.
 //
-// Conversation reuse: at admission a chat job takes the kept state whose conversation its prompt
-// extends (ConversationCache); publish() keeps a finished job's state, and is called by the HTTP
-// thread only after the response was fully written, so a kept state never runs ahead of what
-// the client received.
+// State reuse (prefix/reuse.h): at admission a job continues from the deepest snapshot of its
+// prompt in the prefix store, so only the rest is prefilled; its prefill passes end at the
+// positions the policy snapshots (the end of the messages, a long system prompt) and the state
+// after the answer is kept when it ends. Every surface (chat and raw completions, any client)
+// reuses the same way, because a snapshot is keyed by the token ids its state consumed.
 #pragma once
 
 #include <atomic>
@@ -32,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,10 +41,11 @@
 #include <vector>
 
 #include "generate/draft_length.h"
+#include "generate/round.h"
 #include "generate/speculative.h"
 #include "model/model.h"
+#include "prefix/reuse.h"
 #include "server/api_error.h"
-#include "server/conversation_cache.h"
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/response.h"
@@ -88,19 +91,16 @@ class Job {
   StopReason stop_ = StopReason::kNone;
   std::string stop_string_;
   Usage usage_;
-  // For publish(): the final state and the ids it consumed.
-  std::optional<State> state_;
-  std::vector<int32_t> history_;
 };
 
 struct SchedulerOptions {
   int parallel = 1;
   int queue = 16;
-  size_t cache = 4;
-  // Speculative decoding: the drafter spec (make_drafter; "none" = off), one drafter per
-  // sequence, and the most drafts per sequence and pass (0: auto, the draft-length choice).
-  std::string draft = "none";
-  int draft_max = 0;
+  PrefixStore* store = nullptr;  // the prefix store (null: no reuse)
+  // Speculative decoding: a new drafter for each sequence (empty: none; runtime/load.h's
+  // LoadedEngine::drafter_factory) and the most drafts per sequence and pass.
+  std::function<std::unique_ptr<Drafter>()> new_drafter;
+  DraftMax draft_max;
   // Rows one forward pass may hold (the pass plan's, with --prefill-chunk auto): prompt rows
   // fill what decoding leaves. 0: no cap (each prompt brings its own --prefill-chunk rows).
   int64_t pass_rows = 0;
@@ -115,12 +115,8 @@ class Scheduler {
   void submit(const std::shared_ptr<Job>& job);
   // Cancels a job: a queued one leaves the queue now, a running one ends at the next step.
   void cancel(const std::shared_ptr<Job>& job);
-  // Keeps the state of a fully delivered chat job for a later turn; returns whether it was kept.
-  bool publish(Job& job, const ResponseBuilder& response);
   // Fails queued and active jobs (503) and ends the engine thread.
   void stop();
-
-  const ConversationCache& cache() const { return cache_; }
 
  private:
   struct Slot {
@@ -132,18 +128,16 @@ class Scheduler {
     size_t sent = 0;             // tokens posted to the job
     int64_t cached = 0;
     Timings timings;
-    std::unique_ptr<Drafter> drafter;  // serve --draft: this sequence's own drafter
-    AcceptanceEstimate acceptance;
+    std::unique_ptr<Drafter> drafter;    // serve --draft: this sequence's own drafter
+    DraftConfig draft;                   // its drafting across rounds (stats even without one)
+    std::optional<SequenceReuse> reuse;  // its restore and the snapshots it takes
   };
 
   void run();
   bool admit(const std::shared_ptr<Job>& job, Slot& slot);
   void step();
-  // Drafts for every decoding sequence that has a drafter, cut to the draft-length choice;
-  // `rows` is the pass's rows before drafts; `proposals` receives each sequence's proposal
-  // before the cut (for the acceptance estimate).
-  std::vector<DraftProposal> propose_drafts(const std::vector<bool>& drop, int64_t rows,
-                                            std::vector<std::vector<int32_t>>& proposals);
+  // Drops the slots marked in `drop` from the active set.
+  void compact(const std::vector<bool>& drop);
   void post(Slot& s);
   void finish(Slot& s);
   void fail(const std::shared_ptr<Job>& job, const ApiError& e);
@@ -158,7 +152,6 @@ class Scheduler {
   const Tokenizer& tok_;
   SchedulerOptions opt_;
   Metrics& metrics_;
-  ConversationCache cache_;
   PassCostModel cost_;
 
   std::mutex m_;

@@ -72,12 +72,13 @@ std::string MemoryPlan::describe() const {
   for (bool r : resident) n_res += r;
   std::string s = fmt::format(
       "[plan] memory budget {}: fixed {} (state {} for {} sequence(s) x {} positions, buffers {}, "
-      "overhead {}{}{})\n",
+      "overhead {}{}{}{})\n",
       gib(budget), gib(fixed_bytes()), gib(state_bytes), sequences, context, gib(buffer_bytes),
       gib(overhead_bytes), router_bytes ? ", routers for prefetch " + gib(router_bytes) : "",
       draft_weight_bytes
           ? ", draft model " + gib(draft_weight_bytes) + " + its cache " + gib(draft_cache_bytes)
-          : "");
+          : "",
+      state_cache_bytes ? ", kept prefix snapshots " + gib(state_cache_bytes) : "");
   s += fmt::format(
       "[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
       trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(),
@@ -128,6 +129,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOp
   p.draft_weight_bytes = o.draft_weight_bytes;
   p.draft_cache_bytes = o.draft_cache_bytes_per_position * static_cast<uint64_t>(p.context) *
                         static_cast<uint64_t>(p.sequences);
+  p.state_cache_bytes =
+      o.state_cache_bytes > 0
+          ? o.state_cache_bytes
+          : state_bytes(c, p.context) * static_cast<uint64_t>(std::max(0, o.state_cache_states));
   // Units.
   bool any_int8 = false;
   const int L = static_cast<int>(c.num_layers);

@@ -42,6 +42,10 @@ struct PlanOptions {
   // each sequence. Both are fixed costs taken from the budget before trunk and experts.
   uint64_t draft_weight_bytes = 0;
   uint64_t draft_cache_bytes_per_position = 0;
+  // RAM for kept prefix snapshots (prefix/prefix_store.h): `state_cache_bytes`, or when it is 0
+  // the bytes of `state_cache_states` full-context states. A fixed cost like the states.
+  uint64_t state_cache_bytes = 0;
+  int state_cache_states = 0;
 };
 
 struct MemoryPlan {
@@ -55,9 +59,10 @@ struct MemoryPlan {
   uint64_t overhead_bytes = 0;  // tokenizer, allocator slack
   uint64_t router_bytes = 0;    // prefetch roster
   uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0;  // all sequences' draft caches
+  uint64_t state_cache_bytes = 0;                          // kept prefix snapshots
   uint64_t fixed_bytes() const {
     return state_bytes + buffer_bytes + overhead_bytes + router_bytes + draft_weight_bytes +
-           draft_cache_bytes;
+           draft_cache_bytes + state_cache_bytes;
   }
   // Trunk units: 0..L-1 are the layers, L is the head (LM head + output norms).
   std::vector<uint64_t> unit_bytes;       // as stored in RAM (int8 when TrunkFormat::kInt8)

@@ -293,6 +293,12 @@ class PromptBuilder {
     flush();
     return std::move(out_);
   }
+  // Ids so far (after the last marker: text between markers is encoded as one run).
+  int64_t mark() {
+    flush();
+    return static_cast<int64_t>(out_.ids.size());
+  }
+  RenderedPrompt& out() { return out_; }
 
  private:
   static std::string escape_attr(std::string_view v) {
@@ -453,8 +459,16 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
   }
   ToolState st;
   const auto& msgs = req.messages;
+  int64_t system_end = b.mark();
+  bool leading = true;  // still in the leading system messages
   for (std::size_t i = 0; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
+    if (i > 0 && leading) {
+      if (msgs[i - 1].role == ChatMessage::Role::system)
+        system_end = b.mark();
+      else
+        leading = false;
+    }
     switch (m.role) {
       case ChatMessage::Role::system:
         if (m.tools) {
@@ -492,6 +506,9 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
       }
     }
   }
+  if (leading && !msgs.empty() && msgs.back().role == ChatMessage::Role::system)
+    system_end = b.mark();
+  const int64_t messages_end = b.mark();
   if (req.tool_choice == ChatRequest::ToolChoice::required) {
     b.internal_system("tool-choice",
                       "The system is invoked with `tool_choice=required`.\nYou MUST call tools in "
@@ -518,6 +535,10 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
   if (req.add_generation_prompt) {
     b.open("message", {{"role", "assistant"}});
     b.open(req.thinking ? "think" : "response");
+  }
+  if (tok != nullptr) {
+    b.out().system_end = system_end;
+    b.out().messages_end = messages_end;
   }
   return b.finish();
 }

@@ -73,6 +73,11 @@ struct ChatRequest {
 struct RenderedPrompt {
   std::string text;
   std::vector<int32_t> ids;
+  // Positions in `ids` (0 without a tokenizer): after the leading system messages and the tool
+  // and effort declarations before them, and after the last message (before the tool-choice and
+  // response-format blocks and the generation prompt). The prefix store snapshots there.
+  int64_t system_end = 0;
+  int64_t messages_end = 0;
 };
 
 // The four structural markers (also what the output parser looks for).

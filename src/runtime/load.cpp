@@ -1,0 +1,153 @@
+// The one load path (see load.h).
+#include "runtime/load.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "draft/draft_model.h"
+#include "draft/tap_drafter.h"
+#include "kernels/kernels.h"
+#include "model/config.h"
+
+namespace deltafin {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_model_drafter(const std::string& spec) {
+  return spec != "none" && spec != "ngram" && spec.rfind("replay", 0) != 0;
+}
+
+bool has_tokenizer_files(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / "tiktoken.model", ec) &&
+         fs::is_regular_file(fs::path(dir) / "tokenizer_config.json", ec);
+}
+
+}  // namespace
+
+std::string default_draft(const std::string& model_dir) {
+  const fs::path own = fs::path(model_dir) / "draft";
+  std::error_code ec;
+  return fs::is_regular_file(own / "config.json", ec) ? own.string() : "none";
+}
+
+void check_draft_spec(const std::string& spec) {
+  make_drafter(spec);  // none, ngram and replay are built and dropped; a folder is checked
+}
+
+LoadedEngine load_engine(LoadRequest r) {
+  EngineOptions& e = r.engine;
+  require_model_folder(e.model);
+  LoadedEngine out;
+  out.draft = r.draft.empty() ? default_draft(e.model) : r.draft;
+  out.draft_max = r.draft_max;
+  check_draft_spec(out.draft);
+  if (r.loaded_tokenizer) {
+    out.tokenizer = std::move(r.loaded_tokenizer);
+  } else if (has_tokenizer_files(e.model)) {
+    out.tokenizer = Tokenizer::load(e.model);
+  } else if (r.tokenizer == NeedTokenizer::kRequired) {
+    fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); {} needs one", e.model,
+             r.who);
+  }
+  // A draft model is opened once, here, and counted before the target's memory is divided.
+  if (is_model_drafter(out.draft)) {
+    auto dm = open_draft_model(out.draft, load_config(e.model));
+    e.draft_weight_bytes = dm->weight_bytes();
+    e.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
+    if (e.verbose) fmt::print(stderr, "draft: {}\n", dm->describe());
+    out.draft_model = std::move(dm);
+  }
+  // Passes: a verify pass holds the last token and its drafts for each decoding sequence.
+  const int64_t verify = out.draft == "none" ? 1 : out.draft_max.verify_rows();
+  const int64_t parallel = std::max(1, r.parallel);
+  e.sequences = std::max(1, r.sequences);
+  e.max_rows = r.prefill_chunk > 0 ? parallel * std::max(r.prefill_chunk, verify) : 0;
+  e.prefill_rows = r.prompt_rows > 0 ? std::max(r.prompt_rows, verify) : 0;
+  const bool reuse = r.reuse && r.state_cache != "none";
+  if (reuse) {
+    if (r.state_cache_ram) {
+      e.state_cache_bytes = *r.state_cache_ram;
+      e.state_cache_states = 0;
+    } else {
+      e.state_cache_states = kStateCacheStates;
+    }
+  }
+  out.model = load_model(e);
+  out.pass_rows = std::max(out.model->pass_plan().pass_rows, parallel * verify);
+  if (out.tokenizer && out.tokenizer->vocab_size() > out.model->config().vocab) {
+    fail("the tokenizer has {} ids but the model's vocabulary is {}", out.tokenizer->vocab_size(),
+         out.model->config().vocab);
+  }
+  if (reuse) {
+    PrefixStoreOptions so;
+    so.model_id = model_state_id(*out.model, e);
+    if (const auto& plan = out.model->plan()) {
+      so.ram_bytes = plan->state_cache_bytes;
+    } else {  // mapped weights: no budget to take it from
+      const ModelConfig& c = out.model->config();
+      const int64_t ctx = std::min<int64_t>(c.max_positions, e.ctx > 0 ? e.ctx : 8192);
+      so.ram_bytes = r.state_cache_ram.value_or(kStateCacheStates * state_bytes(c, ctx));
+    }
+    so.disk_bytes = r.state_cache_size;
+    if (r.state_cache_size > 0) {
+      if (!r.state_cache.empty()) {
+        so.dir = r.state_cache;
+      } else {
+        try {
+          so.dir = (fs::path(cache_dir()) / "states" / so.model_id).string();
+        } catch (const std::exception&) {
+          so.dir.clear();  // no cache folder: RAM only
+        }
+      }
+    }
+    out.store = std::make_unique<PrefixStore>(out.model->config(), std::move(so));
+    if (e.verbose) fmt::print(stderr, "{}\n", out.store->describe());
+  }
+  return out;
+}
+
+std::string model_state_id(const LoadedModel& model, const EngineOptions& e) {
+  std::string config;
+  try {
+    config = read_file((fs::path(e.model) / "config.json").string());
+  } catch (const std::exception&) {
+  }
+  std::vector<std::string> lines;
+  const Checkpoint& ck = model.checkpoint();
+  for (const auto& [name, t] : ck.tensors()) {
+    lines.push_back(
+        fmt::format("{} {} {} {} {} {}", name, static_cast<int>(t.dtype), t.shape_string(),
+                    fs::path(ck.shards()[static_cast<size_t>(t.shard)].path()).filename().string(),
+                    t.offset, t.nbytes));
+  }
+  lines.push_back(fmt::format("trunk {} kernels {} device {}", e.trunk, kernels::active().name,
+                              model.gpu() ? "gpu" : "cpu"));
+  return checkpoint_id(config, lines);
+}
+
+std::unique_ptr<Drafter> LoadedEngine::new_drafter() {
+  if (draft_model) return draft_model->new_drafter(*model);
+  return make_drafter(draft, {model->config().vocab, model.get()});
+}
+
+DraftConfig LoadedEngine::draft_config(std::unique_ptr<Drafter>& holder) {
+  holder = new_drafter();
+  DraftConfig cfg;
+  cfg.drafter = holder.get();
+  cfg.set_max(draft_max);
+  return cfg;
+}
+
+std::function<std::unique_ptr<Drafter>()> LoadedEngine::drafter_factory() {
+  if (draft == "none") return {};
+  return [this] { return new_drafter(); };
+}
+
+}  // namespace deltafin
