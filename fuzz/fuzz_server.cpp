@@ -65,6 +65,7 @@ struct LiveServers {
   Tokenizer tok;
   std::unique_ptr<LoadedModel> model;
   server::Metrics metrics;
+  std::unique_ptr<PrefixStore> store;
   std::unique_ptr<server::Scheduler> scheduler;
   std::unique_ptr<server::HttpServer> open, keyed;
   int open_port = 0, keyed_port = 0;
@@ -85,7 +86,12 @@ LiveServers& live() {
     server::SchedulerOptions so;
     so.parallel = 1;
     so.queue = 4;
-    so.cache = 1;
+    // Reuse in RAM only: a fuzz run writes no snapshot files.
+    PrefixStoreOptions po;
+    po.ram_bytes = 64ull << 20;
+    po.model_id = "fuzz";
+    l->store = std::make_unique<PrefixStore>(l->model->config(), po);
+    so.store = l->store.get();
     l->scheduler = std::make_unique<server::Scheduler>(*l->model, l->tok, so, l->metrics);
     const server::ServeLimits limits = limits_for(l->tok, l->model->config().vocab);
     server::HttpOptions ho;

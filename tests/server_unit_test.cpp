@@ -7,7 +7,6 @@
 #include <limits>
 
 #include "server/api_error.h"
-#include "server/conversation_cache.h"
 #include "server/request.h"
 #include "server/response.h"
 #include "server_util.h"
@@ -187,20 +186,12 @@ TEST(ServerResponse, ToolRoundTripRendersAndKeepsTheState) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("index=\"2\"<|sep|>rain"), std::string::npos);
-  // The re-rendered answer is segment-equal to what the model wrote: the state can continue.
-  ChatRequest conv = *d.req.chat;
-  conv.add_generation_prompt = false;
-  conv.messages.push_back(
-      ChatRequest::from_json(json{{"messages", json::array({answer})}}).messages.at(0));
-  const auto canon = render(conv, k3()).ids;
-  std::vector<int32_t> history = d.prompt;
-  history.insert(history.end(), d.generated.begin(),
-                 d.generated.end() - 1);  // <|end_of_msg|> was never fed
-  auto feed = segment_completion(k3(), history, canon);
-  ASSERT_TRUE(feed.has_value());
-  EXPECT_EQ(*feed, std::vector<int32_t>{*k3().special_id("<|end_of_msg|>")});
-  EXPECT_TRUE(
-      std::equal(canon.begin(), canon.end(), r.prompt.begin()));  // the next prompt extends it
+  // The next prompt starts with the first one's messages: the snapshot kept at their end
+  // (prefix/reuse.h) continues it, whatever the answer re-renders to.
+  ASSERT_GT(d.req.messages_end, 0);
+  EXPECT_TRUE(std::equal(d.req.prompt.begin(), d.req.prompt.begin() + d.req.messages_end,
+                         r.prompt.begin()));
+  EXPECT_LT(d.req.messages_end, static_cast<int64_t>(d.req.prompt.size()));  // generation prompt
 }
 
 TEST(ServerResponse, LogprobsAndLengthStop) {
@@ -227,60 +218,6 @@ TEST(ServerResponse, FinishReasons) {
   EXPECT_EQ(finish_reason(StopReason::kEndOfTurn, false), "stop");
   EXPECT_EQ(finish_reason(StopReason::kStopString, false), "stop");
   EXPECT_EQ(finish_reason(StopReason::kEndOfTurn, true), "tool_calls");
-}
-
-TEST(ConversationCache, SegmentCompletion) {
-  const Tokenizer& t = k3();
-  const auto canon = t.encode_with_special(
-      "<|open|>response<|sep|>hello world<|close|>response<|sep|><|end_of_msg|>");
-  // The same text tokenized differently (one id per byte) is equal by segments.
-  std::vector<int32_t> bytes = t.encode_with_special("<|open|>response<|sep|>");
-  for (char c : std::string("hello world")) bytes.push_back(*t.rank_of(std::string(1, c)));
-  auto rest = segment_completion(t, bytes, canon);
-  ASSERT_TRUE(rest);
-  EXPECT_EQ(t.decode(*rest), "<|close|>response<|sep|><|end_of_msg|>");
-  // A text run cut short continues with the rest of its text.
-  std::vector<int32_t> part(bytes.begin(), bytes.end() - 3);
-  rest = segment_completion(t, part, canon);
-  ASSERT_TRUE(rest);
-  EXPECT_EQ(t.decode(*rest), "rld<|close|>response<|sep|><|end_of_msg|>");
-  // Different text, a special where text is, or more than canon: no completion.
-  EXPECT_FALSE(
-      segment_completion(t, t.encode_with_special("<|open|>response<|sep|>hello there"), canon));
-  EXPECT_FALSE(
-      segment_completion(t, t.encode_with_special("<|open|>response<|sep|>hello<|close|>"), canon));
-  auto longer = canon;
-  longer.push_back(canon[0]);
-  EXPECT_FALSE(segment_completion(t, longer, canon));
-  // The literal text "<|close|>" is not the marker.
-  EXPECT_FALSE(segment_completion(t, t.encode_ordinary("<|open|>response"), canon));
-  rest = segment_completion(t, {}, canon);
-  ASSERT_TRUE(rest);
-  EXPECT_EQ(*rest, canon);
-}
-
-TEST(ConversationCache, TakesTheLongestExtendedEntryAndEvicts) {
-  ConversationCache cache(2);
-  auto entry = [](std::vector<int32_t> canon) {
-    KeptConversation e;
-    e.canon = std::move(canon);
-    return e;
-  };
-  cache.put(entry({1, 2}));
-  cache.put(entry({1, 2, 3}));
-  EXPECT_FALSE(cache.take(std::vector<int32_t>{1, 2}));  // not an extension (nothing new)
-  EXPECT_FALSE(cache.take(std::vector<int32_t>{2, 2, 3}));
-  auto got = cache.take(std::vector<int32_t>{1, 2, 3, 4});
-  ASSERT_TRUE(got);
-  EXPECT_EQ(got->canon, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(cache.size(), 1u);  // moved out
-  cache.put(entry({5}));
-  cache.put(entry({6}));  // evicts {1, 2}, the least recently used
-  EXPECT_FALSE(cache.take(std::vector<int32_t>{1, 2, 9}));
-  EXPECT_TRUE(cache.take(std::vector<int32_t>{5, 9}));
-  ConversationCache off(0);
-  off.put(entry({1}));
-  EXPECT_EQ(off.size(), 0u);
 }
 
 TEST(ServerRequest, ValidationDetails) {

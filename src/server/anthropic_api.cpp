@@ -348,9 +348,8 @@ json convert(const json& body, bool count_only, bool& omit_thinking, bool& singl
 // Anthropic's wire: content blocks opened and closed as K3's channels change.
 class AnthropicWire final : public PartsWire {
  public:
-  AnthropicWire(const Tokenizer& tok, std::string model, int64_t prompt_tokens, bool omit_thinking,
-                bool single_tool)
-      : PartsWire(tok, single_tool),
+  AnthropicWire(std::string model, int64_t prompt_tokens, bool omit_thinking, bool single_tool)
+      : PartsWire(single_tool),
         id_(random_id("msg_")),
         model_(std::move(model)),
         prompt_tokens_(prompt_tokens),
@@ -485,7 +484,7 @@ Translation anthropic_messages_impl(const json& body, const ServeLimits& limits,
   const json chat = convert(body, false, omit, single);
   ServeRequest r = to_engine(chat, limits, tok);
   const auto prompt = static_cast<int64_t>(r.prompt.size());
-  auto wire = std::make_unique<AnthropicWire>(tok, limits.model_id, prompt, omit, single);
+  auto wire = std::make_unique<AnthropicWire>(limits.model_id, prompt, omit, single);
   return {std::move(r), std::move(wire)};
 }
 

@@ -210,15 +210,13 @@ json chat_messages(const json& body) {
 // NDJSON lines in /api/chat's or /api/generate's shape.
 class OllamaWire final : public Wire {
  public:
-  OllamaWire(const Tokenizer& tok, bool chat, std::string model)
-      : acc_(tok, Endpoint::chat, "", 0, "", false, false), chat_(chat), model_(std::move(model)) {}
+  OllamaWire(bool chat, std::string model) : chat_(chat), model_(std::move(model)) {}
 
   const char* stream_type() const override { return "application/x-ndjson"; }
   std::string begin() override { return ""; }
   std::string keep_alive() override { return ""; }
 
   std::string add(const StepUpdate& u) override {
-    acc_.add(u);
     std::string content, thinking, out;
     auto flush = [&] {
       if (content.empty() && thinking.empty()) return;
@@ -268,8 +266,6 @@ class OllamaWire final : public Wire {
     return j;
   }
 
-  const ResponseBuilder& answer() const override { return acc_; }
-
  private:
   static std::string line(const json& j) { return dump(j) + "\n"; }
 
@@ -312,7 +308,6 @@ class OllamaWire final : public Wire {
     return j;
   }
 
-  ResponseBuilder acc_;
   bool chat_;
   std::string model_;
   std::string content_, thinking_;
@@ -426,7 +421,7 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
                       k == std::string("thinking") ? "think" : "format");
       }
       ServeRequest r = parse_completion_request(completion, limits, tok);
-      return {std::move(r), std::make_unique<OllamaWire>(tok, false, limits.model_id)};
+      return {std::move(r), std::make_unique<OllamaWire>(false, limits.model_id)};
     }
     json messages = json::array();
     if (const json* s = field(body, "system"))
@@ -435,7 +430,7 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
     c["messages"] = messages;
   }
   ServeRequest r = to_engine(c, limits, tok);
-  return {std::move(r), std::make_unique<OllamaWire>(tok, chat, limits.model_id)};
+  return {std::move(r), std::make_unique<OllamaWire>(chat, limits.model_id)};
 }
 
 }  // namespace ollama_impl

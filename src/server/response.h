@@ -45,10 +45,10 @@ struct Timings {
 struct Usage {
   int64_t prompt_tokens = 0;  // positions the prompt occupies (cached included)
   int64_t cached_tokens = 0;  // of those, continued from a kept snapshot (never prefilled)
-  std::string cached_from;    // "RAM" or "disk" when cached_tokens > 0
-  double cached_load_s = 0;   // restoring that snapshot
   int64_t completion_tokens = 0;
   Timings timings;
+  std::string cached_from;   // "RAM" or "disk" when cached_tokens > 0
+  double cached_load_s = 0;  // restoring that snapshot
 };
 
 // "stop", "length" or "tool_calls".

@@ -316,8 +316,8 @@ json convert(const json& body, bool& single_tool) {
 // The Responses wire: output items opened and closed as K3's channels change.
 class ResponsesWire final : public PartsWire {
  public:
-  ResponsesWire(const Tokenizer& tok, const json& request_echo, bool single_tool)
-      : PartsWire(tok, single_tool),
+  ResponsesWire(const json& request_echo, bool single_tool)
+      : PartsWire(single_tool),
         echo_(request_echo),
         id_(random_id("resp_")),
         created_(static_cast<int64_t>(std::time(nullptr))),
@@ -522,7 +522,7 @@ Translation responses_create_impl(const json& body, const ServeLimits& limits,
     if (const json* v = field(body, k)) echo[k] = *v;
   }
   echo["model"] = limits.model_id;
-  auto wire = std::make_unique<ResponsesWire>(tok, echo, single);
+  auto wire = std::make_unique<ResponsesWire>(echo, single);
   return {std::move(r), std::move(wire)};
 }
 

@@ -362,6 +362,9 @@ void Scheduler::step() {
       drop[slot_of[k]] = true;
       continue;
     }
+    // A prefill pass that reached a cut (or ended a long stretch) is kept (prefix/reuse.h).
+    if (was_prefill[k] && s.reuse)
+      s.reuse->after_pass(s.job->req.prompt, s.state, s.drafter.get(), s.gen->in_prefill());
     if (s.timings.first_token == 0 && !s.gen->tokens().empty())
       s.timings.first_token = now_seconds();
     post(s);

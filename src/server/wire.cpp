@@ -50,7 +50,6 @@ class OpenAiWire final : public Wire {
     return sse(error_json(e, ErrorStyle::openai)) + kSseDone;
   }
   json response(const Outcome& o) override { return b_.response(o.stop, o.usage); }
-  const ResponseBuilder& answer() const override { return b_; }
 
  private:
   static std::string frames(const std::vector<json>& chunks) {
@@ -63,11 +62,9 @@ class OpenAiWire final : public Wire {
 
 }  // namespace
 
-PartsWire::PartsWire(const Tokenizer& tok, bool single_tool)
-    : acc_(tok, Endpoint::chat, "", 0, "", false, false), single_tool_(single_tool) {}
+PartsWire::PartsWire(bool single_tool) : single_tool_(single_tool) {}
 
 std::string PartsWire::add(const StepUpdate& u) {
-  acc_.add(u);
   std::string out;
   for (const auto& e : u.events) {
     switch (e.kind) {

@@ -7,9 +7,8 @@
 // way (http_server.cpp: waiting, streaming, keep-alives, cancellation), so streaming rules,
 // timeouts and client-gone handling exist once.
 //
-// A Wire also folds the updates into a chat ResponseBuilder, the answer as the OpenAI shapes hold
-// it, which the scheduler uses to keep the conversation's state for the next turn (publish()), so
-// state reuse works the same whichever API a client speaks.
+// State reuse needs nothing from a Wire: the engine keeps snapshots of the token prefixes it
+// ran (src/prefix), so the next turn is matched whatever API a client speaks.
 #pragma once
 
 #include <memory>
@@ -52,9 +51,6 @@ class Wire {
 
   // Not streamed: the whole response body, after every update was add()ed.
   virtual nlohmann::ordered_json response(const Outcome& o) = 0;
-
-  // The answer in OpenAI's terms (content, reasoning, tool calls), for keeping the state.
-  virtual const ResponseBuilder& answer() const = 0;
 };
 
 // A Wire whose answer is a sequence of parts — thinking, text, tool calls — each opened, added
@@ -71,9 +67,8 @@ class PartsWire : public Wire {
   };
 
   // `single_tool`: report only the first tool call of a turn (the API asked for one at most).
-  PartsWire(const Tokenizer& tok, bool single_tool);
+  PartsWire(bool single_tool);
   std::string add(const StepUpdate& u) final;
-  const ResponseBuilder& answer() const final { return acc_; }
 
  protected:
   virtual std::string opened(Part& p) = 0;  // may set its ids
@@ -86,7 +81,6 @@ class PartsWire : public Wire {
  private:
   std::string open(Kind kind, const std::string& name = "");
 
-  ResponseBuilder acc_;
   bool single_tool_;
   std::vector<Part> parts_;
   Kind open_ = Kind::none;
