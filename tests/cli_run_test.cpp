@@ -244,10 +244,15 @@ TEST(CliChat, ThreeTurnsReuseTheState) {
   EXPECT_EQ(r.err.find("[stats] full prefill", first + 1), std::string::npos) << r.err;
 }
 
-TEST(CliChat, SaveLoadAndSettingsChangesFallBackToFullPrefill) {
-  std::string file = test::temp_dir("chatsave") + "/conv.json";
+// A settings change that alters the start of the rendering (/effort) prefills the conversation
+// again; a /load continues from the snapshots the earlier turns kept (the loaded conversation
+// is the first turn and its answer).
+TEST(CliChat, SettingsChangesPrefillAgainAndALoadContinuesFromSnapshots) {
+  const std::string dir = test::temp_dir("chatsave"), file = dir + "/conv.json";
+  // Its own snapshot folder: nothing kept by another test is found.
   auto r = test::run_deltafin(
-      {"chat", "--model", tiny_with_tokenizer(), "--max-new", "4", "--stats"},
+      {"chat", "--model", tiny_with_tokenizer(), "--max-new", "4", "--stats", "--state-cache",
+       dir + "/states"},
       "First\n/save " + file + "\n/effort low\nSecond\n/load " + file + "\nThird\n/quit\n");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto saved = json::parse(test::slurp(file));
@@ -258,7 +263,18 @@ TEST(CliChat, SaveLoadAndSettingsChangesFallBackToFullPrefill) {
   size_t full = 0, pos = 0;
   while ((pos = r.err.find("full prefill of the conversation", pos)) != std::string::npos)
     ++full, ++pos;
-  EXPECT_EQ(full, 3u) << r.err;  // first turn, after /effort, after /load
+  EXPECT_EQ(full, 2u) << r.err;  // the first turn and the one after /effort
+  const size_t loaded = r.err.find("loaded ");
+  ASSERT_NE(loaded, std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("reused from the kept state (RAM snapshot", loaded), std::string::npos)
+      << r.err;
+  // Without the state cache, the loaded conversation is prefilled whole.
+  auto none = test::run_deltafin({"chat", "--model", tiny_with_tokenizer(), "--max-new", "4",
+                                  "--stats", "--state-cache", "none"},
+                                 "/load " + file + "\nThird\n/quit\n");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.err.find("prefills them all: no state cache"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("full prefill of the conversation"), std::string::npos) << none.err;
 }
 
 // The built-in demo (no --model, no DELTAFIN_MODEL) is the trained checkpoint embedded in the

@@ -186,9 +186,11 @@ void run_chat(ChatArgs& a) {
           } else if (cmd == "/load") {
             if (arg.empty()) fail_arg("/load needs a file name");
             session.load_json(parse_ordered_json(read_file(arg), arg));
-            fmt::print(stderr,
-                       "loaded {} (the next turn prefills the whole conversation, {} tokens)\n",
-                       arg, session.history_tokens());
+            fmt::print(stderr, "loaded {} ({} tokens); the next turn {}\n", arg,
+                       session.history_tokens(),
+                       store != nullptr
+                           ? "continues from the longest kept snapshot of them, prefilling the rest"
+                           : "prefills them all: no state cache");
           } else if (cmd == "/stats") {
             if (last) fmt::print(stderr, "{}\n", last->summary());
             fmt::print(

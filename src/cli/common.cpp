@@ -98,10 +98,8 @@ void apply_state_cache(const StateCacheOptions& o, LoadRequest& r) {
       fail_usage("{}", e.what());
     }
   };
-  if (o.dir == "none") {
-    r.reuse = false;
-    return;
-  }
+  r.reuse = o.dir != "none";
+  if (!r.reuse) return;
   r.state_cache = o.dir;
   r.state_cache_size = size(o.size, "--state-cache-size");
   if (o.ram != "auto") r.state_cache_ram = size(o.ram, "--state-cache-ram");
@@ -119,6 +117,7 @@ LoadRequest load_request(const EngineOptions& e, const DraftOptions& d,
   r.draft = d.draft;
   r.draft_max = DraftMax::parse(d.draft_max);
   r.prefill_chunk = prefill_chunk_rows(prefill_chunk);
+  r.reuse = false;  // the commands that keep snapshots turn it on (apply_state_cache)
   return r;
 }
 

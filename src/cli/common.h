@@ -55,14 +55,15 @@ struct DraftOptions {
 // Adds --draft and --draft-max; a bad value is a usage error (one line, exit 2).
 void add_draft_options(CLI::App* cmd, DraftOptions& o);
 
-// Prefix snapshot flags of chat, serve, run and bench --turns (prefix/prefix_store.h).
+// Prefix snapshot flags of chat, serve and bench --turns (prefix/prefix_store.h).
 struct StateCacheOptions {
   std::string dir;           // --state-cache DIR|none ("" = the default folder)
   std::string size = "16G";  // --state-cache-size (disk; 0 = RAM only)
   std::string ram = "auto";  // --state-cache-ram (share of the memory budget)
 };
 void add_state_cache_options(CLI::App* cmd, StateCacheOptions& o);
-// Puts the flags into a load request (sizes checked: a usage error names the flag).
+// Puts the flags into a load request and turns reuse on unless `none` (sizes checked: a usage
+// error names the flag). Without it a command keeps no snapshots.
 void apply_state_cache(const StateCacheOptions& o, LoadRequest& r);
 
 // The built-in demo's note that it drafts (with which drafter), when `draft` is its own.

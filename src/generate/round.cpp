@@ -21,9 +21,10 @@ DraftMax DraftMax::parse(const std::string& text) {
     used = 0;
   }
   if (used == 0 || used != text.size())
-    fail_arg("draft max {}: expected auto or a number of drafts", text);
+    fail_setting("draft max", text, "expected auto or a number of drafts");
   if (n < 1 || n > 256)
-    fail_arg("draft max {}: expected auto or a number of drafts, at least 1 and at most 256", text);
+    fail_setting("draft max", text,
+                 "expected auto or a number of drafts, at least 1 and at most 256");
   return {false, static_cast<int>(n)};
 }
 
