@@ -426,7 +426,7 @@ void run_bench(BenchArgs& a) {
   j["expert_bytes"] = model->expert_bytes();
   j["prefill_tokens_per_s_reps"] = prefill_tps;
   j["decode_tokens_per_s_reps"] = decode_tps;
-  j["draft"] = a.draft.draft;
+  j["draft"] = engine.draft;
   j["draft_proposed"] = drafted.proposed;
   j["draft_accepted"] = drafted.accepted;
   j["draft_acceptance_rate"] = drafted.acceptance();
@@ -497,7 +497,7 @@ void run_bench(BenchArgs& a) {
       disk_bw / 1e9, io_wait);
   if (drafter) {
     fmt::print("drafting   {}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass\n",
-               a.draft.draft, drafted.proposed, drafted.accepted, 100.0 * drafted.acceptance(),
+               engine.draft, drafted.proposed, drafted.accepted, 100.0 * drafted.acceptance(),
                dec.passes > 0 ? static_cast<double>(dec.tokens) / dec.passes : 0.0);
   }
   if (pf_issued > 0) {
