@@ -175,7 +175,8 @@ deltafin_status deltafin_stream_start(deltafin_model* model, const char* request
     const Tokenizer& tok = model->tokenizer("an OpenAI-shaped completion");
     server::ServeRequest r = chat != 0 ? server::parse_chat_request(body, model->limits, tok)
                                        : server::parse_completion_request(body, model->limits, tok);
-    auto s = make_stream(*model, r, r.prompt, PromptMarks{r.system_end, r.messages_end}, nullptr);
+    auto s = make_stream(*model, r, r.prompt,
+                         PromptMarks{r.system_end, r.messages_end, r.last_message}, nullptr);
     s->prompt = std::move(r.prompt);
     *out = s.release();
   });

@@ -18,6 +18,7 @@ SequenceReuse::SequenceReuse(PrefixStore* store, std::span<const int32_t> prompt
   };
   if (marks.system_end >= kSystemMinTokens) want(marks.system_end);
   if (marks.messages_end > 0) want(marks.messages_end);
+  if (marks.last_message > 0) want(marks.last_message);
   std::sort(cuts_.begin(), cuts_.end());
   cuts_.erase(std::unique(cuts_.begin(), cuts_.end()), cuts_.end());
 }

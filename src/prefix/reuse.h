@@ -7,6 +7,9 @@
 //     with these messages whatever the client sends back of the answer, and regenerating the same
 //     request prefills only the generation prompt. The prefill pass is cut there, which costs one
 //     extra pass of those few rows.
+//   - before the last message: a client that edits its last message (or retries it with other
+//     words) sends the same conversation up to there, so only the new message is prefilled.
+//     Another extra pass of a few rows per request, and one more KDA state per turn kept.
 //   - at the end of the leading system messages and tool declarations when they are long (at
 //     least kSystemMinTokens) and not kept yet: every conversation with that system prompt
 //     starts there. This cut costs one more pass, once per distinct system prompt.
@@ -32,6 +35,7 @@ namespace deltafin {
 struct PromptMarks {
   int64_t system_end = 0;    // after the leading system messages and tool declarations
   int64_t messages_end = 0;  // after the last message
+  int64_t last_message = 0;  // before the last message
 };
 
 constexpr int64_t kSystemMinTokens = 64;

@@ -12,6 +12,7 @@
 #include "draft/tap_drafter.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "model/inventory.h"
 
 namespace deltafin {
 
@@ -126,6 +127,14 @@ std::string model_state_id(const LoadedModel& model, const EngineOptions& e) {
         fmt::format("{} {} {} {} {} {}", name, static_cast<int>(t.dtype), t.shape_string(),
                     fs::path(ck.shards()[static_cast<size_t>(t.shard)].path()).filename().string(),
                     t.offset, t.nbytes));
+  }
+  // The weights themselves, sampled: the first 256 bytes of every tensor outside the routed
+  // experts (the trunk, read at load anyway; K3 has a few thousand), so a fine-tune with the
+  // same headers is another checkpoint.
+  for (const auto& [name, t] : ck.tensors()) {
+    if (t.data == nullptr || is_routed_expert_tensor(name)) continue;
+    lines.emplace_back(reinterpret_cast<const char*>(t.data),
+                       static_cast<size_t>(std::min<uint64_t>(t.nbytes, 256)));
   }
   lines.push_back(fmt::format("trunk {} kernels {} device {}", e.trunk, kernels::active().name,
                               model.gpu() ? "gpu" : "cpu"));

@@ -80,8 +80,9 @@ void check_draft_spec(const std::string& spec);
 // The default drafter of a model folder: its draft/ subfolder when it has one, else none.
 std::string default_draft(const std::string& model_dir);
 // What a snapshot's numbers depend on: the checkpoint (config.json, every tensor's name, dtype,
-// shape and place), the trunk format, the kernel set and the device. Snapshots of one id are
-// continued bit for bit by a model of the same id.
+// shape and place, and the first bytes of every trunk tensor: a fine-tune has the same headers
+// but other weights), the trunk format, the kernel set and the device.
+// Snapshots of one id are continued bit for bit by a model of the same id.
 std::string model_state_id(const LoadedModel& model, const EngineOptions& e);
 
 }  // namespace deltafin

@@ -405,6 +405,7 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
     r.prompt = std::move(rendered.ids);
     r.system_end = rendered.system_end;
     r.messages_end = rendered.messages_end;
+    r.last_message = rendered.last_message;
   } catch (const InvalidArgument& e) {
     bad_request(param_of(e.what()), "{}", e.what());
   }

@@ -54,7 +54,7 @@ struct ServeRequest {
   std::optional<ChatRequest> chat;  // chat: the parsed conversation (reused for the kept state)
   std::vector<int32_t> prompt;      // the full prompt ids
   // Chat: where its messages end in `prompt` (the prefix store snapshots there; prefix/reuse.h).
-  int64_t system_end = 0, messages_end = 0;
+  int64_t system_end = 0, messages_end = 0, last_message = 0;
   GenerationParams params;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
   bool max_tokens_capped = false;                     // the client asked for more than the ceiling

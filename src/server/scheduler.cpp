@@ -175,7 +175,8 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
   try {
     slot.state = model_.new_state();
     // The deepest kept snapshot of this prompt (prefix/reuse.h): only the rest is prefilled.
-    slot.reuse.emplace(opt_.store, r.prompt, PromptMarks{r.system_end, r.messages_end}, slot.state,
+    slot.reuse.emplace(opt_.store, r.prompt,
+                       PromptMarks{r.system_end, r.messages_end, r.last_message}, slot.state,
                        slot.drafter.get());
     const auto kept = static_cast<size_t>(slot.reuse->restored().position);
     slot.seen.assign(r.prompt.begin(), r.prompt.begin() + static_cast<ptrdiff_t>(kept));

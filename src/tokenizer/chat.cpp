@@ -461,8 +461,10 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
   const auto& msgs = req.messages;
   int64_t system_end = b.mark();
   bool leading = true;  // still in the leading system messages
+  int64_t last_message = 0;
   for (std::size_t i = 0; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
+    if (i + 1 == msgs.size()) last_message = b.mark();
     if (i > 0 && leading) {
       if (msgs[i - 1].role == ChatMessage::Role::system)
         system_end = b.mark();
@@ -539,6 +541,7 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
   if (tok != nullptr) {
     b.out().system_end = system_end;
     b.out().messages_end = messages_end;
+    b.out().last_message = last_message;
   }
   return b.finish();
 }

@@ -78,6 +78,8 @@ struct RenderedPrompt {
   // response-format blocks and the generation prompt). The prefix store snapshots there.
   int64_t system_end = 0;
   int64_t messages_end = 0;
+  // Before the last message: an edited last message restarts there.
+  int64_t last_message = 0;
 };
 
 // The four structural markers (also what the output parser looks for).
