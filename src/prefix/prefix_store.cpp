@@ -271,9 +271,16 @@ void PrefixStore::write_through_locked(std::span<const int32_t> ids, const State
     write_snapshot_file(path, o_.model_id, ids, state, rows, draft_id);
   } catch (const std::exception& e) {
     ++stats_.disk_errors;
-    disk_warning_locked(fmt::format("{}; this snapshot is kept in RAM only", e.what()));
+    if (!writes_failing_) {
+      disk_warning_locked(
+          fmt::format("{}; snapshots are kept in RAM only until a write succeeds again "
+                      "(deltafin_state_cache_disk_errors_total counts the failed writes)",
+                      e.what()));
+    }
+    writes_failing_ = true;
     return;
   }
+  writes_failing_ = false;
   std::string why;
   auto f = read_snapshot_header(path, o_.model_id, shape_, &why);
   if (!f) {
