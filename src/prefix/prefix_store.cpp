@@ -15,6 +15,9 @@ namespace deltafin {
 
 namespace fs = std::filesystem;
 
+// warned_ holds this key while snapshot writes fail (no warning line reads like it).
+constexpr const char* kWritesFailing = "\x01snapshot writes failing";
+
 struct PrefixStore::Snap {
   std::vector<KdaLayerState> kda;
   bool has_draft = false;
@@ -271,16 +274,17 @@ void PrefixStore::write_through_locked(std::span<const int32_t> ids, const State
     write_snapshot_file(path, o_.model_id, ids, state, rows, draft_id);
   } catch (const std::exception& e) {
     ++stats_.disk_errors;
-    if (!writes_failing_) {
-      disk_warning_locked(
-          fmt::format("{}; snapshots are kept in RAM only until a write succeeds again "
-                      "(deltafin_state_cache_disk_errors_total counts the failed writes)",
-                      e.what()));
+    // Said once while writes keep failing (the key stays in warned_ until one succeeds), so a
+    // full disk is one line, not one per snapshot.
+    if (warned_.insert(kWritesFailing).second) {
+      log_warn(
+          "state cache: {}; snapshots are kept in RAM only until a write succeeds again "
+          "(deltafin_state_cache_disk_errors_total counts the failed writes)",
+          e.what());
     }
-    writes_failing_ = true;
     return;
   }
-  writes_failing_ = false;
+  warned_.erase(kWritesFailing);
   std::string why;
   auto f = read_snapshot_header(path, o_.model_id, shape_, &why);
   if (!f) {

@@ -110,9 +110,6 @@ class PrefixStore {
   std::string draft_id_;
   int64_t draft_width_ = 0, draft_lag_ = 0;
   bool disk_ = false;
-  // A write failed (a full disk): said once; the next failures are only counted until a write
-  // succeeds again, so a full disk is one line, not one per snapshot.
-  bool writes_failing_ = false;
   std::vector<SnapshotFile> files_;
   uint64_t disk_used_ = 0;
   std::set<std::string> warned_;
