@@ -64,8 +64,8 @@ const std::string& demo() {
 }
 
 std::vector<std::string> chat_args(const std::string& states) {
-  return {"chat",       "--model", demo(), "--draft-max",   "3",   "--max-new", "24", "--stats",
-          "--no-color", "--think", "off",  "--state-cache", states};
+  return {"chat",       "--model", demo(), "--draft-max",   "3", "--max-new",     "24",  "--stats",
+          "--no-color", "--think", "off",  "--temperature", "0", "--state-cache", states};
 }
 
 TEST(ReuseDrafting, ChatDraftsEveryTurnAsAFreshRunDoes) {
