@@ -123,7 +123,9 @@ TEST(ReuseDrafting, ServeDraftsEveryTurnAsAFreshServerDoes) {
     auto f = post_json(*fc, "/v1/chat/completions", body);
     ASSERT_EQ(r.status, 200) << r.body;
     ASSERT_EQ(f.status, 200) << f.body;
-    if (k > 0) EXPECT_GT(r.j["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << r.body;
+    if (k > 0) {
+      EXPECT_GT(r.j["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << r.body;
+    }
     EXPECT_EQ(r.j["choices"][0]["message"]["content"], f.j["choices"][0]["message"]["content"]);
     const json& t = r.j["timings"];
     EXPECT_GT(t.value("draft_n", 0), 0) << r.body;
@@ -145,7 +147,9 @@ TEST(ReuseDrafting, BenchDraftsWithTheDemo) {
   ASSERT_EQ(t.exit_code, 0) << t.err;
   for (const auto& turn : json::parse(t.out)["turns"]) {
     EXPECT_GT(turn["draft_proposed"].get<int64_t>(), 0) << t.out;
-    if (turn["turn"] > 1) EXPECT_GT(turn["restored_tokens"].get<int64_t>(), 0) << t.out;
+    if (turn["turn"] > 1) {
+      EXPECT_GT(turn["restored_tokens"].get<int64_t>(), 0) << t.out;
+    }
   }
 }
 
