@@ -36,7 +36,7 @@ struct TurnStats {
 // The per-turn [stats] of a chat session's stderr.
 std::vector<TurnStats> turn_stats(const std::string& err) {
   std::vector<TurnStats> out;
-  static const std::regex prefill(R"(\[stats\] prefill (\d+) tokens[^\n]*?(?:, (\d+) reused)?)");
+  static const std::regex prefill(R"(\[stats\] prefill (\d+) tokens[^,\n]*(?:, (\d+) reused)?)");
   static const std::regex drafts(R"(\[stats\] (drafts (\d+) proposed [^\n]*tokens/pass))");
   std::smatch m;
   for (auto it = err.cbegin(); std::regex_search(it, err.cend(), m, prefill); it = m[0].second) {

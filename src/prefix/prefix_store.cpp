@@ -369,7 +369,9 @@ Restored PrefixStore::restore(std::span<const int32_t> ids, int64_t limit, State
       read_snapshot_file(*f, o_.model_id, loaded, want_id, &rows);
     } catch (const std::exception& e) {
       ++stats_.disk_errors;
-      disk_warning_locked(fmt::format("ignoring {}: {}; removed", f->path, e.what()));
+      std::string why = e.what();  // most reasons start with the path: name it once
+      if (why.starts_with(f->path + ": ")) why.erase(0, f->path.size() + 2);
+      disk_warning_locked(fmt::format("ignoring {}: {}; removed", f->path, why));
       std::error_code ec;
       fs::remove(f->path, ec);
       disk_used_ -= f->bytes;
