@@ -11,7 +11,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # container image's build stage installs only these; `file` is what CPack's dpkg-shlibdeps step
 # uses) ...
 BUILD_PACKAGES = build-essential cmake ninja-build pkg-config file libfmt-dev nlohmann-json3-dev \
-  libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev \
+  libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev libxxhash-dev \
   libcurl4-openssl-dev libedit-dev libsleef-dev libvulkan-dev glslc
 # ... and everything the tests, the sanitizer builds and the GPU tests need on top (`make deps`).
 DEB_PACKAGES = $(BUILD_PACKAGES) libgtest-dev libgmock-dev libbenchmark-dev clang-format \

@@ -122,6 +122,61 @@ TEST(CApi, LogitsEqualTheCliBitForBit) {
   deltafin_model_free(m);
 }
 
+// The appended `homes` option: a model reads its experts from homes `deltafin place` filled with
+// the same logits as without; "homes" in the stats JSON has the model folder and each home; an
+// older caller (smaller struct_size) and a NULL list with a count are handled.
+TEST(CApi, HomesGiveTheSameLogitsAndPerDriveStats) {
+  const std::string dir = tiny();
+  const std::string home = test::temp_dir("capi-home") + "/home";
+  auto r = test::run_deltafin(
+      {"place", "--model", dir, "--home", home, "--probe-size", "1M", "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  deltafin_model_params p;
+  deltafin_model_params_init(&p);
+  p.threads = 1;
+  p.memory_budget = 48ull << 20;  // experts are read on every pass
+  p.ctx = 256;
+  p.direct_io = 0;
+  std::vector<int32_t> ids = {5, 17, 200, 3, 99, 42, 7};
+  auto logits = [&](deltafin_model* m) {
+    std::vector<float> out(ids.size() * static_cast<size_t>(deltafin_model_vocab(m)));
+    deltafin_session* s = nullptr;
+    EXPECT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
+    EXPECT_EQ(deltafin_session_eval(s, ids.data(), ids.size(), 1, out.data()), DELTAFIN_OK)
+        << deltafin_last_error();
+    deltafin_session_free(s);
+    return out;
+  };
+  auto stats = [](deltafin_model* m) {
+    char* j = nullptr;
+    EXPECT_EQ(deltafin_model_stats_json(m, &j), DELTAFIN_OK);
+    return json::parse(take(j));
+  };
+  deltafin_model* m = nullptr;
+  ASSERT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_OK) << deltafin_last_error();
+  const std::vector<float> plain = logits(m);
+  EXPECT_FALSE(stats(m).contains("homes"));
+  deltafin_model_free(m);
+  const char* homes[] = {home.c_str()};
+  p.homes = homes;
+  p.n_homes = 1;
+  ASSERT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_OK) << deltafin_last_error();
+  EXPECT_EQ(logits(m), plain);
+  const json st = stats(m);
+  ASSERT_TRUE(st.contains("homes")) << st.dump();
+  ASSERT_EQ(st["homes"].size(), 2u);
+  EXPECT_EQ(st["homes"][1]["kind"], "home");
+  deltafin_model_free(m);
+  p.struct_size = offsetof(deltafin_model_params, homes);  // an older caller: no homes
+  ASSERT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_OK) << deltafin_last_error();
+  EXPECT_FALSE(stats(m).contains("homes"));
+  deltafin_model_free(m);
+  p.struct_size = sizeof p;
+  p.homes = nullptr;
+  EXPECT_EQ(deltafin_model_load(dir.c_str(), &p, &m), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("homes"), std::string::npos);
+}
+
 // The appended `gpu` option: a bad choice is an argument error naming it; a caller built before
 // it (a smaller struct_size) runs on the CPU; "0" runs the golden model's prefill on the first
 // Vulkan device (lavapipe here; the experts of a 20-row pass as grouped products) with logits

@@ -562,6 +562,34 @@ function drawHeat(heat) {
   $("heat-y").textContent = `layers 0–${heat.layers - 1} ↓`;
 }
 
+// One row per drive experts are read from (serve --home): what each served and how fast.
+function drawDrives(homes) {
+  $("drives").hidden = !homes;
+  if (!homes) return;
+  const body = $("drives-table").querySelector("tbody");
+  body.replaceChildren();
+  for (const d of homes) {
+    const tr = document.createElement("tr");
+    const cells = [
+      d.kind === "model" ? "model folder" : d.name,
+      String(d.experts),
+      String(d.reads),
+      `${(d.bytes_read / 1e9).toFixed(3)} GB`,
+      `${d.busy_s.toFixed(1)} s`,
+      d.gb_per_s.toFixed(2),
+      d.probe_bytes_per_s ? (d.probe_bytes_per_s / 1e9).toFixed(2) : "–",
+      d.bad ? `not used: ${d.bad_reason}` : d.hedges ? `ok, ${d.hedges} hedged (${d.hedge_wins} won)` : "ok",
+    ];
+    for (const c of cells) {
+      const td = document.createElement("td");
+      td.textContent = c;
+      tr.append(td);
+    }
+    if (d.bad) tr.className = "bad";
+    body.append(tr);
+  }
+}
+
 function onSnapshot(s) {
   $("engine-status").textContent = `live · ${new Date().toLocaleTimeString()} · ${s.model || ""}`;
   $("engine-status").className = "status";
@@ -599,6 +627,7 @@ function onSnapshot(s) {
     $("e-tpp").textContent = s.tokens_per_pass.toFixed(2);
   }
   drawMemory(s.memory);
+  drawDrives(s.homes);
   if (s.heat) {
     drawHeat(s.heat);
     lastHeat = s.heat;

@@ -116,6 +116,12 @@ typedef struct deltafin_model_params {
   uint64_t state_cache_size; /* disk bytes the snapshots may take; default 16 GiB; 0 = RAM only */
   int64_t state_cache_ram;   /* bytes of the memory budget kept for snapshots; -1 (default) =
                                 auto (two full-context states); 0 = disk only */
+  /* Appended (ABI 1 still): homes, folders on other drives holding copies of experts that
+   * `deltafin place` wrote (README "Several drives"), as the CLI's --home: `n_homes` paths.
+   * Reads go to whichever copy finishes first; output is unchanged. A home that cannot be used
+   * is left out with one warning on stderr. Needs the store (not mmap). */
+  const char* const* homes;
+  size_t n_homes;
 } deltafin_model_params;
 
 /* Fills `p` with the defaults above. */
@@ -146,7 +152,8 @@ DELTAFIN_API deltafin_status deltafin_model_info_json(deltafin_model* model, cha
 DELTAFIN_API deltafin_status deltafin_model_memory_plan_json(deltafin_model* model,
                                                              char** out_json);
 /* JSON: the model's counters since load: passes, rows, expert requests/hits/misses/bytes,
- * prefetch, trunk bytes streamed, I/O wait, peak RSS. */
+ * prefetch, trunk bytes streamed, I/O wait, peak RSS; with homes, "homes": per drive (the model
+ * folder, then each home) its reads, bytes, busy seconds and GB/s. */
 DELTAFIN_API deltafin_status deltafin_model_stats_json(deltafin_model* model, char** out_json);
 
 /* ---------------------------------------------------------------------------------------------

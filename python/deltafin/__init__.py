@@ -221,6 +221,9 @@ class Model(_Handle):
         gpu: the Vulkan GPU for the matrix products, as the CLI's --gpu: "off" (default),
             "auto" (a GPU if there is one) or a device index such as "0" (an int works too).
             fp32 throughout; `info["gpu"]` names the device used (None: the CPU).
+        homes: folders on other drives holding copies of experts (`deltafin place` fills
+            them), as the CLI's --home; reads go to whichever copy finishes first, the output
+            is the same. `stats["homes"]` has each drive's reads, bytes and GB/s.
 
     A Model may be used from several threads (passes are serialised per model); separate
     Models run in parallel. Use `with deltafin.Model(...) as m:` or `close()` to free it early.
@@ -233,7 +236,8 @@ class Model(_Handle):
                  max_rows: int = 0, verbose: bool = False, heat_file: str | None = None,
                  draft: str | os.PathLike | None = None, draft_max: int = 0,
                  gpu: str | int = "off", state_cache: str | os.PathLike | None = None,
-                 state_cache_size: str | int = "16G", state_cache_ram: str | int | None = None):
+                 state_cache_size: str | int = "16G", state_cache_ram: str | int | None = None,
+                 homes: list[str | os.PathLike] | tuple = ()):
         self._h = c_void_p()
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path: expected a folder path, got {type(path).__name__}")
@@ -273,6 +277,14 @@ class Model(_Handle):
                               else _budget(state_cache_size, "state_cache_size"))
         p.state_cache_ram = -1 if state_cache_ram is None else (
             0 if state_cache_ram == 0 else _budget(state_cache_ram, "state_cache_ram"))
+        if isinstance(homes, (str, bytes, os.PathLike)) or not isinstance(homes, (list, tuple)):
+            raise TypeError(f"homes: expected a list of folder paths, got {type(homes).__name__}")
+        for h in homes:
+            if not isinstance(h, (str, os.PathLike)):
+                raise TypeError(f"homes: expected folder paths, got {type(h).__name__}")
+        self._homes = (c_char_p * max(1, len(homes)))(*[os.fsencode(h) for h in homes])
+        p.homes = ctypes.cast(self._homes, POINTER(c_char_p))
+        p.n_homes = len(homes)
         self.path = os.fspath(path)
         self._local = threading.local()
         check(lib.deltafin_model_load(self.path.encode(), byref(p), byref(self._h)))
@@ -297,7 +309,8 @@ class Model(_Handle):
 
     @property
     def stats(self) -> dict:
-        """Counters since load: passes, expert hits/misses/bytes read, trunk streaming, RSS."""
+        """Counters since load: passes, expert hits/misses/bytes read, trunk streaming, RSS, and
+        with homes "homes": per drive its reads, bytes, busy seconds and GB/s."""
         return _json_out(lib.deltafin_model_stats_json, self._handle())
 
     # -- tokens --

@@ -59,7 +59,9 @@ class ModelParams(ctypes.Structure):
                 ("gpu", c_char_p),
                 # appended: prefix snapshots of sequence states
                 ("state_cache", c_char_p), ("state_cache_size", c_uint64),
-                ("state_cache_ram", c_int64)]
+                ("state_cache_ram", c_int64),
+                # appended: homes on other drives
+                ("homes", POINTER(c_char_p)), ("n_homes", c_size_t)]
 
 
 class SamplingParams(ctypes.Structure):

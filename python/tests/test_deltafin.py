@@ -82,6 +82,23 @@ def test_drafting_keeps_the_output_and_reports_its_stats(binary, model_dir):
         deltafin.Model(model_dir, draft="ngram", draft_max=-1)
 
 
+def test_homes_option(model, binary, model_dir, tmp_path):
+    home = tmp_path / "home"
+    subprocess.run([binary, "place", "--model", model_dir, "--home", str(home),
+                    "--probe-size", "1M", "--quiet"], check=True, capture_output=True)
+    ids = list(range(3, 20))
+    options = dict(OPTIONS, memory_budget="48M", ctx=256, direct_io=False)
+    with deltafin.Model(model_dir, **options) as plain:
+        want = plain.logits(ids)
+    with deltafin.Model(model_dir, homes=[home], **options) as m:
+        assert np.array_equal(m.logits(ids), want)
+        drives = m.stats["homes"]
+        assert [d["kind"] for d in drives] == ["model", "home"]
+        assert drives[1]["name"] == str(home)
+    with pytest.raises(TypeError, match="homes"):
+        deltafin.Model(model_dir, homes=str(home), **options)
+
+
 def test_gpu_option(model, model_dir):
     # 40 prompt rows: one prefill pass whose routed experts run as grouped products on the GPU
     ids = list(range(3, 43))

@@ -161,6 +161,11 @@ LoadRequest load_request(const std::string& dir, const deltafin_model_params& p)
     fail_arg("state_cache_ram: expected -1 (auto), 0 (disk only) or bytes, got {}",
              p.state_cache_ram);
   if (p.state_cache_ram >= 0) r.state_cache_ram = static_cast<uint64_t>(p.state_cache_ram);
+  if (p.n_homes > 0 && p.homes == nullptr) fail_arg("homes: NULL with n_homes {}", p.n_homes);
+  for (size_t i = 0; i < p.n_homes; ++i) {
+    if (p.homes[i] == nullptr || *p.homes[i] == 0) fail_arg("homes[{}]: empty path", i);
+    e.homes.emplace_back(p.homes[i]);
+  }
   return r;
 }
 
@@ -376,6 +381,7 @@ deltafin_status deltafin_model_stats_json(deltafin_model* model, char** out_json
               {"trunk_bytes_streamed", t.bytes_streamed},
               {"trunk_wait_s", t.wait_s},
               {"peak_rss_bytes", peak_rss_bytes()}};
+    if (!e.sources.empty()) j["homes"] = sources_json(e.sources);
     *out_json = capi::copy_string(j.dump());
   });
 }

@@ -310,14 +310,13 @@ void run_bench(BenchArgs& a) {
   const uint64_t requests = dec.experts.requests, hits = dec.experts.hits;
   const int threads = global_pool().size();
   const double mem_bw = measure_memory_bandwidth(threads);
-  std::vector<std::string> files;
-  for (const auto& s : model->checkpoint().shards()) files.push_back(s.path());
-  // Best of three short probes: the disk's sequential O_DIRECT bandwidth with the store's reader
-  // count (the best, so the roofline is not flattered by one slow probe).
+  // Best of three short probes per drive: its sequential O_DIRECT bandwidth with the store's
+  // reader count (the best, so the roofline is not flattered by one slow probe). With homes the
+  // disk bandwidth is the sum over the drives (the model folder and each home).
+  std::vector<double> drive_bw;
+  if (!a.no_disk_probe) drive_bw = probe_drives(*model, a.engine.readers, 512ull << 20, 3);
   double disk_bw = 0.0;
-  for (int i = 0; i < 3 && !a.no_disk_probe; ++i) {
-    disk_bw = std::max(disk_bw, measure_disk_bandwidth(files, a.engine.readers, 512ull << 20));
-  }
+  for (double b : drive_bw) disk_bw += b;
   Summary ps = summarize(prefill_tps), ds = summarize(decode_tps);
   // Prefill against its bound.
   const double n_pre = static_cast<double>(std::max<int64_t>(1, pre.tokens));
@@ -423,6 +422,12 @@ void run_bench(BenchArgs& a) {
   j["roofline_s_per_token"] = roofline;
   j["roofline_ratio"] = ratio;
   j["peak_rss_bytes"] = peak_rss_bytes();
+  if (!dec.experts.sources.empty()) {
+    // Per drive over the measured decode phases, with this run's probe of it.
+    j["homes"] = sources_json(dec.experts.sources);
+    for (size_t i = 0; i < j["homes"].size() && i < drive_bw.size(); ++i)
+      j["homes"][i]["bench_probe_bytes_per_s"] = drive_bw[i];
+  }
   j["expert_bytes"] = model->expert_bytes();
   j["prefill_tokens_per_s_reps"] = prefill_tps;
   j["decode_tokens_per_s_reps"] = decode_tps;
@@ -495,6 +500,11 @@ void run_bench(BenchArgs& a) {
       bytes_read / 1e9, expert_read / 1e9, trunk_read / 1e9,
       requests > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(requests) : 0.0,
       disk_bw / 1e9, io_wait);
+  for (size_t i = 0; i < dec.experts.sources.size(); ++i) {
+    fmt::print("drive      {}{}\n", describe_source(dec.experts.sources[i]),
+               i < drive_bw.size() ? fmt::format("; bench probe {:.2f} GB/s", drive_bw[i] / 1e9)
+                                   : std::string());
+  }
   if (drafter) {
     fmt::print("drafting   {}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass\n",
                engine.draft, drafted.proposed, drafted.accepted, 100.0 * drafted.acceptance(),

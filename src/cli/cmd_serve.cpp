@@ -56,8 +56,9 @@ struct ServeArgs {
 
 // The engine view's fixed part: the memory plan as the page's bar shows it, and the disk's
 // bandwidth from a short O_DIRECT probe of the model's own files (64 MiB at most: well under a
-// second on any SSD, once at start), so the page can draw read throughput against it.
-nlohmann::ordered_json engine_info(const LoadedModel& model, int readers) {
+// second on any SSD, once at start), so the page can draw read throughput against it. With homes
+// each drive is probed and the bandwidth is their sum (per drive in "drive_bandwidths").
+nlohmann::ordered_json engine_info(LoadedModel& model, int readers) {
   nlohmann::ordered_json j;
   j["model"] = model.describe();
   if (const auto& p = model.plan()) {
@@ -76,9 +77,11 @@ nlohmann::ordered_json engine_info(const LoadedModel& model, int readers) {
   } else {
     j["memory"] = nullptr;  // mmap mode: the page cache holds the weights
   }
-  std::vector<std::string> files;
-  for (const auto& s : model.checkpoint().shards()) files.push_back(s.path());
-  j["disk_bandwidth_bytes_per_s"] = measure_disk_bandwidth(files, readers, 64ull << 20);
+  const std::vector<double> drives = probe_drives(model, readers, 64ull << 20);
+  double sum = 0;
+  for (double b : drives) sum += b;
+  j["disk_bandwidth_bytes_per_s"] = sum;
+  j["drive_bandwidths"] = drives;
   return j;
 }
 

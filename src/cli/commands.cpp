@@ -13,6 +13,7 @@ void register_all(CLI::App& app) {
   register_inspect(app);
   register_make_model(app);
   register_bench(app);
+  register_place(app);
   register_perplexity(app);
   register_tokenize(app);
   register_render(app);

@@ -15,6 +15,7 @@ void register_logits(CLI::App& app);
 void register_propose(CLI::App& app);  // cmd_propose.cpp
 void register_make_model(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_place(CLI::App& app);  // cmd_place.cpp
 void register_run(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_chat(CLI::App& app);

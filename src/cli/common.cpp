@@ -176,6 +176,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                 "Do not predict and read the next layer's experts ahead");
   cmd->add_flag("--no-direct-io", o.no_direct_io,
                 "Read through the page cache instead of O_DIRECT");
+  cmd->add_option("--home", o.homes,
+                  "A folder on another drive holding copies of experts (filled by deltafin "
+                  "place; repeatable): reads go to whichever copy finishes first");
   cmd->add_option("--gpu", o.gpu,
                   "Vulkan GPU for the matrix products: auto (a GPU if there is one), a device "
                   "index (0, 1, ...; CPU drivers such as lavapipe only this way) or off")

@@ -10,11 +10,13 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "engine/device_experts.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "storage/expert_directory.h"
+#include "storage/home.h"
 #include "storage/streaming_trunk.h"
 #include "storage/trunk_units.h"
 
@@ -41,6 +43,7 @@ void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const LoadOpt
   so.policy = o.cache_policy;
   so.heat_file = o.heat_file;
   so.prefetch = o.prefetch;
+  so.homes = o.homes;
   parts.experts = std::make_unique<ExpertStore>(c, ck, ef, so);
 }
 
@@ -61,6 +64,8 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
   const InventoryReport inventory = check_inventory(c, *ck);
   const ExpertFormat ef = inventory.expert_format;
   std::optional<MemoryPlan> plan;
+  if (o.mmap && !o.homes.empty())
+    fail_arg("homes (--home) are read by the expert store; drop --mmap to use them");
   if (o.mmap) {
     parts.trunk = std::make_unique<ResidentTrunk>(c, *ck);
     // No budget to size passes from: an automatic pass takes what the prompt needs.
@@ -106,6 +111,21 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
   return model;
 }
 
+std::vector<double> probe_drives(LoadedModel& m, int readers, uint64_t bytes, int tries) {
+  std::vector<std::vector<std::string>> drives(1);
+  for (const auto& s : m.checkpoint().shards()) drives[0].push_back(s.path());
+  const auto sources = m.experts().stats().sources;
+  for (size_t i = 1; i < sources.size(); ++i) drives.push_back(home_data_files(sources[i].name));
+  std::vector<double> out;
+  for (const auto& files : drives) {
+    double best = 0;
+    for (int t = 0; t < tries && !files.empty(); ++t)
+      best = std::max(best, measure_disk_bandwidth(files, readers, bytes));
+    out.push_back(best);
+  }
+  return out;
+}
+
 // More compute threads than CPUs only makes them wait for each other (a pass synchronises all
 // of them many times), which runs tens of times slower: cap at the CPUs this process may use.
 static int capped_threads(int threads) {
@@ -147,6 +167,7 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.readers = o.readers;
   lo.direct_io = !o.no_direct_io;
   lo.prefetch = !o.no_prefetch;
+  lo.homes = o.homes;
   lo.print_plan = o.verbose || (o.plan_on_terminal && ::isatty(STDERR_FILENO));
   lo.heat_file = o.heat_file ? *o.heat_file : heat_file_for(o.model);
   lo.gpu.select = o.gpu;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/gpu_plan.h"
 #include "gpu/options.h"
@@ -27,8 +28,10 @@ struct LoadOptions {
   CachePolicy cache_policy = CachePolicy::kLRU;
   int readers = 4;
   bool direct_io = true;
-  bool prefetch = true;     // predict the next layer's experts and read them ahead
-  std::string heat_file;    // persisted expert use counts ("" = none)
+  bool prefetch = true;   // predict the next layer's experts and read them ahead
+  std::string heat_file;  // persisted expert use counts ("" = none)
+  // Homes on other drives with copies of experts (--home; storage/home.h). Needs the store.
+  std::vector<std::string> homes;
   bool print_plan = false;  // write the plan to stderr
   // The Vulkan backend (--gpu, --gpu-memory): off by default. Its selection line is always
   // written to stderr when it is not off, its plan with the memory plan.
@@ -86,6 +89,7 @@ struct EngineOptions {
   int readers = 4;
   bool no_prefetch = false;
   bool no_direct_io = false;
+  std::vector<std::string> homes;  // --home DIR (repeatable)
   std::string trunk = "bf16";
   int64_t ctx = 0;           // positions per sequence to plan for (0 = min(model, 8192))
   int sequences = 1;         // states to plan for (the server sets this)
@@ -106,6 +110,12 @@ struct EngineOptions {
   uint64_t state_cache_bytes = 0;
   int state_cache_states = 0;
 };
+
+// Read bandwidth of each drive experts come from, with O_DIRECT and `readers` threads, `bytes`
+// per drive (best of `tries`): [0] the model folder's shards, then each home the model reads
+// (its data files). The disk rooflines of bench, the server's engine view and /metrics use the
+// sum.
+std::vector<double> probe_drives(LoadedModel& m, int readers, uint64_t bytes, int tries = 1);
 
 // Applies threads and kernels, checks the folder exists, and loads it (errors say what is
 // missing or wrong, naming the option).

@@ -169,6 +169,7 @@ void RunStats::to_json(nlohmann::json& j) const {
   j["prefetch_used"] = experts.prefetch_used;
   j["prefetch_wasted_bytes"] = experts.prefetch_wasted_bytes;
   j["peak_rss_bytes"] = peak_rss_bytes;
+  if (!experts.sources.empty()) j["homes"] = sources_json(experts.sources);
 }
 
 std::string RunStats::summary() const {
@@ -210,6 +211,7 @@ std::string RunStats::summary() const {
       "{:.1f}%; prefetch {} issued, {} used, {:.3f} GB wasted\n",
       elapsed_s, wait, std::max(0.0, elapsed_s - wait), 100.0 * prefetch_recall,
       experts.prefetch_issued, experts.prefetch_used, experts.prefetch_wasted_bytes / 1e9);
+  for (const auto& d : experts.sources) s += "[stats] " + describe_source(d) + "\n";
   s += fmt::format("[stats] peak RSS {:.1f} MiB", peak_rss_bytes / 1048576.0);
   return s;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +27,23 @@ struct ExpertWeights {
 // A pinned view: the weights stay valid (and resident) while the handle lives.
 using ExpertHandle = std::shared_ptr<const ExpertWeights>;
 
+// One drive experts are read from: the model folder, or a home holding copies (issue 28).
+struct SourceStats {
+  std::string name;              // "model" or the home's folder
+  double probe_bytes_per_s = 0;  // its bandwidth as `deltafin place` probed it (0: unknown)
+  uint64_t experts = 0;          // experts it holds (the model folder: all)
+  uint64_t reads = 0;            // expert reads it served
+  uint64_t bytes_read = 0;
+  double busy_s = 0;        // time with at least one of its reads in flight
+  uint64_t hedges = 0;      // late reads elsewhere that this drive was asked to repeat
+  uint64_t hedge_wins = 0;  // of those, the ones it finished first
+  uint64_t failures = 0;    // reads that failed here (read error, checksum) and fell back
+  bool bad = false;         // not used for the rest of the run (said once on stderr)
+  std::string bad_reason;
+  // Read bandwidth while busy (bytes / busy time).
+  double bytes_per_s() const { return busy_s > 0 ? static_cast<double>(bytes_read) / busy_s : 0; }
+};
+
 struct ExpertStats {
   uint64_t requests = 0;      // experts asked for by passes
   uint64_t hits = 0;          // served from RAM without a read
@@ -35,8 +53,9 @@ struct ExpertStats {
   uint64_t prefetch_issued = 0;
   uint64_t prefetch_used = 0;  // prefetched experts that a pass then asked for
   uint64_t prefetch_wasted_bytes = 0;
-  double io_wait_s = 0;  // time compute spent waiting for reads
-  double read_s = 0;     // time reader threads spent reading
+  double io_wait_s = 0;              // time compute spent waiting for reads
+  double read_s = 0;                 // time reader threads spent reading
+  std::vector<SourceStats> sources;  // per drive (empty: one source, not broken down)
 };
 
 // Per (layer, expert) demand counters since start, for the server's engine view: index
@@ -46,6 +65,11 @@ struct ExpertHeat {
   int layers = 0, experts = 0;
   std::vector<uint64_t> hits, misses;
 };
+
+// The per-drive figures as `--json` / `bench --json` / the C API's stats print them ("homes": the
+// model folder first, then each home), and as one `--stats` line.
+nlohmann::json sources_json(const std::vector<SourceStats>& sources);
+std::string describe_source(const SourceStats& s);
 
 // Counters accumulated between two snapshots.
 ExpertStats operator-(const ExpertStats& a, const ExpertStats& b);

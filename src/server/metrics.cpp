@@ -145,6 +145,7 @@ nlohmann::ordered_json Metrics::engine_snapshot(uint64_t& heat_seen) const {
                   {"prefetch_issued", experts_.prefetch_issued},
                   {"prefetch_used", experts_.prefetch_used}};
   j["trunk"] = {{"bytes_streamed", trunk_.bytes_streamed}, {"wait_s", trunk_.wait_s}};
+  if (!experts_.sources.empty()) j["homes"] = sources_json(experts_.sources);
   if (heat_seen != heat_version_) {
     heat_seen = heat_version_;
     j["heat"] = {{"layers", heat_.layers},
@@ -267,6 +268,45 @@ std::string Metrics::render() const {
          "Trunk bytes read from storage for layers that are not resident.", trunk_.bytes_streamed);
   sample("deltafin_trunk_io_wait_seconds_total", "counter",
          "Time compute waited for streamed trunk layers.", trunk_.wait_s);
+  // With homes (--home): one sample per drive, the model folder as drive="model".
+  if (!experts_.sources.empty()) {
+    auto per_drive = [&](const char* name, const char* type, const char* help, auto value) {
+      metric(name, type, help);
+      for (const auto& d : experts_.sources) {
+        std::string label;
+        for (char c : d.name) {
+          if (c == '"' || c == '\\') label += '\\';
+          if (c == '\n') {
+            label += "\\n";
+            continue;
+          }
+          label += c;
+        }
+        out += fmt::format("{}{{drive=\"{}\"}} {}\n", name, label, value(d));
+      }
+    };
+    per_drive("deltafin_drive_reads_total", "counter", "Expert reads each drive served.",
+              [](const SourceStats& d) { return d.reads; });
+    per_drive("deltafin_drive_bytes_read_total", "counter", "Expert bytes read from each drive.",
+              [](const SourceStats& d) { return d.bytes_read; });
+    per_drive("deltafin_drive_busy_seconds_total", "counter",
+              "Time each drive had at least one expert read in flight.",
+              [](const SourceStats& d) { return d.busy_s; });
+    per_drive("deltafin_drive_read_bytes_per_second", "gauge",
+              "Bytes read per busy second, since start.",
+              [](const SourceStats& d) { return d.bytes_per_s(); });
+    per_drive("deltafin_drive_probe_bytes_per_second", "gauge",
+              "Read bandwidth deltafin place probed (0: not probed).",
+              [](const SourceStats& d) { return d.probe_bytes_per_s; });
+    per_drive("deltafin_drive_hedged_reads_total", "counter",
+              "Late reads repeated on this drive (another copy's read was late).",
+              [](const SourceStats& d) { return d.hedges; });
+    per_drive("deltafin_drive_failures_total", "counter",
+              "Reads that failed on this drive and were read from another copy.",
+              [](const SourceStats& d) { return d.failures; });
+    per_drive("deltafin_drive_up", "gauge", "1 while the drive is used, 0 after a failure.",
+              [](const SourceStats& d) { return d.bad ? 0 : 1; });
+  }
   return out;
 }
 

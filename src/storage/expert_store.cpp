@@ -1,10 +1,12 @@
 #include "storage/expert_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -101,7 +103,13 @@ class ExpertStore::Batch : public ExpertBatch {
         return true;
       }
       Stopwatch sw;
-      s_.cv_.wait(l);
+      if (s_.sources_.count() > 1) {
+        // With several drives a read that is late (a drive stalls) is hedged on another copy.
+        s_.cv_.wait_for(l, std::chrono::milliseconds(10));
+        s_.hedge_late_locked(keys_, slot_, taken_);
+      } else {
+        s_.cv_.wait(l);
+      }
       waited += sw.elapsed();
     }
   }
@@ -149,8 +157,7 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
                          StoreOptions options)
     : dir_(c, ck, format),
       opt_(std::move(options)),
-      files_(ck, opt_.direct_io),
-      pool_(opt_.readers) {
+      sources_(dir_, ck, opt_.direct_io, opt_.readers, opt_.homes) {
   slot_bytes_ = slot_bytes_for(dir_, c);
   size_t n_slots = slot_bytes_ > 0 ? static_cast<size_t>(opt_.cache_bytes / slot_bytes_) : 0;
   if (opt_.cache_slots > 0) n_slots = opt_.cache_slots;
@@ -159,6 +166,8 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
     fail_arg("expert cache of {} bytes holds {} experts; one pass of one layer needs {} ({} bytes)",
              opt_.cache_bytes, n_slots, need, need * slot_bytes_);
   }
+  // With several drives one slot's bytes are kept for a hedged read's buffer (within the budget).
+  if (sources_.count() > 1 && opt_.cache_slots == 0 && n_slots > need) n_slots -= kHedgeBuffers;
   slots_.resize(n_slots);
   const size_t n_keys =
       static_cast<size_t>(dir_.num_layers()) * static_cast<size_t>(dir_.num_experts());
@@ -173,28 +182,33 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
 }
 
 ExpertStore::~ExpertStore() {
-  pool_.stop();  // running reads land before the slots go
+  sources_.stop();  // running reads land before the slots go
   try {
     save_heat();
   } catch (const std::exception& e) {
     log_warn("could not save expert heat statistics: {}", e.what());
   }
-  for (auto& s : slots_) std::free(s.buf);
+  for (uint8_t* b : buffers_) std::free(b);  // the slots' and the hedges', wherever they are now
 }
 
 // Heat statistics: counts per (layer, expert), persisted across runs.
-void ExpertStore::load_heat() {
-  if (opt_.heat_file.empty()) return;
-  std::ifstream in(opt_.heat_file, std::ios::binary);
+std::vector<uint64_t> read_heat_file(const std::string& path, int layers, int experts) {
+  std::vector<uint64_t> heat(static_cast<size_t>(layers) * static_cast<size_t>(experts), 0);
+  if (path.empty()) return heat;
+  std::ifstream in(path, std::ios::binary);
   char magic[8] = {};
   uint64_t dims[2] = {};
   if (in.read(magic, 8) && std::memcmp(magic, "DFHEAT1", 8) == 0 &&
-      in.read(reinterpret_cast<char*>(dims), 16) &&
-      dims[0] == static_cast<uint64_t>(dir_.num_layers()) &&
-      dims[1] == static_cast<uint64_t>(dir_.num_experts())) {
-    in.read(reinterpret_cast<char*>(heat_.data()), static_cast<std::streamsize>(heat_.size() * 8));
-    if (!in) std::fill(heat_.begin(), heat_.end(), 0);
+      in.read(reinterpret_cast<char*>(dims), 16) && dims[0] == static_cast<uint64_t>(layers) &&
+      dims[1] == static_cast<uint64_t>(experts)) {
+    in.read(reinterpret_cast<char*>(heat.data()), static_cast<std::streamsize>(heat.size() * 8));
+    if (!in) std::fill(heat.begin(), heat.end(), 0);
   }
+  return heat;
+}
+
+void ExpertStore::load_heat() {
+  heat_ = read_heat_file(opt_.heat_file, dir_.num_layers(), dir_.num_experts());
 }
 
 // The pinned policy: the hottest experts (by persisted heat) stay resident once loaded.
@@ -234,12 +248,17 @@ int ExpertStore::take_slot_locked(int64_t key, bool for_prefetch) {
     if (v.prefetched) stats_.prefetch_wasted_bytes += location_of(v.key).bytes;
     where_.erase(v.key);
   }
-  if (v.buf == nullptr) v.buf = alloc_weight_buffer(slot_bytes_, "an expert slot");
+  if (v.buf == nullptr) {
+    v.buf = alloc_weight_buffer(slot_bytes_, "an expert slot");
+    buffers_.push_back(v.buf);
+  }
+  v.gen++;
   v.key = key;
   v.state = SlotState::kEmpty;
   v.prefetched = false;
   v.hot = hot_[static_cast<size_t>(key)];
   v.error.clear();
+  v.hedged = false;
   v.weights.reset();
   where_[key] = best;
   return best;
@@ -249,6 +268,7 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   s.state = SlotState::kLoading;
   s.prefetched = prefetch;
+  s.source = std::max(0, sources_.choose(layer_of(key), expert_of(key)));
   if (prefetch) {
     stats_.prefetch_issued++;
   } else {
@@ -259,8 +279,9 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
 }
 
 void ExpertStore::submit_read(int slot, int64_t key, bool prefetch) {
-  pool_.submit(prefetch ? ReaderPool::Priority::kBackground : ReaderPool::Priority::kDemand,
-               [this, slot, key] { run_read(slot, key); });
+  sources_.submit(slots_[static_cast<size_t>(slot)].source,
+                  prefetch ? ReaderPool::Priority::kBackground : ReaderPool::Priority::kDemand,
+                  location_of(key).bytes, [this, slot, key] { run_read(slot, key); });
 }
 
 // A reader task. The slot may have been cancelled, reassigned, or already read by a task
@@ -270,16 +291,27 @@ void ExpertStore::run_read(int slot, int64_t key) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (s.key != key || s.state != SlotState::kLoading || s.reading) return;
   s.reading = true;
+  s.read_started = now_seconds();
+  const int source = s.source;
+  uint8_t* const buf = s.buf;
   l.unlock();
   std::string err;
+  std::shared_ptr<ExpertWeights> weights;
   try {
-    read_expert(s, key);
+    int served = source;
+    weights = std::make_shared<ExpertWeights>(dir_.weights_from(
+        sources_.read_with_fallback(source, layer_of(key), expert_of(key), buf, &served)));
   } catch (const std::exception& e) {
     err = e.what();
   }
   l.lock();
+  if (s.buf != buf) {  // a hedged read finished first and took the slot: this buffer is spare
+    spare_.push_back(buf);
+    return;
+  }
   s.reading = false;
   if (err.empty()) {
+    s.weights = std::move(weights);
     s.state = SlotState::kReady;
     stats_.bytes_read += location_of(key).bytes;
   } else {
@@ -289,31 +321,66 @@ void ExpertStore::run_read(int slot, int64_t key) {
   cv_.notify_all();
 }
 
-void ExpertStore::read_expert(Slot& slot, int64_t key) {
-  const ExpertLocation& loc = location_of(key);
-  const std::string what = fmt::format("expert {} of layer {}", expert_of(key), layer_of(key));
-  // One aligned read of [offset, offset + size) at `pos` in the slot; returns where it starts.
-  auto read_span = [&](int shard, uint64_t offset, uint64_t size, uint64_t pos) -> uint64_t {
-    const uint64_t a0 = io_align_down(offset), a1 = io_align_up(offset + size);
-    files_.read_aligned(shard, a0, a1 - a0, slot.buf + pos, offset + size - a0, what);
-    return pos + (offset - a0);
-  };
-  std::vector<const uint8_t*> ptrs;
-  if (loc.contiguous()) {
-    const ByteRange s = loc.span();
-    uint64_t off = read_span(s.shard, s.offset, s.size, 0);
-    for (const auto& r : loc.ranges) {
-      ptrs.push_back(slot.buf + off);
-      off += r.size;
+// Reads still running well past what a read of that drive takes get a second read from another
+// copy into a spare buffer; whichever lands first fills the slot (run_hedge swaps the buffers).
+void ExpertStore::hedge_late_locked(const std::vector<int64_t>& keys, const std::vector<int>& slot,
+                                    const std::vector<bool>& taken) {
+  const double now = now_seconds();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (taken[i] || slot[i] < 0) continue;
+    Slot& s = slots_[static_cast<size_t>(slot[i])];
+    if (s.state != SlotState::kLoading || !s.reading || s.hedged) continue;
+    const uint64_t bytes = location_of(keys[i]).bytes;
+    if (now - s.read_started < 2 * sources_.read_seconds(s.source, bytes) + 0.02) continue;
+    const int alt = sources_.choose(layer_of(keys[i]), expert_of(keys[i]), s.source);
+    if (alt < 0) continue;
+    if (spare_.empty()) {
+      if (buffers_.size() >= slots_.size() + kHedgeBuffers) return;
+      buffers_.push_back(alloc_weight_buffer(slot_bytes_, "a hedged read"));
+      spare_.push_back(buffers_.back());
     }
-  } else {
-    uint64_t pos = 0;
-    for (const auto& r : loc.ranges) {
-      ptrs.push_back(slot.buf + read_span(r.shard, r.offset, r.size, pos));
-      pos += io_align_up(r.offset + r.size) - io_align_down(r.offset);
+    uint8_t* buf = spare_.back();
+    spare_.pop_back();
+    s.hedged = true;
+    const int sl = slot[i];
+    const int64_t key = keys[i];
+    const uint64_t gen = s.gen;
+    sources_.submit(alt, ReaderPool::Priority::kDemand, bytes,
+                    [this, sl, key, gen, alt, buf] { run_hedge(sl, key, gen, alt, buf); });
+  }
+}
+
+void ExpertStore::run_hedge(int slot, int64_t key, uint64_t gen, int source, uint8_t* buf) {
+  std::shared_ptr<ExpertWeights> weights;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const Slot& s = slots_[static_cast<size_t>(slot)];
+    if (s.gen != gen || s.state != SlotState::kLoading) {  // the first read landed meanwhile
+      spare_.push_back(buf);
+      return;
     }
   }
-  slot.weights = std::make_shared<ExpertWeights>(dir_.weights_from(ptrs));
+  try {
+    weights = std::make_shared<ExpertWeights>(
+        dir_.weights_from(sources_.read(source, layer_of(key), expert_of(key), buf)));
+  } catch (const IoError& e) {
+    sources_.mark_bad(source, e.what());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  const bool won = weights && s.gen == gen && s.key == key && s.state == SlotState::kLoading;
+  sources_.count_hedge(source, won);
+  if (!won) {
+    spare_.push_back(buf);
+    return;
+  }
+  // The first read still writes into the old buffer; it becomes spare when that read returns.
+  s.buf = buf;
+  s.reading = false;
+  s.weights = std::move(weights);
+  s.state = SlotState::kReady;
+  stats_.bytes_read += location_of(key).bytes;
+  cv_.notify_all();
 }
 
 void ExpertStore::unpin(int slot) {
@@ -335,7 +402,7 @@ ExpertHandle ExpertStore::handle_locked(int slot) {
 }
 
 std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int> experts) {
-  files_.check_identity();
+  sources_.model_files().check_identity();
   std::lock_guard<std::mutex> l(mu_);
   ++tick_;
   std::vector<int64_t> keys;
@@ -423,12 +490,15 @@ std::vector<size_t> ExpertStore::pin_hits_locked(const std::vector<int64_t>& key
 // scheduled by the batch once compute frees one.
 void ExpertStore::issue_misses_locked(std::vector<size_t> misses, const std::vector<int64_t>& keys,
                                       std::vector<int>& slot) {
-  auto file_pos = [&](size_t i) {
+  // Experts with one copy first (their drive is decided), then those with several, each to the
+  // drive that will be done soonest with what it has by then: the drives finish together.
+  auto order = [&](size_t i) {
     const ByteRange& r = location_of(keys[i]).ranges[0];
-    return std::make_pair(r.shard, r.offset);
+    const bool flexible =
+        sources_.count() > 1 && sources_.copies(layer_of(keys[i]), expert_of(keys[i])) > 1;
+    return std::make_tuple(flexible, r.shard, r.offset);
   };
-  std::sort(misses.begin(), misses.end(),
-            [&](size_t a, size_t b) { return file_pos(a) < file_pos(b); });
+  std::sort(misses.begin(), misses.end(), [&](size_t a, size_t b) { return order(a) < order(b); });
   for (size_t i : misses) {
     const int sl = take_slot_locked(keys[i], false);
     if (sl < 0) continue;
@@ -473,7 +543,8 @@ ExpertStats ExpertStore::stats() const {
     std::lock_guard<std::mutex> l(mu_);
     s = stats_;
   }
-  s.read_s = pool_.busy_seconds();
+  s.read_s = sources_.busy_seconds();
+  if (sources_.count() > 1) s.sources = sources_.stats();
   return s;
 }
 
@@ -487,11 +558,12 @@ std::string ExpertStore::describe() const {
   const double b = static_cast<double>(slot_bytes_);
   const std::string slot = b >= 1048576.0 ? fmt::format("{:.1f} MiB", b / 1048576.0)
                                           : fmt::format("{:.1f} KiB", b / 1024.0);
-  return fmt::format("store: {} slot{} of {} ({:.2f} GiB), {} readers, {}, policy {}",
+  return fmt::format("store: {} slot{} of {} ({:.2f} GiB), {} readers{}, {}, policy {}{}",
                      slots_.size(), slots_.size() == 1 ? "" : "s", slot,
-                     static_cast<double>(slots_.size() * slot_bytes_) / 1073741824.0, pool_.size(),
-                     files_.direct() ? "O_DIRECT" : "buffered reads",
-                     cache_policy_name(opt_.policy));
+                     static_cast<double>(slots_.size() * slot_bytes_) / 1073741824.0,
+                     std::max(1, opt_.readers), sources_.count() > 1 ? " per drive" : "",
+                     sources_.direct() ? "O_DIRECT" : "buffered reads",
+                     cache_policy_name(opt_.policy), sources_.describe());
 }
 
 void ExpertStore::save_heat() const {

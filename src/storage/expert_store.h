@@ -18,6 +18,9 @@
 //    persisted heat file resident and runs LRU on the rest.
 //  * Faults (short read, truncated or replaced file) fail the request that needed the expert
 //    with an IoError naming the shard; the store stays usable for everything else.
+//  * Homes (--home): experts with copies on other drives are read from whichever copy finishes
+//    first; a pass's misses are issued those with one copy first, then the rest to the drive
+//    that will be done soonest, so the drives finish a layer together (storage/expert_sources.h).
 #pragma once
 
 #include <condition_variable>
@@ -29,15 +32,19 @@
 #include <vector>
 
 #include "storage/expert_directory.h"
+#include "storage/expert_sources.h"
 #include "storage/expert_step.h"
 #include "storage/reader_pool.h"
-#include "storage/shard_files.h"
 
 namespace deltafin {
 
 enum class CachePolicy { kLRU, kLFU, kPinned };
 CachePolicy parse_cache_policy(const std::string& s);
 const char* cache_policy_name(CachePolicy p);
+
+// The persisted heat counts of `path` (written by ExpertStore::save_heat), indexed
+// [layer * experts + expert]; all zero when the file is missing, unreadable or of another shape.
+std::vector<uint64_t> read_heat_file(const std::string& path, int layers, int experts);
 
 struct StoreOptions {
   uint64_t cache_bytes = 0;  // RAM for cached experts (rounded down to whole slots)
@@ -54,6 +61,9 @@ struct StoreOptions {
   double gate_threshold = 0.9;
   int gate_warmup = 4;
   bool prefetch = true;  // act on prefetch hints at all
+  // Homes on other drives holding copies of experts (storage/home.h, `deltafin place`): each
+  // read goes to the copy that will finish first (storage/expert_sources.h).
+  std::vector<std::string> homes;
 };
 
 class ExpertStore : public ExpertProvider {
@@ -93,6 +103,10 @@ class ExpertStore : public ExpertProvider {
     int64_t key = -1;
     SlotState state = SlotState::kEmpty;
     bool reading = false;  // a reader task has taken this slot's read
+    int source = 0;        // the drive its read was sent to (ExpertSources)
+    uint64_t gen = 0;      // bumped each time the slot takes an expert
+    double read_started = 0;
+    bool hedged = false;  // a second read was sent to another copy
     int pins = 0;
     uint64_t last_use = 0;
     uint64_t freq = 0;
@@ -127,18 +141,22 @@ class ExpertStore : public ExpertProvider {
   void start_read_locked(int slot, int64_t key, bool prefetch);
   void submit_read(int slot, int64_t key, bool prefetch);
   void run_read(int slot, int64_t key);
-  void read_expert(Slot& slot, int64_t key);
+  void hedge_late_locked(const std::vector<int64_t>& keys, const std::vector<int>& slot,
+                         const std::vector<bool>& taken);
+  void run_hedge(int slot, int64_t key, uint64_t gen, int source, uint8_t* buf);
+  static constexpr size_t kHedgeBuffers = 1;
   void unpin(int slot);
   ExpertHandle handle_locked(int slot);
 
   ExpertDirectory dir_;
   StoreOptions opt_;
-  ShardFiles files_;
   uint64_t slot_bytes_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // slot state changes
   std::vector<Slot> slots_;
+  std::vector<uint8_t*> buffers_;  // every slot and hedge buffer allocated (freed at the end)
+  std::vector<uint8_t*> spare_;    // buffers no slot owns, for hedged reads
   std::unordered_map<int64_t, int> where_;
   uint64_t tick_ = 0;
   std::vector<uint64_t> heat_;
@@ -147,7 +165,9 @@ class ExpertStore : public ExpertProvider {
   std::vector<bool> predicted_;  // per key: a hint was given since the layer's last pass
   std::vector<bool> hot_;        // per key: the pinned policy keeps it resident
   mutable ExpertStats stats_;
-  ReaderPool pool_;  // last: its threads stop before the slots they write into go away
+  // The drives and their readers; stopped first in the destructor, before the slots they write
+  // into go away.
+  ExpertSources sources_;
 };
 
 }  // namespace deltafin

@@ -44,77 +44,80 @@ ReadResult read_or_fault(int fd, uint8_t* dst, uint64_t n, uint64_t offset, cons
 
 }  // namespace
 
-ShardFiles::ShardFiles(const Checkpoint& ck, bool direct_io)
-    : ck_(ck), shards_(new Shard[ck.shards().size()]), n_(ck.shards().size()) {
-  for (size_t i = 0; i < n_; ++i) {
-    Shard& s = shards_[i];
-    s.path = ck.shards()[i].path();
-    bool direct_ok = direct_io;
-    s.direct_fd = open_for_reading(s.path, direct_io, &direct_ok);
-    s.buffered_fd = open_for_reading(s.path, false);
-    s.use_direct.store(direct_io && direct_ok);
+DirectFile::DirectFile(std::string path, bool direct_io) : path_(std::move(path)) {
+  bool direct_ok = direct_io;
+  direct_fd_ = open_for_reading(path_, direct_io, &direct_ok);
+  try {
+    buffered_fd_ = open_for_reading(path_, false);
+  } catch (...) {
+    ::close(direct_fd_);
+    throw;
+  }
+  use_direct_.store(direct_io && direct_ok);
+}
+
+DirectFile::~DirectFile() {
+  ::close(direct_fd_);
+  ::close(buffered_fd_);
+}
+
+void DirectFile::read_aligned(uint64_t offset, uint64_t length, uint8_t* dst, uint64_t need,
+                              const std::string& what) const {
+  uint64_t got = 0;
+  for (;;) {
+    const bool direct = use_direct_.load();
+    const ReadResult rd = read_or_fault(direct ? direct_fd_ : buffered_fd_, dst + got, length - got,
+                                        offset + got, what, path_);
+    got += rd.bytes;
+    if (rd.error == 0) break;  // all of it, or the end of the file
+    if (rd.error == EINVAL && direct) {
+      // The file system refused O_DIRECT after all: this file reads buffered from now on.
+      use_direct_.store(false);
+      continue;
+    }
+    fail_io("{} from {} at offset {}: {}", what, path_, offset + got, std::strerror(rd.error));
+  }
+  if (got < need) {
+    fail_io(
+        "short read of {} from {}: {} of {} bytes at offset {} (the file is truncated or was "
+        "replaced)",
+        what, path_, got, need, offset);
   }
 }
 
-ShardFiles::~ShardFiles() {
-  for (size_t i = 0; i < n_; ++i) {
-    ::close(shards_[i].direct_fd);
-    ::close(shards_[i].buffered_fd);
-  }
+void DirectFile::read_buffered(uint64_t offset, uint64_t size, void* dst,
+                               const std::string& what) const {
+  const ReadResult rd =
+      read_or_fault(buffered_fd_, static_cast<uint8_t*>(dst), size, offset, what, path_);
+  if (rd.error != 0)
+    fail_io("{} from {} at offset {}: {}", what, path_, offset + rd.bytes, std::strerror(rd.error));
+  if (rd.bytes < size) fail_io("short read of {} from {}", what, path_);
+}
+
+void DirectFile::drop_buffered_pages() const {
+#if defined(POSIX_FADV_DONTNEED)
+  ::posix_fadvise(buffered_fd_, 0, 0, POSIX_FADV_DONTNEED);
+#endif
+}
+
+ShardFiles::ShardFiles(const Checkpoint& ck, bool direct_io) : ck_(ck) {
+  for (const auto& shard : ck.shards())
+    files_.push_back(std::make_unique<DirectFile>(shard.path(), direct_io));
 }
 
 bool ShardFiles::direct() const {
-  for (size_t i = 0; i < n_; ++i) {
-    if (!shards_[i].use_direct.load()) return false;
+  for (const auto& f : files_) {
+    if (!f->direct()) return false;
   }
-  return n_ > 0;
+  return !files_.empty();
 }
 
 uint64_t ShardFiles::size(int shard) const {
   return ck_.shards()[static_cast<size_t>(shard)].size();
 }
 
-void ShardFiles::read_aligned(int shard, uint64_t offset, uint64_t length, uint8_t* dst,
-                              uint64_t need, const std::string& what) const {
-  const Shard& s = shards_[static_cast<size_t>(shard)];
-  uint64_t got = 0;
-  for (;;) {
-    const bool direct = s.use_direct.load();
-    const ReadResult rd = read_or_fault(direct ? s.direct_fd : s.buffered_fd, dst + got,
-                                        length - got, offset + got, what, s.path);
-    got += rd.bytes;
-    if (rd.error == 0) break;  // all of it, or the end of the file
-    if (rd.error == EINVAL && direct) {
-      // The file system refused O_DIRECT after all: this shard reads buffered from now on.
-      s.use_direct.store(false);
-      continue;
-    }
-    fail_io("{} from {} at offset {}: {}", what, s.path, offset + got, std::strerror(rd.error));
-  }
-  if (got < need) {
-    fail_io(
-        "short read of {} from {}: {} of {} bytes at offset {} (the file is truncated or was "
-        "replaced)",
-        what, s.path, got, need, offset);
-  }
-}
-
-void ShardFiles::read_buffered(int shard, uint64_t offset, uint64_t size, void* dst,
-                               const std::string& what) const {
-  const Shard& s = shards_[static_cast<size_t>(shard)];
-  const ReadResult rd =
-      read_or_fault(s.buffered_fd, static_cast<uint8_t*>(dst), size, offset, what, s.path);
-  if (rd.error != 0)
-    fail_io("{} from {} at offset {}: {}", what, s.path, offset + rd.bytes,
-            std::strerror(rd.error));
-  if (rd.bytes < size) fail_io("short read of {} from {}", what, s.path);
-}
-
 void ShardFiles::drop_buffered_pages() const {
-#if defined(POSIX_FADV_DONTNEED)
-  for (size_t i = 0; i < n_; ++i)
-    ::posix_fadvise(shards_[i].buffered_fd, 0, 0, POSIX_FADV_DONTNEED);
-#endif
+  for (const auto& f : files_) f->drop_buffered_pages();
 }
 
 void ShardFiles::check_identity() {
@@ -122,8 +125,8 @@ void ShardFiles::check_identity() {
   const double now = now_seconds();
   if (now - last_check_ < 1.0) return;
   last_check_ = now;
-  for (size_t i = 0; i < n_; ++i) {
-    const std::string& p = shards_[i].path;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const std::string& p = files_[i]->path();
     FileIdentity id;
     try {
       id = file_identity(p);

@@ -1,0 +1,101 @@
+// Homes: folders on other drives that hold copies of routed experts, so a pass reads its experts
+// from several drives at once (issue 28; `deltafin place` fills them, storage/place.h).
+//
+// Why it is laid out this way:
+//  * The model folder stays the source of truth. A home holds a manifest (deltafin-home.json:
+//    the checkpoint it belongs to, which experts, where, their XXH3 checksums) and one data file
+//    per MoE layer (data-ID/layer-LLL.bin) with every expert at a 4 KiB-aligned offset, its
+//    tensors back to back: one aligned O_DIRECT read per expert, nothing to widen.
+//  * A home belongs to one checkpoint: its fingerprint covers config.json, every shard's name,
+//    size and safetensors header, and three 64 KiB samples of each shard's bytes (so a model
+//    regenerated with the same layout but other weights is not mistaken for the old one). A home
+//    of another checkpoint is not used.
+//  * Every read from a home is checked against the manifest's checksum: a copy on another drive
+//    can be stale, damaged or on a failing disk, and K3 must still decide every token. A failed
+//    check makes the read fall back to another copy (storage/expert_sources.h).
+//  * The data folder is named by the placement's ID, and the manifest is the commit point: a new
+//    placement is written beside the old one and published by renaming the manifest, so a home
+//    is always either the old placement or the new one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/shard_files.h"
+
+namespace deltafin {
+
+class Checkpoint;
+class ExpertDirectory;
+
+inline constexpr const char* kHomeManifestName = "deltafin-home.json";
+inline constexpr const char* kHomeFormat = "deltafin-home/1";
+
+struct HomeEntry {
+  int layer = 0, expert = 0;
+  uint64_t offset = 0;    // in the layer's data file, on the 4 KiB grid
+  uint64_t bytes = 0;     // the expert's bytes (its tensors back to back, in suffix order)
+  uint64_t checksum = 0;  // XXH3-64 of those bytes
+};
+
+struct HomeManifest {
+  std::string checkpoint;  // checkpoint_fingerprint() of the model folder it was placed from
+  std::string placement;   // the placement's ID (names the data folder)
+  std::string args;        // what `place` was asked (homes, budgets, replication): a rerun with
+                           // the same request finds the home up to date
+  std::string model;       // the model folder at place time (for messages)
+  double probe_bytes_per_s = 0;        // this home's read bandwidth when placed
+  double model_probe_bytes_per_s = 0;  // the model folder's
+  std::vector<HomeEntry> experts;
+
+  std::string data_dir() const { return "data-" + placement; }
+  std::string to_json() const;
+  // Throws InvalidArgument naming `what` and the field at fault.
+  static HomeManifest parse(const std::string& text, const std::string& what);
+};
+
+// "layer-007.bin": the data file of one MoE layer inside a home's data folder.
+std::string home_layer_file(int layer);
+// Bytes an entry takes in its data file (the expert widened to the 4 KiB grid).
+uint64_t home_entry_span(uint64_t bytes);
+
+// The fingerprint a home records of its checkpoint (16 hex digits). Reads a few KiB per shard.
+std::string checkpoint_fingerprint(const Checkpoint& ck);
+
+// The data files of a home's current placement (for bandwidth probes); empty when it has none.
+std::vector<std::string> home_data_files(const std::string& home);
+
+// Reads HOME/deltafin-home.json. Throws IoError ("no ... (run deltafin place)") or
+// InvalidArgument (malformed).
+HomeManifest read_home_manifest(const std::string& home);
+
+// A home opened for reading: its manifest checked against the checkpoint and the expert
+// directory, its data files open (O_DIRECT where the file system takes it).
+class ExpertHome {
+ public:
+  // Throws Error with one line saying why the home cannot be used (missing, another checkpoint,
+  // a data file missing or shorter than the manifest says, an entry that does not fit the model).
+  ExpertHome(std::string dir, const std::string& fingerprint, const ExpertDirectory& experts,
+             bool direct_io);
+  ~ExpertHome();
+
+  const std::string& dir() const { return dir_; }
+  const HomeManifest& manifest() const { return manifest_; }
+  // The copy of (layer, expert) here, or null.
+  const HomeEntry* find(int layer, int expert) const;
+  // Reads an entry into `dst` (4 KiB aligned, at least home_entry_span(bytes) long) and checks
+  // its checksum. Throws IoError naming the home, the file and what failed.
+  void read(const HomeEntry& e, uint8_t* dst, const std::string& what) const;
+  bool direct() const;
+
+ private:
+  std::string dir_;
+  HomeManifest manifest_;
+  int first_moe_ = 0, num_experts_ = 0;
+  std::vector<int> index_;                          // [(layer - first) * E + expert] -> entry or -1
+  std::vector<std::unique_ptr<DirectFile>> files_;  // [layer - first] (null: none here)
+};
+
+}  // namespace deltafin

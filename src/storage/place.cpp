@@ -1,0 +1,759 @@
+#include "storage/place.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "core/checksum.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/json_parse.h"
+#include "core/mapped_file.h"
+#include "core/sysinfo.h"
+#include "core/timer.h"
+#include "core/weight_buffer.h"
+#include "model/config.h"
+#include "storage/checkpoint.h"
+#include "storage/expert_directory.h"
+#include "storage/expert_store.h"
+#include "storage/home.h"
+#include "storage/placement.h"
+#include "storage/plan.h"
+#include "storage/shard_files.h"
+#include "storage/trunk_units.h"
+
+namespace deltafin {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPlaceRecord = ".deltafin-place.json";
+constexpr const char* kProbeFile = ".deltafin-probe";
+constexpr const char* kJournal = "journal";
+
+// An aligned buffer freed on scope exit.
+struct Buffer {
+  explicit Buffer(uint64_t n) : p(alloc_weight_buffer(std::max<uint64_t>(n, kIoAlign), "a copy")) {}
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* p;
+};
+
+struct FdCloser {
+  int fd = -1;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_all_at(int fd, const uint8_t* p, uint64_t n, uint64_t offset, const std::string& path) {
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail_io("cannot write {}: {}", path, std::strerror(w < 0 ? errno : EIO));
+    done += static_cast<uint64_t>(w);
+  }
+}
+
+// Opens for writing with O_DIRECT where the file system takes it (the copy should not fill the
+// page cache with a drive's worth of experts).
+int open_for_writing(const std::string& path, bool direct) {
+  int fd = -1;
+#ifdef O_DIRECT
+  if (direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+#endif
+  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fail_io("cannot create {}: {}", path, std::strerror(errno));
+  return fd;
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statvfs v {};
+  if (::statvfs(dir.c_str(), &v) != 0) fail_io("cannot stat the drive of {}", dir);
+  return static_cast<uint64_t>(v.f_bavail) * static_cast<uint64_t>(v.f_frsize);
+}
+
+uint64_t device_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;
+}
+
+// The model folder opened for copying from.
+struct Source {
+  explicit Source(const std::string& model, bool direct_io)
+      : config(load_config(model)),
+        ck(Checkpoint::open(model)),
+        format(check_inventory(config, *ck).expert_format),
+        dir(config, *ck, format),
+        files(*ck, direct_io),
+        fingerprint(checkpoint_fingerprint(*ck)),
+        scratch_bytes(ExpertStore::slot_bytes_for(dir, config)) {}
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> ck;
+  ExpertFormat format;
+  ExpertDirectory dir;
+  ShardFiles files;
+  std::string fingerprint;
+  uint64_t scratch_bytes;
+
+  // The expert's bytes, its tensors back to back, into `out` (zero-padded to the 4 KiB grid).
+  void read(int layer, int expert, uint8_t* scratch, uint8_t* out) const {
+    const ExpertLocation& loc = dir.location(layer, expert);
+    const std::string what = fmt::format("expert {} of layer {}", expert, layer);
+    uint64_t at = 0;
+    for (const auto& r : loc.ranges) {
+      const uint64_t a0 = io_align_down(r.offset), a1 = io_align_up(r.offset + r.size);
+      files.read_aligned(r.shard, a0, a1 - a0, scratch, r.offset + r.size - a0, what);
+      std::memcpy(out + at, scratch + (r.offset - a0), r.size);
+      at += r.size;
+    }
+    std::memset(out + at, 0, home_entry_span(at) - at);
+  }
+};
+
+// Runs fn(i) for i in [0, n) on `threads` threads; the first exception is rethrown.
+void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr error;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < std::max(1, threads); ++t) {
+    ts.emplace_back([&] {
+      for (size_t i = next++; i < n; i = next++) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> l(mu);
+          if (!error) error = std::current_exception();
+          next = n;
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// Writes a probe file of `bytes` on the home's drive and reads it back with O_DIRECT.
+double probe_home(const std::string& home, uint64_t bytes, int threads) {
+  const std::string path = home + "/" + kProbeFile;
+  bytes = std::max<uint64_t>(io_align_up(bytes), 1 << 20);
+  {
+    FdCloser f{open_for_writing(path, true)};
+    constexpr uint64_t kChunk = 4 << 20;
+    Buffer buf(kChunk);
+    for (uint64_t i = 0; i < kChunk / 8; ++i) {
+      const uint64_t v = (i + 1) * 0x9E3779B97F4A7C15ull;
+      std::memcpy(buf.p + i * 8, &v, 8);
+    }
+    for (uint64_t at = 0; at < bytes; at += kChunk)
+      write_all_at(f.fd, buf.p, std::min(kChunk, bytes - at), at, path);
+    if (::fdatasync(f.fd) != 0) fail_io("cannot sync {}: {}", path, std::strerror(errno));
+#if defined(POSIX_FADV_DONTNEED)
+    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+#endif
+  }
+  double best = 0;
+  for (int i = 0; i < 2; ++i)
+    best = std::max(best, measure_disk_bandwidth({path}, threads, bytes, 4ull << 20));
+  ::unlink(path.c_str());
+  if (!(best > 0)) fail_io("could not read the probe file back from {}", home);
+  return best;
+}
+
+// The decision for every home, as written to (and read back from) .deltafin-place.json.
+struct Decision {
+  std::string args;
+  double model_probe = 0, model_share = 0;
+  size_t replicated = 0;
+  struct Home {
+    std::string dir;
+    double probe = 0, share = 0;
+    std::vector<std::pair<int, int>> experts;  // (layer, expert), ascending
+  };
+  std::vector<Home> homes;
+
+  std::string to_json() const {
+    nlohmann::json j;
+    j["args"] = args;
+    j["model_probe_bytes_per_s"] = model_probe;
+    j["model_share"] = model_share;
+    j["replicated"] = replicated;
+    for (const auto& h : homes) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& [l, e] : h.experts) list.push_back({l, e});
+      j["homes"].push_back(
+          {{"dir", h.dir}, {"probe_bytes_per_s", h.probe}, {"share", h.share}, {"experts", list}});
+    }
+    return j.dump() + "\n";
+  }
+  // The record in `home` if it is one of this request; nullopt otherwise.
+  static std::optional<Decision> read(const std::string& home, const std::string& args) {
+    std::error_code ec;
+    const std::string path = home + "/" + kPlaceRecord;
+    if (!fs::exists(path, ec)) return std::nullopt;
+    try {
+      const nlohmann::json j = parse_json(read_file(path), path);
+      if (j.at("args").get<std::string>() != args) return std::nullopt;
+      Decision d;
+      d.args = args;
+      d.model_probe = j.at("model_probe_bytes_per_s").get<double>();
+      d.model_share = j.at("model_share").get<double>();
+      d.replicated = j.at("replicated").get<size_t>();
+      for (const auto& h : j.at("homes")) {
+        Home x;
+        x.dir = h.at("dir").get<std::string>();
+        x.probe = h.at("probe_bytes_per_s").get<double>();
+        x.share = h.at("share").get<double>();
+        for (const auto& p : h.at("experts"))
+          x.experts.emplace_back(p.at(0).get<int>(), p.at(1).get<int>());
+        d.homes.push_back(std::move(x));
+      }
+      return d;
+    } catch (const std::exception&) {
+      return std::nullopt;  // a torn or foreign record: decide again
+    }
+  }
+};
+
+// Offsets of a home's experts in their layer files: ascending expert ids, back to back.
+std::vector<HomeEntry> lay_out(const Source& src, const std::vector<std::pair<int, int>>& experts) {
+  std::vector<HomeEntry> out;
+  std::map<int, uint64_t> end;
+  for (const auto& [l, e] : experts) {
+    HomeEntry h;
+    h.layer = l;
+    h.expert = e;
+    h.bytes = src.dir.location(l, e).bytes;
+    h.offset = end[l];
+    end[l] += home_entry_span(h.bytes);
+    out.push_back(h);
+  }
+  return out;
+}
+
+std::string placement_id(const std::string& fingerprint, const std::vector<HomeEntry>& entries) {
+  std::string text = fingerprint;
+  for (const auto& e : entries) text += fmt::format(";{},{},{}", e.layer, e.expert, e.offset);
+  return checksum_hex(checksum64(text.data(), text.size()));
+}
+
+// Journal lines "LAYER EXPERT CHECKSUM" of the copies already synced in a partial folder.
+std::map<std::pair<int, int>, uint64_t> read_journal(const std::string& path) {
+  std::map<std::pair<int, int>, uint64_t> done;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline: torn by a crash
+    int l = -1, e = -1;
+    char hex[17] = {};
+    uint64_t h = 0;
+    if (std::sscanf(line.c_str(), "%d %d %16s", &l, &e, hex) == 3 && parse_checksum_hex(hex, &h))
+      done[{l, e}] = h;
+  }
+  return done;
+}
+
+// Removes what earlier placements left in `home` (old data folders, unfinished ones), keeping
+// `keep` ("" = keep none).
+void remove_stale(const std::string& home, const std::string& keep) {
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(home, ec)) {
+    const std::string name = d.path().filename().string();
+    if (name.rfind("data-", 0) != 0 || name == keep) continue;
+    fs::remove_all(d.path(), ec);
+  }
+}
+
+// Copies one home's experts into data-ID.partial, verifies them and publishes the home.
+class HomeWriter {
+ public:
+  HomeWriter(const Source& src, const PlaceOptions& o, const Decision& d, const Decision::Home& h)
+      : src_(src), o_(o), d_(d), h_(h), entries_(lay_out(src, h.experts)) {
+    id_ = placement_id(src.fingerprint, entries_);
+    partial_ = h.dir + "/data-" + id_ + ".partial";
+    final_ = h.dir + "/data-" + id_;
+  }
+
+  bool published() const {
+    try {
+      const HomeManifest m = read_home_manifest(h_.dir);
+      return m.placement == id_ && m.checkpoint == src_.fingerprint;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
+  // Bytes still to write (what the journal does not hold yet).
+  uint64_t bytes_to_write() {
+    std::error_code ec;
+    if (fs::is_directory(final_, ec)) return 0;  // written and verified; the manifest is next
+    done_ = read_journal(partial_ + "/" + kJournal);
+    uint64_t n = 0;
+    for (const auto& e : entries_) {
+      if (!done_.count({e.layer, e.expert})) n += home_entry_span(e.bytes);
+    }
+    return n;
+  }
+  uint64_t bytes() const {
+    uint64_t n = 0;
+    for (const auto& e : entries_) n += home_entry_span(e.bytes);
+    return n;
+  }
+  size_t experts() const { return entries_.size(); }
+  // Removes unfinished copies of other placements (a changed request decides anew).
+  void clear_other_partials() const {
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator(h_.dir, ec)) {
+      const std::string name = d.path().filename().string();
+      if (name.rfind("data-", 0) == 0 && name.ends_with(".partial") &&
+          d.path().string() != partial_)
+        fs::remove_all(d.path(), ec);
+    }
+  }
+
+  // Returns the bytes written by this run.
+  uint64_t run() {
+    std::error_code ec;
+    uint64_t written = 0;
+    if (!fs::is_directory(final_, ec)) {
+      fs::create_directories(partial_, ec);
+      if (ec) fail_io("cannot create {}: {}", partial_, ec.message());
+      written = copy();
+      verify();
+      sync_dir(partial_);
+      fs::rename(partial_, final_, ec);
+      if (ec) fail_io("cannot rename {} to {}: {}", partial_, final_, ec.message());
+      sync_dir(h_.dir);
+    }
+    HomeManifest m;
+    m.checkpoint = src_.fingerprint;
+    m.placement = id_;
+    m.args = d_.args;
+    m.model = fs::absolute(o_.model).lexically_normal().string();
+    m.probe_bytes_per_s = h_.probe;
+    m.model_probe_bytes_per_s = d_.model_probe;
+    const auto journal = read_journal(final_ + "/" + kJournal);
+    for (HomeEntry e : entries_) {
+      e.checksum = journal.at({e.layer, e.expert});
+      m.experts.push_back(e);
+    }
+    write_file_atomic(h_.dir + "/" + kHomeManifestName, m.to_json());
+    sync_dir(h_.dir);
+    remove_stale(h_.dir, "data-" + id_);
+    return written;
+  }
+
+ private:
+  void say(const std::string& line) const {
+    if (o_.progress) o_.progress(line);
+  }
+
+  uint64_t copy() {
+    done_ = read_journal(partial_ + "/" + kJournal);
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (!done_.count({entries_[i].layer, entries_[i].expert})) todo.push_back(i);
+    }
+    if (todo.empty()) return 0;
+    if (!done_.empty())
+      say(fmt::format("{}: continuing an interrupted copy ({} of {} experts already there)", h_.dir,
+                      entries_.size() - todo.size(), entries_.size()));
+    std::map<int, int> fds;
+    for (size_t i : todo) {
+      const int l = entries_[i].layer;
+      if (!fds.count(l))
+        fds[l] = open_for_writing(partial_ + "/" + home_layer_file(l), o_.direct_io);
+    }
+    const std::string journal_path = partial_ + "/" + kJournal;
+    const int journal =
+        ::open(journal_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (journal < 0) fail_io("cannot open {}: {}", journal_path, std::strerror(errno));
+
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::pair<size_t, uint64_t>> finished;  // (entry, checksum) not yet journaled
+    size_t running = static_cast<size_t>(std::max(1, o_.threads));
+    std::atomic<size_t> next{0};
+    std::atomic<bool> stop{false};
+    std::exception_ptr error;
+    uint64_t written = 0;
+    std::vector<std::thread> workers;
+    for (size_t t = 0; t < running; ++t) {
+      workers.emplace_back([&] {
+        Buffer scratch(src_.scratch_bytes), out(src_.scratch_bytes);
+        for (size_t k = next++; k < todo.size() && !stop; k = next++) {
+          try {
+            if (o_.interrupted && o_.interrupted()) {
+              stop = true;
+              break;
+            }
+            const HomeEntry& e = entries_[todo[k]];
+            src_.read(e.layer, e.expert, scratch.p, out.p);
+            const uint64_t h = checksum64(out.p, e.bytes);
+            const std::string path = partial_ + "/" + home_layer_file(e.layer);
+            write_all_at(fds.at(e.layer), out.p, home_entry_span(e.bytes), e.offset, path);
+            std::lock_guard<std::mutex> l(mu);
+            finished.emplace_back(todo[k], h);
+            written += home_entry_span(e.bytes);
+            cv.notify_all();
+          } catch (...) {
+            std::lock_guard<std::mutex> l(mu);
+            if (!error) error = std::current_exception();
+            stop = true;
+            cv.notify_all();
+            break;
+          }
+        }
+        std::lock_guard<std::mutex> l(mu);
+        --running;
+        cv.notify_all();
+      });
+    }
+    // Syncs the data, then journals it: a journal line never names bytes that are not on disk.
+    size_t journaled = done_.size();
+    Stopwatch since_report;
+    auto commit = [&](std::vector<std::pair<size_t, uint64_t>> batch) {
+      if (batch.empty()) return;
+      for (const auto& [l, fd] : fds) {
+        if (::fdatasync(fd) != 0)
+          fail_io("cannot sync {}: {}", partial_ + "/" + home_layer_file(l), std::strerror(errno));
+      }
+      std::string lines;
+      for (const auto& [i, h] : batch)
+        lines += fmt::format("{} {} {}\n", entries_[i].layer, entries_[i].expert, checksum_hex(h));
+      write_all_at(journal, reinterpret_cast<const uint8_t*>(lines.data()), lines.size(),
+                   static_cast<uint64_t>(::lseek(journal, 0, SEEK_END)), journal_path);
+      if (::fdatasync(journal) != 0) fail_io("cannot sync {}", journal_path);
+      journaled += batch.size();
+      if (since_report.elapsed() >= 5.0) {
+        say(fmt::format("{}: {} of {} experts copied", h_.dir, journaled, entries_.size()));
+        since_report.reset();
+      }
+    };
+    std::exception_ptr commit_error;
+    {
+      std::unique_lock<std::mutex> l(mu);
+      Stopwatch since_sync;
+      while (running > 0) {
+        cv.wait_for(l, std::chrono::milliseconds(200));
+        if (finished.size() >= 16 || since_sync.elapsed() >= 1.0) {
+          auto batch = std::move(finished);
+          finished.clear();
+          l.unlock();
+          try {
+            commit(std::move(batch));
+          } catch (...) {
+            if (!commit_error) commit_error = std::current_exception();
+            stop = true;
+          }
+          since_sync.reset();
+          l.lock();
+        }
+      }
+    }
+    for (auto& t : workers) t.join();
+    try {
+      if (!commit_error) commit(std::move(finished));
+    } catch (...) {
+      commit_error = std::current_exception();
+    }
+    for (const auto& [l, fd] : fds) ::close(fd);
+    ::close(journal);
+    if (error) std::rethrow_exception(error);
+    if (commit_error) std::rethrow_exception(commit_error);
+    if (journaled < entries_.size()) {
+      fail(
+          "place interrupted: {} of {} experts copied to {} (synced); run the same command again "
+          "to continue",
+          journaled, entries_.size(), h_.dir);
+    }
+    return written;
+  }
+
+  // Every copy read back from the drive and checked against the checksum taken from the model.
+  void verify() {
+    const auto journal = read_journal(partial_ + "/" + kJournal);
+    std::map<int, std::unique_ptr<DirectFile>> files;
+    for (const auto& e : entries_) {
+      if (!files.count(e.layer))
+        files[e.layer] =
+            std::make_unique<DirectFile>(partial_ + "/" + home_layer_file(e.layer), o_.direct_io);
+    }
+    parallel_for(entries_.size(), o_.threads, [&](size_t i) {
+      thread_local std::unique_ptr<Buffer> buf;
+      if (!buf) buf = std::make_unique<Buffer>(src_.scratch_bytes);
+      const HomeEntry& e = entries_[i];
+      const std::string what = fmt::format("expert {} of layer {}", e.expert, e.layer);
+      files.at(e.layer)->read_aligned(e.offset, home_entry_span(e.bytes), buf->p, e.bytes, what);
+      if (checksum64(buf->p, e.bytes) != journal.at({e.layer, e.expert}))
+        fail_io("{} in {} does not read back as written: the drive may be failing", what, partial_);
+    });
+  }
+
+  const Source& src_;
+  const PlaceOptions& o_;
+  const Decision& d_;
+  const Decision::Home& h_;
+  std::vector<HomeEntry> entries_;
+  std::string id_, partial_, final_;
+  std::map<std::pair<int, int>, uint64_t> done_;
+};
+
+std::string canonical_home(const std::string& home) {
+  std::error_code ec;
+  fs::path p = fs::absolute(home, ec).lexically_normal();
+  if (!fs::exists(p, ec)) {
+    if (!fs::is_directory(p.parent_path(), ec))
+      fail_arg("--home {}: neither it nor its parent folder exists (is the drive mounted?)", home);
+    fs::create_directory(p, ec);
+    if (ec) fail_io("cannot create the home {}: {}", home, ec.message());
+  }
+  if (!fs::is_directory(p, ec)) fail_arg("--home {} is not a folder", home);
+  return fs::canonical(p, ec).string();
+}
+
+// The decision for this request: the one a previous run wrote (a rerun continues it) or a new
+// one from fresh probes.
+Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std::string>& homes,
+                const std::string& args) {
+  std::optional<Decision> prev;
+  for (const auto& h : homes) {
+    auto d = Decision::read(h, args);
+    if (!d || d->homes.size() != homes.size() || (prev && d->to_json() != prev->to_json())) {
+      prev.reset();
+      break;
+    }
+    prev = std::move(d);
+  }
+  if (prev) {
+    if (o.progress) o.progress("continuing the placement an earlier run decided");
+    return *prev;
+  }
+  auto say = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  Decision d;
+  d.args = args;
+  std::vector<std::string> shards;
+  for (const auto& s : src.ck->shards()) shards.push_back(s.path());
+  d.model_probe = measure_disk_bandwidth(shards, o.threads, o.probe_bytes, 4ull << 20);
+  if (!(d.model_probe > 0)) fail_io("could not read the model folder {} to probe it", o.model);
+  say(fmt::format("probe: model folder {} reads at {:.2f} GB/s", o.model, d.model_probe / 1e9));
+  PlacementRequest r;
+  r.model_bandwidth = d.model_probe;
+  for (const auto& h : homes) {
+    const double bw = probe_home(h, o.probe_bytes, o.threads);
+    say(fmt::format("probe: home {} reads at {:.2f} GB/s", h, bw / 1e9));
+    r.home_bandwidth.push_back(bw);
+    r.home_capacity.push_back(o.budget_per_home > 0 ? o.budget_per_home : kNoCapacityLimit);
+  }
+  const ExpertDirectory& dir = src.dir;
+  const int first = dir.first_moe_layer(), E = dir.num_experts();
+  const auto heat = read_heat_file(o.heat_file, dir.num_layers(), E);
+  uint64_t heat_total = 0;
+  for (uint64_t h : heat) heat_total += h;
+  std::vector<std::pair<int, int>> keys;
+  for (int l = first; l < dir.num_layers(); ++l) {
+    for (int e = 0; e < E; ++e) {
+      keys.emplace_back(l, e);
+      // One count more than seen, so an expert no run asked for yet still has a place.
+      r.heat.push_back(static_cast<double>(heat[static_cast<size_t>(l * E + e)]) + 1.0);
+      r.bytes.push_back(home_entry_span(dir.location(l, e).bytes));
+    }
+  }
+  say(heat_total > 0 ? fmt::format("heat: {} expert uses counted by earlier runs", heat_total)
+                     : std::string("heat: no earlier runs counted; all experts count as equal"));
+  r.replicate = o.replicate;
+  const Placement p = plan_placement(r);
+  d.model_share = p.share[0];
+  d.replicated = p.replicated;
+  for (size_t h = 0; h < homes.size(); ++h) {
+    Decision::Home x;
+    x.dir = homes[h];
+    x.probe = r.home_bandwidth[h];
+    x.share = p.share[h + 1];
+    for (size_t i : p.homes[h]) x.experts.push_back(keys[i]);
+    d.homes.push_back(std::move(x));
+  }
+  return d;
+}
+
+}  // namespace
+
+PlaceResult place_experts(const PlaceOptions& o) {
+  if (o.homes.empty()) fail_arg("place needs at least one --home");
+  if (!(o.replicate >= 0 && o.replicate <= 1))
+    fail_arg("--replicate {}: expected a share between 0 and 1", o.replicate);
+  const Source src(o.model, o.direct_io);
+  const std::string model_dir = fs::canonical(o.model).string();
+  std::vector<std::string> homes;
+  for (const auto& h : o.homes) {
+    const std::string c = canonical_home(h);
+    if (c == model_dir) fail_arg("--home {} is the model folder itself", h);
+    if (std::find(homes.begin(), homes.end(), c) != homes.end())
+      fail_arg("--home {} is given twice", h);
+    homes.push_back(c);
+  }
+  for (size_t i = 0; i < homes.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (device_of(homes[i]) == device_of(homes[j]) && o.progress)
+        o.progress(
+            fmt::format("warning: homes {} and {} are on the same drive: they share its "
+                        "bandwidth",
+                        homes[j], homes[i]));
+    }
+  }
+  std::vector<std::string> sorted = homes;
+  std::sort(sorted.begin(), sorted.end());
+  std::string args_text = fmt::format("{}|{}|{}", src.fingerprint, o.budget_per_home, o.replicate);
+  for (const auto& h : sorted) args_text += "|" + h;
+  const std::string args = checksum_hex(checksum64(args_text.data(), args_text.size()));
+
+  PlaceResult res;
+  // Already this request's placement everywhere: nothing to probe, decide or write.
+  bool up_to_date = true;
+  std::vector<HomeManifest> current;
+  for (const auto& h : homes) {
+    try {
+      HomeManifest m = read_home_manifest(h);
+      up_to_date = up_to_date && m.args == args && m.checkpoint == src.fingerprint;
+      current.push_back(std::move(m));
+    } catch (const Error&) {
+      up_to_date = false;
+    }
+  }
+  if (up_to_date) {
+    res.model_probe_bytes_per_s = current.front().model_probe_bytes_per_s;
+    for (size_t i = 0; i < homes.size(); ++i) {
+      ExpertHome check(homes[i], src.fingerprint, src.dir, o.direct_io);  // its files are there
+      PlacedHome ph;
+      ph.dir = homes[i];
+      ph.probe_bytes_per_s = current[i].probe_bytes_per_s;
+      ph.experts = current[i].experts.size();
+      for (const auto& e : current[i].experts) ph.bytes += home_entry_span(e.bytes);
+      ph.up_to_date = true;
+      res.homes.push_back(ph);
+    }
+    return res;
+  }
+
+  const Decision d = decide(src, o, homes, args);
+  std::vector<std::unique_ptr<HomeWriter>> writers;
+  for (const auto& h : d.homes) writers.push_back(std::make_unique<HomeWriter>(src, o, d, h));
+  for (const auto& w : writers) w->clear_other_partials();
+  // Room: every drive must hold what its homes still need, before anything is written.
+  std::map<uint64_t, std::pair<uint64_t, std::vector<std::string>>> need;  // device -> bytes
+  for (size_t i = 0; i < homes.size(); ++i) {
+    if (writers[i]->published()) continue;
+    auto& n = need[device_of(homes[i])];
+    // + the manifest and the journal (under 128 bytes per expert each)
+    n.first += writers[i]->bytes_to_write() + 4096 + 256 * writers[i]->experts();
+    n.second.push_back(homes[i]);
+  }
+  for (const auto& [dev, n] : need) {
+    const uint64_t free = free_bytes(n.second.front());
+    if (n.first > free) {
+      std::string names;
+      for (const auto& h : n.second) names += (names.empty() ? "" : ", ") + h;
+      fail_arg(
+          "no room: {} need{} {} more for {} share of the experts, the drive has {} free (free "
+          "space, or give --budget-per-home SIZE to place fewer experts there); nothing was "
+          "written",
+          names, n.second.size() == 1 ? "s" : "", gib(n.first),
+          n.second.size() == 1 ? "its" : "their", gib(free));
+    }
+  }
+  for (const auto& h : homes) write_file_atomic(h + "/" + kPlaceRecord, d.to_json());
+  res.model_probe_bytes_per_s = d.model_probe;
+  res.model_share = d.model_share;
+  res.replicated = d.replicated;
+  for (size_t i = 0; i < homes.size(); ++i) {
+    PlacedHome ph;
+    ph.dir = homes[i];
+    ph.probe_bytes_per_s = d.homes[i].probe;
+    ph.share = d.homes[i].share;
+    ph.experts = writers[i]->experts();
+    ph.bytes = writers[i]->bytes();
+    ph.up_to_date = writers[i]->published();
+    if (!ph.up_to_date) ph.bytes_written = writers[i]->run();
+    res.homes.push_back(ph);
+  }
+  for (const auto& h : homes) {
+    std::error_code ec;
+    fs::remove(h + "/" + kPlaceRecord, ec);
+  }
+  return res;
+}
+
+std::vector<HomeCheck> verify_homes(const std::string& model, const std::vector<std::string>& homes,
+                                    bool direct_io) {
+  const Source src(model, direct_io);
+  std::vector<HomeCheck> out;
+  for (const auto& h : homes) {
+    HomeCheck c;
+    c.dir = h;
+    std::unique_ptr<ExpertHome> home;
+    try {
+      home = std::make_unique<ExpertHome>(h, src.fingerprint, src.dir, direct_io);
+    } catch (const Error& e) {
+      c.problems.push_back(e.what());
+      out.push_back(std::move(c));
+      continue;
+    }
+    const auto& entries = home->manifest().experts;
+    c.experts = entries.size();
+    std::mutex mu;
+    parallel_for(entries.size(), 4, [&](size_t i) {
+      thread_local std::unique_ptr<Buffer> a, b, s;
+      if (!a) {
+        a = std::make_unique<Buffer>(src.scratch_bytes);
+        b = std::make_unique<Buffer>(src.scratch_bytes);
+        s = std::make_unique<Buffer>(src.scratch_bytes);
+      }
+      const HomeEntry& e = entries[i];
+      const std::string what = fmt::format("expert {} of layer {}", e.expert, e.layer);
+      std::string problem;
+      try {
+        home->read(e, a->p, what);
+        src.read(e.layer, e.expert, s->p, b->p);
+        if (std::memcmp(a->p, b->p, e.bytes) != 0)
+          problem = fmt::format("{} differs from the model folder's bytes", what);
+      } catch (const Error& err) {
+        problem = err.what();
+      }
+      std::lock_guard<std::mutex> l(mu);
+      c.bytes += home_entry_span(e.bytes);
+      if (!problem.empty()) c.problems.push_back(problem);
+    });
+    std::sort(c.problems.begin(), c.problems.end());
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace deltafin

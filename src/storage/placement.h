@@ -1,0 +1,45 @@
+// Which experts go to which home (issue 28): the decision `deltafin place` writes out. A pure
+// function of the drives' bandwidths, the homes' room and the experts' heat, so it is tested on
+// its own and a rerun with the same inputs decides the same thing.
+//
+// The model folder is a drive too: it holds every expert and keeps serving them. A pass reads
+// each expert it misses from one copy, so the expected bytes a drive serves are the heat-weighted
+// bytes of the experts read there; the placement aims to split them in proportion to bandwidth,
+// which is when all drives finish a pass's reads together:
+//  1. the hottest `replicate` share of experts is copied to every home (room permitting); at run
+//     time the reader sends each of their reads to whichever copy will finish first, which evens
+//     out the passes whose choice of experts happens to favour one drive;
+//  2. every other expert, hottest first, goes to the home that would finish its expected load
+//     earliest, while that home is below its share and has room; the rest stay on the model
+//     folder only. So a home too small for its share holds the hottest experts it can.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace deltafin {
+
+struct PlacementRequest {
+  double model_bandwidth = 0;           // bytes/s of the model folder's drive
+  std::vector<double> home_bandwidth;   // bytes/s per home
+  std::vector<uint64_t> home_capacity;  // bytes each home may hold (max = no limit)
+  std::vector<double> heat;             // per expert: how often passes asked for it
+  std::vector<uint64_t> bytes;          // per expert: bytes a copy takes on a home
+  double replicate = 0;                 // share of experts (hottest first) on every home
+};
+
+struct Placement {
+  std::vector<std::vector<size_t>> homes;  // per home: the experts it holds (ascending)
+  // Expected share of a pass's bytes per drive, the model folder first (sums to 1).
+  std::vector<double> share;
+  size_t replicated = 0;  // experts copied to more than one home
+};
+
+inline constexpr uint64_t kNoCapacityLimit = std::numeric_limits<uint64_t>::max();
+
+// Throws InvalidArgument on inconsistent sizes or a non-positive bandwidth.
+Placement plan_placement(const PlacementRequest& r);
+
+}  // namespace deltafin

@@ -1,0 +1,524 @@
+// Homes on several drives (issue 28): the placement decision, `deltafin place` (copies checked,
+// resumable after SIGINT and SIGKILL, refused without room, --verify), reading from homes with
+// logits and greedy output identical to the model folder alone whatever the placement, and the
+// faults a home can have (missing at start, a damaged copy, a read error mid-run), each answered
+// with one warning and the same tokens.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/config.h"
+#include "server_util.h"
+#include "storage/checkpoint.h"
+#include "storage/expert_store.h"
+#include "storage/home.h"
+#include "storage/place.h"
+#include "storage/placement.h"
+#include "storage/plan.h"
+#include "test_util.h"
+
+namespace deltafin {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string model_dir() {
+  return test::data_dir() + "/k3-tiny-mxfp4/model";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision
+
+PlacementRequest uniform(size_t n, double model_bw, std::vector<double> homes) {
+  PlacementRequest r;
+  r.model_bandwidth = model_bw;
+  r.home_bandwidth = std::move(homes);
+  r.home_capacity.assign(r.home_bandwidth.size(), kNoCapacityLimit);
+  r.heat.assign(n, 1.0);
+  r.bytes.assign(n, 4096);
+  return r;
+}
+
+TEST(Placement, SplitsExpectedBytesByBandwidth) {
+  // Model folder 1, homes 1 and 2: shares 1/4, 1/4, 1/2.
+  const Placement p = plan_placement(uniform(400, 1.0, {1.0, 2.0}));
+  ASSERT_EQ(p.share.size(), 3u);
+  EXPECT_NEAR(p.share[0], 0.25, 0.01);
+  EXPECT_NEAR(p.share[1], 0.25, 0.01);
+  EXPECT_NEAR(p.share[2], 0.50, 0.01);
+  EXPECT_NEAR(static_cast<double>(p.homes[1].size()) / 400, 0.5, 0.01);
+  EXPECT_EQ(p.replicated, 0u);
+  // Each expert on at most one home.
+  std::vector<int> seen(400, 0);
+  for (const auto& h : p.homes) {
+    for (size_t e : h) seen[e]++;
+  }
+  for (int s : seen) EXPECT_LE(s, 1);
+}
+
+TEST(Placement, SmallHomeHoldsTheHottest) {
+  // The home is 100x faster, so its share is nearly everything, but it has room for ten.
+  PlacementRequest r = uniform(100, 1.0, {100.0});
+  for (size_t e = 0; e < 100; ++e) r.heat[e] = static_cast<double>(e % 10 == 3 ? 1000 : 1);
+  r.home_capacity = {10 * 4096};
+  const Placement p = plan_placement(r);
+  ASSERT_EQ(p.homes[0].size(), 10u);
+  for (size_t e : p.homes[0]) EXPECT_EQ(e % 10, 3u) << e;
+  EXPECT_GT(p.share[1], 0.95);  // the ten hot ones carry nearly all the heat
+}
+
+TEST(Placement, ReplicatesTheHottestOnEveryHome) {
+  PlacementRequest r = uniform(50, 1.0, {1.0, 1.0});
+  for (size_t e = 0; e < 50; ++e) r.heat[e] = static_cast<double>(e);  // 49 is the hottest
+  r.replicate = 0.1;
+  const Placement p = plan_placement(r);
+  EXPECT_EQ(p.replicated, 5u);
+  for (size_t e = 45; e < 50; ++e) {
+    for (const auto& h : p.homes) EXPECT_TRUE(std::count(h.begin(), h.end(), e)) << e;
+  }
+  double sum = 0;
+  for (double s : p.share) sum += s;
+  EXPECT_NEAR(sum, 1.0, 1e-9);
+}
+
+TEST(Placement, RefusesInconsistentInput) {
+  PlacementRequest r = uniform(4, 1.0, {1.0});
+  r.bytes.pop_back();
+  EXPECT_THROW(plan_placement(r), InvalidArgument);
+  r = uniform(4, 0.0, {1.0});
+  EXPECT_THROW(plan_placement(r), InvalidArgument);
+  r = uniform(4, 1.0, {1.0});
+  r.replicate = 1.5;
+  EXPECT_THROW(plan_placement(r), InvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placing and reading
+
+PlaceOptions place_options(const std::vector<std::string>& homes, double replicate = 0) {
+  PlaceOptions o;
+  o.model = model_dir();
+  o.homes = homes;
+  o.replicate = replicate;
+  o.probe_bytes = 1 << 20;
+  o.threads = 2;
+  return o;
+}
+
+// Makes every read prefer the homes (the model folder's recorded bandwidth becomes tiny), so a
+// test on one disk exercises the homes whatever the probes measured.
+void prefer_homes(const std::string& home) {
+  const std::string path = home + "/" + kHomeManifestName;
+  json j = json::parse(test::slurp(path));
+  j["model_probe_bytes_per_s"] = 1000.0;
+  j["probe_bytes_per_s"] = 1e9;
+  test::spit(path, j.dump());
+}
+
+std::vector<std::string> fresh_homes(const std::string& name, int n) {
+  const std::string base = test::temp_dir(name);
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(base + "/home" + std::to_string(i));
+  return out;
+}
+
+// A store of 4 slots (every pass evicts) reading from `homes`.
+LoadOptions store_with_homes(const std::vector<std::string>& homes) {
+  LoadOptions o;
+  o.make_experts = [homes](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
+    StoreOptions so;
+    so.cache_slots = 4;
+    so.direct_io = false;
+    so.readers = 2;
+    so.homes = homes;
+    return std::make_unique<ExpertStore>(c, ck, f, so);
+  };
+  return o;
+}
+
+const std::vector<int32_t> kToks = {5, 17, 200, 3, 99, 42, 7, 300, 64, 128, 1, 250, 77, 8, 400, 3};
+
+std::vector<float> logits_of(Model& m) {
+  State st = m.new_state();
+  std::vector<float> out = m.forward(st, std::span<const int32_t>(kToks.data(), 6), true);
+  for (size_t t = 6; t < kToks.size(); ++t) {
+    auto r = m.forward(st, std::span<const int32_t>(kToks.data() + t, 1));
+    out.insert(out.end(), r.begin(), r.end());
+  }
+  return out;
+}
+
+TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
+  auto ref = load_model(model_dir(), store_with_homes({}));
+  const std::vector<float> want = logits_of(*ref);
+  for (int n = 1; n <= 3; ++n) {
+    for (double rep : {0.0, 0.5}) {
+      const auto homes = fresh_homes("homes-exact", n);
+      const PlaceResult r = place_experts(place_options(homes, rep));
+      ASSERT_EQ(r.homes.size(), static_cast<size_t>(n));
+      for (const auto& h : homes) prefer_homes(h);
+      auto m = load_model(model_dir(), store_with_homes(homes));
+      EXPECT_EQ(logits_of(*m), want) << n << " homes, replicate " << rep;
+      const ExpertStats s = m->experts().stats();
+      ASSERT_EQ(s.sources.size(), static_cast<size_t>(n + 1));
+      uint64_t home_reads = 0;
+      for (size_t i = 1; i < s.sources.size(); ++i) {
+        EXPECT_FALSE(s.sources[i].bad) << s.sources[i].bad_reason;
+        home_reads += s.sources[i].reads;
+      }
+      EXPECT_GT(home_reads, 0u) << n << " homes";
+      if (rep > 0 && n > 1) {
+        EXPECT_GT(r.replicated, 0u);
+      }
+    }
+  }
+}
+
+TEST(Place, RerunOfTheSameRequestIsUpToDateAndVerifies) {
+  const auto homes = fresh_homes("homes-rerun", 2);
+  PlaceResult first = place_experts(place_options(homes, 0.25));
+  uint64_t placed = 0;
+  for (const auto& h : first.homes) {
+    EXPECT_FALSE(h.up_to_date);
+    placed += h.experts;
+  }
+  EXPECT_GT(placed, 0u);
+  PlaceResult again = place_experts(place_options(homes, 0.25));
+  for (const auto& h : again.homes) {
+    EXPECT_TRUE(h.up_to_date);
+    EXPECT_EQ(h.bytes_written, 0u);
+  }
+  for (const auto& c : verify_homes(model_dir(), homes, false)) EXPECT_TRUE(c.problems.empty());
+  // Only the published data folder and the manifest are left.
+  for (const auto& h : homes) {
+    int entries = 0;
+    for (const auto& e : fs::directory_iterator(h)) {
+      const std::string name = e.path().filename().string();
+      EXPECT_TRUE(name == kHomeManifestName || name.rfind("data-", 0) == 0) << name;
+      EXPECT_FALSE(name.ends_with(".partial")) << name;
+      ++entries;
+    }
+    EXPECT_EQ(entries, 2);
+  }
+}
+
+TEST(Place, PartialPlacementUnderABudgetPerHome) {
+  const auto homes = fresh_homes("homes-partial", 1);
+  PlaceOptions o = place_options(homes);
+  o.budget_per_home = 10 * 16384;
+  const PlaceResult r = place_experts(o);
+  ASSERT_EQ(r.homes.size(), 1u);
+  EXPECT_GT(r.homes[0].experts, 0u);
+  EXPECT_LE(r.homes[0].bytes, o.budget_per_home);
+  prefer_homes(homes[0]);
+  auto ref = load_model(model_dir(), store_with_homes({}));
+  auto m = load_model(model_dir(), store_with_homes(homes));
+  EXPECT_EQ(logits_of(*m), logits_of(*ref));
+}
+
+// Flips one byte in every copy a home holds.
+void damage_every_copy(const std::string& home) {
+  const HomeManifest m = read_home_manifest(home);
+  for (const auto& e : m.experts) {
+    const std::string path = home + "/" + m.data_dir() + "/" + home_layer_file(e.layer);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(e.offset + e.bytes / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(static_cast<std::streamoff>(e.offset + e.bytes / 2));
+    f.write(&c, 1);
+  }
+}
+
+TEST(Place, VerifyNamesADamagedCopy) {
+  const auto homes = fresh_homes("homes-verify", 1);
+  place_experts(place_options(homes));
+  auto ok = test::run_deltafin({"place", "--model", model_dir(), "--home", homes[0], "--verify"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("ok,"), std::string::npos) << ok.out;
+  damage_every_copy(homes[0]);
+  auto bad = test::run_deltafin({"place", "--model", model_dir(), "--home", homes[0], "--verify"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.out.find("checksum of expert"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.err.find("failed the check"), std::string::npos) << bad.err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the binary: greedy output, stats and faults
+
+// Small enough that decode reads experts on every pass.
+std::string small_budget() {
+  const ModelConfig c = load_config(model_dir());
+  auto ck = Checkpoint::open(model_dir());
+  PlanOptions o;
+  o.budget = 1ull << 40;
+  o.context = 256;
+  return std::to_string(plan_memory(c, *ck, o).min_working_set / 1024 + 96) + "K";
+}
+
+struct Answer {
+  std::vector<int> ids;
+  json j;
+  std::string err;
+};
+
+Answer greedy(const std::vector<std::string>& homes) {
+  std::vector<std::string> args = {"run",
+                                   "--model",
+                                   model_dir(),
+                                   "--prompt-ids",
+                                   "5,17,200,3,99",
+                                   "--max-new",
+                                   "12",
+                                   "--json",
+                                   "--ctx",
+                                   "256",
+                                   "--memory-budget",
+                                   small_budget(),
+                                   "--no-direct-io",
+                                   "--readers",
+                                   "2"};
+  for (const auto& h : homes) {
+    args.push_back("--home");
+    args.push_back(h);
+  }
+  auto r = test::run_deltafin(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  Answer a;
+  a.err = r.err;
+  a.j = json::parse(r.out);
+  a.ids = a.j["completion_ids"].get<std::vector<int>>();
+  return a;
+}
+
+int count_of(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+TEST(Homes, RunGivesTheSameTokensAndReportsEveryDrive) {
+  const Answer plain = greedy({});
+  EXPECT_FALSE(plain.j.contains("homes"));
+  const auto homes = fresh_homes("homes-run", 2);
+  place_experts(place_options(homes, 0.25));
+  for (const auto& h : homes) prefer_homes(h);
+  const Answer two = greedy(homes);
+  EXPECT_EQ(two.ids, plain.ids);
+  ASSERT_TRUE(two.j.contains("homes")) << two.j.dump();
+  ASSERT_EQ(two.j["homes"].size(), 3u);
+  EXPECT_EQ(two.j["homes"][0]["kind"], "model");
+  uint64_t home_bytes = 0;
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(two.j["homes"][i]["kind"], "home");
+    EXPECT_FALSE(two.j["homes"][i]["bad"].get<bool>());
+    home_bytes += two.j["homes"][i]["bytes_read"].get<uint64_t>();
+  }
+  EXPECT_GT(home_bytes, 0u);
+  EXPECT_EQ(count_of(two.err, "warning"), 0) << two.err;
+}
+
+TEST(Homes, MissingHomeAtStartWarnsOnceAndAnswers) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-missing", 2);
+  place_experts(place_options(homes));
+  fs::remove_all(homes[1]);
+  const Answer a = greedy(homes);
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_EQ(count_of(a.err, "warning"), 1) << a.err;
+  EXPECT_NE(a.err.find(homes[1]), std::string::npos) << a.err;
+  EXPECT_EQ(a.j["homes"].size(), 2u);  // the model folder and the home that is there
+}
+
+TEST(Homes, DamagedCopyFallsBackWithOneWarning) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-damaged", 1);
+  place_experts(place_options(homes));
+  prefer_homes(homes[0]);
+  damage_every_copy(homes[0]);
+  const Answer a = greedy(homes);
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_EQ(count_of(a.err, "warning"), 1) << a.err;
+  EXPECT_NE(a.err.find("checksum"), std::string::npos) << a.err;
+  EXPECT_TRUE(a.j["homes"][1]["bad"].get<bool>());
+  EXPECT_GE(a.j["homes"][1]["failures"].get<uint64_t>(), 1u);
+}
+
+TEST(Homes, ReadErrorOnOneHomeMidRunFallsBackWithOneWarning) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-eio", 2);
+  place_experts(place_options(homes));
+  for (const auto& h : homes) prefer_homes(h);
+  // The 6th read from the second home fails with EIO, after the run is well under way.
+  ::setenv("DELTAFIN_FAULT", ("kind=eio;after=5;match=" + homes[1]).c_str(), 1);
+  const Answer a = greedy(homes);
+  ::unsetenv("DELTAFIN_FAULT");
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_EQ(count_of(a.err, "is not used for the rest of this run"), 1) << a.err;
+  EXPECT_FALSE(a.j["homes"][1]["bad"].get<bool>());
+  EXPECT_TRUE(a.j["homes"][2]["bad"].get<bool>());
+  EXPECT_GT(a.j["homes"][2]["reads"].get<uint64_t>(), 0u);  // it served reads before failing
+}
+
+TEST(Homes, AStalledReadIsHedgedOnAnotherCopy) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-hedge", 1);
+  place_experts(place_options(homes));
+  prefer_homes(homes[0]);
+  // The 3rd read from the home stalls for 2 s: compute is waiting, so it is read again from the
+  // model folder, which lands first.
+  ::setenv("DELTAFIN_FAULT", ("kind=slow;delay_ms=2000;after=2;match=" + homes[0]).c_str(), 1);
+  const Answer a = greedy(homes);
+  ::unsetenv("DELTAFIN_FAULT");
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_GE(a.j["homes"][0]["hedges"].get<uint64_t>(), 1u) << a.j["homes"].dump();
+  EXPECT_GE(a.j["homes"][0]["hedge_wins"].get<uint64_t>(), 1u) << a.j["homes"].dump();
+  EXPECT_FALSE(a.j["homes"][1]["bad"].get<bool>());  // slow is not broken
+}
+
+TEST(Homes, MmapWithAHomeIsRefused) {
+  auto r = test::run_deltafin({"run", "--model", model_dir(), "--prompt-ids", "5", "--max-new", "1",
+                               "--mmap", "--home", test::temp_dir("homes-mmap")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("drop --mmap"), std::string::npos) << r.err;
+}
+
+TEST(Homes, ServerMetricsHaveEveryDrive) {
+  const std::string model = test::server_model_dir();
+  const std::string home = test::temp_dir("homes-serve") + "/home";
+  auto r = test::run_deltafin({"place", "--model", model, "--home", home, "--probe-size", "1M"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::ServerProcess srv(
+      {"--home", home, "--memory-budget", "48M", "--ctx", "256", "--no-direct-io", "--cache", "0"},
+      model);
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  auto c = srv.client();
+  auto done = test::post_json(*c, "/v1/completions",
+                              {{"prompt", "Hello"}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(done.status, 200) << done.body;
+  const auto m = test::get(*c, "/metrics");
+  ASSERT_EQ(m.status, 200);
+  for (const std::string& line : {std::string("deltafin_drive_bytes_read_total{drive=\"model\"} "),
+                                  "deltafin_drive_reads_total{drive=\"" + home + "\"} ",
+                                  "deltafin_drive_up{drive=\"" + home + "\"} 1"})
+    EXPECT_NE(m.body.find(line), std::string::npos) << line << "\n" << m.body;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interrupted and refused placements
+
+// Waits until `home` holds a journal with at least one line (copies synced), up to 60 s.
+bool wait_for_journal(const std::string& home) {
+  for (int i = 0; i < 600; ++i) {
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator(home, ec)) {
+      const std::string j = d.path().string() + "/journal";
+      if (d.path().string().ends_with(".partial") && fs::exists(j) && fs::file_size(j) > 0)
+        return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+TEST(Place, ResumesAfterSigintAndSigkill) {
+  for (int sig : {SIGINT, SIGKILL}) {
+    const auto homes = fresh_homes("homes-resume", 1);
+    // Every model read takes 40 ms, so the copy is still running when the signal comes.
+    ::setenv("DELTAFIN_FAULT", "kind=slow;delay_ms=40;count=0;match=expert", 1);
+    test::Child child({"place", "--model", model_dir(), "--home", homes[0], "--probe-size", "1M",
+                       "--threads", "2"});
+    ::unsetenv("DELTAFIN_FAULT");
+    ASSERT_TRUE(wait_for_journal(homes[0])) << "signal " << sig;
+    child.signal(sig);
+    const test::RunResult stopped = child.wait(60);
+    EXPECT_NE(stopped.exit_code, 0);
+    if (sig == SIGINT) {
+      EXPECT_NE(stopped.err.find("run the same command again"), std::string::npos) << stopped.err;
+    }
+    EXPECT_FALSE(fs::exists(homes[0] + "/" + kHomeManifestName));  // nothing published
+    auto again = test::run_deltafin(
+        {"place", "--model", model_dir(), "--home", homes[0], "--probe-size", "1M"});
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_NE(again.err.find("continuing"), std::string::npos) << again.err;
+    for (const auto& c : verify_homes(model_dir(), homes, false))
+      EXPECT_TRUE(c.problems.empty()) << c.problems.front();
+  }
+}
+
+TEST(Place, RefusesAHomeWithoutRoomBeforeWriting) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const std::string mnt = test::temp_dir("homes-full");
+  // Room for the probe, not for the copies (the tiny model's experts take ~3.5 MiB).
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1500k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount(dir.c_str()); }
+  } unmount{mnt};
+  const std::string home = mnt + "/home";
+  auto r =
+      test::run_deltafin({"place", "--model", model_dir(), "--home", home, "--probe-size", "256K"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no room"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing was written"), std::string::npos) << r.err;
+  for (const auto& e : fs::directory_iterator(home)) ADD_FAILURE() << "left " << e.path();
+  // With a budget that fits, the same drive takes a partial placement.
+  auto ok = test::run_deltafin({"place", "--model", model_dir(), "--home", home, "--probe-size",
+                                "256K", "--budget-per-home", "600K"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Emulated drives (tools/emulated-drives.sh): loop-device file systems with read limits
+
+TEST(Drives, HomesOnThrottledLoopDrivesGiveTheSameTokens) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (loop devices, mounts, the blkio cgroup)";
+  if (!fs::exists("/dev/loop-control")) GTEST_SKIP() << "no loop devices (/dev/loop-control)";
+  if (!fs::exists("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device") &&
+      !fs::exists("/sys/fs/cgroup/cgroup.controllers"))
+    GTEST_SKIP() << "no blkio cgroup (v1 blkio or v2 io)";
+  const std::string script = test::data_dir() + "/../../tools/emulated-drives.sh";
+  const std::string dir = test::temp_dir("drives") + "/emulated";
+  auto sh = [](const std::string& cmd) { return std::system(cmd.c_str()); };
+  if (sh(script + " up " + dir + " 32M 20M 20M > /dev/null") != 0) {
+    sh(script + " down " + dir);
+    GTEST_SKIP() << "tools/emulated-drives.sh could not make loop drives here";
+  }
+  struct Down {
+    std::string cmd;
+    ~Down() { std::system(cmd.c_str()); }
+  } down{script + " down " + dir};
+  const std::vector<std::string> homes = {dir + "/drive-0/home", dir + "/drive-1/home"};
+  place_experts(place_options(homes, 0.25));
+  for (const auto& h : homes) prefer_homes(h);
+  const Answer plain = greedy({});
+  // The run inside the drives' cgroup, where their read limits apply.
+  std::vector<std::string> args = {
+      "run",    "--model", model_dir(), "--prompt-ids",    "5,17,200,3,99", "--max-new", "12",
+      "--json", "--ctx",   "256",       "--memory-budget", small_budget(),  "--readers", "2"};
+  std::string line = script + " run " + dir + " -- " + test::binary();
+  for (const auto& a : args) line += " " + a;
+  for (const auto& h : homes) line += " --home " + h;
+  const std::string out_file = dir + "/../run.json";
+  ASSERT_EQ(sh(line + " > " + out_file), 0);
+  const json j = json::parse(test::slurp(out_file));
+  EXPECT_EQ(j["completion_ids"].get<std::vector<int>>(), plain.ids);
+  ASSERT_EQ(j["homes"].size(), 3u);
+  EXPECT_GT(j["homes"][1]["reads"].get<uint64_t>() + j["homes"][2]["reads"].get<uint64_t>(), 0u);
+}
+
+}  // namespace
+}  // namespace deltafin
