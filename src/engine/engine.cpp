@@ -65,7 +65,9 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
   const ExpertFormat ef = inventory.expert_format;
   std::optional<MemoryPlan> plan;
   if (o.mmap && !o.homes.empty())
-    fail_arg("homes (--home) are read by the expert store; drop --mmap to use them");
+    fail_setting("home", o.homes.front(),
+                 "homes are read by the expert store, which memory-mapped weights (mmap) do not "
+                 "use");
   if (o.mmap) {
     parts.trunk = std::make_unique<ResidentTrunk>(c, *ck);
     // No budget to size passes from: an automatic pass takes what the prompt needs.

@@ -529,11 +529,11 @@ std::string canonical_home(const std::string& home) {
   fs::path p = fs::absolute(home, ec).lexically_normal();
   if (!fs::exists(p, ec)) {
     if (!fs::is_directory(p.parent_path(), ec))
-      fail_arg("--home {}: neither it nor its parent folder exists (is the drive mounted?)", home);
+      fail_setting("home", home, "neither it nor its parent folder exists (is the drive mounted?)");
     fs::create_directory(p, ec);
     if (ec) fail_io("cannot create the home {}: {}", home, ec.message());
   }
-  if (!fs::is_directory(p, ec)) fail_arg("--home {} is not a folder", home);
+  if (!fs::is_directory(p, ec)) fail_setting("home", home, "not a folder");
   return fs::canonical(p, ec).string();
 }
 
@@ -606,17 +606,17 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
 }  // namespace
 
 PlaceResult place_experts(const PlaceOptions& o) {
-  if (o.homes.empty()) fail_arg("place needs at least one --home");
+  if (o.homes.empty()) fail_setting("home", "", "place needs at least one home folder");
   if (!(o.replicate >= 0 && o.replicate <= 1))
-    fail_arg("--replicate {}: expected a share between 0 and 1", o.replicate);
+    fail_setting("replicate", fmt::format("{}", o.replicate), "expected a share between 0 and 1");
   const Source src(o.model, o.direct_io);
   const std::string model_dir = fs::canonical(o.model).string();
   std::vector<std::string> homes;
   for (const auto& h : o.homes) {
     const std::string c = canonical_home(h);
-    if (c == model_dir) fail_arg("--home {} is the model folder itself", h);
+    if (c == model_dir) fail_setting("home", h, "is the model folder itself");
     if (std::find(homes.begin(), homes.end(), c) != homes.end())
-      fail_arg("--home {} is given twice", h);
+      fail_setting("home", h, "given twice");
     homes.push_back(c);
   }
   for (size_t i = 0; i < homes.size(); ++i) {
@@ -682,7 +682,7 @@ PlaceResult place_experts(const PlaceOptions& o) {
       for (const auto& h : n.second) names += (names.empty() ? "" : ", ") + h;
       fail_arg(
           "no room: {} need{} {} more for {} share of the experts, the drive has {} free (free "
-          "space, or give --budget-per-home SIZE to place fewer experts there); nothing was "
+          "space, or lower the budget per home to place fewer experts there); nothing was "
           "written",
           names, n.second.size() == 1 ? "s" : "", gib(n.first),
           n.second.size() == 1 ? "its" : "their", gib(free));
