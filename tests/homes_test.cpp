@@ -404,9 +404,9 @@ TEST(Homes, ServerMetricsHaveEveryDrive) {
   const std::string home = test::temp_dir("homes-serve") + "/home";
   auto r = test::run_deltafin({"place", "--model", model, "--home", home, "--probe-size", "1M"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  test::ServerProcess srv(
-      {"--home", home, "--memory-budget", "48M", "--ctx", "256", "--no-direct-io", "--cache", "0"},
-      model);
+  test::ServerProcess srv({"--home", home, "--memory-budget", "48M", "--ctx", "256",
+                           "--no-direct-io", "--state-cache", "none"},
+                          model);
   ASSERT_TRUE(srv.ready()) << srv.err();
   auto c = srv.client();
   auto done = test::post_json(*c, "/v1/completions",
@@ -418,6 +418,67 @@ TEST(Homes, ServerMetricsHaveEveryDrive) {
                                   "deltafin_drive_reads_total{drive=\"" + home + "\"} ",
                                   "deltafin_drive_up{drive=\"" + home + "\"} 1"})
     EXPECT_NE(m.body.find(line), std::string::npos) << line << "\n" << m.body;
+}
+
+// `bench --json` out of core with a home: one object per drive with this run's probe of it, and
+// the bound of item 4 (the same dimensions' decode in RAM next to the I/O roofline) with the
+// ratio the run reached. The budget's cache holds one decode pass's experts of every layer (what
+// the in-RAM reference needs) but not every expert, so decode still reads.
+TEST(Homes, BenchReportsEveryDriveAndTheInRamBound) {
+  const ModelConfig c = load_config(model_dir());
+  auto ck = Checkpoint::open(model_dir());
+  PlanOptions o;
+  o.context = 256;
+  o.budget = 1ull << 40;
+  const uint64_t min_ws = plan_memory(c, *ck, o).min_working_set;
+  const uint64_t need = static_cast<uint64_t>(2 * c.moe.top_k * c.num_moe_layers());
+  uint64_t budget = 0;
+  for (uint64_t b = min_ws; b < min_ws * 16 && budget == 0; b += 64 << 10) {
+    o.budget = b;
+    const MemoryPlan p = plan_memory(c, *ck, o);
+    if (p.expert_slot_bytes > 0 && p.expert_cache_bytes / p.expert_slot_bytes >= need) budget = b;
+  }
+  ASSERT_GT(budget, 0u);
+  const auto homes = fresh_homes("homes-bench", 1);
+  place_experts(place_options(homes));
+  prefer_homes(homes[0]);
+  auto r = test::run_deltafin({"bench",
+                               "--model",
+                               model_dir(),
+                               "--memory-budget",
+                               std::to_string(budget / 1024) + "K",
+                               "--ctx",
+                               "256",
+                               "--readers",
+                               "2",
+                               "--prompt-tokens",
+                               "4",
+                               "--gen-tokens",
+                               "4",
+                               "--reps",
+                               "1",
+                               "--draft",
+                               "none",
+                               "--json",
+                               "--home",
+                               homes[0]});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_TRUE(j.contains("homes")) << j.dump();
+  ASSERT_EQ(j["homes"].size(), 2u);
+  EXPECT_EQ(j["homes"][0]["kind"], "model");
+  EXPECT_EQ(j["homes"][1]["kind"], "home");
+  for (const auto& d : j["homes"]) EXPECT_GT(d["bench_probe_bytes_per_s"].get<double>(), 0.0);
+  ASSERT_GT(j["expert_bytes_read_per_token"].get<double>(), 0.0) << j.dump();
+  ASSERT_TRUE(j.contains("in_ram_decode_tokens_per_s")) << j.dump();
+  const double in_ram = j["in_ram_decode_tokens_per_s"].get<double>();
+  const double io = j["io_roofline_tokens_per_s"].get<double>();
+  EXPECT_GT(in_ram, 0.0);
+  EXPECT_GT(io, 0.0);
+  EXPECT_DOUBLE_EQ(j["decode_bound_tokens_per_s"].get<double>(), std::min(in_ram, io));
+  EXPECT_DOUBLE_EQ(j["decode_to_bound_ratio"].get<double>(),
+                   j["decode_tokens_per_s"].get<double>() / std::min(in_ram, io));
+  EXPECT_GT(j["in_ram_hit_rate"].get<double>(), 0.5);
 }
 
 // ---------------------------------------------------------------------------------------------

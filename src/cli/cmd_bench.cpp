@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "cli/bench_report.h"
 #include "cli/bench_turns.h"
@@ -30,6 +31,7 @@
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "storage/expert_store.h"
 #include "storage/trunk_units.h"
 
 namespace deltafin::cli {
@@ -43,6 +45,7 @@ struct BenchArgs {
   int reps = 3;
   bool json = false;
   bool no_disk_probe = false;
+  bool in_ram_reference = true;
   std::string report;  // HTML report file ("" = none)
   DraftOptions draft;
   int turns = 0;  // --turns: a multi-turn conversation with and without state reuse
@@ -147,6 +150,33 @@ double prefill_flops_per_token(const LoadedModel& m, int64_t T) {
   const double head = static_cast<double>(c.vocab * c.hidden) / static_cast<double>(T);
   return 2.0 * (weights + mla + kda + head);
 }
+
+// The in-RAM reference of an out-of-core run: the same passes, with every request of a layer
+// served by that layer's first n experts (n = the request's size). They stay in the store's
+// cache after the first pass, so a pass computes exactly as much as a real one (the same number
+// of distinct experts of the same shape, from RAM) and reads nothing: the decode speed of the
+// same dimensions in RAM, measured in the same process, next to the out-of-core speed. The
+// tokens differ (other experts); only the time is used.
+class InRamReference : public ExpertProvider {
+ public:
+  explicit InRamReference(ExpertProvider& real) : real_(real) {}
+  void run(const ExpertStep& step) override { run_as_ready(*this, step); }
+  uint64_t expert_bytes() const override { return real_.expert_bytes(); }
+  std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override {
+    std::vector<int> first(experts.size());
+    std::iota(first.begin(), first.end(), 0);
+    return real_.request(layer, first);
+  }
+  ExpertHandle acquire(int layer, int expert) override {
+    (void)expert;
+    return real_.acquire(layer, 0);
+  }
+  ExpertStats stats() const override { return real_.stats(); }
+  std::string describe() const override { return "in-RAM reference over " + real_.describe(); }
+
+ private:
+  ExpertProvider& real_;
+};
 
 void run_bench(BenchArgs& a) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
@@ -296,6 +326,33 @@ void run_bench(BenchArgs& a) {
     prefill_tps.push_back(a.prompt_tokens / p);
     decode_tps.push_back(a.gen_tokens / d);
   }
+  // Out of core (the store read experts while decoding): the same dimensions' decode in RAM,
+  // when the cache holds one decode pass's experts of every layer (not with drafting, whose
+  // verify passes ask for more).
+  std::vector<double> in_ram_tps;
+  double in_ram_hit_rate = 0;
+  const auto cache_slots = model->plan()
+                               ? model->plan()->expert_cache_bytes /
+                                     std::max<uint64_t>(1, model->plan()->expert_slot_bytes)
+                               : 0;
+  if (a.in_ram_reference && !drafter && dec.experts.misses > 0 &&
+      cache_slots >= static_cast<uint64_t>(c.moe.top_k * c.num_moe_layers())) {
+    auto* store = dynamic_cast<ExpertStore*>(&model->experts());
+    if (store != nullptr) store->count_heat(false);
+    std::unique_ptr<ExpertProvider> real =
+        model->replace_experts(std::make_unique<InRamReference>(model->experts()));
+    double p, d;
+    one_run(std::min(a.gen_tokens, 2), p, d, false);  // reads the reference experts once
+    const ExpertStats before = model->experts().stats();
+    for (int r = 0; r < a.reps; ++r) {
+      one_run(a.gen_tokens, p, d, false);
+      in_ram_tps.push_back(a.gen_tokens / d);
+    }
+    const ExpertStats ref = model->experts().stats() - before;
+    in_ram_hit_rate = ref.requests > 0 ? static_cast<double>(ref.hits) / ref.requests : 0.0;
+    model->replace_experts(std::move(real));
+    if (store != nullptr) store->count_heat(true);
+  }
   const double n_tok = static_cast<double>(std::max<int64_t>(1, dec.tokens));
   const double experts_per_pass =
       dec.passes > 0 ? static_cast<double>(dec.expert_fetches) / dec.passes : 0;
@@ -421,6 +478,20 @@ void run_bench(BenchArgs& a) {
   j["roofline_memory_s_per_token"] = ram_time;
   j["roofline_s_per_token"] = roofline;
   j["roofline_ratio"] = ratio;
+  if (!in_ram_tps.empty()) {
+    // The physical limit of a decoded token: the slower of reading its bytes at the drives'
+    // bandwidth and computing it in RAM.
+    const Summary ir = summarize(in_ram_tps);
+    const double io_tps = disk_time > 0 ? 1.0 / disk_time : 0.0;
+    const double bound = io_tps > 0 ? std::min(io_tps, ir.median) : ir.median;
+    j["in_ram_decode_tokens_per_s"] = ir.median;
+    j["in_ram_decode_tokens_per_s_min"] = ir.min;
+    j["in_ram_decode_tokens_per_s_max"] = ir.max;
+    j["in_ram_hit_rate"] = in_ram_hit_rate;
+    j["io_roofline_tokens_per_s"] = io_tps;
+    j["decode_bound_tokens_per_s"] = bound;
+    j["decode_to_bound_ratio"] = bound > 0 ? ds.median / bound : 0.0;
+  }
   j["peak_rss_bytes"] = peak_rss_bytes();
   if (!dec.experts.sources.empty()) {
     // Per drive over the measured decode phases, with this run's probe of it.
@@ -518,6 +589,15 @@ void run_bench(BenchArgs& a) {
       "roofline   {:.4f} s/token = max(storage {:.4f}, memory {:.4f}); achieved {:.4f} -> ratio "
       "{:.2f}\n",
       roofline, disk_time, ram_time, achieved, ratio);
+  if (!in_ram_tps.empty()) {
+    const double io_tps = disk_time > 0 ? 1.0 / disk_time : 0.0;
+    const double ir = summarize(in_ram_tps).median;
+    const double bound = io_tps > 0 ? std::min(io_tps, ir) : ir;
+    fmt::print(
+        "bound      in-RAM decode of the same dimensions {:.3f} tokens/s (hit rate {:.0f}%), I/O "
+        "roofline {:.3f} tokens/s -> bound {:.3f}; achieved {:.3f} -> ratio {:.2f}\n",
+        ir, 100.0 * in_ram_hit_rate, io_tps, bound, ds.median, bound > 0 ? ds.median / bound : 0.0);
+  }
   fmt::print("peak RSS   {:.2f} GiB\n", peak_rss_bytes() / 1073741824.0);
 }
 }  // namespace
@@ -542,6 +622,8 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   add_state_cache_options(cmd, a->state_cache);
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
+  cmd->add_flag("!--no-in-ram-reference", a->in_ram_reference,
+                "Out of core: skip the in-RAM decode of the same dimensions that the bound uses");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   add_draft_options(cmd, a->draft);
   cmd->add_option("--report", a->report,

@@ -89,6 +89,12 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   ExpertProvider& experts() { return *experts_; }
+  // Puts another expert provider in place and returns the one that was (bench's in-RAM
+  // reference wraps the store for a while). No pass may run meanwhile.
+  std::unique_ptr<ExpertProvider> replace_experts(std::unique_ptr<ExpertProvider> p) {
+    std::swap(p, experts_);
+    return p;
+  }
   const PassStats& pass_stats() const { return pass_stats_; }
   TrunkStats trunk_stats() const { return trunk_->stats(); }
   std::string describe() const;

@@ -463,7 +463,7 @@ std::vector<size_t> ExpertStore::pin_hits_locked(const std::vector<int64_t>& key
                                                  std::vector<int>& slot) {
   std::vector<size_t> misses;
   for (size_t i = 0; i < keys.size(); ++i) {
-    heat_[static_cast<size_t>(keys[i])]++;
+    if (count_heat_) heat_[static_cast<size_t>(keys[i])]++;
     stats_.requests++;
     stats_.bytes_served += location_of(keys[i]).bytes;
     auto it = where_.find(keys[i]);
@@ -564,6 +564,11 @@ std::string ExpertStore::describe() const {
                      std::max(1, opt_.readers), sources_.count() > 1 ? " per drive" : "",
                      sources_.direct() ? "O_DIRECT" : "buffered reads",
                      cache_policy_name(opt_.policy), sources_.describe());
+}
+
+void ExpertStore::count_heat(bool on) {
+  std::lock_guard<std::mutex> l(mu_);
+  count_heat_ = on;
 }
 
 void ExpertStore::save_heat() const {

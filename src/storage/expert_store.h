@@ -88,6 +88,9 @@ class ExpertStore : public ExpertProvider {
   uint64_t slot_bytes() const { return slot_bytes_; }
   // Writes the heat counts (atomically) when a heat file was given.
   void save_heat() const;
+  // While off, requests are not counted into the persisted heat (a measurement that asks for
+  // other experts than the model would, bench's in-RAM reference, must not bias `place`).
+  void count_heat(bool on);
 
   // The smallest cache that works: the experts one decode pass of one layer needs.
   static uint64_t min_cache_bytes(const ModelConfig& c, uint64_t expert_bytes);
@@ -160,6 +163,7 @@ class ExpertStore : public ExpertProvider {
   std::unordered_map<int64_t, int> where_;
   uint64_t tick_ = 0;
   std::vector<uint64_t> heat_;
+  bool count_heat_ = true;
   std::vector<uint64_t> key_hits_, key_misses_;  // this run's demand hits/misses per key
   std::vector<LayerRecall> recall_;
   std::vector<bool> predicted_;  // per key: a hint was given since the layer's last pass
