@@ -3,6 +3,7 @@
 // the request without harming the store.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -153,6 +154,43 @@ TEST(Store, PrefetchHintsAreUsedAndCounted) {
   auto r = store.recall();
   EXPECT_EQ(r[2].requested, 4u);
   EXPECT_EQ(r[2].predicted_hits, 3u);
+}
+
+// Behind a shut prediction gate, the hints the drives can read in the gap they would sit idle
+// (measured from the previous layer's last expert to this layer's request) are still read; with
+// no window share, none are (the gate alone).
+TEST(Store, ShutGateStillReadsHintsInTheDrivesIdleGap) {
+  auto c = load_config(test::data_dir() + "/k3-tiny-mxfp4/model");
+  auto ck = Checkpoint::open(test::data_dir() + "/k3-tiny-mxfp4/model");
+  auto issued_behind_shut_gate = [&](double share) {
+    StoreOptions so;
+    so.cache_bytes = 64ull << 20;
+    so.gate_warmup = 1;
+    so.idle_window_share = share;
+    ExpertStore store(c, *ck, ExpertFormat::kMXFP4, so);
+    auto drain = [&](int layer, const std::vector<int>& experts) {
+      auto b = store.request(layer, experts);
+      size_t idx;
+      ExpertHandle h;
+      while (b->next(idx, h)) {
+      }
+    };
+    uint64_t issued = 0;
+    for (int round = 0; round < 2; ++round) {
+      drain(1, {0, 1, 2, 3});
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the layer computes
+      const uint64_t before = store.stats().prefetch_issued;
+      const int base = 8 + 4 * round;  // never predicted before: not cached
+      const int hint[4] = {base, base + 1, base + 2, base + 3};
+      store.prefetch(2, hint);
+      issued = store.stats().prefetch_issued - before;
+      drain(2, {0, 1, 2, 3});  // none predicted: recall 0, the gate shuts
+      EXPECT_TRUE(store.recall()[2].gated);
+    }
+    return issued;  // in the round after the gate shut
+  };
+  EXPECT_GT(issued_behind_shut_gate(0.75), 0u);
+  EXPECT_EQ(issued_behind_shut_gate(0.0), 0u);
 }
 
 TEST(Store, ShortReadFailsTheRequestNotTheStore) {

@@ -8,6 +8,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 
 #include "core/error.h"
@@ -194,7 +195,18 @@ class Model::Pass {
     std::vector<float> normed(static_cast<size_t>(rows() * c_.hidden));
     rmsnorm_rows(a_.data(), rw->post_norm, c_.rms_eps, rows(), c_.hidden, normed.data());
     const Routing r = route_rows(ctx_, rw->router, rw->score_bias, normed.data());
-    m_.experts_->prefetch(next, r.experts);
+    if (rows() != 1) {
+      m_.experts_->prefetch(next, r.experts);
+      return;
+    }
+    // One row: its choice most confident first (the store may read only the first few).
+    std::vector<size_t> rank(r.ids.size());
+    std::iota(rank.begin(), rank.end(), size_t{0});
+    std::stable_sort(rank.begin(), rank.end(),
+                     [&](size_t a, size_t b) { return r.weights[a] > r.weights[b]; });
+    std::vector<int> order;
+    for (size_t i : rank) order.push_back(r.ids[i]);
+    m_.experts_->prefetch(next, order);
   }
 
   Model& m_;

@@ -206,6 +206,15 @@ double ExpertSources::read_seconds(int source, uint64_t bytes) const {
   return static_cast<double>(bytes) / bandwidth_locked(d);
 }
 
+double ExpertSources::bandwidth() const {
+  std::lock_guard<std::mutex> l(mu_);
+  double sum = 0;
+  for (const auto& d : drives_) {
+    if (!d->bad.load()) sum += bandwidth_locked(*d);
+  }
+  return sum;
+}
+
 std::vector<SourceStats> ExpertSources::stats() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<SourceStats> out;

@@ -65,6 +65,8 @@ class ExpertSources {
   bool bad(int source) const { return drives_[static_cast<size_t>(source)]->bad.load(); }
   // Typical seconds one read of `bytes` takes on `source` once it starts.
   double read_seconds(int source, uint64_t bytes) const;
+  // Bytes per second the good drives read together (measured while busy, else their probes).
+  double bandwidth() const;
 
   std::vector<SourceStats> stats() const;
   double busy_seconds() const;  // summed over the drives' reader threads

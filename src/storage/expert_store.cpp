@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <tuple>
 
@@ -96,6 +97,10 @@ class ExpertStore::Batch : public ExpertBatch {
         if (sl.state != SlotState::kReady && sl.state != SlotState::kError) continue;
         taken_[i] = true;
         ++n_taken_;
+        if (n_taken_ == keys_.size()) {  // the drives owe this layer nothing more
+          s_.last_done_at_ = now_seconds();
+          s_.last_done_layer_ = s_.layer_of(keys_[i]);
+        }
         s_.stats_.io_wait_s += waited;
         if (sl.state == SlotState::kError) throw_failed_locked(sl);
         index = i;
@@ -177,6 +182,7 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
   predicted_.assign(n_keys, false);
   hot_.assign(n_keys, false);
   recall_.assign(static_cast<size_t>(dir_.num_layers()), {});
+  idle_gap_.assign(static_cast<size_t>(dir_.num_layers()), -1.0);
   load_heat();
   if (opt_.policy == CachePolicy::kPinned) mark_hot_experts(n_slots);
 }
@@ -410,7 +416,8 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
     dir_.location(layer, e);  // validates the id
     keys.push_back(key_of(layer, e));
   }
-  score_prediction_locked(layer, keys);
+  if (score_prediction_locked(layer, keys)) measure_idle_gap_locked(layer);
+  last_done_layer_ = -1;
   drop_unchosen_predictions_locked(layer, experts);
   std::vector<int> slot(keys.size(), -1);
   issue_misses_locked(pin_hits_locked(keys, slot), keys, slot);
@@ -418,11 +425,11 @@ std::unique_ptr<ExpertBatch> ExpertStore::request(int layer, std::span<const int
 }
 
 // Recall of this layer's prediction (if it had one) and the gate that follows from it.
-void ExpertStore::score_prediction_locked(int layer, const std::vector<int64_t>& keys) {
+bool ExpertStore::score_prediction_locked(int layer, const std::vector<int64_t>& keys) {
   bool had_prediction = false;
   for (int e = 0; e < dir_.num_experts(); ++e)
     had_prediction = had_prediction || predicted_[static_cast<size_t>(key_of(layer, e))];
-  if (!had_prediction) return;
+  if (!had_prediction) return false;
   LayerRecall& r = recall_[static_cast<size_t>(layer)];
   r.requested += keys.size();
   uint64_t hit = 0;
@@ -435,6 +442,23 @@ void ExpertStore::score_prediction_locked(int layer, const std::vector<int64_t>&
   r.gated = r.samples >= static_cast<uint64_t>(opt_.gate_warmup) && r.ema < opt_.gate_threshold;
   for (int e = 0; e < dir_.num_experts(); ++e)
     predicted_[static_cast<size_t>(key_of(layer, e))] = false;
+  return true;
+}
+
+// Only a request that follows the previous layer's in the same pass measures a gap (the
+// prediction of this layer was made from that pass).
+void ExpertStore::measure_idle_gap_locked(int layer) {
+  if (last_done_layer_ != layer - 1 || last_done_at_ < 0) return;
+  const double gap = std::max(0.0, now_seconds() - last_done_at_);
+  double& g = idle_gap_[static_cast<size_t>(layer)];
+  g = g < 0 ? gap : 0.7 * g + 0.3 * gap;
+}
+
+size_t ExpertStore::idle_window_experts_locked(int layer) const {
+  const double gap = idle_gap_[static_cast<size_t>(layer)];
+  if (gap <= 0 || opt_.idle_window_share <= 0 || dir_.expert_bytes() == 0) return 0;
+  const double bytes = opt_.idle_window_share * gap * sources_.bandwidth();
+  return static_cast<size_t>(bytes / static_cast<double>(dir_.expert_bytes()));
 }
 
 // Predictions the router did not choose: queued ones (and those of earlier layers) are
@@ -520,12 +544,18 @@ ExpertHandle ExpertStore::acquire(int layer, int expert) {
 void ExpertStore::prefetch(int layer, std::span<const int> experts) {
   std::lock_guard<std::mutex> l(mu_);
   if (layer < dir_.first_moe_layer() || layer >= dir_.num_layers()) return;
-  const bool read = !recall_[static_cast<size_t>(layer)].gated;
+  // Shut gate: only what the drives read in the gap they would sit idle (hints come most
+  // confident first).
+  const size_t window = recall_[static_cast<size_t>(layer)].gated
+                            ? idle_window_experts_locked(layer)
+                            : std::numeric_limits<size_t>::max();
+  size_t issued = 0;
   for (int e : experts) {
     if (e < 0 || e >= dir_.num_experts()) continue;
     const int64_t k = key_of(layer, e);
     predicted_[static_cast<size_t>(k)] = true;  // scored even when the gate keeps it from a read
-    if (!read || where_.count(k)) continue;
+    if (issued >= window || where_.count(k)) continue;
+    ++issued;
     const int sl = take_slot_locked(k, true);
     if (sl < 0) continue;
     start_read_locked(sl, k, true);

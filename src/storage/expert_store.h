@@ -14,6 +14,12 @@
 //    the real router asks for a layer, queued predictions it did not choose are cancelled (their
 //    slot is freed; the queued task finds that and returns) and arrived ones are demoted to be
 //    evicted first. A chosen prediction still queued is re-submitted at demand priority.
+//  * Reading while computing: between the last expert of one layer's pass and the next layer's
+//    request the drives have nothing to read (the model computes the rest of the layer and the
+//    next one's attention). The store measures that gap per layer, and even when the prediction
+//    gate is shut it reads as many hints (most confident first) as the drives finish in that
+//    gap: right ones are reads taken off the next layer's critical path, wrong ones cost only
+//    time the drives had idle (they are evicted first).
 //  * Eviction policy: LRU by default; LFU; or `pinned`, which keeps the hottest experts of a
 //    persisted heat file resident and runs LRU on the rest.
 //  * Faults (short read, truncated or replaced file) fail the request that needed the expert
@@ -60,6 +66,9 @@ struct StoreOptions {
   // that had to happen anyway.
   double gate_threshold = 0.9;
   int gate_warmup = 4;
+  // Behind a shut gate, the hints the drives can read in this share of the layer's measured idle
+  // gap are still read (0 = none).
+  double idle_window_share = 0.75;
   bool prefetch = true;  // act on prefetch hints at all
   // Homes on other drives holding copies of experts (storage/home.h, `deltafin place`): each
   // read goes to the copy that will finish first (storage/expert_sources.h).
@@ -131,8 +140,13 @@ class ExpertStore : public ExpertProvider {
 
   void load_heat();
   void mark_hot_experts(size_t n_slots);
-  // The phases of request(), all under mu_.
-  void score_prediction_locked(int layer, const std::vector<int64_t>& keys);
+  // The phases of request(), all under mu_. Returns whether the layer had a prediction.
+  bool score_prediction_locked(int layer, const std::vector<int64_t>& keys);
+  // The drives' idle gap before this request of `layer` (after the previous layer's last expert
+  // was delivered), averaged per layer.
+  void measure_idle_gap_locked(int layer);
+  // How many hints of `layer` the drives can read in its idle gap.
+  size_t idle_window_experts_locked(int layer) const;
   void drop_unchosen_predictions_locked(int layer, std::span<const int> experts);
   // Pins the cached ones (slot index) and returns the indices of the misses.
   std::vector<size_t> pin_hits_locked(const std::vector<int64_t>& keys, std::vector<int>& slot);
@@ -166,6 +180,11 @@ class ExpertStore : public ExpertProvider {
   bool count_heat_ = true;
   std::vector<uint64_t> key_hits_, key_misses_;  // this run's demand hits/misses per key
   std::vector<LayerRecall> recall_;
+  // The drives' idle gap per layer (seconds, moving average; < 0 = not measured yet), and when
+  // and for which layer a batch last delivered its final expert.
+  std::vector<double> idle_gap_;
+  double last_done_at_ = -1;
+  int last_done_layer_ = -1;
   std::vector<bool> predicted_;  // per key: a hint was given since the layer's last pass
   std::vector<bool> hot_;        // per key: the pinned policy keeps it resident
   mutable ExpertStats stats_;
