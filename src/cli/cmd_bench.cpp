@@ -392,6 +392,12 @@ void run_bench(BenchArgs& a) {
   const Summary ts = summarize(ttft);
   const double achieved = dec.seconds / n_tok;
   const double disk_time = disk_bw > 0 ? bytes_read / disk_bw : 0.0;
+  // The physical limit of a decoded token out of core: the slower of reading its bytes at the
+  // drives' bandwidth and computing it in RAM.
+  const Summary in_ram = in_ram_tps.empty() ? Summary{} : summarize(in_ram_tps);
+  const double io_tps = disk_time > 0 ? 1.0 / disk_time : 0.0;
+  const double bound = io_tps > 0 ? std::min(io_tps, in_ram.median) : in_ram.median;
+  const double bound_ratio = bound > 0 ? ds.median / bound : 0.0;
   const double ram_time = mem_bw > 0 ? ram_bytes_per_token / mem_bw : 0.0;
   const double roofline = std::max(disk_time, ram_time);
   const double ratio = achieved > 0 ? roofline / achieved : 0.0;
@@ -479,18 +485,13 @@ void run_bench(BenchArgs& a) {
   j["roofline_s_per_token"] = roofline;
   j["roofline_ratio"] = ratio;
   if (!in_ram_tps.empty()) {
-    // The physical limit of a decoded token: the slower of reading its bytes at the drives'
-    // bandwidth and computing it in RAM.
-    const Summary ir = summarize(in_ram_tps);
-    const double io_tps = disk_time > 0 ? 1.0 / disk_time : 0.0;
-    const double bound = io_tps > 0 ? std::min(io_tps, ir.median) : ir.median;
-    j["in_ram_decode_tokens_per_s"] = ir.median;
-    j["in_ram_decode_tokens_per_s_min"] = ir.min;
-    j["in_ram_decode_tokens_per_s_max"] = ir.max;
+    j["in_ram_decode_tokens_per_s"] = in_ram.median;
+    j["in_ram_decode_tokens_per_s_min"] = in_ram.min;
+    j["in_ram_decode_tokens_per_s_max"] = in_ram.max;
     j["in_ram_hit_rate"] = in_ram_hit_rate;
     j["io_roofline_tokens_per_s"] = io_tps;
     j["decode_bound_tokens_per_s"] = bound;
-    j["decode_to_bound_ratio"] = bound > 0 ? ds.median / bound : 0.0;
+    j["decode_to_bound_ratio"] = bound_ratio;
   }
   j["peak_rss_bytes"] = peak_rss_bytes();
   if (!dec.experts.sources.empty()) {
@@ -590,13 +591,10 @@ void run_bench(BenchArgs& a) {
       "{:.2f}\n",
       roofline, disk_time, ram_time, achieved, ratio);
   if (!in_ram_tps.empty()) {
-    const double io_tps = disk_time > 0 ? 1.0 / disk_time : 0.0;
-    const double ir = summarize(in_ram_tps).median;
-    const double bound = io_tps > 0 ? std::min(io_tps, ir) : ir;
     fmt::print(
         "bound      in-RAM decode of the same dimensions {:.3f} tokens/s (hit rate {:.0f}%), I/O "
         "roofline {:.3f} tokens/s -> bound {:.3f}; achieved {:.3f} -> ratio {:.2f}\n",
-        ir, 100.0 * in_ram_hit_rate, io_tps, bound, ds.median, bound > 0 ? ds.median / bound : 0.0);
+        in_ram.median, 100.0 * in_ram_hit_rate, io_tps, bound, ds.median, bound_ratio);
   }
   fmt::print("peak RSS   {:.2f} GiB\n", peak_rss_bytes() / 1073741824.0);
 }

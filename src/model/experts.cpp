@@ -35,44 +35,49 @@ std::string describe_source(const SourceStats& s) {
       s.bad ? fmt::format(", not used after a failure: {}", s.bad_reason) : "");
 }
 
+namespace {
+
+// Applies `op(mine, theirs)` to every counter of the two (the same list for - and +=).
+template <class Op>
+void each_counter(ExpertStats& a, const ExpertStats& b, Op op) {
+  op(a.requests, b.requests);
+  op(a.hits, b.hits);
+  op(a.misses, b.misses);
+  op(a.bytes_read, b.bytes_read);
+  op(a.bytes_served, b.bytes_served);
+  op(a.prefetch_issued, b.prefetch_issued);
+  op(a.prefetch_used, b.prefetch_used);
+  op(a.prefetch_wasted_bytes, b.prefetch_wasted_bytes);
+  op(a.io_wait_s, b.io_wait_s);
+  op(a.read_s, b.read_s);
+}
+
+template <class Op>
+void each_counter(SourceStats& a, const SourceStats& b, Op op) {
+  op(a.reads, b.reads);
+  op(a.bytes_read, b.bytes_read);
+  op(a.busy_s, b.busy_s);
+  op(a.hedges, b.hedges);
+  op(a.hedge_wins, b.hedge_wins);
+  op(a.failures, b.failures);
+}
+
+constexpr auto kSubtract = [](auto& x, const auto& y) { x -= y; };
+constexpr auto kAdd = [](auto& x, const auto& y) { x += y; };
+
+}  // namespace
+
 ExpertStats operator-(const ExpertStats& a, const ExpertStats& b) {
-  ExpertStats d;
-  d.requests = a.requests - b.requests;
-  d.hits = a.hits - b.hits;
-  d.misses = a.misses - b.misses;
-  d.bytes_read = a.bytes_read - b.bytes_read;
-  d.bytes_served = a.bytes_served - b.bytes_served;
-  d.prefetch_issued = a.prefetch_issued - b.prefetch_issued;
-  d.prefetch_used = a.prefetch_used - b.prefetch_used;
-  d.prefetch_wasted_bytes = a.prefetch_wasted_bytes - b.prefetch_wasted_bytes;
-  d.io_wait_s = a.io_wait_s - b.io_wait_s;
-  d.read_s = a.read_s - b.read_s;
+  ExpertStats d = a;
+  each_counter(d, b, kSubtract);
   // Per drive: counters are differences, the rest (name, probe, bad) is the later snapshot's.
-  d.sources = a.sources;
-  for (size_t i = 0; i < d.sources.size() && i < b.sources.size(); ++i) {
-    SourceStats& s = d.sources[i];
-    const SourceStats& o = b.sources[i];
-    s.reads -= o.reads;
-    s.bytes_read -= o.bytes_read;
-    s.busy_s -= o.busy_s;
-    s.hedges -= o.hedges;
-    s.hedge_wins -= o.hedge_wins;
-    s.failures -= o.failures;
-  }
+  for (size_t i = 0; i < d.sources.size() && i < b.sources.size(); ++i)
+    each_counter(d.sources[i], b.sources[i], kSubtract);
   return d;
 }
 
 ExpertStats& operator+=(ExpertStats& a, const ExpertStats& b) {
-  a.requests += b.requests;
-  a.hits += b.hits;
-  a.misses += b.misses;
-  a.bytes_read += b.bytes_read;
-  a.bytes_served += b.bytes_served;
-  a.prefetch_issued += b.prefetch_issued;
-  a.prefetch_used += b.prefetch_used;
-  a.prefetch_wasted_bytes += b.prefetch_wasted_bytes;
-  a.io_wait_s += b.io_wait_s;
-  a.read_s += b.read_s;
+  each_counter(a, b, kAdd);
   if (a.sources.size() < b.sources.size()) a.sources.resize(b.sources.size());
   for (size_t i = 0; i < b.sources.size(); ++i) {
     SourceStats& s = a.sources[i];
@@ -82,12 +87,7 @@ ExpertStats& operator+=(ExpertStats& a, const ExpertStats& b) {
     s.experts = o.experts;
     s.bad = s.bad || o.bad;
     if (s.bad_reason.empty()) s.bad_reason = o.bad_reason;
-    s.reads += o.reads;
-    s.bytes_read += o.bytes_read;
-    s.busy_s += o.busy_s;
-    s.hedges += o.hedges;
-    s.hedge_wins += o.hedge_wins;
-    s.failures += o.failures;
+    each_counter(s, o, kAdd);
   }
   return a;
 }
