@@ -194,6 +194,11 @@ void run_bench(BenchArgs& a) {
     apply_state_cache(a.state_cache, req);
     req.prompt_rows = req_tokens(a);
   }
+  // The memory probe before the model loads: its buffer (256 MiB) is freed and the peak RSS
+  // starts over, so the peak this run reports is the engine's (budget + fixed overhead).
+  apply_engine_options(req.engine);
+  const double mem_bw = measure_memory_bandwidth(global_pool().size());
+  reset_peak_rss();
   LoadedEngine engine = load_engine(std::move(req));
   note_demo_drafter(a.engine.model, engine.draft);
   auto& model = engine.model;
@@ -366,7 +371,6 @@ void run_bench(BenchArgs& a) {
       a.engine.mmap ? storage_read : std::max(expert_read + trunk_read, storage_read);
   const uint64_t requests = dec.experts.requests, hits = dec.experts.hits;
   const int threads = global_pool().size();
-  const double mem_bw = measure_memory_bandwidth(threads);
   // Best of three short probes per drive: its sequential O_DIRECT bandwidth with the store's
   // reader count (the best, so the roofline is not flattered by one slow probe). With homes the
   // disk bandwidth is the sum over the drives (the model folder and each home).

@@ -140,6 +140,17 @@ uint64_t peak_rss_bytes() {
 #endif
 }
 
+bool reset_peak_rss() {
+#if defined(__linux__)
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";  // 5: reset the peak RSS to the current RSS (Linux 4.0)
+  out.flush();
+  return static_cast<bool>(out);
+#else
+  return false;
+#endif
+}
+
 uint64_t current_rss_bytes() {
 #if defined(__linux__)
   std::ifstream in("/proc/self/statm");

@@ -26,6 +26,9 @@ uint64_t physical_memory_bytes();
 // The tightest cgroup (v1 or v2) memory limit that applies to this process; 0 if none.
 uint64_t cgroup_memory_limit_bytes();
 uint64_t peak_rss_bytes();
+// Starts the peak RSS over from the current RSS (Linux: /proc/self/clear_refs); false where it
+// cannot.
+bool reset_peak_rss();
 uint64_t current_rss_bytes();
 // Bytes this process has caused to be fetched from storage (Linux /proc/self/io read_bytes:
 // page-cache misses and direct reads alike); 0 where unknown.
