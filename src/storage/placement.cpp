@@ -71,7 +71,13 @@ Placement plan_placement(const PlacementRequest& r) {
                               r.home_bandwidth[static_cast<size_t>(best)])
         best = static_cast<int>(h);
     }
-    if (best < 0) {
+    // The model folder competes too (it holds every expert already): hot experts are spread over
+    // all drives rather than piled on the homes, so each drive gets a like mix of experts the
+    // cache tends to keep and experts it must read, and reads split by bandwidth as planned.
+    const bool model_first = best < 0 || (model_load + load_of[e]) / r.model_bandwidth <=
+                                             (load[static_cast<size_t>(best)] + load_of[e]) /
+                                                 r.home_bandwidth[static_cast<size_t>(best)];
+    if (model_first) {
       model_load += load_of[e];
       continue;
     }

@@ -9,9 +9,11 @@
 //  1. the hottest `replicate` share of experts is copied to every home (room permitting); at run
 //     time the reader sends each of their reads to whichever copy will finish first, which evens
 //     out the passes whose choice of experts happens to favour one drive;
-//  2. every other expert, hottest first, goes to the home that would finish its expected load
-//     earliest, while that home is below its share and has room; the rest stay on the model
-//     folder only. So a home too small for its share holds the hottest experts it can.
+//  2. every other expert, hottest first, goes to the drive that would finish its expected load
+//     earliest: the model folder (no copy), or a home below its share with room. So hot experts
+//     spread over all drives (each gets a like mix of experts the cache tends to keep and experts
+//     it must read: placing the hottest on the homes alone left them fewer reads than their
+//     share), and a fast home too small for its share holds the hottest experts it can.
 #pragma once
 
 #include <cstddef>
