@@ -79,13 +79,13 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # The threaded parts under ThreadSanitizer: the server (in-process units and the real binary,
 # itself built with TSan: a race in it makes it exit 66 and fails the test), the scheduler, the
 # thread and reader pools, the expert store and shard files, the homes on several drives (per-drive
-# reader queues, hedged and fallback reads, `place` and its interruption), and the fault-injection
-# tests; and,
+# reader queues, hedged and fallback reads, `place` and its interruption), the prefix snapshot
+# store and the server's state reuse (its faults and sampling), and the fault-injection tests; and,
 # by name, the tests that reach the other threaded paths: the trunk streamer and the expert
 # store's prefetch under a memory budget (Budget: streaming, greedy generation), and the
 # scheduler drafting for several sequences at once (serve --parallel with drafters and with a
 # draft model folder). Budget.PeakRss is left out: it measures RSS, which TSan's shadow inflates.
-TSAN_TESTS = ^((Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|ConversationCache|Homes|Place|Drives)[./]|Budget[.](StreamingIsExact|GreedyGeneration)|SpeculativeCli[.]ServeParallel|DraftSurfaces[.]ChatAndServe)
+TSAN_TESTS = ^((Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|Homes|Place|Drives|PrefixTree|PrefixFiles|PrefixReuse|ReuseFaults|ReuseSampling)[./]|Budget[.](StreamingIsExact|GreedyGeneration)|SpeculativeCli[.]ServeParallel|DraftSurfaces[.]ChatAndServe)
 # tools/tsan-suppressions.txt: one entry, an uninstrumented Debian library; its reason is written there.
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tools/tsan-suppressions.txt
 

@@ -280,6 +280,10 @@ TEST(Hardening, ChatSaveLoadRoundTripsIdsAndCtrlCKeepsTheAnswer) {
 
   test::Child c({"chat", "--model", tiny_model(), "--max-new", "100000", "--stats"},
                 /*with_stdin=*/true);
+  // The model is loaded once /help answers (under a sanitizer on a busy machine that takes
+  // longer than the half second the answer then runs before Ctrl-C).
+  c.write_stdin("/help\n");
+  c.wait_stderr("commands: /reset", 120);
   c.write_stdin("Hello\n");
   std::this_thread::sleep_for(500ms);
   c.signal(SIGINT);  // mid-answer: the answer stops and is kept

@@ -145,7 +145,8 @@ TEST(ReuseDrafting, BenchDraftsWithTheDemo) {
   auto t = run_deltafin({"bench", "--model", demo(), "--turns", "3", "--prompt-tokens", "32",
                          "--gen-tokens", "8", "--no-disk-probe", "--json"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  for (const auto& turn : json::parse(t.out)["turns"]) {
+  const json report = json::parse(t.out);  // a range-for over parse(...)["turns"] would dangle
+  for (const auto& turn : report["turns"]) {
     EXPECT_GT(turn["draft_proposed"].get<int64_t>(), 0) << t.out;
     if (turn["turn"] > 1) {
       EXPECT_GT(turn["restored_tokens"].get<int64_t>(), 0) << t.out;

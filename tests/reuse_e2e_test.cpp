@@ -105,6 +105,47 @@ TwoTurns converse(const ServerProcess& srv) {
   return t;
 }
 
+// The repetition penalty sees the last 64 prompt tokens; a continued request prefills only a
+// few of them, so the window must reach back into the reused prefix or the answer would differ
+// from a server that prefilled everything. The request is sent twice (regenerate: the second
+// prefills only the generation prompt), the second time strongly favouring the tokens of a word
+// of its message (logit_bias) under a maximal penalty: with the word in the window the penalty
+// divides their logits by 100, without it the word wins.
+TEST(ReuseSampling, TheRepetitionWindowReachesIntoTheReusedPrefix) {
+  auto regenerate = [](const ServerProcess& srv) {
+    auto c = srv.client();
+    auto t = post_json(*c, "/tokenize", json{{"content", " zebra"}});
+    EXPECT_EQ(t.status, 200) << t.body;
+    json bias = json::object();
+    for (const auto& id : t.j["tokens"]) bias[std::to_string(id.get<int>())] = 50;
+    json m = json::array({{{"role", "user"}, {"content", "A zebra"}}});
+    auto r1 = post_json(*c, "/v1/chat/completions", turn_body(m));
+    EXPECT_EQ(r1.status, 200) << r1.body;
+    json b = turn_body(m);
+    b["logit_bias"] = bias;
+    b["repetition_penalty"] = 100;
+    b["max_tokens"] = 1;
+    auto r2 = post_json(*c, "/v1/chat/completions", b);
+    EXPECT_EQ(r2.status, 200) << r2.body;
+    return r2.j;
+  };
+  ServerProcess srv({"--state-cache", temp_dir("reuse-window")});
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  const json reused = regenerate(srv);
+  EXPECT_EQ(srv.stop(), 0) << srv.err();
+  ServerProcess fresh({"--state-cache", "none"});
+  ASSERT_TRUE(fresh.ready()) << fresh.err();
+  const json full = regenerate(fresh);
+  EXPECT_EQ(fresh.stop(), 0) << fresh.err();
+  const int cached = reused["usage"]["prompt_tokens_details"]["cached_tokens"];
+  const int prompt = reused["usage"]["prompt_tokens"];
+  EXPECT_GT(cached, 0) << reused.dump();
+  EXPECT_LT(prompt - cached, 64) << reused.dump();  // the window reaches into the prefix
+  EXPECT_EQ(reused["choices"][0]["message"]["content"], full["choices"][0]["message"]["content"])
+      << reused.dump() << "\n"
+      << full.dump();
+}
+
 // The `state cache:` warning lines of a server's stderr.
 std::vector<std::string> cache_warnings(const std::string& err) {
   std::vector<std::string> out;

@@ -572,6 +572,8 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     input.insert(input.end(), prompt, prompt + n);
     const int64_t start = session->state.position();
     Generation gen(input, gp, tok, m.model->config().vocab, start);
+    gen.set_preceding(std::span<const int32_t>(session->history)
+                          .first(std::min(session->history.size(), static_cast<size_t>(start))));
     std::unique_lock<std::mutex> counters(m.pass);  // the counters are written by passes
     StatsRecorder rec(*m.model);
     counters.unlock();

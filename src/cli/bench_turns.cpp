@@ -50,6 +50,7 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
     gp.context_limit = model.plan() ? model.plan()->context : c.max_positions;
     Generation g(input, gp, nullptr, V, restored);
     const std::vector<int32_t> before(conversation.begin(), conversation.begin() + restored);
+    g.set_preceding(before);
     draft.stats = DraftStats{};
     drive(model, st, g, nullptr, nullptr, &draft, {before, {}});
     // The restore is part of what reuse costs.

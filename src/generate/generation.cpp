@@ -64,6 +64,15 @@ Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& para
   }
 }
 
+void Generation::set_preceding(std::span<const int32_t> before) {
+  window_.clear();
+  if (prompt_.size() >= Sampler::kRepeatWindow) return;  // the prompt fills the window
+  const size_t from =
+      before.size() - std::min(before.size(), Sampler::kRepeatWindow - prompt_.size());
+  window_.assign(before.begin() + static_cast<ptrdiff_t>(from), before.end());
+  window_.insert(window_.end(), prompt_.begin(), prompt_.end());
+}
+
 std::span<const int32_t> Generation::next_input() const {
   if (finished()) return {};
   return input_;
@@ -212,11 +221,13 @@ void Generation::consume(std::span<const float> logits, const int32_t* draft,
     finish(StopReason::kLength);
     return;
   }
+  const std::span<const int32_t> recent =
+      window_.empty() ? std::span<const int32_t>(prompt_) : std::span<const int32_t>(window_);
   int32_t id;
   if (draft != nullptr && !q.empty()) {
-    id = sampler_.verify_draft(logits, prompt_, generated_ids_, *draft, q, *accepted);
+    id = sampler_.verify_draft(logits, recent, generated_ids_, *draft, q, *accepted);
   } else {
-    id = sampler_.sample(logits, prompt_, generated_ids_);
+    id = sampler_.sample(logits, recent, generated_ids_);
     if (draft != nullptr) *accepted = id == *draft;
   }
   GeneratedToken t;

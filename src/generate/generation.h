@@ -61,6 +61,11 @@ class Generation {
   Generation(std::vector<int32_t> prompt, const GenerationParams& params,
              const Tokenizer* tokenizer, int64_t vocab, int64_t start_position = 0);
 
+  // The tokens before `prompt` that the state already holds (a kept chat state or a restored
+  // prefix snapshot, prefix/reuse.h): the repetition penalty's prompt window reaches back into
+  // them, so a continued request samples exactly as one that prefilled the whole prompt.
+  void set_preceding(std::span<const int32_t> before);
+
   std::span<const int32_t> next_input() const;
   // While the prompt is being fed: the next pass takes at most `rows` (>= 1) of it. A scheduler
   // sharing one pass among sequences uses it; the rest of the prompt follows in later passes.
@@ -114,6 +119,7 @@ class Generation {
   void finish(StopReason r);
 
   std::vector<int32_t> prompt_;
+  std::vector<int32_t> window_;  // the penalty's prompt window when set_preceding() was called
   GenerationParams params_;
   const Tokenizer* tok_;
   Sampler sampler_;

@@ -43,7 +43,7 @@ void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> r
   std::unordered_map<int32_t, int> counts;
   for (int32_t t : generated) counts[t]++;
   if (p_.repetition_penalty != 1.0f) {
-    const size_t window = 64;
+    const size_t window = kRepeatWindow;
     std::vector<int32_t> seen(generated.begin(), generated.end());
     size_t from = recent_context.size() > window ? recent_context.size() - window : 0;
     seen.insert(seen.end(), recent_context.begin() + static_cast<ptrdiff_t>(from),

@@ -41,6 +41,8 @@ struct TokenLogprob {
 
 class Sampler {
  public:
+  // How many of the last prompt tokens the repetition penalty sees (llama.cpp's repeat_last_n).
+  static constexpr size_t kRepeatWindow = 64;
   Sampler(const SamplingParams& p, int64_t vocab);
   // `recent_context` are prompt tokens (for the repetition window), `generated` the tokens
   // sampled so far. `logits` is not modified.
