@@ -114,13 +114,14 @@ fuzz: configure-asan
 # The npm packages of the node tests (each pinned by its lockfile): the OpenAI client test, the
 # browser test (puppeteer-core), the Anthropic / OpenAI Responses / Ollama SDK tests
 # (tests/api_clients) and the agents (tests/agent_clients: Claude Code and Codex, ~760 MB with
-# their native programs). The rule that keeps CI time small: each folder is installed with
+# their native programs) and ajv, the independent JSON Schema validator of the structured-output
+# test (tests/structured_output, ~1 MB). The rule that keeps CI time small: each folder is installed with
 # `npm ci` only when node_modules is missing or older than its lockfile, so a machine installs
 # the agents once (about 20 s from the registry here) and later runs of `make test` reuse them;
 # a fresh CI machine installs them once per run (docs/PERFORMANCE.md, "CI"). The browser test also
 # needs Debian's chromium, installed here when apt can (root or sudo); without npm or chromium
 # those tests skip themselves.
-NODE_TESTS = tests/openai_client tests/webui tests/api_clients tests/agent_clients
+NODE_TESTS = tests/openai_client tests/webui tests/api_clients tests/agent_clients tests/structured_output
 test-deps:
 	@for d in $(NODE_TESTS); do \
 	  if command -v npm >/dev/null 2>&1 && \

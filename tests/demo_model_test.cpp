@@ -20,18 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-// Installs the demo into a fresh cache once per process and returns its folder.
 const std::string& demo_dir() {
-  static const std::string dir = [] {
-    const std::string cache = test::temp_dir("democross");
-    setenv("DELTAFIN_CACHE", cache.c_str(), 1);
-    unsetenv("DELTAFIN_MODEL");
-    auto r = test::run_deltafin({"run", "--prompt", "A", "--max-new", "1"});
-    unsetenv("DELTAFIN_CACHE");
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return cache + "/demo-k3-english";
-  }();
-  return dir;
+  return test::demo_model_dir();
 }
 
 json expected() {

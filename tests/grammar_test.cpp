@@ -14,7 +14,7 @@
 #include "grammar/gbnf.h"
 #include "grammar/matcher.h"
 #include "grammar/pda.h"
-#include "test_util.h"
+#include "server_util.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -445,13 +445,8 @@ TEST(GrammarMatch, LazyGrammarStartsAtItsTrigger) {
   EXPECT_TRUE(m.complete());
 }
 
-const Tokenizer& test_tokenizer() {
-  static const Tokenizer t = Tokenizer::load(test::data_dir() + "/tokenizer");
-  return t;
-}
-
 TEST(GrammarMatch, RealTokenizerAcceptsEncodedJsonAndMasksAgree) {
-  const Tokenizer& tok = test_tokenizer();
+  const Tokenizer& tok = test::k3_tokenizer();
   const auto v = TokenVocab::of(tok);
   ASSERT_GE(v->size(), 100000);
   const auto cg = compile(kJsonGbnf, v);

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "grammar/constraint.h"
 #include "grammar/matcher.h"
-#include "test_util.h"
+#include "server_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin::grammar {
@@ -20,8 +20,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 const Tokenizer& tok() {
-  static const Tokenizer t = Tokenizer::load(test::data_dir() + "/tokenizer");
-  return t;
+  return test::k3_tokenizer();
 }
 
 // Whether `doc` is accepted token by token and the grammar may end after it.

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "test_util.h"
+#include "server_util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/output_parser.h"
 
@@ -19,8 +19,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 const Tokenizer& tok() {
-  static const Tokenizer t = Tokenizer::load(test::data_dir() + "/tokenizer");
-  return t;
+  return test::k3_tokenizer();
 }
 
 // Builds ids from pieces: "<|open|>" etc. are the specials, anything else ordinary text.

@@ -441,11 +441,14 @@ TEST_F(Server, ToolsAndToolMessagesEndToEnd) {
   int status = 0;
   sse_events(stream_body(*cli_, "/v1/chat/completions", body, &status));
   EXPECT_EQ(status, 200);
-  // Refusals: a named function, parallel_tool_calls false, a malformed tool.
+  // A named function is enforced (docs/STRUCTURED-OUTPUT.md), naming an unknown one is a 400.
   json named = chat_body("x", 1);
   named["tools"] = tools;
   named["tool_choice"] = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  EXPECT_EQ(post_json(*cli_, "/v1/chat/completions", named).status, 200);
+  named["tool_choice"]["function"]["name"] = "g";
   expect_error(post_json(*cli_, "/v1/chat/completions", named), 400, "", "tool_choice");
+  // Refusals: parallel_tool_calls false, a malformed tool.
   json seq = chat_body("x", 1);
   seq["parallel_tool_calls"] = false;
   expect_error(post_json(*cli_, "/v1/chat/completions", seq), 400, "", "parallel_tool_calls");

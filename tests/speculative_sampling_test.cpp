@@ -46,36 +46,6 @@ std::vector<std::pair<int32_t, double>> target_dist(std::span<const float> logit
   return d;
 }
 
-// Chi-square statistic over cells whose expected count is at least 5 (the rest pooled), and
-// its 0.1% critical value (Wilson–Hilferty).
-std::pair<double, double> chi_square(const std::map<std::vector<int32_t>, double>& expected_p,
-                                     const std::map<std::vector<int32_t>, int>& observed, int n) {
-  double stat = 0, pooled_e = 0, pooled_o = 0;
-  int cells = 0, seen = 0;
-  for (const auto& [k, p] : expected_p) {
-    const double e = p * n;
-    const auto it = observed.find(k);
-    const double o = it == observed.end() ? 0 : it->second;
-    seen += static_cast<int>(o);
-    if (e < 5) {
-      pooled_e += e;
-      pooled_o += o;
-      continue;
-    }
-    stat += (o - e) * (o - e) / e;
-    ++cells;
-  }
-  pooled_o += n - seen;  // outcomes the exact distribution gives probability 0 (must be none)
-  if (pooled_e > 0 || pooled_o > 0) {
-    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9);
-    ++cells;
-  }
-  const double df = cells - 1;
-  const double z = 3.09;
-  const double a = 2.0 / (9.0 * df);
-  return {stat, df * std::pow(1 - a + z * std::sqrt(a), 3)};
-}
-
 // The tiny model's passes, memoised: thousands of generations of three tokens only ever need a
 // few hundred distinct passes, so each is run once (a real deferred verify pass) and replayed.
 class SpeculativeSampling : public ::testing::Test {
@@ -253,7 +223,7 @@ TEST_F(SpeculativeSampling, DeterministicDrafterKeepsSeededTokensAndTheDistribut
   }
   EXPECT_GT(st.accepted, 0);
   EXPECT_LT(st.accepted, st.proposed);
-  const auto [stat, crit] = chi_square(exact_, observed, n);
+  const auto [stat, crit] = test::chi_square(exact_, observed, n);
   EXPECT_LT(stat, crit) << "chi-square " << stat << " over the 0.1% critical value " << crit;
 }
 
@@ -267,7 +237,7 @@ TEST_F(SpeculativeSampling, RejectionSamplingWithQKeepsTheDistribution) {
   }
   EXPECT_GT(st.accepted, 0);
   EXPECT_LT(st.accepted, st.proposed);
-  const auto [stat, crit] = chi_square(exact_, observed, n);
+  const auto [stat, crit] = test::chi_square(exact_, observed, n);
   EXPECT_LT(stat, crit) << "chi-square " << stat << " over the 0.1% critical value " << crit;
   // The test has power: keeping every draft (the drafts' own distribution) is rejected.
   for (int i = 0; i < n; ++i) {
@@ -276,7 +246,7 @@ TEST_F(SpeculativeSampling, RejectionSamplingWithQKeepsTheDistribution) {
     const auto d = drafter.propose(h, 2);
     naive[{first, d.tokens[0], d.tokens[1]}]++;
   }
-  EXPECT_GT(chi_square(exact_, naive, n).first, crit);
+  EXPECT_GT(test::chi_square(exact_, naive, n).first, crit);
 }
 
 // Remembers the first draft of the first proposal (the token after the prompt and the first
@@ -324,10 +294,10 @@ TEST_F(SpeculativeSampling, DraftModelsKeepTheDistribution) {
       kept[{ids[0], first.first}]++;
     }
     EXPECT_GE(st.proposed, n) << kind;
-    const auto [stat, crit] = chi_square(exact2, observed, n);
+    const auto [stat, crit] = test::chi_square(exact2, observed, n);
     EXPECT_LT(stat, crit) << kind << ": chi-square " << stat << " over the 0.1% critical value "
                           << crit;
-    const auto [broken, crit2] = chi_square(exact2, kept, n);
+    const auto [broken, crit2] = test::chi_square(exact2, kept, n);
     EXPECT_GT(broken, crit2) << kind << ": keeping every draft was not rejected";
   }
 }

@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -247,6 +248,19 @@ RunResult Child::wait(double timeout_s) {
   exited_ = true;
   r_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r_;
+}
+
+const std::string& demo_model_dir() {
+  static const std::string dir = [] {
+    const std::string cache = temp_dir("demo-cache");
+    setenv("DELTAFIN_CACHE", cache.c_str(), 1);
+    unsetenv("DELTAFIN_MODEL");
+    auto r = run_deltafin({"run", "--prompt", "A", "--max-new", "1"});
+    unsetenv("DELTAFIN_CACHE");
+    if (r.exit_code != 0) ADD_FAILURE() << "installing the demo failed: " << r.err;
+    return cache + "/demo-k3-english";
+  }();
+  return dir;
 }
 
 }  // namespace deltafin::test

@@ -2,8 +2,12 @@
 // the real `deltafin` program with captured output.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fixtures/synthetic.h"
@@ -54,9 +58,46 @@ class Child {
 
 std::string slurp(const std::string& path);
 
+// The built-in demo model, installed into a fresh cache once per process: its folder.
+const std::string& demo_model_dir();
+
 // `make-model --preset k3` shrunk so a test takes seconds: K3's layer kinds and MLA/MoE
 // structure with 4 layers, 16 experts (top 4) and hidden 256.
 SyntheticSpec small_k3_spec();
 void spit(const std::string& path, const std::string& data);
+
+// Pearson's chi-square of `observed` counts (n draws) against `expected` probabilities, and its
+// 0.1% critical value (Wilson-Hilferty). Cells expected under 5 draws are pooled, with every
+// draw of an outcome `expected` does not list (which the exact distribution gives probability
+// 0, so any such draw makes the statistic huge).
+template <typename Key, typename Count>
+std::pair<double, double> chi_square(const std::map<Key, double>& expected,
+                                     const std::map<Key, Count>& observed, int64_t n) {
+  double stat = 0, pooled_e = 0, pooled_o = 0;
+  int cells = 0;
+  double seen = 0;
+  for (const auto& [k, p] : expected) {
+    const double e = p * static_cast<double>(n);
+    const auto it = observed.find(k);
+    const double o = it == observed.end() ? 0 : static_cast<double>(it->second);
+    seen += o;
+    if (e < 5) {
+      pooled_e += e;
+      pooled_o += o;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  pooled_o += static_cast<double>(n) - seen;
+  if (pooled_e > 0 || pooled_o > 0) {
+    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9);
+    ++cells;
+  }
+  const double df = std::max(1, cells - 1);
+  const double z = 3.09;  // the upper 0.1% quantile of the normal
+  const double a = 2.0 / (9.0 * df);
+  return {stat, df * std::pow(1 - a + z * std::sqrt(a), 3)};
+}
 
 }  // namespace deltafin::test

@@ -393,3 +393,65 @@ def test_info_plan_stats(model):
     assert model.info["vocab"] == model.vocab
     assert model.memory_plan["context"] == 2048
     assert model.stats["passes"] > 0
+
+
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "mood": {"enum": ["glad", "süß", "calm"]}},
+          "required": ["name", "age", "mood"], "additionalProperties": False}
+
+
+def check_person(text):
+    v = json.loads(text)
+    assert set(v) == {"name", "age", "mood"}, text
+    assert isinstance(v["name"], str) and len(v["name"]) <= 12, text
+    assert isinstance(v["age"], int) and 0 <= v["age"] <= 120, text
+    assert v["mood"] in ("glad", "süß", "calm"), text
+
+
+def test_structured_output(model):
+    # The random-weight model at temperature 1: without the constraint the answer is never JSON.
+    # A bias toward what closes strings, objects and argument tags lets every sample finish
+    # within max_tokens (tests/structured_output_test.cpp, closing_bias); the constraint holds
+    # whatever the logits.
+    close = model.tokenize("<|close|>", special=True)
+    assert len(close) == 1
+    bias = {str(close[0]): 5}
+    for text in ('"', "}"):
+        ids = model.tokenize(text)
+        if len(ids) == 1:
+            bias[str(ids[0])] = 5
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for seed in range(1, 6):
+        out = model.create_chat_completion(
+            messages=[{"role": "user", "content": "Who?"}], response_format=fmt, thinking=False,
+            temperature=1, seed=seed, max_tokens=600, logit_bias=bias)
+        assert out["choices"][0]["finish_reason"] == "stop", out
+        check_person(out["choices"][0]["message"]["content"])
+    # llama-server's `grammar` field on completions (any server field passes as a keyword).
+    for seed in range(1, 6):
+        out = model.create_completion("Say:", grammar='root ::= ("yes" | "no") " " [0-9]{2}\n',
+                                      temperature=1, seed=seed, max_tokens=50)
+        assert re.fullmatch(r"(yes|no) [0-9]{2}", out["choices"][0]["text"]), out
+    # A forced call: the arguments follow the function's parameters.
+    tools = [{"type": "function", "function": {"name": "meet", "parameters": PERSON}}]
+    out = model.create_chat_completion(
+        messages=[{"role": "user", "content": "Meet"}], tools=tools, tool_choice="required",
+        thinking=False, temperature=1, seed=3, max_tokens=600, logit_bias=bias)
+    calls = out["choices"][0]["message"]["tool_calls"]
+    assert out["choices"][0]["finish_reason"] == "tool_calls" and calls, out
+    check_person(calls[0]["function"]["arguments"])
+    # A chat session (deltafin_chat_send: the session renders the turns, so the schema comes as
+    # llama-server's `json_schema` field), thinking on: thinking stays free, the answer is held.
+    with model.chat(thinking=True) as chat:
+        for seed in (1, 2):
+            out = chat.send("Who?", json_schema=PERSON, temperature=1, seed=seed,
+                            max_tokens=600, logit_bias=dict(bias, **{str(close[0]): 8}))
+            assert out["choices"][0]["finish_reason"] == "stop", out
+            check_person(out["choices"][0]["message"]["content"])
+    with pytest.raises(deltafin.Error, match="uniqueItems"):
+        model.create_chat_completion(
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "array", "uniqueItems": True}}})

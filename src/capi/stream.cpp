@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "prefix/reuse.h"
 #include "server/api_error.h"
+#include "server/structured.h"
 
 using namespace deltafin;
 using capi::guard;
@@ -71,6 +72,7 @@ void finish(deltafin_stream& s) {
   s.usage.cached_tokens = s.cached;
   s.usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
   s.usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
+  s.usage.constraint_unfinished = g.constraint_unfinished();
   push(s, s.builder->end(g.stop_reason(), s.usage));
   s.ended = true;
   std::unique_lock<std::mutex> lock(s.m->pass);
@@ -326,6 +328,11 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
     try {
       ChatTurn turn = chat->session->begin_user_turn(text);
       r.params.start_channel = turn.start;
+      if (r.params.constraint && r.chat && r.chat->thinking != (turn.start == Channel::think)) {
+        // The constraint covers the turn from where this chat's prompt opened it.
+        r.chat->thinking = turn.start == Channel::think;
+        r.params.constraint = server::chat_constraint(body, *r.chat, m.tokenizer("chat"));
+      }
       State& state = chat->session->state();
       if (state.position() + static_cast<int64_t>(turn.input.size()) + 1 > m.limits.context) {
         throw server::ApiError(400,

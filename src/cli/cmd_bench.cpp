@@ -18,10 +18,12 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/bench_constraint.h"
 #include "cli/bench_report.h"
 #include "cli/bench_turns.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/gen_options.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "core/sysinfo.h"
@@ -50,6 +52,7 @@ struct BenchArgs {
   DraftOptions draft;
   int turns = 0;  // --turns: a multi-turn conversation with and without state reuse
   StateCacheOptions state_cache;
+  GenOptions gen;  // only --grammar-file / --json-schema: decode with and without them
 };
 
 struct Summary {
@@ -194,14 +197,27 @@ void run_bench(BenchArgs& a) {
     apply_state_cache(a.state_cache, req);
     req.prompt_rows = req_tokens(a);
   }
+  const bool constrained = !a.gen.grammar_file.empty() || !a.gen.json_schema.empty();
+  if (constrained && a.turns > 0) fail_usage("--turns and a constraint are separate benchmarks");
+  if (constrained) {
+    req.tokenizer = NeedTokenizer::kRequired;
+    req.who = "bench with a constraint";
+  }
   // The memory probe before the model loads: its buffer (256 MiB) is freed and the peak RSS
   // starts over, so the peak this run reports is the engine's (budget + fixed overhead).
   apply_engine_options(req.engine);
-  const double mem_bw = measure_memory_bandwidth(global_pool().size());
+  const double mem_bw = constrained ? 0.0 : measure_memory_bandwidth(global_pool().size());
   reset_peak_rss();
   LoadedEngine engine = load_engine(std::move(req));
   note_demo_drafter(a.engine.model, engine.draft);
   auto& model = engine.model;
+  if (constrained) {
+    const auto c = constraint_for(a.gen, &*engine.tokenizer, false, Channel::response);
+    nlohmann::json j = bench_constraint(engine, c, a.gen_tokens, a.reps, !a.json);
+    j["model"] = a.engine.model;
+    if (a.json) fmt::print("{}\n", j.dump());
+    return;
+  }
   if (a.turns > 0) {
     if (!engine.store) fail_usage("--turns measures state reuse: drop --state-cache none");
     const int64_t ctx = model->plan() ? model->plan()->context : model->config().max_positions;
@@ -623,6 +639,11 @@ void register_bench(CLI::App& app) {
                   "from the prefix store and from scratch")
       ->check(CLI::Range(1, 1000));
   add_state_cache_options(cmd, a->state_cache);
+  cmd->add_option("--grammar-file", a->gen.grammar_file,
+                  "Instead: decode tokens/s with and without this GBNF grammar (temperature 1, "
+                  "the same seeds, alternating; up to --gen-tokens per generation)");
+  cmd->add_option("--json-schema", a->gen.json_schema,
+                  "Instead: the same with this JSON Schema (JSON text or @FILE)");
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("!--no-in-ram-reference", a->in_ram_reference,
                 "Out of core: skip the in-RAM decode of the same dimensions that the bound uses");

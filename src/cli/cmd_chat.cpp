@@ -87,6 +87,9 @@ void run_chat(ChatArgs& a) {
   LoadedEngine engine = load_engine(std::move(req));
   auto& model = engine.model;
   const Tokenizer& tok = *engine.tokenizer;
+  // A bad --grammar-file / --json-schema ends the command here, not each turn (compiled grammars
+  // are cached, so the turns reuse this one).
+  constraint_for(a.gen, &tok, true, a.think == "on" ? Channel::think : Channel::response);
   note_demo_drafter(a.engine.model, engine.draft);
   a.gen.prefill_rows = model->pass_plan().pass_rows;
   ChatSession session(*model, tok);
@@ -116,6 +119,7 @@ void run_chat(ChatArgs& a) {
     GenerationParams params = make_params(a.gen, *model, &tok, /*chat=*/true);
     if (model->plan()) params.context_limit = model->plan()->context;
     params.start_channel = turn.start;
+    params.constraint = constraint_for(a.gen, &tok, true, turn.start);
     Generation gen(turn.input, params, &tok, model->config().vocab, session.state().position());
     gen.set_preceding(session.consumed());
     StatsRecorder rec(*model);

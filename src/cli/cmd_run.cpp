@@ -67,6 +67,8 @@ void run_run(RunArgs& a) {
   }
   // Plan memory for what this run needs: its prompt (in as few passes as the budget allows, or
   // in --prefill-chunk rows), its drafter and its context.
+  const auto constraint = constraint_for(a.gen, tok ? &*tok : nullptr, a.chat,
+                                         a.think == "on" ? Channel::think : Channel::response);
   LoadRequest req = load_request(a.engine, a.gen.draft, a.gen.prefill_chunk);
   req.prompt_rows = static_cast<int64_t>(prompt.size());
   req.loaded_tokenizer = std::move(tok);
@@ -78,6 +80,7 @@ void run_run(RunArgs& a) {
   GenerationParams params = make_params(a.gen, *model, tok ? &*tok : nullptr, a.chat);
   if (model->plan()) params.context_limit = model->plan()->context;
   params.start_channel = a.think == "on" ? Channel::think : Channel::response;
+  params.constraint = constraint;
   if (!a.json) params.top_logprobs = -1;
   Generation gen(prompt, params, tok ? &*tok : nullptr, model->config().vocab);
   State state = model->new_state();

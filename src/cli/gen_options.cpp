@@ -8,7 +8,9 @@
 #include <cstdlib>
 
 #include "cli/common.h"
+#include "core/mapped_file.h"
 #include "core/timer.h"
+#include "grammar/k3_turn.h"
 
 namespace deltafin::cli {
 
@@ -63,6 +65,53 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
       ->capture_default_str()
       ->check(auto_or_positive());
   add_draft_options(cmd, o.draft);
+  cmd->add_option("--grammar-file", o.grammar_file,
+                  "Constrain the output (with --chat, the answer) to this GBNF grammar");
+  cmd->add_option(
+      "--json-schema", o.json_schema,
+      "Constrain the output (with --chat, the answer) to this JSON Schema (JSON text or @FILE)");
+}
+
+std::shared_ptr<const grammar::Constraint> constraint_for(const GenOptions& o, const Tokenizer* tok,
+                                                          bool chat, Channel start) {
+  if (o.grammar_file.empty() && o.json_schema.empty()) return nullptr;
+  if (!o.grammar_file.empty() && !o.json_schema.empty())
+    fail_usage("--grammar-file and --json-schema cannot be combined");
+  const char* flag = o.grammar_file.empty() ? "--json-schema" : "--grammar-file";
+  if (tok == nullptr) fail_arg("{}: the model has no tokenizer", flag);
+  grammar::TurnSpec spec;
+  spec.field = flag;
+  spec.thinking = start == Channel::think;
+  auto read_flag_file = [flag](const std::string& path) {
+    try {
+      return read_file(path);
+    } catch (const std::exception& e) {
+      fail_arg("{}: {}", flag, e.what());
+    }
+  };
+  if (!o.grammar_file.empty()) {
+    spec.content = grammar::TurnSpec::Content::gbnf;
+    spec.gbnf = read_flag_file(o.grammar_file);
+  } else {
+    const std::string text =
+        o.json_schema[0] == '@' ? read_flag_file(o.json_schema.substr(1)) : o.json_schema;
+    spec.content = grammar::TurnSpec::Content::json_schema;
+    spec.schema = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (spec.schema.is_discarded()) fail_arg("--json-schema: not valid JSON");
+  }
+  try {
+    if (chat)
+      return std::make_shared<const grammar::Constraint>(grammar::k3_turn_constraint(spec, *tok));
+    if (!o.grammar_file.empty())
+      return std::make_shared<const grammar::Constraint>(
+          grammar::raw_constraint_gbnf(spec.gbnf, *tok));
+    return std::make_shared<const grammar::Constraint>(
+        grammar::raw_constraint_schema(spec.schema, *tok, flag));
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    if (what.rfind("grammar: ", 0) == 0) fail_arg("{}: {}", flag, what.substr(9));
+    throw;
+  }
 }
 
 void apply_generation_config(GenOptions& o, const std::string& model_dir) {

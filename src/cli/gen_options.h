@@ -37,6 +37,8 @@ struct GenOptions {
   DraftOptions draft;
   CLI::App* cmd = nullptr;        // the subcommand (which flags were given)
   GenerationDefaults generation;  // the model folder's generation_config.json
+  std::string grammar_file;       // --grammar-file: GBNF
+  std::string json_schema;        // --json-schema: JSON text, or @FILE
 };
 
 void add_gen_options(CLI::App* cmd, GenOptions& o);
@@ -49,6 +51,12 @@ SamplingParams sampling_from(const GenOptions& o);
 // generation_config.json); the prefill chunk is the model's pass plan (which honours
 // --prefill-chunk).
 GenerationParams make_params(const GenOptions& o, const Model& m, const Tokenizer* tok, bool chat);
+
+// The constraint of --grammar-file / --json-schema (null without them): over the whole output,
+// or with `chat` over the answer of a K3 turn that starts in `start` (thinking stays free).
+// Throws InvalidArgument naming the flag.
+std::shared_ptr<const grammar::Constraint> constraint_for(const GenOptions& o, const Tokenizer* tok,
+                                                          bool chat, Channel start);
 
 // Ctrl-C: the first SIGINT sets the flag (generation stops cleanly at the next pass); a second
 // one while still running restores the default action.

@@ -1,6 +1,7 @@
 #include "generate/generation.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -50,6 +51,8 @@ Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& para
   } else if (params_.chat) {
     fail_arg("chat mode needs a tokenizer");
   }
+  if (params_.constraint)
+    matcher_.emplace(params_.constraint->grammar, params_.stop_ids, params_.constraint->trigger);
   timing_.start = now_seconds();
   timing_.prompt_tokens = static_cast<int64_t>(prompt_.size());
   if (params_.context_limit > 0 &&
@@ -180,6 +183,21 @@ void Generation::finish(StopReason r) {
   input_.clear();
 }
 
+size_t Generation::allowed_drafts(std::span<const int32_t> drafts) const {
+  if (!matcher_) return drafts.size();
+  grammar::Matcher m = *matcher_;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (!m.accept(drafts[i])) return i;
+    if (m.finished()) return i + 1;
+  }
+  return drafts.size();
+}
+
+bool Generation::constraint_unfinished() const {
+  return matcher_ && matcher_->active() && !matcher_->complete() && !matcher_->finished() &&
+         (stop_ == StopReason::kLength || stop_ == StopReason::kContext);
+}
+
 void Generation::cancel() {
   finish(StopReason::kCancelled);
 }
@@ -221,20 +239,48 @@ void Generation::consume(std::span<const float> logits, const int32_t* draft,
     finish(StopReason::kLength);
     return;
   }
+  const grammar::TokenMask* allowed = nullptr;
+  if (matcher_ && matcher_->active()) {
+    const double t0 = now_seconds();
+    matcher_->fill_mask(mask_);
+    timing_.mask_s += now_seconds() - t0;
+    if (mask_.count() == 0) {
+      // The grammar has ended and there is no stop token to say so: the output is complete.
+      finish(StopReason::kStopToken);
+      return;
+    }
+    allowed = &mask_;
+  }
   const std::span<const int32_t> recent =
       window_.empty() ? std::span<const int32_t>(prompt_) : std::span<const int32_t>(window_);
   int32_t id;
   if (draft != nullptr && !q.empty()) {
-    id = sampler_.verify_draft(logits, recent, generated_ids_, *draft, q, *accepted);
+    id = sampler_.verify_draft(logits, recent, generated_ids_, *draft, q, *accepted, allowed);
   } else {
-    id = sampler_.sample(logits, recent, generated_ids_);
+    id = sampler_.sample(logits, recent, generated_ids_, allowed);
     if (draft != nullptr) *accepted = id == *draft;
+  }
+  if (matcher_) {
+    const double t0 = now_seconds();
+    if (!matcher_->accept(id)) fail("generation: the grammar refused token {} it allowed", id);
+    timing_.mask_s += now_seconds() - t0;
   }
   GeneratedToken t;
   t.id = id;
   if (params_.top_logprobs >= 0) {
-    t.chosen = logprob_of(logits, id);
-    t.top = top_logprobs(logits, params_.top_logprobs);
+    // With a grammar, the logprobs of the distribution sampled from (the allowed tokens).
+    std::span<const float> shown = logits;
+    std::vector<float> masked;
+    if (allowed != nullptr) {
+      masked.assign(logits.begin(), logits.end());
+      for (size_t i = 0; i < masked.size(); ++i) {
+        if (!allowed->test(static_cast<int32_t>(i)))
+          masked[i] = -std::numeric_limits<float>::infinity();
+      }
+      shown = masked;
+    }
+    t.chosen = logprob_of(shown, id);
+    t.top = top_logprobs(shown, params_.top_logprobs);
   }
   tokens_.push_back(std::move(t));
   generated_ids_.push_back(id);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "generate/sampler.h"
+#include "grammar/constraint.h"
 #include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,6 +38,9 @@ struct GenerationParams {
   int64_t context_limit = 0;    // positions the sequence may reach (0 = no limit)
   bool chat = false;            // parse the output as a K3 assistant turn
   Channel start_channel = Channel::think;
+  // What the output must follow (docs/STRUCTURED-OUTPUT.md): each token is sampled from the
+  // tokens it allows, and a stop token only where it may end. Null: unconstrained.
+  std::shared_ptr<const grammar::Constraint> constraint;
 };
 
 struct GeneratedToken {
@@ -51,6 +55,7 @@ struct GenerationTiming {
   double first_token = 0;   // the first token sampled
   double last_token = 0;
   int64_t prompt_tokens = 0;
+  double mask_s = 0;  // computing the constraint's masks and advancing its matcher
 };
 
 class Generation {
@@ -110,6 +115,13 @@ class Generation {
   std::optional<int32_t> unconsumed_token() const;
   const GenerationTiming& timing() const { return timing_; }
   uint64_t seed() const { return sampler_.seed(); }
+  // How many of `drafts` (proposed to follow the last sampled token) the constraint allows in a
+  // row: the drafting round cuts a proposal there (a copy of the matcher is advanced; this
+  // generation's state is untouched). All of them without a constraint.
+  size_t allowed_drafts(std::span<const int32_t> drafts) const;
+  // The generation ended (token limit, context) while its constraint was still incomplete: the
+  // output does not parse as the grammar asks.
+  bool constraint_unfinished() const;
 
  private:
   void consume(std::span<const float> logits, const int32_t* draft, std::span<const float> q,
@@ -125,6 +137,8 @@ class Generation {
   Sampler sampler_;
   std::optional<OutputParser> parser_;
   std::optional<PlainTextFilter> plain_;
+  std::optional<grammar::Matcher> matcher_;
+  grammar::TokenMask mask_;
   int64_t fed_ = 0;       // prompt tokens fed
   int64_t consumed_ = 0;  // all tokens fed
   int64_t position_;

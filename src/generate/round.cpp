@@ -62,6 +62,25 @@ void round_cut_prompt(RoundSequence& s) {
   if (next != s.cut_at.end()) s.gen->limit_input(*next - at);
 }
 
+void round_cut_drafts(DraftProposal& d, size_t k) {
+  d.tokens.resize(k);
+  if (d.q.size() > k) d.q.resize(k);
+  if (d.confidence.size() > k) d.confidence.resize(k);
+}
+
+// A constrained sequence's drafts, advanced through a copy of its matcher, end at the first
+// token the grammar refuses (docs/STRUCTURED-OUTPUT.md): verifying past it is wasted rows, since
+// the masked target gives it probability 0. A deterministic drafter (no q) loses it too: the
+// target samples that row from the masked distribution as a plain pass would. A drafter that
+// draws from q keeps it as its last draft, so rejection sampling rejects it with certainty and
+// draws from the residual max(0, p - q), exactly as without the cut (cutting it would replace
+// that residual by p and bias the output).
+void round_cut_constrained(const Generation& gen, DraftProposal& d) {
+  const size_t ok = gen.allowed_drafts(d.tokens);
+  if (ok >= d.tokens.size()) return;
+  round_cut_drafts(d, d.q.empty() ? ok : ok + 1);
+}
+
 // Step 2 for one decoding sequence: its proposal, cut to its room.
 void round_propose(RoundSequence& s, RoundPlanned& p) {
   DraftConfig& d = *s.draft;
@@ -79,6 +98,7 @@ void round_propose(RoundSequence& s, RoundPlanned& p) {
   if (static_cast<int>(p.drafts.tokens.size()) > room)
     p.drafts.tokens.resize(static_cast<size_t>(room));
   p.proposal = p.drafts.tokens;
+  round_cut_constrained(*s.gen, p.drafts);
 }
 
 // A drafter reads its sequence's taps from the first pass on the state (prefill included).
@@ -86,12 +106,6 @@ void round_attach(RoundSequence& s) {
   if (s.draft == nullptr || s.draft->drafter == nullptr || s.draft->attached == s.state) return;
   s.draft->drafter->attach(*s.state);
   s.draft->attached = s.state;
-}
-
-void round_cut_drafts(DraftProposal& d, size_t k) {
-  d.tokens.resize(k);
-  if (d.q.size() > k) d.q.resize(k);
-  if (d.confidence.size() > k) d.confidence.resize(k);
 }
 
 // Step 4 for one sequence of the pass.

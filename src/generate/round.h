@@ -12,7 +12,9 @@
 //      no room waits for the next round);
 //   2. each decoding sequence with a drafter proposes up to its room (the draft-length setting,
 //      the tokens left, and with the automatic length auto_draft_room), and with the automatic
-//      length the cost model cuts the proposals jointly (choose_draft_lengths);
+//      length the cost model cuts the proposals jointly (choose_draft_lengths); a constrained
+//      sequence's proposal ends at the first token its grammar refuses (a copy of its matcher
+//      is advanced through it; accept_rows then masks every verified row);
 //   3. one Model::forward over every sequence's rows (verify rows in deferred mode);
 //   4. per sequence: accept_rows, Model::commit by the rows consumed, Drafter::on_verified, the
 //      acceptance estimate and the stats; the pass cost is observed when the pass had no

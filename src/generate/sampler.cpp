@@ -1,7 +1,9 @@
 #include "generate/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 
@@ -34,10 +36,22 @@ Sampler::Sampler(const SamplingParams& p, int64_t vocab) : p_(p), vocab_(vocab) 
 }
 
 void Sampler::penalise(std::span<const float> logits, std::span<const int32_t> recent_context,
-                       std::span<const int32_t> generated) {
+                       std::span<const int32_t> generated, const grammar::TokenMask* allowed) {
   if (static_cast<int64_t>(logits.size()) != vocab_)
     fail("sampler: {} logits for a vocabulary of {}", logits.size(), vocab_);
   work_.assign(logits.begin(), logits.end());
+  if (allowed != nullptr) {
+    // Tokens the grammar does not allow can never be chosen (greedy included).
+    if (allowed->size() != vocab_)
+      fail("sampler: a mask of {} tokens for a vocabulary of {}", allowed->size(), vocab_);
+    const auto words = allowed->words();
+    for (size_t w = 0; w < words.size(); ++w) {
+      if (words[w] == ~uint64_t{0}) continue;
+      for (size_t b = 0; b < 64 && w * 64 + b < work_.size(); ++b) {
+        if (((words[w] >> b) & 1) == 0) work_[w * 64 + b] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
   if (p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f)
     return;
   std::unordered_map<int32_t, int> counts;
@@ -65,10 +79,21 @@ int32_t Sampler::argmax_work() const {
   return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
 }
 
-size_t Sampler::candidates() {
-  // Candidates sorted by logit (descending; ties by id for determinism).
-  idx_.resize(static_cast<size_t>(vocab_));
-  std::iota(idx_.begin(), idx_.end(), 0);
+size_t Sampler::candidates(const grammar::TokenMask* allowed) {
+  // Candidates (the allowed tokens, or all) sorted by logit (descending; ties by id for
+  // determinism).
+  if (allowed == nullptr) {
+    idx_.resize(static_cast<size_t>(vocab_));
+    std::iota(idx_.begin(), idx_.end(), 0);
+  } else {
+    idx_.clear();
+    const auto words = allowed->words();
+    for (size_t w = 0; w < words.size(); ++w) {
+      for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1)
+        idx_.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(bits))));
+    }
+    if (idx_.empty()) fail("sampler: the grammar allows no token");
+  }
   auto by_logit = [&](int32_t a, int32_t b) {
     return work_[static_cast<size_t>(a)] > work_[static_cast<size_t>(b)] ||
            (work_[static_cast<size_t>(a)] == work_[static_cast<size_t>(b)] && a < b);
@@ -114,10 +139,10 @@ size_t Sampler::candidates() {
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> recent_context,
-                        std::span<const int32_t> generated) {
-  penalise(logits, recent_context, generated);
+                        std::span<const int32_t> generated, const grammar::TokenMask* allowed) {
+  penalise(logits, recent_context, generated, allowed);
   if (p_.greedy()) return argmax_work();
-  const size_t n = candidates();
+  const size_t n = candidates(allowed);
   double total = 0;
   for (size_t i = 0; i < n; ++i) total += prob_[i];
   std::uniform_real_distribution<double> u(0.0, total);
@@ -132,10 +157,11 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 int32_t Sampler::verify_draft(std::span<const float> logits,
                               std::span<const int32_t> recent_context,
                               std::span<const int32_t> generated, int32_t draft,
-                              std::span<const float> q, bool& accepted) {
+                              std::span<const float> q, bool& accepted,
+                              const grammar::TokenMask* allowed) {
   if (static_cast<int64_t>(q.size()) != vocab_)
     fail("sampler: a draft distribution of {} entries for a vocabulary of {}", q.size(), vocab_);
-  penalise(logits, recent_context, generated);
+  penalise(logits, recent_context, generated, allowed);
   if (p_.greedy()) {
     // p is one-hot at the argmax: min(1, p/q) is 1 there and 0 elsewhere, and the residual
     // max(0, p - q) is the argmax again.
@@ -143,7 +169,7 @@ int32_t Sampler::verify_draft(std::span<const float> logits,
     accepted = t == draft;
     return t;
   }
-  const size_t n = candidates();
+  const size_t n = candidates(allowed);
   double total = 0;
   for (size_t i = 0; i < n; ++i) total += prob_[i];
   double p_draft = 0;

@@ -1,8 +1,12 @@
 // Choosing the next token from logits. Greedy (temperature 0, the default) takes the argmax.
 // Otherwise, in llama.cpp's order: repetition / presence / frequency penalties, top-k, top-p,
 // min-p, temperature, then a draw from a seeded generator (std::mt19937_64), so the same seed
-// and settings give the same tokens. Penalties look at the tokens generated so far (repetition
-// also at the last 64 prompt tokens, as llama.cpp's repeat_last_n).
+// and settings give the same tokens. A grammar's mask (`allowed`), when given, comes after the
+// penalties and before top-k: only allowed tokens are candidates, so the distribution is the
+// model's restricted to them and renormalised, greedy takes the best allowed token, and top-k,
+// top-p and min-p count allowed tokens only. (Penalties and the mask act on single tokens and
+// commute; logit_bias is applied to the logits before all of this.) Penalties look at the tokens
+// generated so far (repetition also at the last 64 prompt tokens, as llama.cpp's repeat_last_n).
 //
 // Speculative rejection sampling (verify_draft) shares that one pipeline: p, the distribution a
 // plain draw would use, is built by the same code, so a drafted token is judged against exactly
@@ -14,6 +18,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "grammar/matcher.h"
 
 namespace deltafin {
 
@@ -47,7 +53,7 @@ class Sampler {
   // `recent_context` are prompt tokens (for the repetition window), `generated` the tokens
   // sampled so far. `logits` is not modified.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> recent_context,
-                 std::span<const int32_t> generated);
+                 std::span<const int32_t> generated, const grammar::TokenMask* allowed = nullptr);
   uint64_t seed() const { return seed_; }
   const SamplingParams& params() const { return p_; }
 
@@ -58,14 +64,14 @@ class Sampler {
   // `accepted` and returns the token.
   int32_t verify_draft(std::span<const float> logits, std::span<const int32_t> recent_context,
                        std::span<const int32_t> generated, int32_t draft, std::span<const float> q,
-                       bool& accepted);
+                       bool& accepted, const grammar::TokenMask* allowed = nullptr);
 
  private:
   // Penalised logits into work_ (greedy: done); then the candidates idx_[0..n) and their
   // unnormalised probabilities after top-k / top-p / min-p and temperature in prob_.
   void penalise(std::span<const float> logits, std::span<const int32_t> recent_context,
-                std::span<const int32_t> generated);
-  size_t candidates();
+                std::span<const int32_t> generated, const grammar::TokenMask* allowed);
+  size_t candidates(const grammar::TokenMask* allowed);
   int32_t argmax_work() const;
 
   SamplingParams p_;

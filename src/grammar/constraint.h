@@ -6,12 +6,20 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "grammar/ir.h"
 #include "grammar/matcher.h"
 #include "grammar/vocab.h"
 
 namespace deltafin::grammar {
+
+// A compiled constraint and how it starts: `trigger` empty = from the first token (matcher.h).
+struct Constraint {
+  std::shared_ptr<const CompiledGrammar> grammar;
+  std::vector<int32_t> trigger;
+  std::string description;  // what is enforced ("json_schema", "tool call required", ...)
+};
 
 // GBNF text (llama.cpp syntax; gbnf.h).
 std::shared_ptr<const CompiledGrammar> compile_gbnf(const std::string& text,

@@ -249,7 +249,10 @@ class TurnBuilder {
     std::vector<ExprPtr> parts;
     if (spec_.thinking)
       parts.push_back(seq({free_text(), close_tag("think"), open_tag("response")}));
-    parts.push_back(content(g));
+    // A forced call has no free text before it (as llama.cpp, vLLM and OpenAI's "required").
+    const bool forced_free =
+        spec_.calls == TurnSpec::Calls::required && spec_.content == TurnSpec::Content::free;
+    parts.push_back(forced_free ? empty() : content(g));
     parts.push_back(close_tag("response"));
     if (spec_.calls != TurnSpec::Calls::forbidden) {
       const ExprPtr block = seq({open_tag("tools"), tools_block(g)});

@@ -10,7 +10,8 @@
 //
 // The markers are single special tokens; everything between them is ordinary text. Thinking is
 // free text (any ordinary token: only the markers are held to the structure). CONTENT is free
-// text, a JSON Schema's value, any JSON object, or a GBNF grammar's language. Each call's
+// text, a JSON Schema's value, any JSON object, or a GBNF grammar's language; when a call is
+// forced and nothing constrains the content, it is empty (the answer is the call). Each call's
 // arguments follow its function's `parameters` schema: one argument tag per property, in the
 // schema's order, required ones present, with type "string" (the raw text, as K3 writes string
 // arguments), "number" (integers too), "boolean", "null", "object" or "array" as the property's
@@ -27,20 +28,12 @@
 #include <string>
 #include <vector>
 
-#include "grammar/matcher.h"
-#include "grammar/vocab.h"
+#include "grammar/constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin::grammar {
 
 inline constexpr int kMaxToolCalls = 16;  // calls one enforced tools block may hold
-
-// A compiled constraint and how it starts: `trigger` empty = from the first token.
-struct Constraint {
-  std::shared_ptr<const CompiledGrammar> grammar;
-  std::vector<int32_t> trigger;
-  std::string description;  // what is enforced, for logs and errors ("json_schema", ...)
-};
 
 struct TurnSpec {
   bool thinking = false;  // the generation prompt opened `think` (else `response`)

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "server/api_error.h"
+#include "server/structured.h"
 #include "tokenizer/chat_check.h"
 
 namespace deltafin::server {
@@ -94,7 +95,9 @@ const std::set<std::string>& common_fields() {
                                           "metadata",
                                           "logit_bias",
                                           "store",
-                                          "service_tier"};
+                                          "service_tier",
+                                          "grammar",
+                                          "json_schema"};
   return s;
 }
 const std::set<std::string>& chat_fields() {
@@ -357,11 +360,6 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
         "parallel_tool_calls",
         "parallel_tool_calls: false is not supported (K3 may call several tools in one turn)");
   }
-  if (const json* tc = field(body, "tool_choice"); tc != nullptr && tc->is_object()) {
-    bad_request("tool_choice",
-                "tool_choice: naming one function is not supported by the K3 format; use \"auto\", "
-                "\"required\" or \"none\"");
-  }
   try {
     check_chat_body(body);  // the structure checks `deltafin render` shares
   } catch (const InvalidArgument& e) {
@@ -411,6 +409,7 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   }
   r.params.chat = true;
   r.params.start_channel = r.chat->thinking ? Channel::think : Channel::response;
+  r.params.constraint = chat_constraint(body, *r.chat, tok);
   check_context(r, limits, "messages");
   return r;
 }
@@ -480,6 +479,7 @@ ServeRequest parse_completion_request(const json& body, const ServeLimits& limit
   }
   if (r.prompt.empty()) bad_request("prompt", "prompt: must not be empty");
   r.params.chat = false;
+  r.params.constraint = completion_constraint(body, tok);
   check_context(r, limits, "prompt");
   return r;
 }

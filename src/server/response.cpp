@@ -27,6 +27,15 @@ json usage_json(const Usage& u) {
   return j;
 }
 
+namespace {
+void add_warning(json& j, const Usage& u) {
+  if (u.constraint_unfinished)
+    j["warning"] =
+        "the token limit was reached before the output completed the requested grammar or schema "
+        "(finish_reason \"length\"): it does not parse; raise max_tokens";
+}
+}  // namespace
+
 json timings_json(const Usage& u) {
   const Timings& t = u.timings;
   auto ms = [](double from, double to) { return from > 0 && to >= from ? (to - from) * 1e3 : 0.0; };
@@ -260,6 +269,7 @@ std::vector<json> ResponseBuilder::end(StopReason stop, const Usage& usage) {
   }
   choice["finish_reason"] = finish_reason(stop, !calls_.empty());
   out.push_back(chunk(choice));
+  add_warning(out.back(), usage);
   if (include_usage_) {
     json u = chunk(json::object());
     u["choices"] = json::array();
@@ -305,6 +315,7 @@ json ResponseBuilder::response(StopReason stop, const Usage& usage) const {
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(usage);
   j["timings"] = timings_json(usage);
+  add_warning(j, usage);
   return j;
 }
 

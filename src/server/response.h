@@ -49,6 +49,9 @@ struct Usage {
   Timings timings;
   std::string cached_from;   // "RAM" or "disk" when cached_tokens > 0
   double cached_load_s = 0;  // restoring that snapshot
+  // The generation hit max_tokens (or the context) before its grammar or schema was complete:
+  // the response says so in `warning`, since the output will not parse.
+  bool constraint_unfinished = false;
 };
 
 // "stop", "length" or "tool_calls".

@@ -239,6 +239,7 @@ Usage Scheduler::usage_of(const Slot& s) const {
   usage.cached_tokens = s.cached;
   usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
   usage.completion_tokens = s.gen ? static_cast<int64_t>(s.gen->tokens().size()) : 0;
+  usage.constraint_unfinished = s.gen && s.gen->constraint_unfinished();
   usage.timings = s.timings;
   usage.timings.finished = now_seconds();
   if (s.reuse && s.cached > 0) {
