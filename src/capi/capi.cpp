@@ -570,10 +570,11 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
 
     std::vector<int32_t> input = session->pending;
     input.insert(input.end(), prompt, prompt + n);
-    const int64_t start = session->state.position();
-    Generation gen(input, gp, tok, m.model->config().vocab, start);
-    gen.set_preceding(std::span<const int32_t>(session->history)
-                          .first(std::min(session->history.size(), static_cast<size_t>(start))));
+    // The history's ids the state consumed (it lags by `pending`).
+    const auto consumed =
+        std::min(session->history.size(), static_cast<size_t>(session->state.position()));
+    Generation gen(input, gp, tok, m.model->config().vocab,
+                   std::span<const int32_t>(session->history).first(consumed));
     std::unique_lock<std::mutex> counters(m.pass);  // the counters are written by passes
     StatsRecorder rec(*m.model);
     counters.unlock();

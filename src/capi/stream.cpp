@@ -42,8 +42,7 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
   s->cached = state->position();  // restored, or kept by the chat
   s->input.assign(ids.begin() + state->position(), ids.end());
   s->gen = std::make_unique<Generation>(s->input, r.params, &tok, m.model->config().vocab,
-                                        state->position());
-  s->gen->set_preceding(ids.first(static_cast<size_t>(state->position())));
+                                        ids.first(static_cast<size_t>(state->position())));
   s->logit_bias = r.logit_bias;
   const bool chat = r.endpoint == server::Endpoint::chat;
   s->builder = std::make_unique<server::ResponseBuilder>(

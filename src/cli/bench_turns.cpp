@@ -48,9 +48,8 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
     gp.max_new_tokens = gen_tokens;
     gp.prefill_chunk = static_cast<int64_t>(chunk);
     gp.context_limit = model.plan() ? model.plan()->context : c.max_positions;
-    Generation g(input, gp, nullptr, V, restored);
     const std::vector<int32_t> before(conversation.begin(), conversation.begin() + restored);
-    g.set_preceding(before);
+    Generation g(input, gp, nullptr, V, std::span<const int32_t>(before));
     draft.stats = DraftStats{};
     drive(model, st, g, nullptr, nullptr, &draft, {before, {}});
     // The restore is part of what reuse costs.

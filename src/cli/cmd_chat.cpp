@@ -120,8 +120,7 @@ void run_chat(ChatArgs& a) {
     if (model->plan()) params.context_limit = model->plan()->context;
     params.start_channel = turn.start;
     params.constraint = constraint_for(a.gen, &tok, true, turn.start);
-    Generation gen(turn.input, params, &tok, model->config().vocab, session.state().position());
-    gen.set_preceding(session.consumed());
+    Generation gen(turn.input, params, &tok, model->config().vocab, session.consumed());
     StatsRecorder rec(*model);
     Printer printer(a.gen, true, false);
     interrupted().store(false);

@@ -67,12 +67,15 @@ Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& para
   }
 }
 
-void Generation::set_preceding(std::span<const int32_t> before) {
-  window_.clear();
+Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& params,
+                       const Tokenizer* tokenizer, int64_t vocab,
+                       std::span<const int32_t> preceding)
+    : Generation(std::move(prompt), params, tokenizer, vocab,
+                 static_cast<int64_t>(preceding.size())) {
   if (prompt_.size() >= Sampler::kRepeatWindow) return;  // the prompt fills the window
   const size_t from =
-      before.size() - std::min(before.size(), Sampler::kRepeatWindow - prompt_.size());
-  window_.assign(before.begin() + static_cast<ptrdiff_t>(from), before.end());
+      preceding.size() - std::min(preceding.size(), Sampler::kRepeatWindow - prompt_.size());
+  window_.assign(preceding.begin() + static_cast<ptrdiff_t>(from), preceding.end());
   window_.insert(window_.end(), prompt_.begin(), prompt_.end());
 }
 

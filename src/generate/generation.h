@@ -65,11 +65,12 @@ class Generation {
   // the state's position when generation starts (for the context limit).
   Generation(std::vector<int32_t> prompt, const GenerationParams& params,
              const Tokenizer* tokenizer, int64_t vocab, int64_t start_position = 0);
-
-  // The tokens before `prompt` that the state already holds (a kept chat state or a restored
-  // prefix snapshot, prefix/reuse.h): the repetition penalty's prompt window reaches back into
-  // them, so a continued request samples exactly as one that prefilled the whole prompt.
-  void set_preceding(std::span<const int32_t> before);
+  // A continued sequence: `preceding` are the ids the state already holds (a kept chat state or
+  // a restored prefix snapshot, prefix/reuse.h), so generation starts at their count, and the
+  // repetition penalty's prompt window reaches back into them: a continued request samples
+  // exactly as one that prefilled the whole prompt.
+  Generation(std::vector<int32_t> prompt, const GenerationParams& params,
+             const Tokenizer* tokenizer, int64_t vocab, std::span<const int32_t> preceding);
 
   std::span<const int32_t> next_input() const;
   // While the prompt is being fed: the next pass takes at most `rows` (>= 1) of it. A scheduler
@@ -131,7 +132,7 @@ class Generation {
   void finish(StopReason r);
 
   std::vector<int32_t> prompt_;
-  std::vector<int32_t> window_;  // the penalty's prompt window when set_preceding() was called
+  std::vector<int32_t> window_;  // the penalty's prompt window when it reaches into `preceding`
   GenerationParams params_;
   const Tokenizer* tok_;
   Sampler sampler_;

@@ -182,8 +182,8 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     slot.seen.assign(r.prompt.begin(), r.prompt.begin() + static_cast<ptrdiff_t>(kept));
     slot.input.assign(r.prompt.begin() + static_cast<ptrdiff_t>(kept), r.prompt.end());
     slot.cached = static_cast<int64_t>(kept);
-    slot.gen = std::make_unique<Generation>(slot.input, r.params, &tok_, vocab, slot.cached);
-    slot.gen->set_preceding(slot.seen);
+    slot.gen = std::make_unique<Generation>(slot.input, r.params, &tok_, vocab,
+                                            std::span<const int32_t>(slot.seen));
     const Restored& how = slot.reuse->restored();
     if (how.position > 0) {
       log_debug("[serve] continuing a kept prefix of {} tokens from {} ({:.3f} s){}", how.position,
