@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/bench_prompt.h"
 #include "core/sysinfo.h"
 #include "core/timer.h"
 #include "generate/driver.h"
@@ -20,9 +21,8 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
   LoadedModel& model = *engine.model;
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab;
-  const int64_t ordinary = std::max<int64_t>(1, V > 512 ? V - 256 : V);
   const auto chunk = static_cast<size_t>(std::max<int64_t>(1, model.pass_plan().pass_rows));
-  uint64_t x = 0x9E3779B97F4A7C15ull;
+  SyntheticIds ids(V, 0x9E3779B97F4A7C15ull);
   std::vector<int32_t> conversation;
   std::unique_ptr<Drafter> drafter;
   DraftConfig draft = engine.draft_config(drafter);
@@ -33,12 +33,7 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
         "prefill_s(full)  full/reuse  drafts(proposed/accepted)\n");
   }
   for (int t = 1; t <= turns; ++t) {
-    for (int i = 0; i < prompt_tokens; ++i) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      conversation.push_back(static_cast<int32_t>(x % static_cast<uint64_t>(ordinary)));
-    }
+    for (int i = 0; i < prompt_tokens; ++i) conversation.push_back(ids.next());
     // With reuse: the deepest kept snapshot, then the rest, then the answer.
     State st = model.new_state();
     SequenceReuse reuse(engine.store.get(), conversation, {}, st, drafter.get());
@@ -61,10 +56,7 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
     // From scratch: the same prompt in passes of the plan's rows.
     State fresh = model.new_state();
     Stopwatch sw;
-    for (size_t b = 0; b < conversation.size(); b += chunk) {
-      const size_t n = std::min(conversation.size() - b, chunk);
-      model.forward(fresh, std::span<const int32_t>(conversation.data() + b, n));
-    }
+    prefill_in_passes(model, fresh, conversation, chunk);
     const double full = sw.elapsed();
     const Restored& r = reuse.restored();
     nlohmann::json row = {{"turn", t},

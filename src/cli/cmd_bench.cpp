@@ -19,6 +19,7 @@
 #include <numeric>
 
 #include "cli/bench_constraint.h"
+#include "cli/bench_prompt.h"
 #include "cli/bench_report.h"
 #include "cli/bench_turns.h"
 #include "cli/commands.h"
@@ -249,18 +250,11 @@ void run_bench(BenchArgs& a) {
         a.prompt_tokens, a.gen_tokens, int64_t{a.prompt_tokens} + a.gen_tokens, context,
         c.max_positions);
   }
-  // Deterministic pseudo-random prompt over the ordinary (non-special) ids.
-  const int64_t ordinary = std::max<int64_t>(1, c.vocab > 512 ? c.vocab - 256 : c.vocab);
   // A different prompt per repetition, so no repetition replays another's expert reads.
   std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
-  uint64_t x = 88172645463325252ull;
+  SyntheticIds ids(c.vocab, 88172645463325252ull);
   auto new_prompt = [&] {
-    for (auto& t : prompt) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      t = static_cast<int32_t>(x % static_cast<uint64_t>(ordinary));
-    }
+    for (auto& t : prompt) t = ids.next();
   };
   const int64_t V = c.vocab;
   DecodeTotals dec;
@@ -297,11 +291,7 @@ void run_bench(BenchArgs& a) {
     gpu::Stats g0 = gpu != nullptr ? gpu->stats() : gpu::Stats{};
     if (measured) pre.begin(*model);
     Stopwatch sw;
-    std::vector<float> logits;
-    for (size_t b = 0; b < prompt.size(); b += chunk) {
-      const size_t n = std::min(prompt.size() - b, chunk);
-      logits = model->forward(st, std::span<const int32_t>(prompt.data() + b, n));
-    }
+    std::vector<float> logits = prefill_in_passes(*model, st, prompt, chunk);
     prefill_s = sw.elapsed();
     if (measured) gpu_delta(g0, gpu_prefill);
     if (gpu != nullptr) g0 = gpu->stats();
