@@ -85,7 +85,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # store's prefetch under a memory budget (Budget: streaming, greedy generation), and the
 # scheduler drafting for several sequences at once (serve --parallel with drafters and with a
 # draft model folder). Budget.PeakRss is left out: it measures RSS, which TSan's shadow inflates.
-TSAN_TESTS = ^((Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|Homes|Place|Drives|PrefixTree|PrefixFiles|PrefixReuse|ReuseFaults|ReuseSampling)[./]|Budget[.](StreamingIsExact|GreedyGeneration)|SpeculativeCli[.]ServeParallel|DraftSurfaces[.]ChatAndServe)
+TSAN_TESTS = ^((Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|Homes|Place|Drives|PrefixTree|PrefixFiles|PrefixReuse|ReuseFaults|ReuseSampling|MaskOverlap)[./]|Budget[.](StreamingIsExact|GreedyGeneration)|SpeculativeCli[.]ServeParallel|DraftSurfaces[.]ChatAndServe)
 # tools/tsan-suppressions.txt: one entry, an uninstrumented Debian library; its reason is written there.
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tools/tsan-suppressions.txt
 

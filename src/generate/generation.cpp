@@ -196,6 +196,13 @@ size_t Generation::allowed_drafts(std::span<const int32_t> drafts) const {
   return drafts.size();
 }
 
+grammar::ColdNodes Generation::cold_mask_nodes(std::span<const int32_t> drafts) const {
+  if (!matcher_ || finished() || tokens_left() <= 0) return {};
+  const int64_t fed_after = fed_ + static_cast<int64_t>(input_.size());
+  if (in_prefill() && fed_after < prompt_size()) return {};  // a prompt chunk samples nothing
+  return matcher_->cold_nodes(drafts);
+}
+
 bool Generation::constraint_unfinished() const {
   return matcher_ && matcher_->active() && !matcher_->complete() && !matcher_->finished() &&
          (stop_ == StopReason::kLength || stop_ == StopReason::kContext);

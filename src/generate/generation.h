@@ -120,6 +120,12 @@ class Generation {
   // row: the drafting round cuts a proposal there (a copy of the matcher is advanced; this
   // generation's state is untouched). All of them without a constraint.
   size_t allowed_drafts(std::span<const int32_t> drafts) const;
+  // The mask work of the pass being assembled that is still cold: the grammar nodes, not computed
+  // yet, whose masks the rows this pass samples will need (after its last prompt row, or after
+  // the last sampled token and each of `drafts` in turn). run_round computes them while the
+  // forward pass runs; what is warm costs a bitset union per row afterwards. Empty without a
+  // constraint or when the pass samples nothing.
+  grammar::ColdNodes cold_mask_nodes(std::span<const int32_t> drafts) const;
   // The generation ended (token limit, context) while its constraint was still incomplete: the
   // output does not parse as the grammar asks.
   bool constraint_unfinished() const;

@@ -2,6 +2,9 @@
 #include "generate/round.h"
 
 #include <algorithm>
+#include <future>
+#include <memory>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -145,6 +148,31 @@ void round_take_rows(Model& model, RoundSequence& s, RoundPlanned& p, std::span<
   d.stats.tokens += s.emitted;
 }
 
+// Step 3's side work: the cold mask work of the constrained sequences in the pass, started on a
+// helper thread so it runs while the forward pass does. Only cold nodes are handed over: a warm
+// mask is a bitset union, cheaper than the hand-over. A node that fails to compute there (out
+// of memory) is simply computed again by accept_rows, where its error belongs to its sequence;
+// no thread to be had means no overlap, not an error.
+std::future<void> round_start_masks(std::span<RoundSequence> seqs, std::span<RoundPlanned> plan,
+                                    std::span<const size_t> in_pass, RoundReport& r) {
+  auto cold = std::make_shared<std::vector<grammar::ColdNodes>>();
+  for (const size_t i : in_pass) {
+    grammar::ColdNodes c = seqs[i].gen->cold_mask_nodes(plan[i].drafts.tokens);
+    if (c.nodes.empty()) continue;
+    r.mask_nodes_overlapped += static_cast<int64_t>(c.nodes.size());
+    cold->push_back(std::move(c));
+  }
+  if (cold->empty()) return {};
+  try {
+    return std::async(std::launch::async, [cold] {
+      for (const auto& c : *cold) c.compute();
+    });
+  } catch (const std::system_error&) {
+    r.mask_nodes_overlapped = 0;
+    return {};
+  }
+}
+
 }  // namespace
 
 RoundReport run_round(Model& model, std::span<RoundSequence> seqs, int64_t pass_rows,
@@ -224,9 +252,12 @@ RoundReport run_round(Model& model, std::span<RoundSequence> seqs, int64_t pass_
   const uint64_t bytes0 = model.experts().stats().bytes_read + model.trunk_stats().bytes_streamed;
   std::vector<float> logits;
   Stopwatch sw;
+  std::future<void> masks = round_start_masks(seqs, plan, in_pass, r);
   try {
     logits = model.forward(inputs);
+    if (masks.valid()) masks.wait();
   } catch (...) {
+    if (masks.valid()) masks.wait();
     r.failure = std::current_exception();
     for (const size_t i : in_pass) {
       seqs[i].gen->abort();

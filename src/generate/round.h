@@ -15,7 +15,9 @@
 //      length the cost model cuts the proposals jointly (choose_draft_lengths); a constrained
 //      sequence's proposal ends at the first token its grammar refuses (a copy of its matcher
 //      is advanced through it; accept_rows then masks every verified row);
-//   3. one Model::forward over every sequence's rows (verify rows in deferred mode);
+//   3. one Model::forward over every sequence's rows (verify rows in deferred mode); meanwhile a
+//      helper thread computes the grammar masks the rows will need that are still cold
+//      (Generation::cold_mask_nodes), so mask work overlaps the pass;
 //   4. per sequence: accept_rows, Model::commit by the rows consumed, Drafter::on_verified, the
 //      acceptance estimate and the stats; the pass cost is observed when the pass had no
 //      prompt rows.
@@ -99,9 +101,10 @@ struct RoundReport {
   int64_t generated = 0;  // tokens sampled over all sequences
   // Decoding sequences: drafts proposed and accepted, sequences and tokens.
   int64_t proposed = 0, accepted = 0, decode_sequences = 0, decode_tokens = 0;
-  double seconds = 0;          // the forward pass
-  uint64_t bytes_read = 0;     // trunk + expert bytes the pass read
-  std::exception_ptr failure;  // the forward pass itself failed
+  double seconds = 0;                 // the forward pass
+  uint64_t bytes_read = 0;            // trunk + expert bytes the pass read
+  int64_t mask_nodes_overlapped = 0;  // grammar nodes whose masks were computed during the pass
+  std::exception_ptr failure;         // the forward pass itself failed
 };
 
 // One round. `pass_rows` caps the pass's rows (0: no cap); `cost` is the shared pass-cost model

@@ -327,6 +327,27 @@ bool Matcher::accept(int32_t token) {
   return true;
 }
 
+ColdNodes Matcher::cold_nodes(std::span<const int32_t> then) const {
+  ColdNodes out;
+  out.grammar = g_.get();
+  Matcher m = *this;
+  auto collect = [&] {
+    if (!m.active_ || m.finished_) return;
+    for (const int32_t y : m.tops_) {
+      const uint32_t node = m.arena_[y].node;
+      if (!g_->computed(node) &&
+          std::find(out.nodes.begin(), out.nodes.end(), node) == out.nodes.end())
+        out.nodes.push_back(node);
+    }
+  };
+  collect();
+  for (const int32_t t : then) {
+    if (!m.accept(t)) break;
+    collect();
+  }
+  return out;
+}
+
 void Matcher::compact() {
   size_t live = 0;
   for (const int32_t y : tops_) live += arena_[y].depth;

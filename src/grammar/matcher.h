@@ -80,6 +80,10 @@ class CompiledGrammar {
   const TokenVocab& vocab() const { return *vocab_; }
   // The node's context-independent mask (computed on first use; thread-safe).
   const NodeInfo& info(uint32_t node) const;
+  // Whether the node's info is computed already (then info() is a lookup).
+  bool computed(uint32_t node) const {
+    return infos_[node].load(std::memory_order_acquire) != nullptr;
+  }
   // Computes every node's info now (benchmarks; servers may warm a grammar).
   void precompute() const;
   size_t nodes_computed() const;
@@ -95,6 +99,16 @@ class CompiledGrammar {
   mutable std::unique_ptr<Memo> memo_;
   mutable std::vector<std::unique_ptr<NodeInfo>> owned_;
   std::unique_ptr<std::atomic<const NodeInfo*>[]> infos_;
+};
+
+// Nodes of a grammar whose infos are not computed yet: the cold part of the masks to come, which
+// compute() fills in (thread-safe, so on another thread while a forward pass runs).
+struct ColdNodes {
+  const CompiledGrammar* grammar = nullptr;
+  std::vector<uint32_t> nodes;
+  void compute() const {
+    for (const uint32_t n : nodes) grammar->info(n);
+  }
 };
 
 // A lazy grammar's trigger: the constraint starts once the generated output ends with these
@@ -113,6 +127,10 @@ class Matcher {
   bool allows(int32_t token);
   // Advances by `token`; false, with the state unchanged, when it is not allowed.
   bool accept(int32_t token);
+  // The nodes the masks at this position and after each of `then` in turn (up to the first
+  // token refused) will ask for and that are not computed yet; a copy is advanced, this
+  // matcher is untouched. Advancing never computes an info, so this costs stack steps only.
+  ColdNodes cold_nodes(std::span<const int32_t> then) const;
 
   bool active() const { return active_; }  // false while a lazy grammar awaits its trigger
   bool complete() const { return !active_ || complete_; }  // stop tokens allowed
