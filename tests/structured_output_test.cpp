@@ -371,9 +371,22 @@ TEST(StructuredOutput, BenchMeasuresDecodeWithAndWithoutTheConstraint) {
   EXPECT_EQ(j["tokens"], 24) << r.out;  // the free runs go to --gen-tokens
   EXPECT_GT(j["mask_us_per_token"].get<double>(), 0) << r.out;
   EXPECT_EQ(j["constraint"], "json_schema") << r.out;
+  EXPECT_EQ(j["temperature"], 1.0) << r.out;
+  // Greedy pairs: the same prompt and no draws, so every repetition repeats the same tokens.
+  r = test::run_deltafin({"bench", "--model", model, "--json-schema", schema, "--reps", "2",
+                          "--gen-tokens", "12", "--draft", "none", "--temperature", "0", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json g = json::parse(r.out);
+  EXPECT_EQ(g["temperature"], 0.0) << r.out;
+  EXPECT_EQ(g["tokens"], 24) << r.out;
+  EXPECT_EQ(g["constrained_tokens"].get<int>() % 2, 0) << r.out;
   r = test::run_deltafin({"bench", "--model", model, "--json-schema", schema, "--turns", "2"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--turns and a constraint"), std::string::npos) << r.err;
+  r = test::run_deltafin({"bench", "--model", model, "--temperature", "0.5"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--temperature applies to bench with --json-schema"), std::string::npos)
+      << r.err;
 }
 
 // Prefix reuse concerns the prompt only: on a fresh server, the second turn of a constrained

@@ -1,6 +1,7 @@
 // `deltafin bench --json-schema X` / `--grammar-file F`: decode tokens per second with and
 // without the constraint, in one run. Each repetition generates twice from the same prompt (a
-// short English text the model's tokenizer encodes) with the same seed at temperature 1, up to
+// short English text the model's tokenizer encodes) with the same seed at --temperature (1 by
+// default; at 0 both runs are greedy, so neither pays for ordering candidates), up to
 // --gen-tokens: once free, once under the constraint (which ends when its grammar does); the
 // order alternates between repetitions so a drift in the machine's load favours neither. Both
 // go through the same Generation and drafting round as `run` (the model's drafter, if any), so
@@ -38,7 +39,7 @@ double median(std::vector<double> v) {
 
 nlohmann::json bench_constraint(LoadedEngine& engine,
                                 const std::shared_ptr<const grammar::Constraint>& constraint,
-                                int gen_tokens, int reps, bool text) {
+                                int gen_tokens, int reps, float temperature, bool text) {
   LoadedModel& model = *engine.model;
   if (!engine.tokenizer) fail_arg("bench with a constraint needs the model's tokenizer");
   const Tokenizer& tok = *engine.tokenizer;
@@ -51,7 +52,7 @@ nlohmann::json bench_constraint(LoadedEngine& engine,
     gp.max_new_tokens = gen_tokens;
     gp.prefill_chunk = std::max<int64_t>(1, model.pass_plan().pass_rows);
     gp.context_limit = context;
-    gp.sampling.temperature = 1.0f;
+    gp.sampling.temperature = temperature;
     gp.sampling.has_seed = true;
     gp.sampling.seed = seed;
     gp.top_logprobs = -1;
@@ -87,6 +88,7 @@ nlohmann::json bench_constraint(LoadedEngine& engine,
                       {"constraint", constraint->description},
                       {"draft", engine.draft},
                       {"reps", reps},
+                      {"temperature", temperature},
                       {"decode_tokens_per_s", f},
                       {"decode_tokens_per_s_reps", free_tps},
                       {"constrained_decode_tokens_per_s", h},

@@ -13,6 +13,6 @@ namespace deltafin::cli {
 // Runs `reps` pairs of generations and returns their figures; with `text`, also prints them.
 nlohmann::json bench_constraint(LoadedEngine& engine,
                                 const std::shared_ptr<const grammar::Constraint>& constraint,
-                                int gen_tokens, int reps, bool text);
+                                int gen_tokens, int reps, float temperature, bool text);
 
 }  // namespace deltafin::cli

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "cli/bench_constraint.h"
 #include "cli/bench_prompt.h"
@@ -54,6 +55,7 @@ struct BenchArgs {
   int turns = 0;  // --turns: a multi-turn conversation with and without state reuse
   StateCacheOptions state_cache;
   GenOptions gen;  // only --grammar-file / --json-schema: decode with and without them
+  std::optional<float> constraint_temperature;  // --temperature, with a constraint only (1)
 };
 
 struct Summary {
@@ -200,6 +202,8 @@ void run_bench(BenchArgs& a) {
   }
   const bool constrained = !a.gen.grammar_file.empty() || !a.gen.json_schema.empty();
   if (constrained && a.turns > 0) fail_usage("--turns and a constraint are separate benchmarks");
+  if (!constrained && a.constraint_temperature)
+    fail_usage("--temperature applies to bench with --json-schema or --grammar-file");
   if (constrained) {
     req.tokenizer = NeedTokenizer::kRequired;
     req.who = "bench with a constraint";
@@ -214,7 +218,8 @@ void run_bench(BenchArgs& a) {
   auto& model = engine.model;
   if (constrained) {
     const auto c = constraint_for(a.gen, &*engine.tokenizer, false, Channel::response);
-    nlohmann::json j = bench_constraint(engine, c, a.gen_tokens, a.reps, !a.json);
+    nlohmann::json j = bench_constraint(engine, c, a.gen_tokens, a.reps,
+                                        a.constraint_temperature.value_or(1.0f), !a.json);
     j["model"] = a.engine.model;
     if (a.json) fmt::print("{}\n", j.dump());
     return;
@@ -634,6 +639,10 @@ void register_bench(CLI::App& app) {
                   "the same seeds, alternating; up to --gen-tokens per generation)");
   cmd->add_option("--json-schema", a->gen.json_schema,
                   "Instead: the same with this JSON Schema (JSON text or @FILE)");
+  cmd->add_option("--temperature", a->constraint_temperature,
+                  "With --json-schema or --grammar-file: the temperature of both runs (0 = "
+                  "greedy; default 1)")
+      ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("!--no-in-ram-reference", a->in_ram_reference,
                 "Out of core: skip the in-RAM decode of the same dimensions that the bound uses");
