@@ -9,8 +9,16 @@ then `bench --json`, then `doctor --json` again, and compares the mean of the tw
 the measured median decode and prefill speeds. Every forecast must be within +-25% of what was
 measured. It prints one table row per case (docs/PERFORMANCE.md records a run).
 
-Usage: doctor_perf.py DELTAFIN_BINARY MODELS_DIR [--only NAME] [--reps N]
-MODELS_DIR keeps the two models between runs (7.8 GB each; made on first use).
+Both commands run with `--threads 1` unless told otherwise: on a machine shared with other
+sessions (the 2-core build machines, whose scheduler gives each session an equal share), one
+thread gets a core most of the time, while two threads wait for each other at every product
+whenever one of them is descheduled, so a two-thread measurement swings with the neighbours'
+load far more than any forecast can follow. On a machine of your own, pass `--threads N`.
+Out of core, the engine reads with O_DIRECT (the page cache serves none of its reads), so no
+cache drop or cgroup limit is needed for an honest figure.
+
+Usage: doctor_perf.py DELTAFIN_BINARY MODELS_DIR [--only NAME] [--reps N] [--threads N]
+MODELS_DIR keeps the two models between runs (7.8 and 7.7 GB; made on first use).
 """
 import json
 import os
@@ -36,6 +44,7 @@ def main():
     binary, models = sys.argv[1], sys.argv[2]
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     reps = sys.argv[sys.argv.index("--reps") + 1] if "--reps" in sys.argv else "3"
+    threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
     os.makedirs(models, exist_ok=True)
     rows, failures = [], []
     for name, (flags, budget) in SHAPES.items():
@@ -46,7 +55,7 @@ def main():
             print("making %s (%s)" % (path, " ".join(flags)), flush=True)
             subprocess.run([binary, "make-model", path, "--quiet"] + flags, check=True)
         for mode, extra in (("in RAM", []), ("out of core, budget " + budget, ["--memory-budget", budget])):
-            common = ["--model", path, "--prompt-tokens", str(PROMPT)] + extra
+            common = ["--model", path, "--prompt-tokens", str(PROMPT), "--threads", threads] + extra
             before = run_json([binary, "doctor", "--json"] + common)
             t0 = time.time()
             bench = run_json([binary, "bench", "--json", "--gen-tokens", str(GEN), "--reps", reps] + common)

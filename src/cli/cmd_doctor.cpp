@@ -142,7 +142,11 @@ ojson speeds_json(const KernelSpeeds& s) {
           {"mxfp4_gemm_flops_per_s", s.mxfp4_gemm},
           {"f32_gemm_flops_per_s", s.f32_gemm},
           {"trunk_rows", s.trunk_rows},
+          {"trunk_shapes", s.trunk_shapes},
           {"expert_rows", s.expert_rows},
+          {"pass_rows", s.pass_rows},
+          {"block_rows", s.block_rows},
+          {"expert_row_seconds", s.expert_row_seconds},
           {"product_overhead_s", s.product_overhead_s},
           {"memory_bandwidth_bytes_per_s", s.memory_bandwidth},
           {"fma_peak_flops_per_s", s.fma_peak},
@@ -420,9 +424,8 @@ void run_doctor(const DoctorArgs& a) {
       const MemoryPlan plan = plan_for(po);
       r["plan"] = plan_json(plan);
       const int64_t rows = std::min(a.prompt_tokens, plan.pass.pass_rows);
-      const KernelSpeeds s = measure_kernel_speeds(
-          c, std::min(rows, plan.pass.block_rows),
-          std::min(rows_per_expert(c, rows), plan.pass.block_rows), global_pool());
+      const KernelSpeeds s =
+          measure_kernel_speeds(c, tensors, rows, plan.pass.block_rows, global_pool());
       r["speeds"] = speeds_json(s);
       auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
         return forecast(c, tensors, p, s, bw, a.prompt_tokens, d);

@@ -43,8 +43,9 @@ std::string cpu_model_name();
 
 namespace deltafin {
 // Sequential read bandwidth of `files` with O_DIRECT (page cache bypassed): `threads` readers
-// each reading `chunk`-byte blocks, up to `max_bytes` in all. Returns bytes/s (0 if nothing
-// could be read).
+// each reading `chunk`-byte blocks into huge-page buffers as the engine's readers do (the
+// default chunk is the trunk streamer's read task), up to `max_bytes` in all. Returns bytes/s
+// (0 if nothing could be read).
 double measure_disk_bandwidth(const std::vector<std::string>& files, int threads,
-                              uint64_t max_bytes = 2ull << 30, uint64_t chunk = 16ull << 20);
+                              uint64_t max_bytes = 2ull << 30, uint64_t chunk = 8ull << 20);
 }  // namespace deltafin

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "core/sysinfo.h"
@@ -40,19 +41,22 @@ struct Fill {
   }
 };
 
-// The best time of `fn` over repetitions lasting at least `min_s` in all (at least 3 runs).
-double best_time(const std::function<void()>& fn, double min_s) {
+// The median time of `fn` over repetitions lasting at least `min_s` in all (at least `reps`),
+// after one warm-up run: the statistic `bench` reports (the median of whole runs). On a machine
+// shared with other work, the best run would be the idle machine's speed and the mean would
+// follow a moment's load spike; the median is the speed most of the runs got.
+double median_time(const std::function<void()>& fn, double min_s, size_t reps = 5) {
   fn();  // warm: page the buffers in, spin the pool up
-  double best = 1e30, total = 0;
-  for (int rep = 0; rep < 3 || total < min_s; ++rep) {
+  std::vector<double> times;
+  double total = 0;
+  while (times.size() < reps || (total < min_s && times.size() < 200)) {
     Stopwatch sw;
     fn();
-    const double t = sw.elapsed();
-    best = std::min(best, t);
-    total += t;
-    if (rep > 200) break;
+    times.push_back(sw.elapsed());
+    total += times.back();
   }
-  return best;
+  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
+  return times[times.size() / 2];
 }
 
 // A matrix of `rows` x `cols` in a format, with the bytes it points into.
@@ -113,17 +117,18 @@ double gemv_rate(const std::vector<OwnedMatrix>& mats, ThreadPool& pool) {
     bytes += static_cast<double>(o.m.bytes());
   }
   std::vector<float> x(static_cast<size_t>(cols), 0.01f), y(static_cast<size_t>(rows));
-  const double t = best_time(
+  const double t = median_time(
       [&] {
         for (const auto& o : mats)
           kernels::matmul(o.m, x.data(), 1, o.m.cols, y.data(), rows, pool);
       },
-      0.15);
+      0.4);
   return bytes / t;
 }
 
 // FLOP/s of products with `M` rows of x over `mats`.
-double gemm_rate(const std::vector<OwnedMatrix>& mats, int64_t M, ThreadPool& pool) {
+double gemm_rate(const std::vector<OwnedMatrix>& mats, int64_t M, ThreadPool& pool,
+                 double min_s = 0.1, size_t reps = 5) {
   int64_t cols = 0, rows = 0;
   double flops = 0;
   for (const auto& o : mats) {
@@ -132,16 +137,52 @@ double gemm_rate(const std::vector<OwnedMatrix>& mats, int64_t M, ThreadPool& po
     flops += 2.0 * static_cast<double>(M * o.m.rows * o.m.cols);
   }
   std::vector<float> x(static_cast<size_t>(M * cols), 0.01f), y(static_cast<size_t>(M * rows));
-  const double t = best_time(
+  const double t = median_time(
       [&] {
         for (const auto& o : mats) kernels::matmul(o.m, x.data(), M, cols, y.data(), rows, pool);
       },
-      0.1);
+      min_s, reps);
   return flops / t;
 }
 
 bool is_product(const TensorInfo& t) {
   return t.shape.size() == 2 && t.shape[0] > 1;
+}
+
+// The distinct shapes (rows, cols) of the layers' BF16 trunk products, with how many of each
+// the model has: what a prefill pass multiplies its block of rows with (the LM head is left
+// out: it runs on the pass's last row only).
+using Shapes = std::map<std::pair<int64_t, int64_t>, int>;
+Shapes trunk_product_shapes(const ModelConfig& c, const TensorTable& tensors) {
+  Shapes shapes;
+  for (int i = 0; i < static_cast<int>(c.num_layers); ++i)
+    for (const auto& n : layer_trunk_tensors(c, i, tensors)) {
+      const TensorInfo& t = tensors.at(n);
+      if (is_product(t) && t.dtype == DType::kBF16) ++shapes[{t.shape[0], t.shape[1]}];
+    }
+  return shapes;
+}
+
+// FLOP/s of the trunk's own products in format `f` with `M` rows of x: each distinct shape
+// timed on its first rows (at most 8 MB of weights; the kernel blocks over rows, so a cut keeps
+// its blocking over the columns), and the model's mix of them: all its FLOPs over the time they
+// take. The kernel's speed depends on the shape (a 12288-column product runs ~15% slower than
+// a 7168-column one at two threads here), so one reference shape would misjudge the mix.
+double trunk_gemm_rate(WeightFormat f, const Shapes& shapes, int64_t M, Fill& fill,
+                       ThreadPool& pool) {
+  double flops = 0, seconds = 0;
+  for (const auto& [shape, count] : shapes) {
+    const int64_t rows = shape.first, cols = shape.second;
+    const int64_t per_weight = f == WeightFormat::kInt8 ? 1 : 2;
+    const int64_t cut = std::clamp<int64_t>((8ll << 20) / (per_weight * cols) / 16 * 16, 16, rows);
+    std::vector<OwnedMatrix> m;
+    m.push_back(make_matrix(f, cut, cols, fill));
+    const double rate = gemm_rate(m, M, pool, 0.03, 3);
+    const double all = 2.0 * static_cast<double>(M * rows * cols) * count;
+    flops += all;
+    seconds += all / std::max(rate, 1.0);
+  }
+  return seconds > 0 ? flops / seconds : 0;
 }
 
 // The format a trunk matrix computes in under the plan (int8 only where resident and lossy).
@@ -191,12 +232,45 @@ int64_t rows_per_expert(const ModelConfig& c, int64_t rows) {
       1, std::llround(static_cast<double>(rows) * static_cast<double>(c.moe.top_k) / u));
 }
 
-KernelSpeeds measure_kernel_speeds(const ModelConfig& c, int64_t trunk_rows, int64_t expert_rows,
-                                   ThreadPool& pool) {
+double expert_seconds(const KernelSpeeds& s, double n) {
+  const auto& t = s.expert_row_seconds;
+  if (t.empty()) return 0;
+  const auto block = static_cast<double>(std::max<int64_t>(1, s.block_rows));
+  if (n > block) {  // the expert runs its rows a block at a time
+    const double full = std::floor(n / block), rest = n - full * block;
+    return full * expert_seconds(s, block) + (rest > 0 ? expert_seconds(s, rest) : 0.0);
+  }
+  if (t.size() == 1) return t[0].second * n / static_cast<double>(t[0].first);
+  size_t i = 1;  // the segment [t[i-1], t[i]] holding n, or the last one (extended past it)
+  while (i + 1 < t.size() && static_cast<double>(t[i].first) < n) ++i;
+  const double n0 = static_cast<double>(t[i - 1].first), n1 = static_cast<double>(t[i].first);
+  return std::max(0.0, t[i - 1].second + (t[i].second - t[i - 1].second) * (n - n0) / (n1 - n0));
+}
+
+double expected_expert_seconds(const ModelConfig& c, const KernelSpeeds& s, int64_t rows) {
+  const double E = static_cast<double>(c.moe.num_experts);
+  const double p = std::min(1.0, static_cast<double>(c.moe.top_k) / std::max(E, 1.0));
+  if (p >= 1.0) return E * expert_seconds(s, static_cast<double>(rows));
+  const double R = static_cast<double>(rows);
+  double sum = 0;
+  for (int64_t n = 1; n <= rows; ++n) {
+    const double k = static_cast<double>(n);
+    const double log_pmf = std::lgamma(R + 1) - std::lgamma(k + 1) - std::lgamma(R - k + 1) +
+                           k * std::log(p) + (R - k) * std::log1p(-p);
+    const double pmf = std::exp(log_pmf);
+    if (pmf > 1e-12) sum += pmf * expert_seconds(s, k);
+  }
+  return E * sum;
+}
+
+KernelSpeeds measure_kernel_speeds(const ModelConfig& c, const TensorTable& tensors,
+                                   int64_t pass_rows, int64_t block_rows, ThreadPool& pool) {
   Stopwatch total;
   KernelSpeeds s;
-  s.trunk_rows = std::max<int64_t>(1, trunk_rows);
-  s.expert_rows = std::max<int64_t>(1, expert_rows);
+  s.pass_rows = std::max<int64_t>(1, pass_rows);
+  s.block_rows = std::max<int64_t>(1, block_rows);
+  s.trunk_rows = std::min(s.pass_rows, s.block_rows);
+  s.expert_rows = std::min(rows_per_expert(c, s.pass_rows), s.block_rows);
   Fill fill;
   const int64_t H = c.hidden;
   // Decode: a trunk-sized matrix of ~176 MB at K3's width (more than any last-level cache).
@@ -205,22 +279,22 @@ KernelSpeeds measure_kernel_speeds(const ModelConfig& c, int64_t trunk_rows, int
     std::vector<OwnedMatrix> m;
     m.push_back(make_matrix(WeightFormat::kBF16, rows, H, fill));
     s.bf16_gemv = gemv_rate(m, pool);
-    // Prefill: the same matrix's first rows with trunk_rows rows of x (compute-bound).
-    m[0].m.rows = std::min<int64_t>(rows, 4096);
-    s.bf16_gemm = gemm_rate(m, s.trunk_rows, pool);
     // One small in-cache product: what a product costs beyond its arithmetic.
     m[0].m.rows = 64;
     std::vector<float> x(static_cast<size_t>(H), 0.01f), y(64);
     s.product_overhead_s =
-        best_time([&] { kernels::matmul(m[0].m, x.data(), 1, H, y.data(), 64, pool); }, 0.02);
+        median_time([&] { kernels::matmul(m[0].m, x.data(), 1, H, y.data(), 64, pool); }, 0.02);
   }
   {
     std::vector<OwnedMatrix> m;
     m.push_back(make_matrix(WeightFormat::kInt8, rows, H, fill));
     s.int8_gemv = gemv_rate(m, pool);
-    m[0].m.rows = std::min<int64_t>(rows, 4096);
-    s.int8_gemm = gemm_rate(m, s.trunk_rows, pool);
   }
+  // Prefill: the trunk's products at their own shapes with trunk_rows rows of x.
+  const Shapes shapes = trunk_product_shapes(c, tensors);
+  s.trunk_shapes = static_cast<int>(shapes.size());
+  s.bf16_gemm = trunk_gemm_rate(WeightFormat::kBF16, shapes, s.trunk_rows, fill, pool);
+  s.int8_gemm = trunk_gemm_rate(WeightFormat::kInt8, shapes, s.trunk_rows, fill, pool);
   {
     // Attention-side f32 products (latent scores, KDA chunks) at their width.
     std::vector<OwnedMatrix> m;
@@ -240,8 +314,32 @@ KernelSpeeds measure_kernel_speeds(const ModelConfig& c, int64_t trunk_rows, int
       m.push_back(make_matrix(WeightFormat::kMXFP4, D, I, fill));
     }
     s.mxfp4_gemv = gemv_rate(m, pool);
-    m.resize(std::min<size_t>(m.size(), 6));
-    s.mxfp4_gemm = gemm_rate(m, s.expert_rows, pool);
+    // Prefill: one expert's three products with n rows, at the row counts a pass of
+    // `pass_rows` rows gives an expert under uniform routing (Binomial(rows, k/E): its bulk,
+    // mean +- 3 sd, and one row; an expert takes its rows a block at a time): the kernel's cost
+    // is not proportional to the rows (a few rows take the GEMV path, more the GEMM; both have
+    // a per-product cost), so the forecast sums it over the distribution rather than taking
+    // the mean's rate.
+    m.resize(3);
+    const double R = static_cast<double>(s.pass_rows);
+    const double p =
+        std::min(1.0, static_cast<double>(c.moe.top_k) / static_cast<double>(c.moe.num_experts));
+    const double mean = R * p, sd = std::sqrt(R * p * (1 - p));
+    const auto lo = std::max<int64_t>(1, static_cast<int64_t>(std::floor(mean - 3 * sd)));
+    const auto hi =
+        std::max(lo, std::min(s.block_rows, static_cast<int64_t>(std::ceil(mean + 3 * sd))));
+    std::vector<int64_t> ns{1};
+    constexpr int64_t kPoints = 8;
+    for (int64_t i = 0; i < kPoints; ++i) {
+      const int64_t n = lo + (hi - lo) * i / (kPoints - 1);
+      if (n > ns.back()) ns.push_back(n);
+    }
+    for (const int64_t n : ns) {
+      const double flops = 2.0 * static_cast<double>(n) * 3 * static_cast<double>(I * D);
+      s.expert_row_seconds.emplace_back(n, flops / gemm_rate(m, n, pool, 0.03, 3));
+    }
+    const double at = static_cast<double>(s.expert_rows);
+    s.mxfp4_gemm = 6.0 * at * static_cast<double>(I * D) / expert_seconds(s, at);
   }
   s.memory_bandwidth = measure_memory_bandwidth(pool.size());
   s.fma_peak = kernels::fma_peak_flops(pool);
@@ -353,7 +451,6 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
   // An expert's weight bytes and FLOPs per row (gate, up and down).
   const double expert_bytes =
       3.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim) * (0.5 + 1.0 / 32);
-  const double expert_flops_row = 6.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim);
   const double kda_state =
       static_cast<double>(c.kda.num_heads * c.kda.head_dim * c.kda.head_dim) * 4;
   const double mem = std::max(s.memory_bandwidth, 1.0);
@@ -377,6 +474,7 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
     const double r = static_cast<double>(rows);
     const double u = experts_touched(c, rows);
     const double blocks = decode ? 1.0 : std::ceil(r / static_cast<double>(plan.pass.block_rows));
+    const double prefill_experts = decode ? 0.0 : expected_expert_seconds(c, s, rows);
     DiskTimeline io(disk);
     double t = 0, second_start = 0;
     for (int round = 0; round < 2; ++round) {
@@ -408,10 +506,11 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
                     2 * kda_state / mem;
           }
           if (!c.is_dense(i)) {
-            experts = decode ? u * expert_bytes / rate(s.mxfp4_gemv)
-                             : r * static_cast<double>(c.moe.top_k) * expert_flops_row /
-                                   rate(s.mxfp4_gemm);
-            experts += 3 * u * s.product_overhead_s;
+            // Decode reads each of its experts once (one-row products, bound by memory); in a
+            // prefill pass each expert gets Binomial(rows, k/E) rows, at their measured cost
+            // (which includes each product's fork and join).
+            experts = decode ? u * expert_bytes / rate(s.mxfp4_gemv) + 3 * u * s.product_overhead_s
+                             : prefill_experts;
             missed = u * (1 - hit) * slot;
           }
         }

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 #include "model/inventory.h"
@@ -32,19 +34,34 @@ class ThreadPool;
 struct KernelSpeeds {
   // Weight bytes per second of one-row products (decode) on matrices larger than the caches.
   double bf16_gemv = 0, int8_gemv = 0, mxfp4_gemv = 0;
-  // FLOP/s of products with `trunk_rows` rows (BF16, int8, f32) and `expert_rows` rows (MXFP4).
+  // FLOP/s of products with `trunk_rows` rows (a prefill block: BF16 and int8 at the model's
+  // own trunk shapes, `trunk_shapes` distinct ones, as the mix the model has; f32 at the
+  // attention width) and `expert_rows` rows (MXFP4, the expert shape: the mean rows an expert
+  // gets in a pass of `pass_rows` rows).
   double bf16_gemm = 0, int8_gemm = 0, f32_gemm = 0, mxfp4_gemm = 0;
-  int64_t trunk_rows = 0, expert_rows = 0;
+  int64_t pass_rows = 0, block_rows = 0, trunk_rows = 0, expert_rows = 0;
+  int trunk_shapes = 0;
+  // Seconds of one routed expert's three products (gate, up, down) with n rows, at the row
+  // counts a prefill block gives an expert (ascending n); interpolated in between.
+  std::vector<std::pair<int64_t, double>> expert_row_seconds;
   double product_overhead_s = 0;  // one small in-cache product: the pool's fork and join
   double memory_bandwidth = 0;    // bytes/s (core/sysinfo's probe)
   double fma_peak = 0;            // FLOP/s (kernels::fma_peak_flops), for reference
   double seconds = 0;             // how long measuring took
 };
 
-// Measures the speeds at this config's shapes (hidden, expert and KDA widths). Takes about a
-// second and allocates a few hundred MB (matrices larger than the last-level cache).
-KernelSpeeds measure_kernel_speeds(const ModelConfig& c, int64_t trunk_rows, int64_t expert_rows,
-                                   ThreadPool& pool);
+// Measures the speeds at this model's shapes (its trunk products, expert and KDA widths), each
+// the mean over a short window (the share of the cores the engine gets now). Takes a few
+// seconds and allocates a few hundred MB (matrices larger than the last-level cache).
+// `pass_rows`, `block_rows`: the rows of a prefill pass and of its blocks (storage/plan).
+KernelSpeeds measure_kernel_speeds(const ModelConfig& c, const TensorTable& tensors,
+                                   int64_t pass_rows, int64_t block_rows, ThreadPool& pool);
+
+// One routed expert's seconds with n rows (from expert_row_seconds, a block at a time), and the
+// expected seconds of all a MoE layer's experts for a pass of `rows` rows under uniform routing:
+// each expert gets Binomial(rows, k/E) rows.
+double expert_seconds(const KernelSpeeds& s, double n);
+double expected_expert_seconds(const ModelConfig& c, const KernelSpeeds& s, int64_t rows);
 
 // Rows per routed expert in a pass of `rows` rows (top-k of E under uniform routing), and the
 // experts that pass touches per MoE layer: what measure_kernel_speeds's expert_rows should be.
