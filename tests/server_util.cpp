@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,9 +29,19 @@ bool run_node_test(const std::string& dir, const std::string& package, const std
   namespace fs = std::filesystem;
   const fs::path d = fs::path(DELTAFIN_TEST_DATA).parent_path() / dir;
   if (!fs::exists(d / "node_modules" / package / "package.json")) {
-    const std::string cmd =
-        "cd '" + d.string() + "' && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0) {
+    // `make test` installs these first; a bare ctest -j2 can start two tests of the same folder
+    // at once, and `npm ci` removes node_modules before it installs: one installs, under a lock,
+    // and the other finds the result.
+    const int lock = ::open((d / ".npm-install.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (lock >= 0) ::flock(lock, LOCK_EX);
+    bool failed = false;
+    if (!fs::exists(d / "node_modules" / package / "package.json")) {
+      const std::string cmd =
+          "cd '" + d.string() + "' && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1";
+      failed = std::system(cmd.c_str()) != 0;
+    }
+    if (lock >= 0) ::close(lock);
+    if (failed) {
       out = "npm ci failed in " + d.string();
       return false;
     }
