@@ -5,6 +5,7 @@
 #include <deltafin/deltafin.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -238,15 +239,22 @@ int stop_after_three(const deltafin_token_event* ev, void* user) {
   return ev->index >= 2 ? 1 : 0;
 }
 
+// A new session on `m` and sampling parameters of `max_new` tokens (the generation tests' start).
+deltafin_session* new_session(deltafin_model* m, deltafin_sampling_params& sp, int64_t max_new) {
+  deltafin_session* s = nullptr;
+  EXPECT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK) << deltafin_last_error();
+  deltafin_sampling_params_init(&sp);
+  sp.max_new_tokens = max_new;
+  return s;
+}
+
 TEST(CApi, CallbackStopsGeneration) {
   deltafin_model* m = load(tiny());
   ASSERT_NE(m, nullptr);
   const auto prompt = tokenize(m, "Hello there");
-  deltafin_session* s = nullptr;
-  ASSERT_EQ(deltafin_session_new(m, &s), DELTAFIN_OK);
   deltafin_sampling_params sp;
-  deltafin_sampling_params_init(&sp);
-  sp.max_new_tokens = 50;
+  deltafin_session* s = new_session(m, sp, 50);
+  ASSERT_NE(s, nullptr);
   std::vector<int32_t> seen;
   char* out = nullptr;
   ASSERT_EQ(deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, stop_after_three, &seen,
@@ -310,6 +318,66 @@ TEST(CApi, TwoModelsInOneProcessGenerateInParallel) {
   // b outlives a.
   EXPECT_EQ(greedy(b, prompt, 8)["completion_ids"], alone["completion_ids"]);
   deltafin_model_free(b);
+}
+
+// Issue 31 C1: a handle freed by another thread while a call uses it. The call stops at its
+// next pass with an error (never a use after free); a model freed while a session or stream made
+// from it is alive stays alive for them; calls with a freed handle fail instead of reading freed
+// memory. (Run under ThreadSanitizer too: `make test-tsan`.)
+int signal_first(const deltafin_token_event*, void* user) {
+  static_cast<std::atomic<bool>*>(user)->store(true);
+  return 0;
+}
+
+TEST(CApi, FreeingAHandleInUseByAnotherThreadStopsTheCall) {
+  deltafin_model* m = load(tiny());
+  ASSERT_NE(m, nullptr);
+  deltafin_sampling_params sp;
+  deltafin_session* s = new_session(m, sp, 400);
+  ASSERT_NE(s, nullptr);
+  const auto prompt = tokenize(m, "Free me");
+  std::atomic<bool> started{false};
+  deltafin_status status = DELTAFIN_OK;
+  std::string message;
+  std::thread t([&] {
+    char* out = nullptr;
+    status = deltafin_session_generate(s, prompt.data(), prompt.size(), &sp, signal_first, &started,
+                                       &out);
+    message = deltafin_last_error();
+    deltafin_free(out);
+  });
+  while (!started) std::this_thread::yield();
+  deltafin_session_free(s);
+  deltafin_model_free(m);  // the session's call still holds both
+  t.join();
+  EXPECT_EQ(status, DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(message.find("freed by another thread while it was generating"), std::string::npos)
+      << message;
+
+  // A stream outlives its freed model, and stops at its next pass.
+  m = load(tiny());
+  deltafin_stream* st = nullptr;
+  ASSERT_EQ(
+      deltafin_stream_start(m, R"({"prompt": "go", "max_tokens": 400, "temperature": 0})", 0, &st),
+      DELTAFIN_OK)
+      << deltafin_last_error();
+  char* chunk = nullptr;
+  int done = 0;
+  ASSERT_EQ(deltafin_stream_next(st, &chunk, &done), DELTAFIN_OK);
+  deltafin_free(chunk);
+  deltafin_model_free(m);
+  EXPECT_EQ(deltafin_stream_next(st, &chunk, &done), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("the model this stream belongs to was freed"),
+            std::string::npos)
+      << deltafin_last_error();
+  deltafin_stream_free(st);
+  // A freed handle (not reused) is refused, not read.
+  EXPECT_EQ(deltafin_model_vocab(m), 0);
+  int32_t* ids = nullptr;
+  size_t n = 0;
+  EXPECT_EQ(deltafin_tokenize(m, "x", 1, 0, &ids, &n), DELTAFIN_ERR_ARGUMENT);
+  EXPECT_NE(std::string(deltafin_last_error()).find("not a live handle"), std::string::npos);
+  deltafin_model_free(m);  // freeing twice is ignored
 }
 
 int collect(const char* chunk, void* user) {

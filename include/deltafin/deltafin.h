@@ -18,7 +18,12 @@
  * Thread safety: the library is thread-safe at the level of handles. A model may be used from
  * several threads at once (its forward passes are serialised by a lock inside the model; two
  * models run truly in parallel). A session, chat or stream handle must be used by one thread at
- * a time. deltafin_last_error() is per thread.
+ * a time. deltafin_last_error() is per thread. Freeing is safe from any thread at any time: a
+ * call in progress on the freed handle (or on a handle made from a freed model or chat) stops
+ * at its next forward pass with DELTAFIN_ERR_ARGUMENT, and the memory is released when the last
+ * call using it has returned; a call made with a handle already freed fails with
+ * DELTAFIN_ERR_ARGUMENT ("not a live handle") instead of reading freed memory (unless the
+ * library has since given the same address to a new handle: do not keep freed handles).
  *
  * ABI: DELTAFIN_ABI_VERSION changes only when an existing function or struct field changes
  * meaning or layout; additions keep it. deltafin_abi_version() is what the loaded library
@@ -134,7 +139,8 @@ DELTAFIN_API void deltafin_model_params_init(deltafin_model_params* p);
 DELTAFIN_API deltafin_status deltafin_model_load(const char* path,
                                                  const deltafin_model_params* params,
                                                  deltafin_model** out);
-/* Frees the model. Every session, chat and stream made from it must be freed first. */
+/* Frees the model. Sessions, chats and streams made from it keep its memory until they are
+ * freed, but fail from then on (free them too). */
 DELTAFIN_API void deltafin_model_free(deltafin_model* model);
 
 /* Vocabulary size (logit row length). Never fails. */

@@ -115,6 +115,9 @@ def _body(fields: Mapping[str, Any], extra: Mapping[str, Any]) -> bytes:
         raise TypeError(f"request: a field is not JSON-serialisable: {e}") from None
 
 
+_CLOSING = threading.Lock()
+
+
 class _Handle:
     """An owned C handle: freed by close(), a `with` block, or garbage collection."""
 
@@ -125,17 +128,23 @@ class _Handle:
     def _adopt(self, child: "_Handle") -> None:
         # Children (sessions, chats, streams) are closed before their parent is freed, so an
         # early close() can never leave the library a dangling handle.
-        if self._children is None:
-            self._children = weakref.WeakSet()
-        self._children.add(child)
+        with _CLOSING:
+            if self._children is None:
+                self._children = weakref.WeakSet()
+            self._children.add(child)
 
     def close(self) -> None:
-        """Frees the handle now (and first what was made from it)."""
-        for child in list(self._children or ()):
+        """Frees the handle now (and first what was made from it). Safe while another thread
+        is using it: a call in progress there stops at its next forward pass and raises
+        deltafin.Error, and the library frees the memory when that call has returned."""
+        with _CLOSING:
+            children = list(self._children or ())
+        for child in children:
             child.close()
-        if self._h is not None and self._h.value:
-            type(self)._free(self._h)
-        self._h = None
+        with _CLOSING:  # one thread takes the handle, so it is freed once
+            h, self._h = self._h, None
+        if h is not None and h.value:
+            type(self)._free(h)
 
     def __del__(self) -> None:
         self.close()

@@ -76,10 +76,17 @@ def test_drafting_keeps_the_output_and_reports_its_stats(binary, model_dir):
         assert res["tokens_per_pass"] >= 1.0
         out = m.create_completion(prompt=cli["prompt_ids"], max_tokens=16, temperature=0)
         assert m.last_stats["completion_ids"] == cli["completion_ids"]
+        # The response's timings carry the drafting figures, as the server's do.
+        t = out["timings"]
+        assert t["draft_n"] == m.last_stats["draft_proposed"]
+        assert t["draft_n_accepted"] == m.last_stats["draft_accepted"]
+        assert t["target_passes"] == m.last_stats["target_passes"] >= 1
     with pytest.raises(deltafin.ArgumentError, match="eagle"):
         deltafin.Model(model_dir, draft="eagle")
     with pytest.raises(deltafin.ArgumentError, match="draft_max"):
         deltafin.Model(model_dir, draft="ngram", draft_max=-1)
+    with pytest.raises(deltafin.ArgumentError, match="draft_max.*at most 256"):  # issue 31 C7
+        deltafin.Model(model_dir, draft="ngram", draft_max=10**9)
 
 
 def test_homes_option(model, binary, model_dir, tmp_path):
@@ -455,3 +462,119 @@ def test_structured_output(model):
             messages=[{"role": "user", "content": "x"}],
             response_format={"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
+
+
+def test_close_while_another_thread_generates(model_dir):
+    # Issue 31 C1: Model.close(), Session.close() and Chat.close() from one thread while another
+    # generates on the same handle. The generating call stops at its next pass and raises
+    # deltafin.Error (or finishes first); the interpreter never crashes, double-frees or hangs.
+    # Many rounds in a subprocess: a use after free shows as a signal or a timeout there.
+    script = textwrap.dedent(f"""
+        import threading, time
+        import deltafin
+        outcomes = {{"error": 0, "done": 0}}
+
+        def generate(work, started):
+            try:
+                work(started)
+                outcomes["done"] += 1
+            except deltafin.Error:
+                outcomes["error"] += 1
+
+        def round_(kind, delay):
+            m = deltafin.Model({model_dir!r}, threads=1, memory_budget="1G", ctx=4096)
+            started = threading.Event()
+            if kind == "model":
+                def work(started):
+                    for _ in m.create_completion(prompt="go", max_tokens=3000, temperature=0,
+                                                 stream=True):
+                        started.set()
+                victim = m
+            elif kind == "model-blocking":
+                def work(started):
+                    started.set()
+                    m.create_chat_completion(messages=[{{"role": "user", "content": "go"}}],
+                                             max_tokens=3000, temperature=0)
+                victim = m
+            elif kind == "session":
+                s = m.session()
+                def work(started):
+                    s.generate([1, 2, 3], max_new_tokens=3000,
+                               on_token=lambda i, t: started.set())
+                victim = s
+            else:
+                c = m.chat()
+                def work(started):
+                    for _ in c.send("go", stream=True, max_tokens=3000, temperature=0):
+                        started.set()
+                victim = c
+            t = threading.Thread(target=generate, args=(work, started))
+            t.start()
+            started.wait(60)
+            time.sleep(delay)
+            victim.close()
+            t.join(120)
+            assert not t.is_alive(), "the generating thread hangs after close()"
+            m.close()
+
+        for i in range(12):
+            for kind in ("model", "model-blocking", "session", "chat"):
+                round_(kind, (i % 4) * 0.002)
+        print("ok", outcomes["error"], outcomes["done"], flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-2000:])
+    words = p.stdout.split()
+    assert words[0] == "ok", p.stdout
+    assert int(words[1]) > 0, "no generation was stopped by close(): the test did not race"
+
+
+def test_responses_report_timings(model):
+    # Issue 31 B4: the server's llama.cpp-style timings, measured in-process too (they were all
+    # zeros), in the response and in the usage chunk of a stream.
+    out = model.create_chat_completion(messages=[{"role": "user", "content": "Time me"}],
+                                       max_tokens=6, temperature=0)
+    t, u = out["timings"], out["usage"]
+    # prompt_n counts what was prefilled: the prompt less what a kept snapshot held.
+    assert t["prompt_n"] == u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] > 0
+    assert t["predicted_n"] == u["completion_tokens"] == 6
+    assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0 and t["ttft_ms"] > 0
+    assert t["predicted_per_second"] > 0
+    assert "draft_n" not in t  # no drafter on this model
+    chunks = list(model.create_completion(prompt="Time me", max_tokens=4, temperature=0,
+                                          stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1]["timings"]["predicted_n"] == 4 and chunks[-1]["timings"]["prompt_ms"] > 0
+
+
+def test_the_demo_model_as_docs_python_says(binary, tmp_path):
+    # Issue 31 B4: docs/PYTHON.md's way to the demo: any deltafin command without --model
+    # unpacks it into $DELTAFIN_CACHE/demo-k3-english, which the package then loads.
+    env = dict(os.environ, DELTAFIN_CACHE=str(tmp_path / "cache"))
+    env.pop("DELTAFIN_MODEL", None)
+    r = subprocess.run([binary, "inspect"], capture_output=True, text=True, env=env, check=True)
+    folder = str(tmp_path / "cache" / "demo-k3-english")
+    assert folder in r.stderr
+    with deltafin.Model(folder, threads=1) as m:
+        out = m.create_chat_completion(messages=[{"role": "user", "content": "Tell me a fortune."}],
+                                       max_tokens=8, seed=1)
+        assert out["usage"]["completion_tokens"] >= 1
+        assert out["timings"]["predicted_n"] == out["usage"]["completion_tokens"]
+        # B4: with no `draft` the package drafts with the folder's draft/ as the CLI does (the
+        # demo carries one): the timings carry the drafting figures.
+        assert out["timings"]["target_passes"] >= 1, out["timings"]
+
+
+def test_threads_beyond_the_cpus_are_capped(model_dir):
+    # Issue 31 C2: threads=100000 ended the interpreter (std::terminate from thread creation);
+    # the library caps it with a warning as the CLI does. In a subprocess, so a crash is seen.
+    script = textwrap.dedent(f"""
+        import deltafin
+        with deltafin.Model({model_dir!r}, threads=100000) as m:
+            out = m.create_completion(prompt="go", max_tokens=2, temperature=0)
+        print("ok", out["usage"]["completion_tokens"], flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-2000:])
+    assert p.stdout.split() == ["ok", "2"], p.stdout
+    assert "100000 compute threads are more than" in p.stderr, p.stderr

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <unordered_set>
 
 #include "capi/handles.h"
 #include "core/error.h"
@@ -76,6 +77,46 @@ deltafin_status guard(const std::function<void()>& f) {
 
 void require(const void* p, const char* what) {
   if (p == nullptr) fail_arg("{} must not be NULL", what);
+}
+
+namespace {
+// The live handles: a pointer is looked up here before it is used, so a freed one (even freed by
+// another thread a moment ago) is an error instead of a use after free.
+std::mutex g_handles_mutex;
+std::unordered_set<const Handle*>& live_handles() {
+  static std::unordered_set<const Handle*> live;
+  return live;
+}
+}  // namespace
+
+void adopt(Handle* h) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  live_handles().insert(h);
+}
+
+bool acquire(const Handle* h) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  if (live_handles().count(h) == 0) return false;
+  ++h->refs;
+  return true;
+}
+
+void release(const Handle* h) {
+  if (h->refs.fetch_sub(1) == 1) delete h;
+}
+
+void retire(Handle* h) {
+  if (h == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_handles_mutex);
+    if (live_handles().erase(h) == 0) return;  // freed already
+    h->retired = true;
+  }
+  release(h);
+}
+
+void fail_not_live(const void* h, const char* what) {
+  fail_arg("{} {}: not a live handle (it was freed, or is being freed by another thread)", what, h);
 }
 
 char* copy_string(const std::string& s) {
@@ -197,6 +238,10 @@ const Tokenizer& deltafin_model::tokenizer(const char* who) const {
   return *tok;
 }
 
+deltafin_model::~deltafin_model() {
+  if (model != nullptr) --capi::g_live_models;
+}
+
 std::vector<float> deltafin_model::forward(State& state, std::span<const int32_t> ids, bool all) {
   std::lock_guard<std::mutex> lock(pass);
   return model->forward(state, ids, all);
@@ -255,6 +300,7 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     capi::select_kernels(p.kernels);
     m->engine = load_engine(std::move(req));
     m->model = m->engine.model.get();
+    ++capi::g_live_models;  // (the destructor counts it down)
     namespace fs = std::filesystem;
     const ModelConfig& c = m->model->config();
     auto& l = m->limits;
@@ -268,32 +314,33 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     const GenerationDefaults generation = load_generation_config(path);
     generation.apply(l.sampling);
     l.stop_ids = stop_ids_for(c, m->tok ? &*m->tok : nullptr, generation);
-    ++capi::g_live_models;
+    capi::adopt(m.get());
     *out = m.release();
   });
 }
 
 void deltafin_model_free(deltafin_model* model) {
-  if (model == nullptr) return;
-  delete model;
-  --capi::g_live_models;
+  capi::retire(model);
 }
 
 int64_t deltafin_model_vocab(const deltafin_model* model) {
-  return model != nullptr ? model->model->config().vocab : 0;
+  const auto m = capi::peek(model);
+  return m ? m->model->config().vocab : 0;
 }
 
 int64_t deltafin_model_context(const deltafin_model* model) {
-  return model != nullptr ? model->limits.context : 0;
+  const auto m = capi::peek(model);
+  return m ? m->limits.context : 0;
 }
 
 int deltafin_model_has_tokenizer(const deltafin_model* model) {
-  return model != nullptr && model->tok ? 1 : 0;
+  const auto m = capi::peek(model);
+  return m && m->tok ? 1 : 0;
 }
 
 deltafin_status deltafin_model_info_json(deltafin_model* model, char** out_json) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out_json, "out_json");
     const ModelConfig& c = model->model->config();
     json cfg = {{"hidden", c.hidden},
@@ -324,7 +371,7 @@ deltafin_status deltafin_model_info_json(deltafin_model* model, char** out_json)
 
 deltafin_status deltafin_model_memory_plan_json(deltafin_model* model, char** out_json) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out_json, "out_json");
     json j = nullptr;
     if (const auto& p = model->model->plan()) {
@@ -360,7 +407,7 @@ deltafin_status deltafin_model_memory_plan_json(deltafin_model* model, char** ou
 
 deltafin_status deltafin_model_stats_json(deltafin_model* model, char** out_json) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out_json, "out_json");
     std::lock_guard<std::mutex> lock(model->pass);
     const ExpertStats e = model->model->experts().stats();
@@ -389,7 +436,7 @@ deltafin_status deltafin_model_stats_json(deltafin_model* model, char** out_json
 deltafin_status deltafin_tokenize(deltafin_model* model, const char* text, size_t len, int special,
                                   int32_t** out_ids, size_t* out_n) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out_ids, "out_ids");
     require(out_n, "out_n");
     if (len > 0) require(text, "text");
@@ -404,7 +451,7 @@ deltafin_status deltafin_tokenize(deltafin_model* model, const char* text, size_
 deltafin_status deltafin_detokenize(deltafin_model* model, const int32_t* ids, size_t n,
                                     char** out_text, size_t* out_len) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out_text, "out_text");
     if (n > 0) require(ids, "ids");
     const Tokenizer& tok = model->tokenizer("detokenize");
@@ -422,7 +469,7 @@ deltafin_status deltafin_detokenize(deltafin_model* model, const int32_t* ids, s
 deltafin_status deltafin_render_chat(deltafin_model* model, const char* request_json,
                                      int32_t** out_ids, size_t* out_n, char** out_text) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out_ids, "out_ids");
     require(out_n, "out_n");
     const json body = capi::parse_object(request_json, "request_json");
@@ -436,34 +483,37 @@ deltafin_status deltafin_render_chat(deltafin_model* model, const char* request_
 
 deltafin_status deltafin_session_new(deltafin_model* model, deltafin_session** out) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out, "out");
     auto s = std::make_unique<deltafin_session>();
-    s->m = model;
+    s->m = hold;
     s->state = model->model->new_state();
+    capi::adopt(s.get());
     *out = s.release();
   });
 }
 
 void deltafin_session_free(deltafin_session* session) {
-  delete session;
+  capi::retire(session);
 }
 
 void deltafin_session_reset(deltafin_session* session) {
-  if (session == nullptr) return;
-  session->state.reset();
-  session->history.clear();
-  session->pending.clear();
+  const auto s = capi::peek(session);
+  if (!s) return;
+  s->state.reset();
+  s->history.clear();
+  s->pending.clear();
 }
 
 int64_t deltafin_session_position(const deltafin_session* session) {
-  return session != nullptr ? static_cast<int64_t>(session->history.size()) : 0;
+  const auto s = capi::peek(session);
+  return s ? static_cast<int64_t>(s->history.size()) : 0;
 }
 
 deltafin_status deltafin_session_history(deltafin_session* session, int32_t** out_ids,
                                          size_t* out_n) {
   return guard([&] {
-    require(session, "session");
+    const capi::Ref<deltafin_session> hold(session, "session");
     require(out_ids, "out_ids");
     require(out_n, "out_n");
     *out_ids = capi::copy_ids(session->history);
@@ -488,9 +538,10 @@ void check_ids(const deltafin_session& s, const int32_t* ids, size_t n) {
 deltafin_status deltafin_session_eval(deltafin_session* session, const int32_t* ids, size_t n,
                                       int all_logits, float* logits) {
   return guard([&] {
-    require(session, "session");
+    const capi::Ref<deltafin_session> hold(session, "session");
     require(ids, "ids");
     if (n == 0) fail_arg("n: evaluate at least one token");
+    if (session->m->retired) fail_arg("session: its model was freed; it cannot go on");
     check_ids(*session, ids, n);
     std::vector<int32_t> feed = session->pending;
     const size_t skip = feed.size();
@@ -521,7 +572,7 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
                                           deltafin_token_callback callback, void* user_data,
                                           char** out_result_json) {
   return guard([&] {
-    require(session, "session");
+    const capi::Ref<deltafin_session> hold(session, "session");
     if (n > 0) require(prompt, "prompt");
     if (n == 0 && session->pending.empty())
       fail_arg(
@@ -581,6 +632,9 @@ deltafin_status deltafin_session_generate(deltafin_session* session, const int32
     std::unique_ptr<Drafter> drafter;
     DraftConfig draft = m.draft_config(drafter);
     while (!gen.finished()) {
+      // Freed by another thread (the session, or its model): stop between two passes.
+      if (session->retired || m.retired)
+        fail_arg("session: freed by another thread while it was generating; generation stopped");
       const size_t before = gen.tokens().size();
       {
         std::lock_guard<std::mutex> lock(m.pass);

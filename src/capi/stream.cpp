@@ -8,6 +8,7 @@
 
 #include "capi/handles.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "prefix/reuse.h"
 #include "server/api_error.h"
 #include "server/structured.h"
@@ -22,11 +23,14 @@ namespace {
 // A stream over `ids` (a whole prompt, or a chat's history with its new turn) whose state holds
 // the first state->position() of them (a fresh stream: none). The prefix store (prefix/reuse.h)
 // may restore a deeper prefix first; the generation is fed the rest.
-std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeRequest& r,
-                                             std::span<const int32_t> ids, const PromptMarks& marks,
-                                             State* state) {
+std::unique_ptr<deltafin_stream> make_stream(const capi::Ref<deltafin_model>& model,
+                                             server::ServeRequest& r, std::span<const int32_t> ids,
+                                             const PromptMarks& marks, State* state) {
   auto s = std::make_unique<deltafin_stream>();
-  s->m = &m;
+  // The server's `timings`: in-process a request arrives and is admitted when its stream starts.
+  s->timings.arrived = s->timings.admitted = now_seconds();
+  s->m = model;
+  deltafin_model& m = *model;
   const Tokenizer& tok = m.tokenizer("an OpenAI-shaped completion");
   if (state == nullptr) {
     s->own_state = m.model->new_state();
@@ -34,6 +38,7 @@ std::unique_ptr<deltafin_stream> make_stream(deltafin_model& m, server::ServeReq
   }
   s->state = state;
   s->draft = m.draft_config(s->drafter);
+  s->timings.drafting = s->drafter != nullptr;
   {
     std::lock_guard<std::mutex> lock(m.pass);  // a restored drafter computes with the model
     if (m.engine.store)
@@ -68,10 +73,10 @@ void push(deltafin_stream& s, const std::vector<json>& chunks) {
 // After the generation finished: usage, the final chunks, stats, the chat's record.
 void finish(deltafin_stream& s) {
   const Generation& g = *s.gen;
-  s.usage.cached_tokens = s.cached;
-  s.usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
-  s.usage.completion_tokens = static_cast<int64_t>(g.tokens().size());
-  s.usage.constraint_unfinished = g.constraint_unfinished();
+  server::Timings t = s.timings;
+  t.first_token = g.timing().first_token;
+  s.usage = server::generation_usage(&g, s.cached, static_cast<int64_t>(s.input.size()), t,
+                                     s.draft.stats, s.reuse ? &*s.reuse : nullptr);
   push(s, s.builder->end(g.stop_reason(), s.usage));
   s.ended = true;
   std::unique_lock<std::mutex> lock(s.m->pass);
@@ -103,10 +108,19 @@ void finish(deltafin_stream& s) {
   }
 }
 
+// A stream whose model or chat was freed (by another thread, or before it) stops at its next
+// pass; the freed objects stay in memory until the stream is freed (capi::Ref).
+void check_owners(const deltafin_stream& s) {
+  if (s.retired) fail_arg("the stream was freed by another thread; it cannot go on");
+  if (s.m->retired) fail_arg("the model this stream belongs to was freed; it cannot go on");
+  if (s.owner && s.owner->retired)
+    fail_arg("the chat this stream belongs to was freed; it cannot go on");
+}
+
 // One forward pass (or the end), folding what it produced into chunks.
 void step(deltafin_stream& s) {
   Generation& g = *s.gen;
-  if (s.state == nullptr) fail_arg("the chat this stream belongs to was freed; it cannot go on");
+  check_owners(s);
   if (!g.finished()) {
     try {
       std::lock_guard<std::mutex> lock(s.m->pass);
@@ -165,28 +179,44 @@ deltafin_status create(deltafin_model* model, const char* request_json, int chat
 
 }  // namespace
 
+// A stream freed before its end ends its chat's turn there (recorded as cancelled: the next
+// turn prefills again). A freed chat is still in memory here: `owner` holds it.
+deltafin_stream::~deltafin_stream() {
+  try {
+    if (chat != nullptr) {
+      if (gen && !ended) {
+        gen->cancel();
+        chat->session->end_turn(*gen);
+      }
+      chat->active = nullptr;
+    }
+  } catch (...) {
+  }
+}
+
 extern "C" {
 
 deltafin_status deltafin_stream_start(deltafin_model* model, const char* request_json, int chat,
                                       deltafin_stream** out) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out, "out");
     *out = nullptr;
     const json body = capi::parse_object(request_json, "request_json");
     const Tokenizer& tok = model->tokenizer("an OpenAI-shaped completion");
     server::ServeRequest r = chat != 0 ? server::parse_chat_request(body, model->limits, tok)
                                        : server::parse_completion_request(body, model->limits, tok);
-    auto s = make_stream(*model, r, r.prompt,
+    auto s = make_stream(hold, r, r.prompt,
                          PromptMarks{r.system_end, r.messages_end, r.last_message}, nullptr);
     s->prompt = std::move(r.prompt);
+    capi::adopt(s.get());
     *out = s.release();
   });
 }
 
 deltafin_status deltafin_stream_next(deltafin_stream* s, char** out_chunk, int* out_done) {
   return guard([&] {
-    require(s, "stream");
+    const capi::Ref<deltafin_stream> hold(s, "stream");
     require(out_chunk, "out_chunk");
     require(out_done, "out_done");
     *out_chunk = nullptr;
@@ -206,7 +236,7 @@ deltafin_status deltafin_stream_next(deltafin_stream* s, char** out_chunk, int* 
 
 deltafin_status deltafin_stream_response(deltafin_stream* s, char** out_json) {
   return guard([&] {
-    require(s, "stream");
+    const capi::Ref<deltafin_stream> hold(s, "stream");
     require(out_json, "out_json");
     s->begun = true;
     while (!s->ended) step(*s);  // (a detached stream fails in step)
@@ -218,7 +248,7 @@ deltafin_status deltafin_stream_response(deltafin_stream* s, char** out_json) {
 
 deltafin_status deltafin_stream_stats_json(deltafin_stream* s, char** out_json) {
   return guard([&] {
-    require(s, "stream");
+    const capi::Ref<deltafin_stream> hold(s, "stream");
     require(out_json, "out_json");
     if (!s->stats) fail_arg("the stream has not finished: its stats are complete at the end");
     nlohmann::json j;
@@ -230,18 +260,7 @@ deltafin_status deltafin_stream_stats_json(deltafin_stream* s, char** out_json) 
 }
 
 void deltafin_stream_free(deltafin_stream* s) {
-  if (s == nullptr) return;
-  try {
-    if (s->chat != nullptr) {
-      if (s->gen && !s->ended) {
-        s->gen->cancel();
-        s->chat->session->end_turn(*s->gen);  // recorded as cancelled: the next turn re-prefills
-      }
-      s->chat->active = nullptr;
-    }
-  } catch (...) {
-  }
-  delete s;
+  capi::retire(s);
 }
 
 deltafin_status deltafin_create_completion(deltafin_model* model, const char* request_json,
@@ -259,11 +278,11 @@ deltafin_status deltafin_create_chat_completion(deltafin_model* model, const cha
 deltafin_status deltafin_chat_new(deltafin_model* model, const char* options_json,
                                   deltafin_chat** out) {
   return guard([&] {
-    require(model, "model");
+    const capi::Ref<deltafin_model> hold(model, "model");
     require(out, "out");
     *out = nullptr;
     auto c = std::make_unique<deltafin_chat>();
-    c->m = model;
+    c->m = hold;
     c->session = std::make_unique<ChatSession>(*model->model, model->tokenizer("chat"));
     if (options_json != nullptr) {
       const json o = capi::parse_object(options_json, "options_json");
@@ -283,27 +302,24 @@ deltafin_status deltafin_chat_new(deltafin_model* model, const char* options_jso
         }
       }
     }
+    capi::adopt(c.get());
     *out = c.release();
   });
 }
 
 void deltafin_chat_free(deltafin_chat* chat) {
-  if (chat == nullptr) return;
-  if (chat->active != nullptr) {  // its turn's stream outlives it: detach, it fails from now on
-    chat->active->chat = nullptr;
-    chat->active->state = nullptr;
-  }
-  delete chat;
+  capi::retire(chat);  // a turn's stream that outlives it keeps it, and fails from now on
 }
 
 void deltafin_chat_reset(deltafin_chat* chat) {
-  if (chat != nullptr && chat->active == nullptr) chat->session->reset();
+  const auto c = capi::peek(chat);
+  if (c && c->active == nullptr) c->session->reset();
 }
 
 deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json,
                                    deltafin_stream** out) {
   return guard([&] {
-    require(chat, "chat");
+    const capi::Ref<deltafin_chat> hold(chat, "chat");
     require(out, "out");
     *out = nullptr;
     if (chat->active != nullptr)
@@ -322,6 +338,7 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
     }
     body["messages"] = json::array({{{"role", "user"}, {"content", text}}});
     deltafin_model& m = *chat->m;
+    if (m.retired) fail_arg("chat: its model was freed; it cannot go on");
     server::ServeRequest r = server::parse_chat_request(body, m.limits, m.tokenizer("chat"));
     const json saved = chat->session->to_json();
     try {
@@ -341,10 +358,12 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
                                            m.limits.context, state.position() + turn.input.size()),
                                "invalid_request_error", "content", "context_length_exceeded");
       }
-      auto s = make_stream(m, r, chat->session->history(),
+      auto s = make_stream(chat->m, r, chat->session->history(),
                            PromptMarks{turn.system_end, turn.messages_end}, &state);
       s->chat = chat;
+      s->owner = hold;
       chat->active = s.get();
+      capi::adopt(s.get());
       *out = s.release();
     } catch (...) {
       chat->session->load_json(saved);  // the turn never started: the conversation as it was
@@ -355,7 +374,7 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
 
 deltafin_status deltafin_chat_history_json(deltafin_chat* chat, char** out_json) {
   return guard([&] {
-    require(chat, "chat");
+    const capi::Ref<deltafin_chat> hold(chat, "chat");
     require(out_json, "out_json");
     *out_json = capi::copy_string(chat->session->to_json().dump());
   });

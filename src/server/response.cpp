@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "core/timer.h"
+
 namespace deltafin::server {
 
 using json = nlohmann::ordered_json;
@@ -35,6 +37,26 @@ void add_warning(json& j, const Usage& u) {
         "(finish_reason \"length\"): it does not parse; raise max_tokens";
 }
 }  // namespace
+
+Usage generation_usage(const Generation* g, int64_t cached, int64_t input, Timings t,
+                       const DraftStats& draft, const SequenceReuse* reuse) {
+  Usage usage;
+  usage.cached_tokens = cached;
+  usage.prompt_tokens = cached + input;
+  usage.completion_tokens = g != nullptr ? static_cast<int64_t>(g->tokens().size()) : 0;
+  usage.constraint_unfinished = g != nullptr && g->constraint_unfinished();
+  usage.timings = t;
+  usage.timings.finished = now_seconds();
+  if (reuse != nullptr && cached > 0 && reuse->restored().position > 0) {
+    usage.cached_from = reuse->restored().from_disk ? "disk" : "RAM";
+    usage.cached_load_s = reuse->restored().seconds;
+  }
+  usage.timings.draft_n = draft.proposed;
+  usage.timings.draft_n_accepted = draft.accepted;
+  usage.timings.target_passes = draft.target_passes;
+  usage.timings.decode_tokens = draft.tokens;
+  return usage;
+}
 
 json timings_json(const Usage& u) {
   const Timings& t = u.timings;

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "generate/generation.h"
+#include "generate/speculative.h"
+#include "prefix/reuse.h"
 #include "server/request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,6 +58,12 @@ struct Usage {
 
 // "stop", "length" or "tool_calls".
 std::string finish_reason(StopReason stop, bool tool_calls);
+
+// The usage of a generation (none yet: nothing completed) fed `input` ids after `cached` ones the
+// state already held (kept, or restored by `reuse` when given): the counts, and `t` completed
+// with its end and `draft`'s figures. The server's and the C API's responses both come from here.
+Usage generation_usage(const Generation* g, int64_t cached, int64_t input, Timings t,
+                       const DraftStats& draft, const SequenceReuse* reuse);
 
 nlohmann::ordered_json usage_json(const Usage& u);
 // {prompt_n, prompt_ms, predicted_n, predicted_ms, predicted_per_second, ttft_ms} (docs/SERVER.md):

@@ -235,22 +235,8 @@ void Scheduler::post(Slot& s) {
 }
 
 Usage Scheduler::usage_of(const Slot& s) const {
-  Usage usage;
-  usage.cached_tokens = s.cached;
-  usage.prompt_tokens = s.cached + static_cast<int64_t>(s.input.size());
-  usage.completion_tokens = s.gen ? static_cast<int64_t>(s.gen->tokens().size()) : 0;
-  usage.constraint_unfinished = s.gen && s.gen->constraint_unfinished();
-  usage.timings = s.timings;
-  usage.timings.finished = now_seconds();
-  if (s.reuse && s.cached > 0) {
-    usage.cached_from = s.reuse->restored().from_disk ? "disk" : "RAM";
-    usage.cached_load_s = s.reuse->restored().seconds;
-  }
-  usage.timings.draft_n = s.draft.stats.proposed;
-  usage.timings.draft_n_accepted = s.draft.stats.accepted;
-  usage.timings.target_passes = s.draft.stats.target_passes;
-  usage.timings.decode_tokens = s.draft.stats.tokens;
-  return usage;
+  return generation_usage(s.gen.get(), s.cached, static_cast<int64_t>(s.input.size()), s.timings,
+                          s.draft.stats, s.reuse ? &*s.reuse : nullptr);
 }
 
 void Scheduler::fail(Slot& s, const ApiError& e) {
