@@ -253,5 +253,44 @@ TEST(HardenedLog, TimedOutStreamIsLoggedWithItsTokens) {
   EXPECT_EQ(srv.stop(), 0);
 }
 
+// Issue 31 B8: a request stopped while its prompt is being prefilled (the client goes away) is
+// logged with the prompt tokens it had prefilled, and says so; it was logged as "prompt 0 tokens"
+// (the line was written before the engine had ended the request and counted its usage).
+TEST(HardenedLog, RequestStoppedInPrefillIsLoggedWithWhatItPrefilled) {
+  setenv("DELTAFIN_DEBUG_STEP_DELAY_MS", "100", 1);
+  ServerProcess srv({"--prefill-chunk", "4", "--state-cache", "none"});
+  unsetenv("DELTAFIN_DEBUG_STEP_DELAY_MS");
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "the mountains of the sea ";
+  const std::regex line(
+      "prompt (\\d+) of (\\d+) tokens, stopped in prefill \\(0 cached\\), completion 0 tokens");
+  for (const bool stream : {false, true}) {
+    const json body = {
+        {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"stream", stream}};
+    const std::string how = stream ? "stream not delivered" : "client closed the connection";
+    RawClient client(srv.port());
+    ASSERT_TRUE(client.send_request("POST", "/v1/completions", body.dump()));
+    if (stream) {  // the headers come when the engine admits it: prefill is running
+      ASSERT_NE(client.read_until("\r\n\r\n", 30).find(" 200 "), std::string::npos);
+    }
+    std::this_thread::sleep_for(600ms);
+    client.close_now();
+    std::string log;
+    for (int i = 0; i < 200 && log.find(how) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(50ms);
+      log = srv.err();
+    }
+    const size_t at = log.find(how);
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string logged = log.substr(at, log.find('\n', at) - at);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(logged, m, line)) << logged;
+    EXPECT_GT(std::stoi(m[1].str()), 0) << logged;
+    EXPECT_LT(std::stoi(m[1].str()), std::stoi(m[2].str())) << logged;
+  }
+  EXPECT_EQ(srv.stop(), 0);
+}
+
 }  // namespace
 }  // namespace deltafin::test

@@ -535,14 +535,24 @@ Outcome outcome(const Job& job) {
   return {job.stop(), job.stop_string(), job.usage()};
 }
 
-void log_done(const Exchange& x, int status, const char* how) {
+void write_log_line(const Exchange& x, int status, const char* how) {
   const Usage u = x.job->usage();
   const std::string kept = u.cached_tokens > 0
                                ? fmt::format(" from {} in {:.3f} s", u.cached_from, u.cached_load_s)
                                : "";
-  log_info("[serve] {} {} {}: prompt {} tokens ({} cached{}), completion {} tokens, {:.2f} s",
-           x.what, status, how, u.prompt_tokens, u.cached_tokens, kept, u.completion_tokens,
+  const std::string prompt =
+      u.stopped_in_prefill
+          ? fmt::format("{} of {} tokens, stopped in prefill", u.prompt_prefilled, u.prompt_tokens)
+          : fmt::format("{} tokens", u.prompt_tokens);
+  log_info("[serve] {} {} {}: prompt {} ({} cached{}), completion {} tokens, {:.2f} s", x.what,
+           status, how, prompt, u.cached_tokens, kept, u.completion_tokens,
            now_seconds() - x.start);
+}
+
+// The request's log line, once the engine has ended it (a cancelled request ends at the
+// engine's next step, which counts what it used).
+void log_done(const std::shared_ptr<Exchange>& x, int status, const char* how) {
+  x->job->when_settled([x, status, how] { write_log_line(*x, status, how); });
 }
 
 }  // namespace
@@ -567,18 +577,18 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, T
     x->phase = snap.phase;
     for (auto& u : snap.updates) x->early.push_back(std::move(u));
     if (snap.phase == JobPhase::failed) {
-      log_done(*x, snap.error->status(), "failed");
+      log_done(x, snap.error->status(), "failed");
       throw *snap.error;
     }
     if (snap.phase == JobPhase::done || (stream && snap.phase == JobPhase::running)) break;
     if (now_seconds() > x->job->deadline + kHandlerGraceS) {
       sched->cancel(x->job);
-      log_done(*x, 504, "engine did not answer");
+      write_log_line(*x, 504, "engine did not answer");  // (it may never end the job)
       throw handler_timeout();
     }
     if (x->probe->closed()) {
       sched->cancel(x->job);
-      log_done(*x, 499, "client closed the connection");
+      log_done(x, 499, "client closed the connection");
       res.status = 499;  // nobody reads it; counted as "client closed request"
       return;
     }
@@ -594,7 +604,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, T
         [text](size_t offset, size_t length, httplib::DataSink& sink) {
           return sink.write(text->data() + offset, length);
         },
-        [x](bool success) { log_done(*x, 200, success ? "ok" : "not delivered"); });
+        [x](bool success) { log_done(x, 200, success ? "ok" : "not delivered"); });
     return;
   }
 
@@ -654,10 +664,10 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, T
       },
       [x](bool success) {
         if (success && x->delivered) {
-          log_done(*x, 200, "streamed");
+          log_done(x, 200, "streamed");
         } else {
           x->sched->cancel(x->job);
-          log_done(*x, 200,
+          log_done(x, 200,
                    x->phase == JobPhase::failed ? "failed mid-stream" : "stream not delivered");
         }
       });

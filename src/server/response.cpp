@@ -45,6 +45,8 @@ Usage generation_usage(const Generation* g, int64_t cached, int64_t input, Timin
   usage.prompt_tokens = cached + input;
   usage.completion_tokens = g != nullptr ? static_cast<int64_t>(g->tokens().size()) : 0;
   usage.constraint_unfinished = g != nullptr && g->constraint_unfinished();
+  usage.stopped_in_prefill = g != nullptr && g->in_prefill();
+  usage.prompt_prefilled = cached + (g != nullptr ? g->prompt_done() : 0);
   usage.timings = t;
   usage.timings.finished = now_seconds();
   if (reuse != nullptr && cached > 0 && reuse->restored().position > 0) {

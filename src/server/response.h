@@ -54,6 +54,10 @@ struct Usage {
   // The generation hit max_tokens (or the context) before its grammar or schema was complete:
   // the response says so in `warning`, since the output will not parse.
   bool constraint_unfinished = false;
+  // Ended (cancelled, timed out) before its prompt was all prefilled: the prompt positions the
+  // state held by then, cached included (the server's log line says so).
+  bool stopped_in_prefill = false;
+  int64_t prompt_prefilled = 0;
 };
 
 // "stop", "length" or "tool_calls".

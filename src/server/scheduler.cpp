@@ -39,6 +39,30 @@ Usage Job::usage() const {
   return usage_;
 }
 
+void Job::when_settled(std::function<void()> f) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (phase_ != JobPhase::done && phase_ != JobPhase::failed) {
+      on_settled_ = std::move(f);
+      return;
+    }
+  }
+  f();
+}
+
+void Job::settled() {
+  std::function<void()> f;
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    f.swap(on_settled_);
+  }
+  try {
+    if (f) f();
+  } catch (const std::exception& e) {
+    log_warn("[serve] after a request ended: {}", e.what());
+  }
+}
+
 Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions& options,
                      Metrics& metrics)
     : model_(model),
@@ -151,6 +175,7 @@ void Scheduler::fail(const std::shared_ptr<Job>& job, const ApiError& e) {
     job->error_ = e;
   }
   job->cv_.notify_all();
+  job->settled();
 }
 
 void Scheduler::update_gauges() {
@@ -262,6 +287,7 @@ void Scheduler::finish(Slot& s) {
     s.job->phase_ = JobPhase::done;
   }
   s.job->cv_.notify_all();
+  s.job->settled();
   // The state after the answer as the model wrote it, for a client that sends it back verbatim.
   if (s.reuse && g.stop_reason() != StopReason::kCancelled) {
     std::vector<int32_t> consumed = s.job->req.prompt;

@@ -79,9 +79,15 @@ class Job {
   StopReason stop() const;
   std::string stop_string() const;  // the stop string that matched (StopReason::kStopString)
   Usage usage() const;
+  // Runs `f` once the job has ended (done or failed, its usage final): now when it has, else on
+  // the thread that ends it (the engine's, at its next step after a cancel). The server's log
+  // line goes through it, so a cancelled request logs what it used, not what was counted yet.
+  void when_settled(std::function<void()> f);
 
  private:
   friend class Scheduler;
+  // The scheduler ended the job (phase done or failed): runs when_settled's function.
+  void settled();
   std::atomic<bool> cancel_requested{false};
   mutable std::mutex m_;
   std::condition_variable cv_;
@@ -91,6 +97,7 @@ class Job {
   StopReason stop_ = StopReason::kNone;
   std::string stop_string_;
   Usage usage_;
+  std::function<void()> on_settled_;
 };
 
 struct SchedulerOptions {
