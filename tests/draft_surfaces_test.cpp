@@ -141,6 +141,9 @@ TEST(DraftSurfaces, AFolderThatIsNotADraftModelGetsOneLine) {
                                "2", "--draft", empty});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("no config.json"), std::string::npos) << r.err;
+  // Issue 31 B8: the flag is named once ("--draft: --draft DIR: ..." before).
+  EXPECT_NE(r.err.find("--draft: " + empty + ": no config.json"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--draft: --draft"), std::string::npos) << r.err;
   // A folder with a config that does not fit the target: the drafter's own check names it.
   auto bad = test::run_deltafin({"run", "--model", target_dir(), "--prompt-ids", "5,6,7",
                                  "--max-new", "2", "--draft", target_dir()});
