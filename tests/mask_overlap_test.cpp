@@ -13,6 +13,7 @@
 #include "generate/generation_config.h"
 #include "generate/round.h"
 #include "grammar/constraint.h"
+#include "replay_drafter.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -103,21 +104,6 @@ TEST(MaskOverlap, ColdGrammarNodesAreComputedDuringThePassAndOutputIsUnchanged) 
   EXPECT_EQ(c.ids, a.ids);
 }
 
-// Proposes a known continuation (what follows the history in `full`).
-class Replay : public Drafter {
- public:
-  explicit Replay(std::vector<int32_t> full) : full_(std::move(full)) {}
-  DraftProposal propose(std::span<const int32_t> history, int max_tokens) override {
-    DraftProposal p;
-    for (size_t i = history.size(); i < full_.size() && (int)p.tokens.size() < max_tokens; ++i)
-      p.tokens.push_back(full_[i]);
-    return p;
-  }
-
- private:
-  std::vector<int32_t> full_;
-};
-
 TEST(MaskOverlap, VerifyPassesPrepareTheDraftedPositionsToo) {
   GenerationParams p = params(fresh_constraint());
   p.sampling.temperature = 0;  // greedy: drafts of the known continuation are all accepted
@@ -127,7 +113,7 @@ TEST(MaskOverlap, VerifyPassesPrepareTheDraftedPositionsToo) {
   full.insert(full.end(), plain.ids.begin(), plain.ids.end());
 
   p.constraint = fresh_constraint();  // cold again
-  Replay drafter(full);
+  test::ReplayDrafter drafter(full, 0, static_cast<int32_t>(demo().model->config().vocab));
   DraftConfig cfg;
   cfg.drafter = &drafter;
   cfg.max = 6;

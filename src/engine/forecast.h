@@ -51,8 +51,8 @@ struct KernelSpeeds {
 };
 
 // Measures the speeds at this model's shapes (its trunk products, expert and KDA widths), each
-// the mean over a short window (the share of the cores the engine gets now). Takes a few
-// seconds and allocates a few hundred MB (matrices larger than the last-level cache).
+// the median of a few runs after a warm-up (the share of the cores the engine gets now). Takes a
+// few seconds and allocates a few hundred MB (matrices larger than the last-level cache).
 // `pass_rows`, `block_rows`: the rows of a prefill pass and of its blocks (storage/plan).
 KernelSpeeds measure_kernel_speeds(const ModelConfig& c, const TensorTable& tensors,
                                    int64_t pass_rows, int64_t block_rows, ThreadPool& pool);
@@ -64,7 +64,7 @@ double expert_seconds(const KernelSpeeds& s, double n);
 double expected_expert_seconds(const ModelConfig& c, const KernelSpeeds& s, int64_t rows);
 
 // Rows per routed expert in a pass of `rows` rows (top-k of E under uniform routing), and the
-// experts that pass touches per MoE layer: what measure_kernel_speeds's expert_rows should be.
+// experts that pass touches per MoE layer (measure_kernel_speeds sets expert_rows from it).
 double experts_touched(const ModelConfig& c, int64_t rows);
 int64_t rows_per_expert(const ModelConfig& c, int64_t rows);
 

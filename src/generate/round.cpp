@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <future>
-#include <memory>
 #include <system_error>
 
 #include "core/error.h"
@@ -155,17 +154,17 @@ void round_take_rows(Model& model, RoundSequence& s, RoundPlanned& p, std::span<
 // no thread to be had means no overlap, not an error.
 std::future<void> round_start_masks(std::span<RoundSequence> seqs, std::span<RoundPlanned> plan,
                                     std::span<const size_t> in_pass, RoundReport& r) {
-  auto cold = std::make_shared<std::vector<grammar::ColdNodes>>();
+  std::vector<grammar::ColdNodes> cold;
   for (const size_t i : in_pass) {
     grammar::ColdNodes c = seqs[i].gen->cold_mask_nodes(plan[i].drafts.tokens);
     if (c.nodes.empty()) continue;
     r.mask_nodes_overlapped += static_cast<int64_t>(c.nodes.size());
-    cold->push_back(std::move(c));
+    cold.push_back(std::move(c));
   }
-  if (cold->empty()) return {};
+  if (cold.empty()) return {};
   try {
-    return std::async(std::launch::async, [cold] {
-      for (const auto& c : *cold) c.compute();
+    return std::async(std::launch::async, [cold = std::move(cold)] {
+      for (const auto& c : cold) c.compute();
     });
   } catch (const std::system_error&) {
     r.mask_nodes_overlapped = 0;
