@@ -133,15 +133,26 @@ std::vector<std::string> fresh_homes(const std::string& name, int n) {
   return out;
 }
 
+// Records the same bandwidth for the model folder and the home, so reads split evenly over them.
+void equal_drives(const std::string& home) {
+  const std::string path = home + "/" + kHomeManifestName;
+  json j = json::parse(test::slurp(path));
+  j["model_probe_bytes_per_s"] = 1e9;
+  j["probe_bytes_per_s"] = 1e9;
+  test::spit(path, j.dump());
+}
+
 // A store of 4 slots (every pass evicts) reading from `homes`.
-LoadOptions store_with_homes(const std::vector<std::string>& homes) {
+LoadOptions store_with_homes(const std::vector<std::string>& homes,
+                             uint64_t min_piece = ExpertSources::kDefaultMinPiece) {
   LoadOptions o;
-  o.make_experts = [homes](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
+  o.make_experts = [homes, min_piece](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
     StoreOptions so;
     so.cache_slots = 4;
     so.direct_io = false;
     so.readers = 2;
     so.homes = homes;
+    so.min_read_piece = min_piece;
     return std::make_unique<ExpertStore>(c, ck, f, so);
   };
   return o;
@@ -183,6 +194,33 @@ TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
       }
     }
   }
+}
+
+// With full copies and pieces as small as a page, every expert (7 pages here) is read from all
+// drives at once, each piece landing where the model folder's read would put it.
+TEST(Homes, ExpertsSplitOverEveryCopyGiveIdenticalLogits) {
+  auto ref = load_model(model_dir(), store_with_homes({}));
+  const std::vector<float> want = logits_of(*ref);
+  for (int n = 1; n <= 3; ++n) {
+    const auto homes = fresh_homes("homes-split", n);
+    place_experts(place_options(homes, 1.0));
+    for (const auto& h : homes) equal_drives(h);
+    auto m = load_model(model_dir(), store_with_homes(homes, 4096));
+    EXPECT_EQ(logits_of(*m), want) << n << " homes";
+    const ExpertStats s = m->experts().stats();
+    ASSERT_EQ(s.sources.size(), static_cast<size_t>(n + 1));
+    for (const auto& d : s.sources) {
+      EXPECT_FALSE(d.bad) << d.bad_reason;
+      EXPECT_GT(d.split_reads, 0u) << d.name << " with " << n << " homes";
+    }
+  }
+  // With the default smallest piece (1 MiB) these small experts are read whole.
+  const auto homes = fresh_homes("homes-whole", 1);
+  place_experts(place_options(homes, 1.0));
+  equal_drives(homes[0]);
+  auto m = load_model(model_dir(), store_with_homes(homes));
+  EXPECT_EQ(logits_of(*m), want);
+  for (const auto& d : m->experts().stats().sources) EXPECT_EQ(d.split_reads, 0u) << d.name;
 }
 
 TEST(Place, RerunOfTheSameRequestIsUpToDateAndVerifies) {
@@ -274,7 +312,7 @@ struct Answer {
   std::string err;
 };
 
-Answer greedy(const std::vector<std::string>& homes) {
+Answer greedy(const std::vector<std::string>& homes, const std::vector<std::string>& more = {}) {
   std::vector<std::string> args = {"run",
                                    "--model",
                                    model_dir(),
@@ -294,6 +332,7 @@ Answer greedy(const std::vector<std::string>& homes) {
     args.push_back("--home");
     args.push_back(h);
   }
+  args.insert(args.end(), more.begin(), more.end());
   auto r = test::run_deltafin(args);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   Answer a;
@@ -356,6 +395,64 @@ TEST(Homes, DamagedCopyFallsBackWithOneWarning) {
   EXPECT_GE(a.j["homes"][1]["failures"].get<uint64_t>(), 1u);
 }
 
+// Flips one byte in every page of every copy but the first and the last.
+void damage_every_page(const std::string& home) {
+  const HomeManifest m = read_home_manifest(home);
+  for (const auto& e : m.experts) {
+    const std::string path = home + "/" + m.data_dir() + "/" + home_layer_file(e.layer);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    for (uint64_t at = 4096 + 2048; at + 4096 < e.bytes; at += 4096) {
+      f.seekg(static_cast<std::streamoff>(e.offset + at));
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x5a);
+      f.seekp(static_cast<std::streamoff>(e.offset + at));
+      f.write(&c, 1);
+    }
+  }
+}
+
+// An expert read in pieces from the model folder and two homes, one of them damaged: the check
+// after the pieces land fails, the homes' pieces are read again from the model folder, and only
+// the home whose bytes differed is left out.
+TEST(Homes, DamagedPieceOfASplitExpertLeavesOutOnlyThatHome) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-split-damaged", 2);
+  place_experts(place_options(homes, 1.0));
+  for (const auto& h : homes) equal_drives(h);
+  damage_every_page(homes[1]);
+  const Answer a = greedy(homes, {"--read-piece", "4K"});
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_EQ(count_of(a.err, "warning"), 1) << a.err;
+  EXPECT_NE(a.err.find("checksum of expert"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find(homes[1]), std::string::npos) << a.err;
+  EXPECT_FALSE(a.j["homes"][1]["bad"].get<bool>()) << a.j["homes"].dump();
+  EXPECT_TRUE(a.j["homes"][2]["bad"].get<bool>()) << a.j["homes"].dump();
+  EXPECT_GT(a.j["homes"][1]["split_reads"].get<uint64_t>(), 0u) << a.j["homes"].dump();
+}
+
+// A home written by an earlier deltafin (another layout) is left out with one warning that says
+// what to do, and `place` rewrites it.
+TEST(Homes, HomeOfAnEarlierFormatIsLeftOutAndPlacedAgain) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-old-format", 1);
+  place_experts(place_options(homes));
+  const std::string path = homes[0] + "/" + kHomeManifestName;
+  json j = json::parse(test::slurp(path));
+  j["format"] = "deltafin-home/1";
+  test::spit(path, j.dump());
+  const Answer a = greedy(homes);
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_EQ(count_of(a.err, "warning"), 1) << a.err;
+  EXPECT_NE(a.err.find("run deltafin place again"), std::string::npos) << a.err;
+  const PlaceResult r = place_experts(place_options(homes));
+  ASSERT_EQ(r.homes.size(), 1u);
+  EXPECT_FALSE(r.homes[0].up_to_date);
+  const Answer b = greedy(homes);
+  EXPECT_EQ(b.ids, plain.ids);
+  EXPECT_EQ(count_of(b.err, "warning"), 0) << b.err;
+}
+
 TEST(Homes, ReadErrorOnOneHomeMidRunFallsBackWithOneWarning) {
   const Answer plain = greedy({});
   const auto homes = fresh_homes("homes-eio", 2);
@@ -386,6 +483,24 @@ TEST(Homes, AStalledReadIsHedgedOnAnotherCopy) {
   EXPECT_GE(a.j["homes"][0]["hedges"].get<uint64_t>(), 1u) << a.j["homes"].dump();
   EXPECT_GE(a.j["homes"][0]["hedge_wins"].get<uint64_t>(), 1u) << a.j["homes"].dump();
   EXPECT_FALSE(a.j["homes"][1]["bad"].get<bool>());  // slow is not broken
+}
+
+// The same with experts split over the model folder and a full copy: the stalled piece is the
+// late one, the whole expert is read again from the model folder, and the stalled read lands in
+// a buffer no slot owns any more (it becomes the spare only then).
+TEST(Homes, AStalledPieceOfASplitExpertIsHedged) {
+  const Answer plain = greedy({});
+  const auto homes = fresh_homes("homes-hedge-split", 1);
+  place_experts(place_options(homes, 1.0));
+  equal_drives(homes[0]);
+  ::setenv("DELTAFIN_FAULT", ("kind=slow;delay_ms=2000;after=2;match=" + homes[0]).c_str(), 1);
+  const Answer a = greedy(homes, {"--read-piece", "4K"});
+  ::unsetenv("DELTAFIN_FAULT");
+  EXPECT_EQ(a.ids, plain.ids);
+  EXPECT_GT(a.j["homes"][1]["split_reads"].get<uint64_t>(), 0u) << a.j["homes"].dump();
+  EXPECT_GE(a.j["homes"][0]["hedges"].get<uint64_t>(), 1u) << a.j["homes"].dump();
+  EXPECT_GE(a.j["homes"][0]["hedge_wins"].get<uint64_t>(), 1u) << a.j["homes"].dump();
+  EXPECT_FALSE(a.j["homes"][1]["bad"].get<bool>());
 }
 
 TEST(Homes, MmapWithAHomeIsRefused) {

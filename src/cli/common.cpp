@@ -179,6 +179,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--home", o.homes,
                   "A folder on another drive holding copies of experts (filled by deltafin "
                   "place; repeatable): reads go to whichever copy finishes first");
+  cmd->add_option("--read-piece", o.read_piece,
+                  "Smallest piece of one expert's read when it is split over several drives "
+                  "holding it, a multiple of 4K (default 1M)");
   cmd->add_option("--gpu", o.gpu,
                   "Vulkan GPU for the matrix products: auto (a GPU if there is one), a device "
                   "index (0, 1, ...; CPU drivers such as lavapipe only this way) or off")

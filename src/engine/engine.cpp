@@ -44,6 +44,7 @@ void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const LoadOpt
   so.heat_file = o.heat_file;
   so.prefetch = o.prefetch;
   so.homes = o.homes;
+  so.min_read_piece = o.read_piece;
   parts.experts = std::make_unique<ExpertStore>(c, ck, ef, so);
 }
 
@@ -170,6 +171,11 @@ std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
   lo.direct_io = !o.no_direct_io;
   lo.prefetch = !o.no_prefetch;
   lo.homes = o.homes;
+  if (!o.read_piece.empty()) {
+    lo.read_piece = parse_size(o.read_piece, "read piece");
+    if (lo.read_piece < 4096 || lo.read_piece % 4096 != 0)
+      fail_setting("read piece", o.read_piece, "expected a multiple of 4K, at least 4K");
+  }
   lo.print_plan = o.verbose || (o.plan_on_terminal && ::isatty(STDERR_FILENO));
   lo.heat_file = o.heat_file ? *o.heat_file : heat_file_for(o.model);
   lo.gpu.select = o.gpu;

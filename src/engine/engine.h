@@ -32,6 +32,8 @@ struct LoadOptions {
   std::string heat_file;  // persisted expert use counts ("" = none)
   // Homes on other drives with copies of experts (--home; storage/home.h). Needs the store.
   std::vector<std::string> homes;
+  // Smallest piece of an expert read split over several drives (storage/expert_sources.h).
+  uint64_t read_piece = ExpertSources::kDefaultMinPiece;
   bool print_plan = false;  // write the plan to stderr
   // The Vulkan backend (--gpu, --gpu-memory): off by default. Its selection line is always
   // written to stderr when it is not off, its plan with the memory plan.
@@ -90,6 +92,7 @@ struct EngineOptions {
   bool no_prefetch = false;
   bool no_direct_io = false;
   std::vector<std::string> homes;  // --home DIR (repeatable)
+  std::string read_piece;          // --read-piece SIZE ("" = 1 MiB)
   std::string trunk = "bf16";
   int64_t ctx = 0;           // positions per sequence to plan for (0 = min(model, 8192))
   int sequences = 1;         // states to plan for (the server sets this)

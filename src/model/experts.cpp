@@ -12,6 +12,7 @@ nlohmann::json sources_json(const std::vector<SourceStats>& sources) {
                     {"experts", s.experts},
                     {"probe_bytes_per_s", s.probe_bytes_per_s},
                     {"reads", s.reads},
+                    {"split_reads", s.split_reads},
                     {"bytes_read", s.bytes_read},
                     {"busy_s", s.busy_s},
                     {"bytes_per_s", s.bytes_per_s()},
@@ -27,8 +28,9 @@ nlohmann::json sources_json(const std::vector<SourceStats>& sources) {
 
 std::string describe_source(const SourceStats& s) {
   return fmt::format(
-      "{} {}: {} reads, {:.3f} GB in {:.3f} s busy = {:.2f} GB/s (probed {:.2f}){}{}",
+      "{} {}: {} reads{}, {:.3f} GB in {:.3f} s busy = {:.2f} GB/s (probed {:.2f}){}{}",
       s.name == "model" ? "drive" : "home", s.name == "model" ? "model folder" : s.name, s.reads,
+      s.split_reads > 0 ? fmt::format(" ({} pieces of split experts)", s.split_reads) : "",
       static_cast<double>(s.bytes_read) / 1e9, s.busy_s, s.bytes_per_s() / 1e9,
       s.probe_bytes_per_s / 1e9,
       s.hedges > 0 ? fmt::format(", {} hedged reads ({} won)", s.hedges, s.hedge_wins) : "",

@@ -32,7 +32,8 @@ struct SourceStats {
   std::string name;              // "model" or the home's folder
   double probe_bytes_per_s = 0;  // its bandwidth as `deltafin place` probed it (0: unknown)
   uint64_t experts = 0;          // experts it holds (the model folder: all)
-  uint64_t reads = 0;            // expert reads it served
+  uint64_t reads = 0;            // reads it served (a whole expert, or a piece of one)
+  uint64_t split_reads = 0;      // of those, pieces of an expert read from several drives at once
   uint64_t bytes_read = 0;
   double busy_s = 0;        // time with at least one of its reads in flight
   uint64_t hedges = 0;      // late reads elsewhere that this drive was asked to repeat

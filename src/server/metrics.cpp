@@ -285,8 +285,12 @@ std::string Metrics::render() const {
         out += fmt::format("{}{{drive=\"{}\"}} {}\n", name, label, value(d));
       }
     };
-    per_drive("deltafin_drive_reads_total", "counter", "Expert reads each drive served.",
+    per_drive("deltafin_drive_reads_total", "counter",
+              "Expert reads each drive served (a whole expert or a piece of one).",
               [](const SourceStats& d) { return d.reads; });
+    per_drive("deltafin_drive_split_reads_total", "counter",
+              "Of those, pieces of experts read from several drives at once.",
+              [](const SourceStats& d) { return d.split_reads; });
     per_drive("deltafin_drive_bytes_read_total", "counter", "Expert bytes read from each drive.",
               [](const SourceStats& d) { return d.bytes_read; });
     per_drive("deltafin_drive_busy_seconds_total", "counter",

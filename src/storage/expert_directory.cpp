@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "model/inventory.h"
 #include "storage/checkpoint.h"
 
@@ -21,6 +22,35 @@ bool ExpertLocation::contiguous() const {
 ByteRange ExpertLocation::span() const {
   return {ranges.front().shard, ranges.front().offset, bytes};
 }
+
+std::vector<const uint8_t*> ExpertLocation::tensors_in(const uint8_t* image) const {
+  std::vector<const uint8_t*> out;
+  out.reserve(tensor_pos.size());
+  for (uint64_t p : tensor_pos) out.push_back(image + p);
+  return out;
+}
+
+namespace {
+// Lays out the image of `loc` (its ranges already resolved).
+void lay_out_image(ExpertLocation& loc) {
+  auto add = [&](int shard, uint64_t offset, uint64_t size) {
+    const uint64_t a0 = io_align_down(offset), a1 = io_align_up(offset + size);
+    loc.image.push_back({shard, a0, a1 - a0, loc.image_bytes, offset + size - a0});
+    loc.image_bytes += a1 - a0;
+    return loc.image.back().pos + (offset - a0);
+  };
+  if (loc.contiguous()) {
+    const ByteRange s = loc.span();
+    uint64_t at = add(s.shard, s.offset, s.size);
+    for (const auto& r : loc.ranges) {
+      loc.tensor_pos.push_back(at);
+      at += r.size;
+    }
+  } else {
+    for (const auto& r : loc.ranges) loc.tensor_pos.push_back(add(r.shard, r.offset, r.size));
+  }
+}
+}  // namespace
 
 ExpertDirectory::ExpertDirectory(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format)
     : format_(format),
@@ -42,6 +72,7 @@ ExpertDirectory::ExpertDirectory(const ModelConfig& c, const Checkpoint& ck, Exp
         loc.ranges.push_back({t.shard, t.offset, t.nbytes});
         loc.bytes += t.nbytes;
       }
+      lay_out_image(loc);
     }
   }
   if (!locations_.empty()) expert_bytes_ = locations_.front().bytes;

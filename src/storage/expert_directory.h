@@ -24,13 +24,32 @@ struct ByteRange {
   uint64_t size = 0;
 };
 
+// One stretch of an expert's image (below): a 4 KiB-aligned span of a shard.
+struct ImageSegment {
+  int shard = 0;
+  uint64_t file_offset = 0;  // on the 4 KiB grid
+  uint64_t size = 0;         // a multiple of 4 KiB
+  uint64_t pos = 0;          // where it begins in the image
+  uint64_t need = 0;         // its bytes up to the last tensor byte (the rest may lie past EOF)
+};
+
 struct ExpertLocation {
   std::vector<ByteRange> ranges;  // one per tensor, in expert_tensor_suffixes() order
   uint64_t bytes = 0;             // sum of range sizes
+  // The expert as a cache slot holds it, whichever drive it came from: each tensor's range
+  // widened to the 4 KiB grid (tensors back to back share one widened span), the spans one
+  // after another. Homes store this image verbatim, so any 4 KiB-aligned piece of it read from
+  // any copy lands where every other copy would put it, and one expert can be read from several
+  // drives at once (storage/expert_sources.h).
+  std::vector<ImageSegment> image;
+  uint64_t image_bytes = 0;
+  std::vector<uint64_t> tensor_pos;  // where each tensor begins in the image
   // True when the ranges are back to back in one shard (one read fetches the expert).
   bool contiguous() const;
   // The single range covering all tensors (only meaningful when contiguous()).
   ByteRange span() const;
+  // Pointers to the tensors of an image held at `image`.
+  std::vector<const uint8_t*> tensors_in(const uint8_t* image) const;
 };
 
 // Resolves expert locations from a checkpoint (shared by every provider).

@@ -1,6 +1,7 @@
 #include "storage/expert_sources.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -11,8 +12,10 @@
 namespace deltafin {
 
 ExpertSources::ExpertSources(const ExpertDirectory& dir, const Checkpoint& ck, bool direct_io,
-                             int readers, const std::vector<std::string>& homes)
-    : dir_(dir), files_(ck, direct_io) {
+                             int readers, const std::vector<std::string>& homes,
+                             uint64_t min_piece)
+    : dir_(dir), min_piece_(std::max<uint64_t>(kIoAlign, io_align_up(min_piece))),
+      files_(ck, direct_io) {
   auto model = std::make_unique<Drive>();
   model->name = "model";
   model->experts = static_cast<uint64_t>(dir.num_layers() - dir.first_moe_layer()) *
@@ -54,23 +57,66 @@ double ExpertSources::bandwidth_locked(const Drive& d) const {
   return d.probe > 0 ? d.probe : 1e9;
 }
 
-int ExpertSources::choose(int layer, int expert, int avoid) const {
-  if (drives_.size() == 1) return avoid == kModel ? -1 : kModel;
-  const uint64_t bytes = dir_.location(layer, expert).bytes;
-  std::lock_guard<std::mutex> l(mu_);
-  int best = -1;
-  double best_t = 0;
-  for (size_t s = 0; s < drives_.size(); ++s) {
-    const Drive& d = *drives_[s];
-    if (static_cast<int>(s) == avoid || d.bad.load()) continue;
-    if (d.home && d.home->find(layer, expert) == nullptr) continue;
-    const double t = static_cast<double>(d.queued + bytes) / bandwidth_locked(d);
-    if (best < 0 || t < best_t) {
-      best = static_cast<int>(s);
-      best_t = t;
+std::vector<ExpertSources::Piece> ExpertSources::plan(int layer, int expert, int avoid) const {
+  const ExpertLocation& loc = dir_.location(layer, expert);
+  const uint64_t size = loc.image_bytes;
+  if (drives_.size() == 1) {
+    if (avoid == kModel) return {};
+    return {{kModel, 0, size}};
+  }
+  struct Holder {
+    int source;
+    double queued, bw, share = 0;
+  };
+  std::vector<Holder> h;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t s = 0; s < drives_.size(); ++s) {
+      const Drive& d = *drives_[s];
+      if (static_cast<int>(s) == avoid || d.bad.load()) continue;
+      if (d.home && d.home->find(layer, expert) == nullptr) continue;
+      h.push_back({static_cast<int>(s), static_cast<double>(d.queued), bandwidth_locked(d)});
     }
   }
-  return best;
+  if (h.empty()) return {};
+  // Water-filling: the time T at which the holders, each starting when its queue drains, finish
+  // `size` bytes together; a holder whose piece would be under `min_piece` drops out (its
+  // queue is too long, or the expert too small to split that far).
+  const bool splittable = loc.image.size() == 1 && size >= 2 * min_piece_;
+  while (true) {
+    std::sort(h.begin(), h.end(), [](const Holder& a, const Holder& b) {
+      return a.queued / a.bw < b.queued / b.bw;
+    });
+    if (!splittable) h.resize(1);
+    size_t k = h.size();
+    double T = 0;
+    for (; k >= 1; --k) {
+      double q = static_cast<double>(size), bw = 0;
+      for (size_t i = 0; i < k; ++i) {
+        q += h[i].queued;
+        bw += h[i].bw;
+      }
+      T = q / bw;
+      if (T >= h[k - 1].queued / h[k - 1].bw) break;
+    }
+    h.resize(k);
+    size_t smallest = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      h[i].share = T * h[i].bw - h[i].queued;
+      if (h[i].share < h[smallest].share) smallest = i;
+    }
+    if (h.size() == 1 || h[smallest].share >= static_cast<double>(min_piece_)) break;
+    h.erase(h.begin() + static_cast<ptrdiff_t>(smallest));
+  }
+  std::vector<Piece> out;
+  uint64_t at = 0;
+  for (size_t i = 0; i < h.size(); ++i) {
+    const uint64_t end =
+        i + 1 == h.size() ? size : std::min(size, at + io_align_down(static_cast<uint64_t>(h[i].share)));
+    if (end > at) out.push_back({h[i].source, at, end});
+    at = end;
+  }
+  return out;
 }
 
 int ExpertSources::copies(int layer, int expert) const {
@@ -112,69 +158,119 @@ void ExpertSources::end_read(Drive& d, uint64_t bytes, double seconds, bool ok) 
   d.read_time_s += seconds;
 }
 
-std::vector<const uint8_t*> ExpertSources::read(int source, int layer, int expert, uint8_t* buf) {
+void ExpertSources::read_from(int source, const Piece& p, int layer, int expert, uint8_t* image) {
   Drive& d = *drives_[static_cast<size_t>(source)];
   const ExpertLocation& loc = dir_.location(layer, expert);
   const std::string what = fmt::format("expert {} of layer {}", expert, layer);
-  std::vector<const uint8_t*> ptrs;
   begin_read(d);
   Stopwatch sw;
   try {
     if (d.home) {
       const HomeEntry* e = d.home->find(layer, expert);
       if (e == nullptr) fail_io("{} holds no copy of {}", d.name, what);
-      d.home->read(*e, buf, what);
-      uint64_t off = 0;
-      for (const auto& r : loc.ranges) {
-        ptrs.push_back(buf + off);
-        off += r.size;
-      }
+      d.home->read_piece(*e, p.begin, p.end, image, what);
     } else {
-      // One aligned read of [offset, offset + size) at `pos` in the slot; returns where it
-      // starts.
-      auto read_span = [&](int shard, uint64_t offset, uint64_t size, uint64_t pos) -> uint64_t {
-        const uint64_t a0 = io_align_down(offset), a1 = io_align_up(offset + size);
-        files_.read_aligned(shard, a0, a1 - a0, buf + pos, offset + size - a0, what);
-        return pos + (offset - a0);
-      };
-      if (loc.contiguous()) {
-        const ByteRange s = loc.span();
-        uint64_t off = read_span(s.shard, s.offset, s.size, 0);
-        for (const auto& r : loc.ranges) {
-          ptrs.push_back(buf + off);
-          off += r.size;
-        }
-      } else {
-        uint64_t pos = 0;
-        for (const auto& r : loc.ranges) {
-          ptrs.push_back(buf + read_span(r.shard, r.offset, r.size, pos));
-          pos += io_align_up(r.offset + r.size) - io_align_down(r.offset);
-        }
+      for (const auto& g : loc.image) {
+        const uint64_t lo = std::max(p.begin, g.pos), hi = std::min(p.end, g.pos + g.size);
+        if (lo >= hi) continue;
+        const uint64_t need = g.pos + g.need > lo ? std::min(hi, g.pos + g.need) - lo : 0;
+        files_.read_aligned(g.shard, g.file_offset + (lo - g.pos), hi - lo, image + lo, need, what);
       }
     }
   } catch (...) {
     end_read(d, 0, sw.elapsed(), false);
     throw;
   }
-  end_read(d, loc.bytes, sw.elapsed(), true);
-  return ptrs;
+  end_read(d, p.end - p.begin, sw.elapsed(), true);
+  if (p.end - p.begin < loc.image_bytes) {
+    std::lock_guard<std::mutex> l(mu_);
+    d.pieces++;
+  }
 }
 
-std::vector<const uint8_t*> ExpertSources::read_with_fallback(int source, int layer, int expert,
-                                                              uint8_t* buf, int* served) {
-  int s = source;
+void ExpertSources::read_piece(const Piece& p, int layer, int expert, uint8_t* image,
+                               int* served) {
+  int s = p.source;
   for (;;) {
     try {
-      auto ptrs = read(s, layer, expert, buf);
+      read_from(s, p, layer, expert, image);
       *served = s;
-      return ptrs;
+      return;
     } catch (const IoError& e) {
       if (s == kModel) throw;
       mark_bad(s, e.what());
-      s = choose(layer, expert, s);
-      if (s < 0) s = kModel;
+      const std::vector<Piece> next = plan(layer, expert, s);
+      s = next.empty() ? kModel : next.front().source;
     }
   }
+}
+
+std::vector<const uint8_t*> ExpertSources::finish(int layer, int expert, uint8_t* image,
+                                                  const std::vector<Piece>& served) {
+  const ExpertLocation& loc = dir_.location(layer, expert);
+  const HomeEntry* entry = nullptr;
+  for (const auto& p : served) {
+    if (p.source != kModel && entry == nullptr)
+      entry = drives_[static_cast<size_t>(p.source)]->home->find(layer, expert);
+  }
+  if (entry == nullptr || expert_checksum(loc, image) == entry->checksum)
+    return loc.tensors_in(image);
+  // A home delivered damaged bytes: keep what each home sent, read those pieces again from the
+  // model folder, and mark bad the homes whose bytes differed.
+  const std::string what = fmt::format("expert {} of layer {}", expert, layer);
+  std::vector<std::string> kept;
+  for (const auto& p : served) {
+    if (p.source == kModel) {
+      kept.emplace_back();
+      continue;
+    }
+    kept.emplace_back(reinterpret_cast<const char*>(image + p.begin), p.end - p.begin);
+    read_from(kModel, p, layer, expert, image);
+  }
+  const bool model_agrees = expert_checksum(loc, image) == entry->checksum;
+  for (size_t i = 0; i < served.size(); ++i) {
+    const Piece& p = served[i];
+    if (p.source == kModel) continue;
+    Drive& d = *drives_[static_cast<size_t>(p.source)];
+    bool differs = !model_agrees;  // the model folder changed since `place`: no copy is good
+    for (size_t t = 0; t < loc.ranges.size() && !differs; ++t) {
+      const uint64_t lo = std::max(p.begin, loc.tensor_pos[t]);
+      const uint64_t hi = std::min(p.end, loc.tensor_pos[t] + loc.ranges[t].size);
+      differs = lo < hi && std::memcmp(kept[i].data() + (lo - p.begin), image + lo, hi - lo) != 0;
+    }
+    if (!differs) continue;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      d.failures++;
+    }
+    mark_bad(p.source,
+             fmt::format("checksum of {} in {} failed (the copy is damaged); read again from the "
+                         "model folder",
+                         what, d.home->file_of(*d.home->find(layer, expert))));
+  }
+  return loc.tensors_in(image);
+}
+
+std::vector<const uint8_t*> ExpertSources::read_whole(int source, int layer, int expert,
+                                                      uint8_t* image) {
+  const ExpertLocation& loc = dir_.location(layer, expert);
+  Drive& d = *drives_[static_cast<size_t>(source)];
+  if (!d.home) {
+    read_from(source, {source, 0, loc.image_bytes}, layer, expert, image);
+    return loc.tensors_in(image);
+  }
+  const HomeEntry* e = d.home->find(layer, expert);
+  if (e == nullptr) fail_io("{} holds no copy of expert {} of layer {}", d.name, expert, layer);
+  begin_read(d);
+  Stopwatch sw;
+  try {
+    d.home->read(*e, image, fmt::format("expert {} of layer {}", expert, layer));
+  } catch (...) {
+    end_read(d, 0, sw.elapsed(), false);
+    throw;
+  }
+  end_read(d, loc.image_bytes, sw.elapsed(), true);
+  return loc.tensors_in(image);
 }
 
 void ExpertSources::count_hedge(int source, bool won) {
@@ -229,6 +325,7 @@ std::vector<SourceStats> ExpertSources::stats() const {
     s.hedges = d->hedges;
     s.hedge_wins = d->hedge_wins;
     s.failures = d->failures;
+    s.split_reads = d->pieces;
     s.bad = d->bad.load();
     s.bad_reason = d->bad_reason;
     out.push_back(std::move(s));

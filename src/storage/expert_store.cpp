@@ -19,20 +19,6 @@
 
 namespace deltafin {
 
-namespace {
-// Bytes a slot needs for one expert: each range widened to the 4 KiB grid (contiguous ranges
-// share one widened span).
-uint64_t slot_need(const ExpertLocation& loc) {
-  if (loc.contiguous()) {
-    const ByteRange s = loc.span();
-    return io_align_up(s.offset + s.size) - io_align_down(s.offset);
-  }
-  uint64_t n = 0;
-  for (const auto& r : loc.ranges) n += io_align_up(r.offset + r.size) - io_align_down(r.offset);
-  return n;
-}
-}  // namespace
-
 CachePolicy parse_cache_policy(const std::string& s) {
   if (s == "lru") return CachePolicy::kLRU;
   if (s == "lfu") return CachePolicy::kLFU;
@@ -55,7 +41,7 @@ const char* cache_policy_name(CachePolicy p) {
 uint64_t ExpertStore::slot_bytes_for(const ExpertDirectory& dir, const ModelConfig& c) {
   uint64_t n = 0;
   for (int l = static_cast<int>(c.first_k_dense); l < c.num_layers; ++l) {
-    for (int e = 0; e < c.moe.num_experts; ++e) n = std::max(n, slot_need(dir.location(l, e)));
+    for (int e = 0; e < c.moe.num_experts; ++e) n = std::max(n, dir.location(l, e).image_bytes);
   }
   return io_align_up(n);
 }
@@ -162,7 +148,7 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
                          StoreOptions options)
     : dir_(c, ck, format),
       opt_(std::move(options)),
-      sources_(dir_, ck, opt_.direct_io, opt_.readers, opt_.homes) {
+      sources_(dir_, ck, opt_.direct_io, opt_.readers, opt_.homes, opt_.min_read_piece) {
   slot_bytes_ = slot_bytes_for(dir_, c);
   size_t n_slots = slot_bytes_ > 0 ? static_cast<size_t>(opt_.cache_bytes / slot_bytes_) : 0;
   if (opt_.cache_slots > 0) n_slots = opt_.cache_slots;
@@ -274,55 +260,100 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   s.state = SlotState::kLoading;
   s.prefetched = prefetch;
-  s.source = std::max(0, sources_.choose(layer_of(key), expert_of(key)));
+  s.pieces = sources_.plan(layer_of(key), expert_of(key));
+  s.piece_state.assign(s.pieces.size(), 0);
+  s.pieces_left = s.pieces.size();
   if (prefetch) {
     stats_.prefetch_issued++;
   } else {
     stats_.misses++;
     key_misses_[static_cast<size_t>(key)]++;
   }
-  submit_read(slot, key, prefetch);
+  submit_read(slot, prefetch);
 }
 
-void ExpertStore::submit_read(int slot, int64_t key, bool prefetch) {
-  sources_.submit(slots_[static_cast<size_t>(slot)].source,
-                  prefetch ? ReaderPool::Priority::kBackground : ReaderPool::Priority::kDemand,
-                  location_of(key).bytes, [this, slot, key] { run_read(slot, key); });
+// Queues the slot's pieces that have not started (again, at demand priority, for a prediction
+// the router chose while it was still queued: the first task to run a piece reads it).
+void ExpertStore::submit_read(int slot, bool prefetch) {
+  const Slot& s = slots_[static_cast<size_t>(slot)];
+  for (size_t i = 0; i < s.pieces.size(); ++i) {
+    if (s.piece_state[i] != 0) continue;
+    const ExpertSources::Piece& p = s.pieces[i];
+    sources_.submit(p.source,
+                    prefetch ? ReaderPool::Priority::kBackground : ReaderPool::Priority::kDemand,
+                    p.end - p.begin, [this, slot, gen = s.gen, i] { run_piece(slot, gen, i); });
+  }
 }
 
-// A reader task. The slot may have been cancelled, reassigned, or already read by a task
-// submitted at higher priority since this one was queued: then there is nothing to do.
-void ExpertStore::run_read(int slot, int64_t key) {
+void ExpertStore::release_if_idle_locked(uint8_t* buf) {
+  auto it = writers_.find(buf);
+  if (it != writers_.end() && it->second > 0) return;
+  if (it != writers_.end()) writers_.erase(it);
+  spare_.push_back(buf);
+}
+
+// A reader task. The slot may have been cancelled, reassigned, or its piece already read by a
+// task submitted at higher priority since this one was queued: then there is nothing to do. The
+// task that lands the last piece checks the expert (ExpertSources::finish) and hands it over.
+void ExpertStore::run_piece(int slot, uint64_t gen, size_t piece) {
   std::unique_lock<std::mutex> l(mu_);
   Slot& s = slots_[static_cast<size_t>(slot)];
-  if (s.key != key || s.state != SlotState::kLoading || s.reading) return;
-  s.reading = true;
-  s.read_started = now_seconds();
-  const int source = s.source;
+  if (s.gen != gen || s.state != SlotState::kLoading || piece >= s.pieces.size() ||
+      s.piece_state[piece] != 0)
+    return;
+  s.piece_state[piece] = 1;
+  if (!s.reading) {
+    s.reading = true;
+    s.read_started = now_seconds();
+  }
+  const int64_t key = s.key;
+  const int layer = layer_of(key), expert = expert_of(key);
+  ExpertSources::Piece p = s.pieces[piece];
   uint8_t* const buf = s.buf;
+  writers_[buf]++;
   l.unlock();
   std::string err;
-  std::shared_ptr<ExpertWeights> weights;
   try {
-    int served = source;
-    weights = std::make_shared<ExpertWeights>(dir_.weights_from(
-        sources_.read_with_fallback(source, layer_of(key), expert_of(key), buf, &served)));
+    sources_.read_piece(p, layer, expert, buf, &p.source);
   } catch (const std::exception& e) {
     err = e.what();
   }
   l.lock();
-  if (s.buf != buf) {  // a hedged read finished first and took the slot: this buffer is spare
-    spare_.push_back(buf);
+  writers_[buf]--;
+  if (s.buf != buf || s.gen != gen) {  // a hedged read finished first and took the slot
+    release_if_idle_locked(buf);
     return;
   }
+  s.piece_state[piece] = 2;
+  s.pieces[piece].source = p.source;  // where it was served from (checked in finish)
+  if (!err.empty() && s.error.empty()) s.error = err;
+  if (--s.pieces_left > 0) return;
+  std::shared_ptr<ExpertWeights> weights;
+  if (s.error.empty()) {
+    const std::vector<ExpertSources::Piece> served = s.pieces;
+    writers_[buf]++;  // the check may read pieces again into it
+    l.unlock();
+    try {
+      weights = std::make_shared<ExpertWeights>(
+          dir_.weights_from(sources_.finish(layer, expert, buf, served)));
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    l.lock();
+    writers_[buf]--;
+    if (s.buf != buf || s.gen != gen) {
+      release_if_idle_locked(buf);
+      return;
+    }
+    if (!err.empty()) s.error = err;
+  }
   s.reading = false;
-  if (err.empty()) {
+  if (s.error.empty()) {
     s.weights = std::move(weights);
     s.state = SlotState::kReady;
     stats_.bytes_read += location_of(key).bytes;
   } else {
     s.state = SlotState::kError;
-    s.error = err;
   }
   cv_.notify_all();
 }
@@ -336,10 +367,19 @@ void ExpertStore::hedge_late_locked(const std::vector<int64_t>& keys, const std:
     if (taken[i] || slot[i] < 0) continue;
     Slot& s = slots_[static_cast<size_t>(slot[i])];
     if (s.state != SlotState::kLoading || !s.reading || s.hedged) continue;
-    const uint64_t bytes = location_of(keys[i]).bytes;
-    if (now - s.read_started < 2 * sources_.read_seconds(s.source, bytes) + 0.02) continue;
-    const int alt = sources_.choose(layer_of(keys[i]), expert_of(keys[i]), s.source);
-    if (alt < 0) continue;
+    // The late drive: the first with a piece not landed; the time a read there takes.
+    int late = -1;
+    double expect = 0;
+    for (size_t k = 0; k < s.pieces.size(); ++k) {
+      const uint64_t n = s.pieces[k].end - s.pieces[k].begin;
+      expect = std::max(expect, sources_.read_seconds(s.pieces[k].source, n));
+      if (late < 0 && s.piece_state[k] != 2) late = s.pieces[k].source;
+    }
+    if (late < 0 || now - s.read_started < 2 * expect + 0.02) continue;
+    const std::vector<ExpertSources::Piece> alt =
+        sources_.plan(layer_of(keys[i]), expert_of(keys[i]), late);
+    if (alt.empty()) continue;
+    const int source = alt.front().source;
     if (spare_.empty()) {
       if (buffers_.size() >= slots_.size() + kHedgeBuffers) return;
       buffers_.push_back(alloc_weight_buffer(slot_bytes_, "a hedged read"));
@@ -351,8 +391,8 @@ void ExpertStore::hedge_late_locked(const std::vector<int64_t>& keys, const std:
     const int sl = slot[i];
     const int64_t key = keys[i];
     const uint64_t gen = s.gen;
-    sources_.submit(alt, ReaderPool::Priority::kDemand, bytes,
-                    [this, sl, key, gen, alt, buf] { run_hedge(sl, key, gen, alt, buf); });
+    sources_.submit(source, ReaderPool::Priority::kDemand, location_of(key).image_bytes,
+                    [this, sl, key, gen, source, buf] { run_hedge(sl, key, gen, source, buf); });
   }
 }
 
@@ -368,7 +408,7 @@ void ExpertStore::run_hedge(int slot, int64_t key, uint64_t gen, int source, uin
   }
   try {
     weights = std::make_shared<ExpertWeights>(
-        dir_.weights_from(sources_.read(source, layer_of(key), expert_of(key), buf)));
+        dir_.weights_from(sources_.read_whole(source, layer_of(key), expert_of(key), buf)));
   } catch (const IoError& e) {
     sources_.mark_bad(source, e.what());
   }
@@ -380,12 +420,15 @@ void ExpertStore::run_hedge(int slot, int64_t key, uint64_t gen, int source, uin
     spare_.push_back(buf);
     return;
   }
-  // The first read still writes into the old buffer; it becomes spare when that read returns.
+  // The first read's pieces may still write into the old buffer: it becomes spare when the last
+  // of them returns.
+  uint8_t* const old = s.buf;
   s.buf = buf;
   s.reading = false;
   s.weights = std::move(weights);
   s.state = SlotState::kReady;
   stats_.bytes_read += location_of(key).bytes;
+  release_if_idle_locked(old);
   cv_.notify_all();
 }
 
@@ -504,7 +547,7 @@ std::vector<size_t> ExpertStore::pin_hits_locked(const std::vector<int64_t>& key
       s.prefetched = false;
       stats_.prefetch_used++;
       // A prediction still queued: read it at demand priority now.
-      if (s.state == SlotState::kLoading && !s.reading) submit_read(it->second, keys[i], false);
+      if (s.state == SlotState::kLoading && !s.reading) submit_read(it->second, false);
     }
   }
   return misses;

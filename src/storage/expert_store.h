@@ -73,6 +73,9 @@ struct StoreOptions {
   // Homes on other drives holding copies of experts (storage/home.h, `deltafin place`): each
   // read goes to the copy that will finish first (storage/expert_sources.h).
   std::vector<std::string> homes;
+  // The smallest piece an expert's read is split into when several drives hold it (storage/
+  // expert_sources.h); at least 4 KiB.
+  uint64_t min_read_piece = ExpertSources::kDefaultMinPiece;
 };
 
 class ExpertStore : public ExpertProvider {
@@ -114,9 +117,13 @@ class ExpertStore : public ExpertProvider {
     uint8_t* buf = nullptr;
     int64_t key = -1;
     SlotState state = SlotState::kEmpty;
-    bool reading = false;  // a reader task has taken this slot's read
-    int source = 0;        // the drive its read was sent to (ExpertSources)
-    uint64_t gen = 0;      // bumped each time the slot takes an expert
+    bool reading = false;  // a reader task has started this slot's read
+    // The read: pieces of the expert's image, each from one drive (ExpertSources::plan), and
+    // per piece whether it is queued (0), running (1) or landed (2), and the drive that served it.
+    std::vector<ExpertSources::Piece> pieces;
+    std::vector<uint8_t> piece_state;
+    size_t pieces_left = 0;
+    uint64_t gen = 0;  // bumped each time the slot takes an expert
     double read_started = 0;
     bool hedged = false;  // a second read was sent to another copy
     int pins = 0;
@@ -156,8 +163,10 @@ class ExpertStore : public ExpertProvider {
   // Finds a slot to (re)use for `key`; -1 if every slot is pinned. Caller holds mu_.
   int take_slot_locked(int64_t key, bool for_prefetch);
   void start_read_locked(int slot, int64_t key, bool prefetch);
-  void submit_read(int slot, int64_t key, bool prefetch);
-  void run_read(int slot, int64_t key);
+  void submit_read(int slot, bool prefetch);
+  void run_piece(int slot, uint64_t gen, size_t piece);
+  // Gives a buffer no slot owns back to the spares once no read writes into it any more.
+  void release_if_idle_locked(uint8_t* buf);
   void hedge_late_locked(const std::vector<int64_t>& keys, const std::vector<int>& slot,
                          const std::vector<bool>& taken);
   void run_hedge(int slot, int64_t key, uint64_t gen, int source, uint8_t* buf);
@@ -174,6 +183,7 @@ class ExpertStore : public ExpertProvider {
   std::vector<Slot> slots_;
   std::vector<uint8_t*> buffers_;  // every slot and hedge buffer allocated (freed at the end)
   std::vector<uint8_t*> spare_;    // buffers no slot owns, for hedged reads
+  std::unordered_map<uint8_t*, int> writers_;  // reads in flight into each buffer
   std::unordered_map<int64_t, int> where_;
   uint64_t tick_ = 0;
   std::vector<uint64_t> heat_;

@@ -25,8 +25,24 @@ std::string home_layer_file(int layer) {
   return fmt::format("layer-{:03d}.bin", layer);
 }
 
-uint64_t home_entry_span(uint64_t bytes) {
-  return io_align_up(bytes);
+uint64_t home_entry_span(const ExpertLocation& loc) {
+  return loc.image_bytes;
+}
+
+uint64_t expert_checksum(const ExpertLocation& loc, const uint8_t* image) {
+  if (loc.contiguous()) return checksum64(image + loc.tensor_pos.front(), loc.bytes);
+  std::vector<uint64_t> each;
+  for (size_t i = 0; i < loc.ranges.size(); ++i)
+    each.push_back(checksum64(image + loc.tensor_pos[i], loc.ranges[i].size));
+  return checksum64(each.data(), each.size() * sizeof(uint64_t));
+}
+
+bool same_expert_bytes(const ExpertLocation& loc, const uint8_t* a, const uint8_t* b) {
+  for (size_t i = 0; i < loc.ranges.size(); ++i) {
+    if (std::memcmp(a + loc.tensor_pos[i], b + loc.tensor_pos[i], loc.ranges[i].size) != 0)
+      return false;
+  }
+  return true;
 }
 
 std::string HomeManifest::to_json() const {
@@ -58,8 +74,10 @@ HomeManifest HomeManifest::parse(const std::string& text, const std::string& wha
     return j[key].get<double>();
   };
   if (str("format") != kHomeFormat)
-    fail_arg("{}: format \"{}\" is not {} (written by another version of deltafin)", what,
-             str("format"), kHomeFormat);
+    fail_arg(
+        "{}: format \"{}\" is not {} (written by another version of deltafin: run deltafin "
+        "place again)",
+        what, str("format"), kHomeFormat);
   HomeManifest m;
   m.checkpoint = str("checkpoint");
   m.placement = str("placement");
@@ -150,7 +168,7 @@ std::string checkpoint_fingerprint(const Checkpoint& ck) {
 
 ExpertHome::ExpertHome(std::string dir, const std::string& fingerprint,
                        const ExpertDirectory& experts, bool direct_io)
-    : dir_(std::move(dir)), manifest_(read_home_manifest(dir_)) {
+    : dir_(std::move(dir)), manifest_(read_home_manifest(dir_)), experts_(experts) {
   if (manifest_.checkpoint != fingerprint) {
     fail_io(
         "{} holds experts of another checkpoint (placed from {}; this model's files differ): run "
@@ -179,7 +197,8 @@ ExpertHome::ExpertHome(std::string dir, const std::string& fingerprint,
     const size_t l = static_cast<size_t>(e.layer - first_moe_);
     index_[l * static_cast<size_t>(num_experts_) + static_cast<size_t>(e.expert)] =
         static_cast<int>(i);
-    file_need[l] = std::max(file_need[l], e.offset + home_entry_span(e.bytes));
+    file_need[l] = std::max(file_need[l],
+                            e.offset + home_entry_span(experts.location(e.layer, e.expert)));
   }
   const std::string data = dir_ + "/" + manifest_.data_dir();
   for (size_t l = 0; l < files_.size(); ++l) {
@@ -205,13 +224,23 @@ const HomeEntry* ExpertHome::find(int layer, int expert) const {
   return &manifest_.experts[static_cast<size_t>(index_[i])];
 }
 
-void ExpertHome::read(const HomeEntry& e, uint8_t* dst, const std::string& what) const {
+const std::string& ExpertHome::file_of(const HomeEntry& e) const {
+  return files_[static_cast<size_t>(e.layer - first_moe_)]->path();
+}
+
+void ExpertHome::read_piece(const HomeEntry& e, uint64_t begin, uint64_t end, uint8_t* image,
+                            const std::string& what) const {
   const DirectFile& f = *files_[static_cast<size_t>(e.layer - first_moe_)];
-  f.read_aligned(e.offset, home_entry_span(e.bytes), dst, e.bytes, what);
-  const uint64_t got = checksum64(dst, e.bytes);
+  f.read_aligned(e.offset + begin, end - begin, image + begin, end - begin, what);
+}
+
+void ExpertHome::read(const HomeEntry& e, uint8_t* image, const std::string& what) const {
+  const ExpertLocation& loc = experts_.location(e.layer, e.expert);
+  read_piece(e, 0, home_entry_span(loc), image, what);
+  const uint64_t got = expert_checksum(loc, image);
   if (got != e.checksum) {
     fail_io("checksum of {} in {} at offset {} is {}, the manifest says {} (the copy is damaged)",
-            what, f.path(), e.offset, checksum_hex(got), checksum_hex(e.checksum));
+            what, file_of(e), e.offset, checksum_hex(got), checksum_hex(e.checksum));
   }
 }
 

@@ -4,8 +4,10 @@
 // Why it is laid out this way:
 //  * The model folder stays the source of truth. A home holds a manifest (deltafin-home.json:
 //    the checkpoint it belongs to, which experts, where, their XXH3 checksums) and one data file
-//    per MoE layer (data-ID/layer-LLL.bin) with every expert at a 4 KiB-aligned offset, its
-//    tensors back to back: one aligned O_DIRECT read per expert, nothing to widen.
+//    per MoE layer (data-ID/layer-LLL.bin) with every expert's image (ExpertLocation::image: its
+//    bytes as the model folder's aligned reads put them in a slot) at a 4 KiB-aligned offset: one
+//    aligned O_DIRECT read per expert, and any aligned piece of it lands in a slot where the
+//    model folder's read of that piece would, so one expert can be read from several drives.
 //  * A home belongs to one checkpoint: its fingerprint covers config.json, every shard's name,
 //    size and safetensors header, and three 64 KiB samples of each shard's bytes (so a model
 //    regenerated with the same layout but other weights is not mistaken for the old one). A home
@@ -29,15 +31,18 @@ namespace deltafin {
 
 class Checkpoint;
 class ExpertDirectory;
+struct ExpertLocation;
 
 inline constexpr const char* kHomeManifestName = "deltafin-home.json";
-inline constexpr const char* kHomeFormat = "deltafin-home/1";
+// Format 1 stored an expert's tensors back to back (not its image): such a home is not used and
+// `place` rewrites it.
+inline constexpr const char* kHomeFormat = "deltafin-home/2";
 
 struct HomeEntry {
   int layer = 0, expert = 0;
   uint64_t offset = 0;    // in the layer's data file, on the 4 KiB grid
-  uint64_t bytes = 0;     // the expert's bytes (its tensors back to back, in suffix order)
-  uint64_t checksum = 0;  // XXH3-64 of those bytes
+  uint64_t bytes = 0;     // the expert's bytes (its tensors' sizes summed)
+  uint64_t checksum = 0;  // expert_checksum() of them
 };
 
 struct HomeManifest {
@@ -58,8 +63,13 @@ struct HomeManifest {
 
 // "layer-007.bin": the data file of one MoE layer inside a home's data folder.
 std::string home_layer_file(int layer);
-// Bytes an entry takes in its data file (the expert widened to the 4 KiB grid).
-uint64_t home_entry_span(uint64_t bytes);
+// Bytes an entry takes in its data file: the expert's image.
+uint64_t home_entry_span(const ExpertLocation& loc);
+// The checksum a home records of an expert, from its image: XXH3-64 of its tensors' bytes when
+// they lie back to back, else XXH3-64 of the tensors' own XXH3-64s in order.
+uint64_t expert_checksum(const ExpertLocation& loc, const uint8_t* image);
+// Whether two images hold the same tensor bytes (their padding may differ).
+bool same_expert_bytes(const ExpertLocation& loc, const uint8_t* a, const uint8_t* b);
 
 // The fingerprint a home records of its checkpoint (16 hex digits). Reads a few KiB per shard.
 std::string checkpoint_fingerprint(const Checkpoint& ck);
@@ -85,14 +95,21 @@ class ExpertHome {
   const HomeManifest& manifest() const { return manifest_; }
   // The copy of (layer, expert) here, or null.
   const HomeEntry* find(int layer, int expert) const;
-  // Reads an entry into `dst` (4 KiB aligned, at least home_entry_span(bytes) long) and checks
-  // its checksum. Throws IoError naming the home, the file and what failed.
-  void read(const HomeEntry& e, uint8_t* dst, const std::string& what) const;
+  // Reads [begin, end) of an entry's image (4 KiB-aligned bounds) to `image + begin`; `image` is
+  // 4 KiB aligned. Throws IoError naming the home, the file and what failed.
+  void read_piece(const HomeEntry& e, uint64_t begin, uint64_t end, uint8_t* image,
+                  const std::string& what) const;
+  // Reads an entry's whole image and checks its checksum. Throws IoError as above, also when
+  // the checksum fails ("... (the copy is damaged)").
+  void read(const HomeEntry& e, uint8_t* image, const std::string& what) const;
+  // The data file an entry lies in (for messages).
+  const std::string& file_of(const HomeEntry& e) const;
   bool direct() const;
 
  private:
   std::string dir_;
   HomeManifest manifest_;
+  const ExpertDirectory& experts_;
   int first_moe_ = 0, num_experts_ = 0;
   std::vector<int> index_;                          // [(layer - first) * E + expert] -> entry or -1
   std::vector<std::unique_ptr<DirectFile>> files_;  // [layer - first] (null: none here)

@@ -120,18 +120,18 @@ struct Source {
   std::string fingerprint;
   uint64_t scratch_bytes;
 
-  // The expert's bytes, its tensors back to back, into `out` (zero-padded to the 4 KiB grid).
-  void read(int layer, int expert, uint8_t* scratch, uint8_t* out) const {
+  // The expert's image (storage/home.h) into `out`, as the store's reads from the model folder
+  // lay it out; bytes of the image past the end of the shard are zero.
+  void read(int layer, int expert, uint8_t* out) const {
     const ExpertLocation& loc = dir.location(layer, expert);
     const std::string what = fmt::format("expert {} of layer {}", expert, layer);
-    uint64_t at = 0;
-    for (const auto& r : loc.ranges) {
-      const uint64_t a0 = io_align_down(r.offset), a1 = io_align_up(r.offset + r.size);
-      files.read_aligned(r.shard, a0, a1 - a0, scratch, r.offset + r.size - a0, what);
-      std::memcpy(out + at, scratch + (r.offset - a0), r.size);
-      at += r.size;
+    for (const auto& g : loc.image) {
+      std::memset(out + g.pos + g.need, 0, g.size - g.need);
+      files.read_aligned(g.shard, g.file_offset, g.size, out + g.pos, g.need, what);
     }
-    std::memset(out + at, 0, home_entry_span(at) - at);
+  }
+  uint64_t span(int layer, int expert) const {
+    return home_entry_span(dir.location(layer, expert));
   }
 };
 
@@ -250,14 +250,14 @@ std::vector<HomeEntry> lay_out(const Source& src, const std::vector<std::pair<in
     h.expert = e;
     h.bytes = src.dir.location(l, e).bytes;
     h.offset = end[l];
-    end[l] += home_entry_span(h.bytes);
+    end[l] += src.span(l, e);
     out.push_back(h);
   }
   return out;
 }
 
 std::string placement_id(const std::string& fingerprint, const std::vector<HomeEntry>& entries) {
-  std::string text = fingerprint;
+  std::string text = std::string(kHomeFormat) + ";" + fingerprint;
   for (const auto& e : entries) text += fmt::format(";{},{},{}", e.layer, e.expert, e.offset);
   return checksum_hex(checksum64(text.data(), text.size()));
 }
@@ -315,13 +315,13 @@ class HomeWriter {
     done_ = read_journal(partial_ + "/" + kJournal);
     uint64_t n = 0;
     for (const auto& e : entries_) {
-      if (!done_.count({e.layer, e.expert})) n += home_entry_span(e.bytes);
+      if (!done_.count({e.layer, e.expert})) n += src_.span(e.layer, e.expert);
     }
     return n;
   }
   uint64_t bytes() const {
     uint64_t n = 0;
-    for (const auto& e : entries_) n += home_entry_span(e.bytes);
+    for (const auto& e : entries_) n += src_.span(e.layer, e.expert);
     return n;
   }
   size_t experts() const { return entries_.size(); }
@@ -405,7 +405,7 @@ class HomeWriter {
     std::vector<std::thread> workers;
     for (size_t t = 0; t < running; ++t) {
       workers.emplace_back([&] {
-        Buffer scratch(src_.scratch_bytes), out(src_.scratch_bytes);
+        Buffer out(src_.scratch_bytes);
         for (size_t k = next++; k < todo.size() && !stop; k = next++) {
           try {
             if (o_.interrupted && o_.interrupted()) {
@@ -413,13 +413,13 @@ class HomeWriter {
               break;
             }
             const HomeEntry& e = entries_[todo[k]];
-            src_.read(e.layer, e.expert, scratch.p, out.p);
-            const uint64_t h = checksum64(out.p, e.bytes);
+            src_.read(e.layer, e.expert, out.p);
+            const uint64_t h = expert_checksum(src_.dir.location(e.layer, e.expert), out.p);
             const std::string path = partial_ + "/" + home_layer_file(e.layer);
-            write_all_at(fds.at(e.layer), out.p, home_entry_span(e.bytes), e.offset, path);
+            write_all_at(fds.at(e.layer), out.p, src_.span(e.layer, e.expert), e.offset, path);
             std::lock_guard<std::mutex> l(mu);
             finished.emplace_back(todo[k], h);
-            written += home_entry_span(e.bytes);
+            written += src_.span(e.layer, e.expert);
             cv.notify_all();
           } catch (...) {
             std::lock_guard<std::mutex> l(mu);
@@ -509,8 +509,10 @@ class HomeWriter {
       if (!buf) buf = std::make_unique<Buffer>(src_.scratch_bytes);
       const HomeEntry& e = entries_[i];
       const std::string what = fmt::format("expert {} of layer {}", e.expert, e.layer);
-      files.at(e.layer)->read_aligned(e.offset, home_entry_span(e.bytes), buf->p, e.bytes, what);
-      if (checksum64(buf->p, e.bytes) != journal.at({e.layer, e.expert}))
+      const ExpertLocation& loc = src_.dir.location(e.layer, e.expert);
+      files.at(e.layer)->read_aligned(e.offset, home_entry_span(loc), buf->p, home_entry_span(loc),
+                                      what);
+      if (expert_checksum(loc, buf->p) != journal.at({e.layer, e.expert}))
         fail_io("{} in {} does not read back as written: the drive may be failing", what, partial_);
     });
   }
@@ -583,7 +585,7 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
       keys.emplace_back(l, e);
       // One count more than seen, so an expert no run asked for yet still has a place.
       r.heat.push_back(static_cast<double>(heat[static_cast<size_t>(l * E + e)]) + 1.0);
-      r.bytes.push_back(home_entry_span(dir.location(l, e).bytes));
+      r.bytes.push_back(home_entry_span(dir.location(l, e)));
     }
   }
   say(heat_total > 0 ? fmt::format("heat: {} expert uses counted by earlier runs", heat_total)
@@ -655,7 +657,7 @@ PlaceResult place_experts(const PlaceOptions& o) {
       ph.dir = homes[i];
       ph.probe_bytes_per_s = current[i].probe_bytes_per_s;
       ph.experts = current[i].experts.size();
-      for (const auto& e : current[i].experts) ph.bytes += home_entry_span(e.bytes);
+      for (const auto& e : current[i].experts) ph.bytes += src.span(e.layer, e.expert);
       ph.up_to_date = true;
       res.homes.push_back(ph);
     }
@@ -729,25 +731,24 @@ std::vector<HomeCheck> verify_homes(const std::string& model, const std::vector<
     c.experts = entries.size();
     std::mutex mu;
     parallel_for(entries.size(), 4, [&](size_t i) {
-      thread_local std::unique_ptr<Buffer> a, b, s;
+      thread_local std::unique_ptr<Buffer> a, b;
       if (!a) {
         a = std::make_unique<Buffer>(src.scratch_bytes);
         b = std::make_unique<Buffer>(src.scratch_bytes);
-        s = std::make_unique<Buffer>(src.scratch_bytes);
       }
       const HomeEntry& e = entries[i];
       const std::string what = fmt::format("expert {} of layer {}", e.expert, e.layer);
       std::string problem;
       try {
         home->read(e, a->p, what);
-        src.read(e.layer, e.expert, s->p, b->p);
-        if (std::memcmp(a->p, b->p, e.bytes) != 0)
+        src.read(e.layer, e.expert, b->p);
+        if (!same_expert_bytes(src.dir.location(e.layer, e.expert), a->p, b->p))
           problem = fmt::format("{} differs from the model folder's bytes", what);
       } catch (const Error& err) {
         problem = err.what();
       }
       std::lock_guard<std::mutex> l(mu);
-      c.bytes += home_entry_span(e.bytes);
+      c.bytes += src.span(e.layer, e.expert);
       if (!problem.empty()) c.problems.push_back(problem);
     });
     std::sort(c.problems.begin(), c.problems.end());
