@@ -12,9 +12,9 @@
 namespace deltafin {
 
 ExpertSources::ExpertSources(const ExpertDirectory& dir, const Checkpoint& ck, bool direct_io,
-                             int readers, const std::vector<std::string>& homes,
-                             uint64_t min_piece)
-    : dir_(dir), min_piece_(std::max<uint64_t>(kIoAlign, io_align_up(min_piece))),
+                             int readers, const std::vector<std::string>& homes, uint64_t min_piece)
+    : dir_(dir),
+      min_piece_(std::max<uint64_t>(kIoAlign, io_align_up(min_piece))),
       files_(ck, direct_io) {
   auto model = std::make_unique<Drive>();
   model->name = "model";
@@ -79,15 +79,22 @@ std::vector<ExpertSources::Piece> ExpertSources::plan(int layer, int expert, int
     }
   }
   if (h.empty()) return {};
+  // Read whole: from the holder that would finish it first.
+  auto whole = [&]() -> std::vector<Piece> {
+    const auto best = std::min_element(h.begin(), h.end(), [&](const Holder& a, const Holder& b) {
+      return (a.queued + static_cast<double>(size)) / a.bw <
+             (b.queued + static_cast<double>(size)) / b.bw;
+    });
+    return {{best->source, 0, size}};
+  };
+  if (h.size() == 1 || loc.image.size() != 1 || size < 2 * min_piece_) return whole();
+  const std::vector<Holder> all = h;
   // Water-filling: the time T at which the holders, each starting when its queue drains, finish
   // `size` bytes together; a holder whose piece would be under `min_piece` drops out (its
   // queue is too long, or the expert too small to split that far).
-  const bool splittable = loc.image.size() == 1 && size >= 2 * min_piece_;
   while (true) {
-    std::sort(h.begin(), h.end(), [](const Holder& a, const Holder& b) {
-      return a.queued / a.bw < b.queued / b.bw;
-    });
-    if (!splittable) h.resize(1);
+    std::sort(h.begin(), h.end(),
+              [](const Holder& a, const Holder& b) { return a.queued / a.bw < b.queued / b.bw; });
     size_t k = h.size();
     double T = 0;
     for (; k >= 1; --k) {
@@ -108,11 +115,16 @@ std::vector<ExpertSources::Piece> ExpertSources::plan(int layer, int expert, int
     if (h.size() == 1 || h[smallest].share >= static_cast<double>(min_piece_)) break;
     h.erase(h.begin() + static_cast<ptrdiff_t>(smallest));
   }
+  if (h.size() == 1) {
+    h = all;
+    return whole();
+  }
   std::vector<Piece> out;
   uint64_t at = 0;
   for (size_t i = 0; i < h.size(); ++i) {
     const uint64_t end =
-        i + 1 == h.size() ? size : std::min(size, at + io_align_down(static_cast<uint64_t>(h[i].share)));
+        i + 1 == h.size() ? size
+                          : std::min(size, at + io_align_down(static_cast<uint64_t>(h[i].share)));
     if (end > at) out.push_back({h[i].source, at, end});
     at = end;
   }
@@ -188,8 +200,7 @@ void ExpertSources::read_from(int source, const Piece& p, int layer, int expert,
   }
 }
 
-void ExpertSources::read_piece(const Piece& p, int layer, int expert, uint8_t* image,
-                               int* served) {
+void ExpertSources::read_piece(const Piece& p, int layer, int expert, uint8_t* image, int* served) {
   int s = p.source;
   for (;;) {
     try {

@@ -308,13 +308,14 @@ void ExpertStore::run_piece(int slot, uint64_t gen, size_t piece) {
   }
   const int64_t key = s.key;
   const int layer = layer_of(key), expert = expert_of(key);
-  ExpertSources::Piece p = s.pieces[piece];
+  const ExpertSources::Piece p = s.pieces[piece];
   uint8_t* const buf = s.buf;
   writers_[buf]++;
   l.unlock();
   std::string err;
+  int served = p.source;
   try {
-    sources_.read_piece(p, layer, expert, buf, &p.source);
+    sources_.read_piece(p, layer, expert, buf, &served);
   } catch (const std::exception& e) {
     err = e.what();
   }
@@ -325,7 +326,7 @@ void ExpertStore::run_piece(int slot, uint64_t gen, size_t piece) {
     return;
   }
   s.piece_state[piece] = 2;
-  s.pieces[piece].source = p.source;  // where it was served from (checked in finish)
+  s.pieces[piece].source = served;  // where it came from (checked in finish)
   if (!err.empty() && s.error.empty()) s.error = err;
   if (--s.pieces_left > 0) return;
   std::shared_ptr<ExpertWeights> weights;

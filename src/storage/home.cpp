@@ -197,8 +197,8 @@ ExpertHome::ExpertHome(std::string dir, const std::string& fingerprint,
     const size_t l = static_cast<size_t>(e.layer - first_moe_);
     index_[l * static_cast<size_t>(num_experts_) + static_cast<size_t>(e.expert)] =
         static_cast<int>(i);
-    file_need[l] = std::max(file_need[l],
-                            e.offset + home_entry_span(experts.location(e.layer, e.expert)));
+    file_need[l] =
+        std::max(file_need[l], e.offset + home_entry_span(experts.location(e.layer, e.expert)));
   }
   const std::string data = dir_ + "/" + manifest_.data_dir();
   for (size_t l = 0; l < files_.size(); ++l) {
