@@ -555,8 +555,8 @@ TEST(Homes, BenchReportsEveryDriveAndTheInRamBound) {
   }
   ASSERT_GT(budget, 0u);
   const auto homes = fresh_homes("homes-bench", 1);
-  place_experts(place_options(homes));
-  prefer_homes(homes[0]);
+  place_experts(place_options(homes, 1.0));
+  equal_drives(homes[0]);
   auto r = test::run_deltafin({"bench",
                                "--model",
                                model_dir(),
@@ -576,14 +576,21 @@ TEST(Homes, BenchReportsEveryDriveAndTheInRamBound) {
                                "none",
                                "--json",
                                "--home",
-                               homes[0]});
+                               homes[0],
+                               "--read-piece",
+                               "4K"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json j = json::parse(r.out);
   ASSERT_TRUE(j.contains("homes")) << j.dump();
   ASSERT_EQ(j["homes"].size(), 2u);
   EXPECT_EQ(j["homes"][0]["kind"], "model");
   EXPECT_EQ(j["homes"][1]["kind"], "home");
-  for (const auto& d : j["homes"]) EXPECT_GT(d["bench_probe_bytes_per_s"].get<double>(), 0.0);
+  for (const auto& d : j["homes"]) {
+    EXPECT_GT(d["bench_probe_bytes_per_s"].get<double>(), 0.0);
+    // The measured passes' counts (differences of snapshots), split experts included.
+    EXPECT_GT(d["reads"].get<uint64_t>(), 0u) << d.dump();
+    EXPECT_GT(d["split_reads"].get<uint64_t>(), 0u) << d.dump();
+  }
   ASSERT_GT(j["expert_bytes_read_per_token"].get<double>(), 0.0) << j.dump();
   ASSERT_TRUE(j.contains("in_ram_decode_tokens_per_s")) << j.dump();
   const double in_ram = j["in_ram_decode_tokens_per_s"].get<double>();

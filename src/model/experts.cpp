@@ -57,6 +57,7 @@ void each_counter(ExpertStats& a, const ExpertStats& b, Op op) {
 template <class Op>
 void each_counter(SourceStats& a, const SourceStats& b, Op op) {
   op(a.reads, b.reads);
+  op(a.split_reads, b.split_reads);
   op(a.bytes_read, b.bytes_read);
   op(a.busy_s, b.busy_s);
   op(a.hedges, b.hedges);
