@@ -116,14 +116,20 @@ PlaceOptions place_options(const std::vector<std::string>& homes, double replica
   return o;
 }
 
-// Makes every read prefer the homes (the model folder's recorded bandwidth becomes tiny), so a
-// test on one disk exercises the homes whatever the probes measured.
-void prefer_homes(const std::string& home) {
+// Rewrites the bandwidths a home's manifest recorded for the model folder and for itself (what
+// the reader goes by until a drive has been busy a second), whatever the probes on this disk
+// measured.
+void set_probes(const std::string& home, double model_bytes_per_s, double home_bytes_per_s) {
   const std::string path = home + "/" + kHomeManifestName;
   json j = json::parse(test::slurp(path));
-  j["model_probe_bytes_per_s"] = 1000.0;
-  j["probe_bytes_per_s"] = 1e9;
+  j["model_probe_bytes_per_s"] = model_bytes_per_s;
+  j["probe_bytes_per_s"] = home_bytes_per_s;
   test::spit(path, j.dump());
+}
+
+// Makes every read prefer the homes (the model folder's recorded bandwidth becomes tiny).
+void prefer_homes(const std::string& home) {
+  set_probes(home, 1000.0, 1e9);
 }
 
 std::vector<std::string> fresh_homes(const std::string& name, int n) {
@@ -135,11 +141,7 @@ std::vector<std::string> fresh_homes(const std::string& name, int n) {
 
 // Records the same bandwidth for the model folder and the home, so reads split evenly over them.
 void equal_drives(const std::string& home) {
-  const std::string path = home + "/" + kHomeManifestName;
-  json j = json::parse(test::slurp(path));
-  j["model_probe_bytes_per_s"] = 1e9;
-  j["probe_bytes_per_s"] = 1e9;
-  test::spit(path, j.dump());
+  set_probes(home, 1e9, 1e9);
 }
 
 // A store of 4 slots (every pass evicts) reading from `homes`.
