@@ -331,12 +331,12 @@ void ExpertStore::run_piece(int slot, uint64_t gen, size_t piece) {
   if (--s.pieces_left > 0) return;
   std::shared_ptr<ExpertWeights> weights;
   if (s.error.empty()) {
-    const std::vector<ExpertSources::Piece> served = s.pieces;
+    const std::vector<ExpertSources::Piece> landed = s.pieces;
     writers_[buf]++;  // the check may read pieces again into it
     l.unlock();
     try {
       weights = std::make_shared<ExpertWeights>(
-          dir_.weights_from(sources_.finish(layer, expert, buf, served)));
+          dir_.weights_from(sources_.finish(layer, expert, buf, landed)));
     } catch (const std::exception& e) {
       err = e.what();
     }

@@ -397,13 +397,16 @@ class HomeWriter {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<std::pair<size_t, uint64_t>> finished;  // (entry, checksum) not yet journaled
-    size_t running = static_cast<size_t>(std::max(1, o_.threads));
+    // Workers still running (under mu): counted down as each ends, so the loop that starts them
+    // must not read it.
+    const size_t n_workers = static_cast<size_t>(std::max(1, o_.threads));
+    size_t running = n_workers;
     std::atomic<size_t> next{0};
     std::atomic<bool> stop{false};
     std::exception_ptr error;
     uint64_t written = 0;
     std::vector<std::thread> workers;
-    for (size_t t = 0; t < running; ++t) {
+    for (size_t t = 0; t < n_workers; ++t) {
       workers.emplace_back([&] {
         Buffer out(src_.scratch_bytes);
         for (size_t k = next++; k < todo.size() && !stop; k = next++) {
