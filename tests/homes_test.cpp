@@ -518,15 +518,14 @@ TEST(Homes, MmapWithAHomeIsRefused) {
 
 TEST(Homes, ReadPieceOffTheGridIsRefused) {
   for (const char* v : {"5K", "1000"}) {  // 1000 alone is GiB, like every size: on the grid
-    auto r = test::run_deltafin({"run", "--model", model_dir(), "--prompt-ids", "5", "--max-new",
-                                 "1", "--read-piece", v});
+    auto r = test::run_deltafin(
+        {"run", "--model", model_dir(), "--prompt-ids", "5", "--max-new", "1", "--read-piece", v});
     if (std::string(v) == "1000") {
       EXPECT_EQ(r.exit_code, 0) << r.err;
       continue;
     }
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find("--read-piece 5K: expected a multiple of 4K"), std::string::npos)
-        << r.err;
+    EXPECT_NE(r.err.find("--read-piece 5K: expected a multiple of 4K"), std::string::npos) << r.err;
   }
 }
 
