@@ -178,7 +178,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                 "Read through the page cache instead of O_DIRECT");
   cmd->add_option("--home", o.homes,
                   "A folder on another drive holding copies of experts (filled by deltafin "
-                  "place; repeatable): reads go to whichever copy finishes first");
+                  "place; repeatable): an expert several drives hold is read from all of them "
+                  "at once");
   cmd->add_option("--read-piece", o.read_piece,
                   "Smallest piece of one expert's read when it is split over several drives "
                   "holding it, a multiple of 4K (default 1M)");

@@ -2,8 +2,8 @@
 // whole experts under a byte budget (issue: run models far larger than RAM).
 //
 // Why it is built this way:
-//  * One read per expert. The six tensors of an expert lie back to back in the release (and in
-//    make-model output), so a miss is one aligned read of ~17.5 MB through ShardFiles (O_DIRECT
+//  * One read per expert (per drive). The six tensors of an expert lie back to back in the
+//    release (and in make-model output), so a miss is one aligned read of ~17.5 MB (O_DIRECT
 //    into page-aligned slots: the cache is the only copy in RAM, so the budget is honest); an
 //    expert whose tensors are scattered still works, with one read per range.
 //  * Reads of one pass are issued together, sorted by (shard, offset), to a ReaderPool; the
@@ -24,9 +24,11 @@
 //    persisted heat file resident and runs LRU on the rest.
 //  * Faults (short read, truncated or replaced file) fail the request that needed the expert
 //    with an IoError naming the shard; the store stays usable for everything else.
-//  * Homes (--home): experts with copies on other drives are read from whichever copy finishes
-//    first; a pass's misses are issued those with one copy first, then the rest to the drive
-//    that will be done soonest, so the drives finish a layer together (storage/expert_sources.h).
+//  * Homes (--home): an expert with copies on other drives is read from all of them at once, in
+//    pieces of its image sized so that they finish it together (one task per piece; the task
+//    landing the last one checks the expert and hands it over); a pass's misses are issued
+//    those with one copy first, then the rest, so the drives finish a layer together
+//    (storage/expert_sources.h).
 #pragma once
 
 #include <condition_variable>

@@ -7,8 +7,10 @@
 // bytes of the experts read there; the placement aims to split them in proportion to bandwidth,
 // which is when all drives finish a pass's reads together:
 //  1. the hottest `replicate` share of experts is copied to every home (room permitting); at run
-//     time the reader sends each of their reads to whichever copy will finish first, which evens
-//     out the passes whose choice of experts happens to favour one drive;
+//     time the reader splits each of their reads over the copies so that they finish together,
+//     which evens out the passes whose choice of experts happens to favour one drive (with split
+//     reads the hottest half on every home is about as fast as full copies:
+//     docs/PERFORMANCE-DRIVES.md);
 //  2. every other expert, hottest first, goes to the drive that would finish its expected load
 //     earliest: the model folder (no copy), or a home below its share with room. So hot experts
 //     spread over all drives (each gets a like mix of experts the cache tends to keep and experts
