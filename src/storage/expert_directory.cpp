@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/inventory.h"
 #include "storage/checkpoint.h"
+#include "storage/shard_files.h"
 
 namespace deltafin {
 
@@ -28,6 +32,17 @@ std::vector<const uint8_t*> ExpertLocation::tensors_in(const uint8_t* image) con
   out.reserve(tensor_pos.size());
   for (uint64_t p : tensor_pos) out.push_back(image + p);
   return out;
+}
+
+void read_image(const ShardFiles& files, const ExpertLocation& loc, uint64_t begin, uint64_t end,
+                uint8_t* image, const std::string& what) {
+  for (const auto& g : loc.image) {
+    const uint64_t lo = std::max(begin, g.pos), hi = std::min(end, g.pos + g.size);
+    if (lo >= hi) continue;
+    const uint64_t need = std::min(hi, std::max(lo, g.pos + g.need)) - lo;
+    std::memset(image + lo + need, 0, hi - lo - need);  // (what lies past the end of the file)
+    files.read_aligned(g.shard, g.file_offset + (lo - g.pos), hi - lo, image + lo, need, what);
+  }
 }
 
 namespace {

@@ -17,6 +17,7 @@
 namespace deltafin {
 
 class Checkpoint;
+class ShardFiles;
 
 struct ByteRange {
   int shard = 0;
@@ -51,6 +52,12 @@ struct ExpertLocation {
   // Pointers to the tensors of an image held at `image`.
   std::vector<const uint8_t*> tensors_in(const uint8_t* image) const;
 };
+
+// Reads [begin, end) of an expert's image (4 KiB-aligned bounds) from the model folder's shards to
+// `image + begin` (`image` 4 KiB aligned); the image's bytes past the end of its shard are zero,
+// so an image reads the same from every copy. Throws IoError.
+void read_image(const ShardFiles& files, const ExpertLocation& loc, uint64_t begin, uint64_t end,
+                uint8_t* image, const std::string& what);
 
 // Resolves expert locations from a checkpoint (shared by every provider).
 class ExpertDirectory {

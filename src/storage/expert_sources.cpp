@@ -80,14 +80,14 @@ std::vector<ExpertSources::Piece> ExpertSources::plan(int layer, int expert, int
   }
   if (h.empty()) return {};
   // Read whole: from the holder that would finish it first.
-  auto whole = [&]() -> std::vector<Piece> {
-    const auto best = std::min_element(h.begin(), h.end(), [&](const Holder& a, const Holder& b) {
+  auto whole = [size](const std::vector<Holder>& hs) -> std::vector<Piece> {
+    const auto best = std::min_element(hs.begin(), hs.end(), [&](const Holder& a, const Holder& b) {
       return (a.queued + static_cast<double>(size)) / a.bw <
              (b.queued + static_cast<double>(size)) / b.bw;
     });
     return {{best->source, 0, size}};
   };
-  if (h.size() == 1 || loc.image.size() != 1 || size < 2 * min_piece_) return whole();
+  if (h.size() == 1 || loc.image.size() != 1 || size < 2 * min_piece_) return whole(h);
   const std::vector<Holder> all = h;
   // Water-filling: the time T at which the holders, each starting when its queue drains, finish
   // `size` bytes together; a holder whose piece would be under `min_piece` drops out (its
@@ -115,10 +115,7 @@ std::vector<ExpertSources::Piece> ExpertSources::plan(int layer, int expert, int
     if (h.size() == 1 || h[smallest].share >= static_cast<double>(min_piece_)) break;
     h.erase(h.begin() + static_cast<ptrdiff_t>(smallest));
   }
-  if (h.size() == 1) {
-    h = all;
-    return whole();
-  }
+  if (h.size() == 1) return whole(all);
   std::vector<Piece> out;
   uint64_t at = 0;
   for (size_t i = 0; i < h.size(); ++i) {
@@ -158,7 +155,7 @@ void ExpertSources::begin_read(Drive& d) {
   if (d.in_flight++ == 0) d.busy_since = now_seconds();
 }
 
-void ExpertSources::end_read(Drive& d, uint64_t bytes, double seconds, bool ok) {
+void ExpertSources::end_read(Drive& d, uint64_t bytes, double seconds, bool ok, bool piece) {
   std::lock_guard<std::mutex> l(mu_);
   if (--d.in_flight == 0) d.busy_s += now_seconds() - d.busy_since;
   if (!ok) {
@@ -166,6 +163,7 @@ void ExpertSources::end_read(Drive& d, uint64_t bytes, double seconds, bool ok) 
     return;
   }
   d.reads++;
+  if (piece) d.pieces++;
   d.bytes_read += bytes;
   d.read_time_s += seconds;
 }
@@ -182,22 +180,13 @@ void ExpertSources::read_from(int source, const Piece& p, int layer, int expert,
       if (e == nullptr) fail_io("{} holds no copy of {}", d.name, what);
       d.home->read_piece(*e, p.begin, p.end, image, what);
     } else {
-      for (const auto& g : loc.image) {
-        const uint64_t lo = std::max(p.begin, g.pos), hi = std::min(p.end, g.pos + g.size);
-        if (lo >= hi) continue;
-        const uint64_t need = g.pos + g.need > lo ? std::min(hi, g.pos + g.need) - lo : 0;
-        files_.read_aligned(g.shard, g.file_offset + (lo - g.pos), hi - lo, image + lo, need, what);
-      }
+      read_image(files_, loc, p.begin, p.end, image, what);
     }
   } catch (...) {
-    end_read(d, 0, sw.elapsed(), false);
+    end_read(d, 0, sw.elapsed(), false, false);
     throw;
   }
-  end_read(d, p.end - p.begin, sw.elapsed(), true);
-  if (p.end - p.begin < loc.image_bytes) {
-    std::lock_guard<std::mutex> l(mu_);
-    d.pieces++;
-  }
+  end_read(d, p.end - p.begin, sw.elapsed(), true, p.end - p.begin < loc.image_bytes);
 }
 
 void ExpertSources::read_piece(const Piece& p, int layer, int expert, uint8_t* image, int* served) {
@@ -226,30 +215,19 @@ std::vector<const uint8_t*> ExpertSources::finish(int layer, int expert, uint8_t
   }
   if (entry == nullptr || expert_checksum(loc, image) == entry->checksum)
     return loc.tensors_in(image);
-  // A home delivered damaged bytes: keep what each home sent, read those pieces again from the
+  // A home delivered damaged bytes: keep what the homes sent, read their pieces again from the
   // model folder, and mark bad the homes whose bytes differed.
   const std::string what = fmt::format("expert {} of layer {}", expert, layer);
-  std::vector<std::string> kept;
+  const std::vector<uint8_t> sent(image, image + loc.image_bytes);
   for (const auto& p : served) {
-    if (p.source == kModel) {
-      kept.emplace_back();
-      continue;
-    }
-    kept.emplace_back(reinterpret_cast<const char*>(image + p.begin), p.end - p.begin);
-    read_from(kModel, p, layer, expert, image);
+    if (p.source != kModel) read_from(kModel, p, layer, expert, image);
   }
   const bool model_agrees = expert_checksum(loc, image) == entry->checksum;
-  for (size_t i = 0; i < served.size(); ++i) {
-    const Piece& p = served[i];
+  for (const auto& p : served) {
     if (p.source == kModel) continue;
+    // When the model folder's bytes fail too, it changed since `place`: no copy is good.
+    if (model_agrees && same_expert_bytes(loc, sent.data(), image, p.begin, p.end)) continue;
     Drive& d = *drives_[static_cast<size_t>(p.source)];
-    bool differs = !model_agrees;  // the model folder changed since `place`: no copy is good
-    for (size_t t = 0; t < loc.ranges.size() && !differs; ++t) {
-      const uint64_t lo = std::max(p.begin, loc.tensor_pos[t]);
-      const uint64_t hi = std::min(p.end, loc.tensor_pos[t] + loc.ranges[t].size);
-      differs = lo < hi && std::memcmp(kept[i].data() + (lo - p.begin), image + lo, hi - lo) != 0;
-    }
-    if (!differs) continue;
     {
       std::lock_guard<std::mutex> l(mu_);
       d.failures++;
@@ -265,22 +243,18 @@ std::vector<const uint8_t*> ExpertSources::finish(int layer, int expert, uint8_t
 std::vector<const uint8_t*> ExpertSources::read_whole(int source, int layer, int expert,
                                                       uint8_t* image) {
   const ExpertLocation& loc = dir_.location(layer, expert);
+  read_from(source, {source, 0, loc.image_bytes}, layer, expert, image);
   Drive& d = *drives_[static_cast<size_t>(source)];
-  if (!d.home) {
-    read_from(source, {source, 0, loc.image_bytes}, layer, expert, image);
-    return loc.tensors_in(image);
+  if (d.home) {
+    try {
+      d.home->check(*d.home->find(layer, expert), image,
+                    fmt::format("expert {} of layer {}", expert, layer));
+    } catch (const IoError&) {
+      std::lock_guard<std::mutex> l(mu_);
+      d.failures++;
+      throw;
+    }
   }
-  const HomeEntry* e = d.home->find(layer, expert);
-  if (e == nullptr) fail_io("{} holds no copy of expert {} of layer {}", d.name, expert, layer);
-  begin_read(d);
-  Stopwatch sw;
-  try {
-    d.home->read(*e, image, fmt::format("expert {} of layer {}", expert, layer));
-  } catch (...) {
-    end_read(d, 0, sw.elapsed(), false);
-    throw;
-  }
-  end_read(d, loc.image_bytes, sw.elapsed(), true);
   return loc.tensors_in(image);
 }
 

@@ -116,7 +116,8 @@ class ExpertSources {
   // Reads a piece from `source` only (throws IoError).
   void read_from(int source, const Piece& p, int layer, int expert, uint8_t* image);
   void begin_read(Drive& d);
-  void end_read(Drive& d, uint64_t bytes, double seconds, bool ok);
+  // `piece`: the read was part of an expert split over several drives.
+  void end_read(Drive& d, uint64_t bytes, double seconds, bool ok, bool piece);
 
   const ExpertDirectory& dir_;
   uint64_t min_piece_;

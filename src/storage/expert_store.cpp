@@ -261,7 +261,7 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
   s.state = SlotState::kLoading;
   s.prefetched = prefetch;
   s.pieces = sources_.plan(layer_of(key), expert_of(key));
-  s.piece_state.assign(s.pieces.size(), 0);
+  s.piece_state.assign(s.pieces.size(), PieceState::kQueued);
   s.pieces_left = s.pieces.size();
   if (prefetch) {
     stats_.prefetch_issued++;
@@ -277,7 +277,7 @@ void ExpertStore::start_read_locked(int slot, int64_t key, bool prefetch) {
 void ExpertStore::submit_read(int slot, bool prefetch) {
   const Slot& s = slots_[static_cast<size_t>(slot)];
   for (size_t i = 0; i < s.pieces.size(); ++i) {
-    if (s.piece_state[i] != 0) continue;
+    if (s.piece_state[i] != PieceState::kQueued) continue;
     const ExpertSources::Piece& p = s.pieces[i];
     sources_.submit(p.source,
                     prefetch ? ReaderPool::Priority::kBackground : ReaderPool::Priority::kDemand,
@@ -299,9 +299,9 @@ void ExpertStore::run_piece(int slot, uint64_t gen, size_t piece) {
   std::unique_lock<std::mutex> l(mu_);
   Slot& s = slots_[static_cast<size_t>(slot)];
   if (s.gen != gen || s.state != SlotState::kLoading || piece >= s.pieces.size() ||
-      s.piece_state[piece] != 0)
+      s.piece_state[piece] != PieceState::kQueued)
     return;
-  s.piece_state[piece] = 1;
+  s.piece_state[piece] = PieceState::kRunning;
   if (!s.reading) {
     s.reading = true;
     s.read_started = now_seconds();
@@ -325,7 +325,7 @@ void ExpertStore::run_piece(int slot, uint64_t gen, size_t piece) {
     release_if_idle_locked(buf);
     return;
   }
-  s.piece_state[piece] = 2;
+  s.piece_state[piece] = PieceState::kLanded;
   s.pieces[piece].source = served;  // where it came from (checked in finish)
   if (!err.empty() && s.error.empty()) s.error = err;
   if (--s.pieces_left > 0) return;
@@ -374,7 +374,7 @@ void ExpertStore::hedge_late_locked(const std::vector<int64_t>& keys, const std:
     for (size_t k = 0; k < s.pieces.size(); ++k) {
       const uint64_t n = s.pieces[k].end - s.pieces[k].begin;
       expect = std::max(expect, sources_.read_seconds(s.pieces[k].source, n));
-      if (late < 0 && s.piece_state[k] != 2) late = s.pieces[k].source;
+      if (late < 0 && s.piece_state[k] != PieceState::kLanded) late = s.pieces[k].source;
     }
     if (late < 0 || now - s.read_started < 2 * expect + 0.02) continue;
     const std::vector<ExpertSources::Piece> alt =

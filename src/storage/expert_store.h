@@ -115,15 +115,16 @@ class ExpertStore : public ExpertProvider {
   class Batch;
   friend class Batch;
   enum class SlotState { kEmpty, kLoading, kReady, kError };
+  enum class PieceState : uint8_t { kQueued, kRunning, kLanded };
   struct Slot {
     uint8_t* buf = nullptr;
     int64_t key = -1;
     SlotState state = SlotState::kEmpty;
     bool reading = false;  // a reader task has started this slot's read
-    // The read: pieces of the expert's image, each from one drive (ExpertSources::plan), and
-    // per piece whether it is queued (0), running (1) or landed (2), and the drive that served it.
+    // The read: pieces of the expert's image, each from one drive (ExpertSources::plan; once
+    // landed, the drive that served it), and where each stands.
     std::vector<ExpertSources::Piece> pieces;
-    std::vector<uint8_t> piece_state;
+    std::vector<PieceState> piece_state;
     size_t pieces_left = 0;
     uint64_t gen = 0;  // bumped each time the slot takes an expert
     double read_started = 0;

@@ -25,10 +25,6 @@ std::string home_layer_file(int layer) {
   return fmt::format("layer-{:03d}.bin", layer);
 }
 
-uint64_t home_entry_span(const ExpertLocation& loc) {
-  return loc.image_bytes;
-}
-
 uint64_t expert_checksum(const ExpertLocation& loc, const uint8_t* image) {
   if (loc.contiguous()) return checksum64(image + loc.tensor_pos.front(), loc.bytes);
   std::vector<uint64_t> each;
@@ -37,10 +33,12 @@ uint64_t expert_checksum(const ExpertLocation& loc, const uint8_t* image) {
   return checksum64(each.data(), each.size() * sizeof(uint64_t));
 }
 
-bool same_expert_bytes(const ExpertLocation& loc, const uint8_t* a, const uint8_t* b) {
+bool same_expert_bytes(const ExpertLocation& loc, const uint8_t* a, const uint8_t* b,
+                       uint64_t begin, uint64_t end) {
   for (size_t i = 0; i < loc.ranges.size(); ++i) {
-    if (std::memcmp(a + loc.tensor_pos[i], b + loc.tensor_pos[i], loc.ranges[i].size) != 0)
-      return false;
+    const uint64_t lo = std::max(begin, loc.tensor_pos[i]);
+    const uint64_t hi = std::min(end, loc.tensor_pos[i] + loc.ranges[i].size);
+    if (lo < hi && std::memcmp(a + lo, b + lo, hi - lo) != 0) return false;
   }
   return true;
 }
@@ -198,7 +196,7 @@ ExpertHome::ExpertHome(std::string dir, const std::string& fingerprint,
     index_[l * static_cast<size_t>(num_experts_) + static_cast<size_t>(e.expert)] =
         static_cast<int>(i);
     file_need[l] =
-        std::max(file_need[l], e.offset + home_entry_span(experts.location(e.layer, e.expert)));
+        std::max(file_need[l], e.offset + experts.location(e.layer, e.expert).image_bytes);
   }
   const std::string data = dir_ + "/" + manifest_.data_dir();
   for (size_t l = 0; l < files_.size(); ++l) {
@@ -234,14 +232,17 @@ void ExpertHome::read_piece(const HomeEntry& e, uint64_t begin, uint64_t end, ui
   f.read_aligned(e.offset + begin, end - begin, image + begin, end - begin, what);
 }
 
-void ExpertHome::read(const HomeEntry& e, uint8_t* image, const std::string& what) const {
-  const ExpertLocation& loc = experts_.location(e.layer, e.expert);
-  read_piece(e, 0, home_entry_span(loc), image, what);
-  const uint64_t got = expert_checksum(loc, image);
+void ExpertHome::check(const HomeEntry& e, const uint8_t* image, const std::string& what) const {
+  const uint64_t got = expert_checksum(experts_.location(e.layer, e.expert), image);
   if (got != e.checksum) {
     fail_io("checksum of {} in {} at offset {} is {}, the manifest says {} (the copy is damaged)",
             what, file_of(e), e.offset, checksum_hex(got), checksum_hex(e.checksum));
   }
+}
+
+void ExpertHome::read(const HomeEntry& e, uint8_t* image, const std::string& what) const {
+  read_piece(e, 0, experts_.location(e.layer, e.expert).image_bytes, image, what);
+  check(e, image, what);
 }
 
 bool ExpertHome::direct() const {

@@ -63,13 +63,13 @@ struct HomeManifest {
 
 // "layer-007.bin": the data file of one MoE layer inside a home's data folder.
 std::string home_layer_file(int layer);
-// Bytes an entry takes in its data file: the expert's image.
-uint64_t home_entry_span(const ExpertLocation& loc);
 // The checksum a home records of an expert, from its image: XXH3-64 of its tensors' bytes when
 // they lie back to back, else XXH3-64 of the tensors' own XXH3-64s in order.
 uint64_t expert_checksum(const ExpertLocation& loc, const uint8_t* image);
-// Whether two images hold the same tensor bytes (their padding may differ).
-bool same_expert_bytes(const ExpertLocation& loc, const uint8_t* a, const uint8_t* b);
+// Whether two images hold the same tensor bytes within [begin, end) of the image (their padding
+// may differ).
+bool same_expert_bytes(const ExpertLocation& loc, const uint8_t* a, const uint8_t* b,
+                       uint64_t begin = 0, uint64_t end = UINT64_MAX);
 
 // The fingerprint a home records of its checkpoint (16 hex digits). Reads a few KiB per shard.
 std::string checkpoint_fingerprint(const Checkpoint& ck);
@@ -99,8 +99,10 @@ class ExpertHome {
   // 4 KiB aligned. Throws IoError naming the home, the file and what failed.
   void read_piece(const HomeEntry& e, uint64_t begin, uint64_t end, uint8_t* image,
                   const std::string& what) const;
-  // Reads an entry's whole image and checks its checksum. Throws IoError as above, also when
-  // the checksum fails ("... (the copy is damaged)").
+  // Checks an entry's image against its checksum. Throws IoError naming the file when it fails
+  // ("checksum of ... (the copy is damaged)").
+  void check(const HomeEntry& e, const uint8_t* image, const std::string& what) const;
+  // Reads an entry's whole image and checks it.
   void read(const HomeEntry& e, uint8_t* image, const std::string& what) const;
   // The data file an entry lies in (for messages).
   const std::string& file_of(const HomeEntry& e) const;

@@ -120,19 +120,14 @@ struct Source {
   std::string fingerprint;
   uint64_t scratch_bytes;
 
-  // The expert's image (storage/home.h) into `out`, as the store's reads from the model folder
-  // lay it out; bytes of the image past the end of the shard are zero.
+  // The expert's image (storage/home.h) into `out`, as the store reads it.
   void read(int layer, int expert, uint8_t* out) const {
     const ExpertLocation& loc = dir.location(layer, expert);
-    const std::string what = fmt::format("expert {} of layer {}", expert, layer);
-    for (const auto& g : loc.image) {
-      std::memset(out + g.pos + g.need, 0, g.size - g.need);
-      files.read_aligned(g.shard, g.file_offset, g.size, out + g.pos, g.need, what);
-    }
+    read_image(files, loc, 0, loc.image_bytes, out,
+               fmt::format("expert {} of layer {}", expert, layer));
   }
-  uint64_t span(int layer, int expert) const {
-    return home_entry_span(dir.location(layer, expert));
-  }
+  // Bytes its entry takes in a home's data file: the image.
+  uint64_t span(int layer, int expert) const { return dir.location(layer, expert).image_bytes; }
 };
 
 // Runs fn(i) for i in [0, n) on `threads` threads; the first exception is rethrown.
@@ -513,8 +508,7 @@ class HomeWriter {
       const HomeEntry& e = entries_[i];
       const std::string what = fmt::format("expert {} of layer {}", e.expert, e.layer);
       const ExpertLocation& loc = src_.dir.location(e.layer, e.expert);
-      files.at(e.layer)->read_aligned(e.offset, home_entry_span(loc), buf->p, home_entry_span(loc),
-                                      what);
+      files.at(e.layer)->read_aligned(e.offset, loc.image_bytes, buf->p, loc.image_bytes, what);
       if (expert_checksum(loc, buf->p) != journal.at({e.layer, e.expert}))
         fail_io("{} in {} does not read back as written: the drive may be failing", what, partial_);
     });
@@ -588,7 +582,7 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
       keys.emplace_back(l, e);
       // One count more than seen, so an expert no run asked for yet still has a place.
       r.heat.push_back(static_cast<double>(heat[static_cast<size_t>(l * E + e)]) + 1.0);
-      r.bytes.push_back(home_entry_span(dir.location(l, e)));
+      r.bytes.push_back(src.span(l, e));
     }
   }
   say(heat_total > 0 ? fmt::format("heat: {} expert uses counted by earlier runs", heat_total)
