@@ -23,7 +23,7 @@ uint64_t minimum_budget(const std::string& dir, int64_t max_rows = 256) {
   auto ck = Checkpoint::open(dir);
   PlanOptions o;
   o.budget = 1ull << 40;
-  o.max_rows = max_rows;
+  o.shape.max_rows = max_rows;
   return plan_memory(c, *ck, o).min_working_set;
 }
 

@@ -21,6 +21,7 @@
 #include "generate/driver.h"
 #include "generate/generation.h"
 #include "generate/speculative.h"
+#include "greedy_util.h"
 #include "model/model.h"
 #include "model/taps.h"
 #include "storage/plan.h"
@@ -79,7 +80,7 @@ std::vector<float> capture(Model& m, const TapSpec& spec, const std::vector<int3
 }
 
 TEST(Taps, PrefixAndMixtureStreamsMatchTheGoldenCaptures) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   const json e = read_case(eagle_dir());
   for (const json& p : e["proposals"]) {
     const auto got = capture(*model, {{1, 4, 7}, TapStream::kPartial}, ids(p["prefix"]));
@@ -102,7 +103,7 @@ TEST(Taps, PrefixAndMixtureStreamsMatchTheGoldenCaptures) {
 }
 
 TEST(Taps, OnlyTheAcceptedRowsOfAVerifyPassAreCommitted) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   const std::vector<int32_t> all = {33, 403, 326, 283, 407, 127, 443, 173, 495, 165};
   const TapSpec spec{{0, 4, 8}, TapStream::kPartial};
   const auto ref = capture(*model, spec, all);
@@ -112,7 +113,7 @@ TEST(Taps, OnlyTheAcceptedRowsOfAVerifyPassAreCommitted) {
   model->forward(s, std::span<const int32_t>(all).subspan(0, 6));
   // A verify pass over 4 rows of which 2 are accepted, then the rest as plain passes.
   PendingCommit pending;
-  verify_pass(*model, s, std::span<const int32_t>(all).subspan(6, 4), pending);
+  test::verify_pass(*model, s, std::span<const int32_t>(all).subspan(6, 4), pending);
   EXPECT_EQ(rec->end(), 6) << "a deferred pass's taps wait for the commit";
   model->commit(s, pending, 2);
   EXPECT_EQ(rec->end(), 8);
@@ -134,13 +135,13 @@ TEST(Taps, ALayerBeyondTheModelIsRefused) {
 }
 
 // Verifies `d` after `history` (ending with the anchor) greedily and commits the accepted rows.
-GreedyVerdict verify_and_commit(Model& m, State& s, const std::vector<int32_t>& history,
-                                const DraftProposal& d) {
+test::GreedyVerdict verify_and_commit(Model& m, State& s, const std::vector<int32_t>& history,
+                                      const DraftProposal& d) {
   std::vector<int32_t> rows = {history.back()};
   rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
   PendingCommit pending;
-  const auto lv = verify_pass(m, s, rows, pending);
-  const GreedyVerdict v = verify_greedy(lv, m.config().vocab, d.tokens);
+  const auto lv = test::verify_pass(m, s, rows, pending);
+  const test::GreedyVerdict v = test::verify_greedy(lv, m.config().vocab, d.tokens);
   m.commit(s, pending, 1 + v.accepted);
   return v;
 }
@@ -161,7 +162,7 @@ TwoPairs propose_both_pairs(Model& m, DraftModel& dm, const json& c, int k) {
   history.push_back(p0["anchor"].get<int32_t>());
   TwoPairs r;
   r.d0 = d->propose(history, k);
-  const GreedyVerdict v = verify_and_commit(m, s, history, r.d0);
+  const test::GreedyVerdict v = verify_and_commit(m, s, history, r.d0);
   EXPECT_EQ(v.accepted, p0["verify"]["accepted"].get<int>());
   EXPECT_EQ(v.next, p0["verify"]["next_token"].get<int32_t>());
   const auto prefix1 = ids(p1["prefix"]);
@@ -190,7 +191,7 @@ DraftProposal eagle_propose(Model& m, DraftModel& dm, const json& p, std::vector
 }
 
 TEST(Eagle3, ProposalsMatchTheGoldenCase) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   auto dm = open_draft_model(eagle_dir() + "/model", model->config());
   EXPECT_EQ(dm->config().kind, DraftKind::kEagle3);
   EXPECT_TRUE(dm->config().fc_norm);
@@ -209,7 +210,7 @@ TEST(Eagle3, ProposalsMatchTheGoldenCase) {
 }
 
 TEST(Eagle3, FusedFeaturesMatchTheGoldenCase) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   auto dm = std::static_pointer_cast<Eagle3Model>(
       open_draft_model(eagle_dir() + "/model", model->config()));
   const json p = read_case(eagle_dir())["proposals"][0];
@@ -228,7 +229,7 @@ TEST(Eagle3, FusedFeaturesMatchTheGoldenCase) {
 // dropped), the accepted rows and the rest of pair 1's prefix are committed from the target's
 // real taps, and the proposal equals the one built from scratch.
 TEST(Eagle3, CommittingStepByStepEqualsBuildingAtOnce) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   auto dm = open_draft_model(eagle_dir() + "/model", model->config());
   const json c = read_case(eagle_dir());
   const TwoPairs r = propose_both_pairs(*model, *dm, c, 5);
@@ -237,16 +238,16 @@ TEST(Eagle3, CommittingStepByStepEqualsBuildingAtOnce) {
 }
 
 TEST(Eagle3, GreedyOutputIsIdenticalWithTheDrafter) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   auto dm = open_draft_model(eagle_dir() + "/model", model->config());
   const std::vector<int32_t> prompt = {33, 403, 326, 283, 407, 127};
   State s0 = model->new_state();
-  const auto plain = generate_greedy(*model, s0, prompt, 16, {}, nullptr, 0);
+  const auto plain = test::generate_greedy(*model, s0, prompt, 16, {}, nullptr, 0);
   for (int k : {2, 7}) {
     auto d = dm->new_drafter(*model);
     State s = model->new_state();
     DraftStats st;
-    EXPECT_EQ(generate_greedy(*model, s, prompt, 16, {}, d.get(), k, &st), plain) << k;
+    EXPECT_EQ(test::generate_greedy(*model, s, prompt, 16, {}, d.get(), k, &st), plain) << k;
     EXPECT_GT(st.proposed, 0);
     EXPECT_EQ(d->fallback_reason(), "");
   }
@@ -322,7 +323,7 @@ TEST(Propose, DSparkGoldenCaseThroughTheBinary) {
 // Pair 1's context appended to pair 0's (after a verify pass that accepted some drafts) gives the
 // same proposal as building it at once; greedy output is unchanged with the drafter.
 TEST(DSpark, AppendingContextEqualsBuildingAtOnceAndGreedyIsUnchanged) {
-  auto model = load_model(target_dir());
+  auto model = open_model(target_dir());
   auto dm = open_draft_model(dspark_dir() + "/model", model->config());
   EXPECT_EQ(dm->config().kind, DraftKind::kDSpark);
   EXPECT_EQ(dm->config().taps.stream, TapStream::kPartial);
@@ -335,12 +336,12 @@ TEST(DSpark, AppendingContextEqualsBuildingAtOnceAndGreedyIsUnchanged) {
 
   const auto prompt = ids(c["greedy_prompt"]);
   State s0 = model->new_state();
-  const auto plain = generate_greedy(*model, s0, prompt, 12, {}, nullptr, 0);
+  const auto plain = test::generate_greedy(*model, s0, prompt, 12, {}, nullptr, 0);
   EXPECT_EQ(plain, ids(c["greedy_continuation"]));
   for (int k : {2, 7}) {
     auto dr = dm->new_drafter(*model);
     State s2 = model->new_state();
-    EXPECT_EQ(generate_greedy(*model, s2, prompt, 12, {}, dr.get(), k), plain) << k;
+    EXPECT_EQ(test::generate_greedy(*model, s2, prompt, 12, {}, dr.get(), k), plain) << k;
     EXPECT_EQ(dr->fallback_reason(), "");
   }
 }
@@ -433,7 +434,7 @@ TEST(Propose, BadDrafterFoldersGetOneClearLine) {
 }
 
 // `make-model --preset k3` (shrunk so the test takes seconds) with synthetic drafters of every
-// kind: greedy output through generate_greedy and through drive() (what run and chat use),
+// kind: greedy output through test::generate_greedy and through drive() (what run and chat use),
 // and seeded sampling through drive(), equal the plain runs; the expert store runs at its
 // minimum budget with the draft counted in the plan.
 TEST(Drafters, SyntheticDraftsKeepOutputOnAK3PresetTarget) {
@@ -442,10 +443,10 @@ TEST(Drafters, SyntheticDraftsKeepOutputOnAK3PresetTarget) {
   const std::string dir = root + "/model";
   make_model(dir, s);
   const ModelConfig c = load_config(dir);
-  auto model = load_model(dir);
+  auto model = open_model(dir);
   const std::vector<int32_t> prompt = {11, 4, 9, 4, 9, 4};
   State s0 = model->new_state();
-  const auto plain = generate_greedy(*model, s0, prompt, 16, {}, nullptr, 0);
+  const auto plain = test::generate_greedy(*model, s0, prompt, 16, {}, nullptr, 0);
   // Plain runs through drive() (what run and chat use): greedy and seeded sampling.
   auto params_for = [](float temperature) {
     GenerationParams params;
@@ -473,7 +474,7 @@ TEST(Drafters, SyntheticDraftsKeepOutputOnAK3PresetTarget) {
     auto d = dm->new_drafter(*model);
     State st = model->new_state();
     DraftStats stats;
-    EXPECT_EQ(generate_greedy(*model, st, prompt, 16, {}, d.get(), 3, &stats), plain) << kind;
+    EXPECT_EQ(test::generate_greedy(*model, st, prompt, 16, {}, d.get(), 3, &stats), plain) << kind;
     EXPECT_GT(stats.proposed, 0) << kind;
     EXPECT_EQ(d->fallback_reason(), "") << kind;
     // Greedy: the tokens of plain decoding. Seeded sampling: these drafters give q rows, so
@@ -506,19 +507,18 @@ TEST(Drafters, SyntheticDraftsKeepOutputOnAK3PresetTarget) {
   auto ck = Checkpoint::open(dir);
   PlanOptions po;
   po.budget = 1ull << 40;
-  po.max_rows = 16;
-  po.draft_weight_bytes = dm->weight_bytes();
-  po.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
+  po.shape.max_rows = 16;
+  po.shape.draft_weight_bytes = dm->weight_bytes();
+  po.shape.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
   const MemoryPlan big = plan_memory(c, *ck, po);
   EXPECT_EQ(big.draft_weight_bytes, dm->weight_bytes());
   EXPECT_NE(big.describe().find("draft model"), std::string::npos);
-  LoadOptions lo;
-  lo.plan = po;
-  lo.plan.budget = big.min_working_set;
-  auto budgeted = load_model(dir, lo);
+  EngineOptions eo = test::engine_options(dir);
+  eo.memory_budget = big.min_working_set;
+  auto budgeted = open_model(eo, po.shape);
   auto d = dm->new_drafter(*budgeted);
   State bs = budgeted->new_state();
-  EXPECT_EQ(generate_greedy(*budgeted, bs, prompt, 16, {}, d.get(), 4), plain);
+  EXPECT_EQ(test::generate_greedy(*budgeted, bs, prompt, 16, {}, d.get(), 4), plain);
 }
 
 // make-model writes a draft folder that propose loads; -v prints the draft and the plan with it.

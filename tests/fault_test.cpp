@@ -38,9 +38,9 @@ std::string small_budget() {
   auto ck = Checkpoint::open(dir);
   PlanOptions o;
   o.budget = 1ull << 40;
-  o.max_rows = 16;
+  o.shape.max_rows = 16;
   o.context = 256;
-  o.sequences = 1;
+  o.shape.sequences = 1;
   o.prefetch = false;
   return std::to_string(plan_memory(c, *ck, o).min_working_set / 1024 + 64) + "K";
 }

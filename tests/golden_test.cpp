@@ -153,7 +153,7 @@ class GoldenGreedy : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenGreedy, ContinuationReproduced) {
   GoldenCase g = load_case(GetParam());
-  auto model = load_model(g.dir + "/model");
+  auto model = open_model(g.dir + "/model");
   State st = model->new_state();
   auto logits = model->forward(st, g.greedy_prompt);
   std::vector<int32_t> got;

@@ -145,10 +145,9 @@ void equal_drives(const std::string& home) {
 }
 
 // A store of 4 slots (every pass evicts) reading from `homes`.
-LoadOptions store_with_homes(const std::vector<std::string>& homes,
-                             uint64_t min_piece = ExpertSources::kDefaultMinPiece) {
-  LoadOptions o;
-  o.make_experts = [homes, min_piece](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
+ExpertFactory store_with_homes(const std::vector<std::string>& homes,
+                               uint64_t min_piece = ExpertSources::kDefaultMinPiece) {
+  return [homes, min_piece](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
     StoreOptions so;
     so.cache_slots = 4;
     so.direct_io = false;
@@ -157,7 +156,6 @@ LoadOptions store_with_homes(const std::vector<std::string>& homes,
     so.min_read_piece = min_piece;
     return std::make_unique<ExpertStore>(c, ck, f, so);
   };
-  return o;
 }
 
 const std::vector<int32_t> kToks = {5, 17, 200, 3, 99, 42, 7, 300, 64, 128, 1, 250, 77, 8, 400, 3};
@@ -173,7 +171,7 @@ std::vector<float> logits_of(Model& m) {
 }
 
 TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
-  auto ref = load_model(model_dir(), store_with_homes({}));
+  auto ref = open_model(test::engine_options(model_dir()), {}, store_with_homes({}));
   const std::vector<float> want = logits_of(*ref);
   for (int n = 1; n <= 3; ++n) {
     for (double rep : {0.0, 0.5}) {
@@ -181,7 +179,7 @@ TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
       const PlaceResult r = place_experts(place_options(homes, rep));
       ASSERT_EQ(r.homes.size(), static_cast<size_t>(n));
       for (const auto& h : homes) prefer_homes(h);
-      auto m = load_model(model_dir(), store_with_homes(homes));
+      auto m = open_model(test::engine_options(model_dir()), {}, store_with_homes(homes));
       EXPECT_EQ(logits_of(*m), want) << n << " homes, replicate " << rep;
       const ExpertStats s = m->experts().stats();
       ASSERT_EQ(s.sources.size(), static_cast<size_t>(n + 1));
@@ -201,13 +199,13 @@ TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
 // With full copies and pieces as small as a page, every expert (7 pages here) is read from all
 // drives at once, each piece landing where the model folder's read would put it.
 TEST(Homes, ExpertsSplitOverEveryCopyGiveIdenticalLogits) {
-  auto ref = load_model(model_dir(), store_with_homes({}));
+  auto ref = open_model(test::engine_options(model_dir()), {}, store_with_homes({}));
   const std::vector<float> want = logits_of(*ref);
   for (int n = 1; n <= 3; ++n) {
     const auto homes = fresh_homes("homes-split", n);
     place_experts(place_options(homes, 1.0));
     for (const auto& h : homes) equal_drives(h);
-    auto m = load_model(model_dir(), store_with_homes(homes, 4096));
+    auto m = open_model(test::engine_options(model_dir()), {}, store_with_homes(homes, 4096));
     EXPECT_EQ(logits_of(*m), want) << n << " homes";
     const ExpertStats s = m->experts().stats();
     ASSERT_EQ(s.sources.size(), static_cast<size_t>(n + 1));
@@ -220,7 +218,7 @@ TEST(Homes, ExpertsSplitOverEveryCopyGiveIdenticalLogits) {
   const auto homes = fresh_homes("homes-whole", 1);
   place_experts(place_options(homes, 1.0));
   equal_drives(homes[0]);
-  auto m = load_model(model_dir(), store_with_homes(homes));
+  auto m = open_model(test::engine_options(model_dir()), {}, store_with_homes(homes));
   EXPECT_EQ(logits_of(*m), want);
   for (const auto& d : m->experts().stats().sources) EXPECT_EQ(d.split_reads, 0u) << d.name;
 }
@@ -262,8 +260,8 @@ TEST(Place, PartialPlacementUnderABudgetPerHome) {
   EXPECT_GT(r.homes[0].experts, 0u);
   EXPECT_LE(r.homes[0].bytes, o.budget_per_home);
   prefer_homes(homes[0]);
-  auto ref = load_model(model_dir(), store_with_homes({}));
-  auto m = load_model(model_dir(), store_with_homes(homes));
+  auto ref = open_model(test::engine_options(model_dir()), {}, store_with_homes({}));
+  auto m = open_model(test::engine_options(model_dir()), {}, store_with_homes(homes));
   EXPECT_EQ(logits_of(*m), logits_of(*ref));
 }
 

@@ -50,7 +50,7 @@ std::string shard_of(const std::string& dir, const std::string& tensor) {
 
 std::string load_error(const std::string& dir) {
   try {
-    load_model(dir);
+    open_model(dir);
   } catch (const Error& e) {
     return e.what();
   }

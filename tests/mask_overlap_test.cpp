@@ -27,7 +27,7 @@ const char* kSchema = R"({"type":"object","properties":{
   "required":["name","tags","count"],"additionalProperties":false})";
 
 struct Demo {
-  std::unique_ptr<LoadedModel> model = load_model(test::demo_model_dir());
+  std::unique_ptr<LoadedModel> model = open_model(test::demo_model_dir());
   Tokenizer tok = Tokenizer::load(test::demo_model_dir());
 };
 

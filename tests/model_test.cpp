@@ -339,7 +339,7 @@ TEST(Mla, LatentNormsUseEpsilon1e6) {
 // --- Rows of several sequences, state snapshots and deferred commits ------------------------
 
 TEST(Forward, BatchingSeveralSequencesMatchesSeparatePasses) {
-  auto model = load_model(golden_model("k3-tiny-mxfp4"));
+  auto model = open_model(golden_model("k3-tiny-mxfp4"));
   std::vector<std::vector<int32_t>> prefix = {{}, {9, 8, 7}, {100}};
   std::vector<std::vector<int32_t>> now = {
       {5, 17, 200, 3, 99}, {42}, {7, 300, 64, 128, 1, 250, 77, 8}};
@@ -368,7 +368,7 @@ TEST(Forward, BatchingSeveralSequencesMatchesSeparatePasses) {
 }
 
 TEST(Forward, SnapshotRestoreRepeatsExactly) {
-  auto model = load_model(golden_model("k3-tiny-bf16"));
+  auto model = open_model(golden_model("k3-tiny-bf16"));
   State st = model->new_state();
   model->forward(st, std::vector<int32_t>{1, 2, 3, 4, 5});
   State snap = st.snapshot();
@@ -381,7 +381,7 @@ TEST(Forward, SnapshotRestoreRepeatsExactly) {
 }
 
 TEST(Forward, DeferredPassCommitsOnlyTheAcceptedPrefix) {
-  auto model = load_model(golden_model("k3-tiny-mxfp4"));
+  auto model = open_model(golden_model("k3-tiny-mxfp4"));
   const std::vector<int32_t> prefix = {3, 1, 4, 1}, block = {5, 9, 2, 6, 5, 3, 5, 8},
                              after = {9, 7};
   for (int64_t accepted : {0, 3, 8}) {
@@ -410,7 +410,7 @@ TEST(Forward, DeferredPassCommitsOnlyTheAcceptedPrefix) {
 }
 
 TEST(Forward, RejectsBadTokensAndReusedStates) {
-  auto model = load_model(golden_model("k3-tiny-bf16"));
+  auto model = open_model(golden_model("k3-tiny-bf16"));
   State st = model->new_state();
   try {
     model->forward(st, std::vector<int32_t>{1, 512});
@@ -472,15 +472,15 @@ class ReversedSteps : public ExpertProvider {
 TEST(Forward, TheOrderAProviderRunsExpertsInNeverShows) {
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
     const std::string dir = golden_model(name);
-    auto plain = load_model(dir);
+    auto plain = open_model(dir);
     ReversedSteps* reversed = nullptr;
-    LoadOptions o;
-    o.make_experts = [&](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
-      auto p = std::make_unique<ReversedSteps>(std::make_unique<MmapExpertProvider>(c, ck, f));
-      reversed = p.get();
-      return p;
-    };
-    auto model = load_model(dir, o);
+    auto model = open_model(
+        test::engine_options(dir), {},
+        [&](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
+          auto p = std::make_unique<ReversedSteps>(std::make_unique<MmapExpertProvider>(c, ck, f));
+          reversed = p.get();
+          return p;
+        });
     ASSERT_NE(reversed, nullptr);
     std::vector<int32_t> prompt(40);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 5) % 500);

@@ -48,9 +48,9 @@ std::vector<float> prefill_logits(Model& m, const std::vector<int32_t>& toks, in
 
 TEST(Prefill, BlocksOfAPassChangeNoLogitBit) {
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
-    LoadOptions lo;
+    EngineOptions lo = test::engine_options(golden(name));
     lo.mmap = true;
-    auto m = load_model(golden(name), lo);
+    auto m = open_model(lo);
     // 70 rows: blocks of 16 cut the sequence four times and leave a 6-row tail; 8 is below the
     // KDA chunk, so it is no block size (the pass stays whole, as with 256).
     const auto toks = ids(70, 1, 256);
@@ -62,9 +62,9 @@ TEST(Prefill, BlocksOfAPassChangeNoLogitBit) {
 }
 
 TEST(Prefill, BlocksCutSeveralSequencesOnlyAtTheirOwnChunks) {
-  LoadOptions lo;
+  EngineOptions lo = test::engine_options(golden("k3-tiny-mxfp4"));
   lo.mmap = true;
-  auto m = load_model(golden("k3-tiny-mxfp4"), lo);
+  auto m = open_model(lo);
   const std::vector<std::vector<int32_t>> seqs = {ids(21, 2, 256), ids(3, 3, 256), ids(40, 4, 256)};
   auto run = [&](int64_t block) {
     m->set_pass_plan(PassPlan{256, block, false});
@@ -92,8 +92,8 @@ TEST(Prefill, BlocksCutSeveralSequencesOnlyAtTheirOwnChunks) {
 PlanOptions auto_plan(uint64_t budget, int64_t prompt) {
   PlanOptions o;
   o.budget = budget;
-  o.max_rows = 0;  // auto
-  o.prefill_rows = prompt;
+  o.shape.max_rows = 0;  // auto
+  o.shape.prefill_rows = prompt;
   o.context = 2048;
   return o;
 }
@@ -123,7 +123,7 @@ TEST(Prefill, AutomaticPassesGrowWithTheBudget) {
             mid.budget);
   // A given chunk is kept as given.
   PlanOptions given = auto_plan(1ull << 40, 1024);
-  given.max_rows = 100;
+  given.shape.max_rows = 100;
   const MemoryPlan g = plan_memory(c, *ck, given);
   EXPECT_FALSE(g.pass.automatic);
   EXPECT_EQ(g.pass.pass_rows, 100);
@@ -191,7 +191,7 @@ TEST(Prefill, APromptAtTheBoundReadsEachExpertOnce) {
   // The same prompt in 64-row passes with the same expert cache (the budget less what the
   // smaller passes do not hold): every pass touches nearly every expert again.
   PlanOptions o64 = auto_plan(budget, T);
-  o64.max_rows = 64;
+  o64.shape.max_rows = 64;
   const uint64_t budget64 =
       (budget - (p.buffer_bytes - plan_memory(c, *ck, o64).buffer_bytes)) / 1024 * 1024;
   o64.budget = budget64;

@@ -12,6 +12,7 @@
 #include "draft/tap_drafter.h"
 #include "engine/engine.h"
 #include "fixtures/synthetic.h"
+#include "greedy_util.h"
 #include "prefix/prefix_store.h"
 #include "prefix/reuse.h"
 #include "test_util.h"
@@ -70,7 +71,7 @@ class PrefixExact : public ::testing::TestWithParam<std::string> {};
 // order (the KDA chunks start where a pass starts): the bound is checked and the tokens agree.
 TEST_P(PrefixExact, ARestoredStateContinuesBitForBit) {
   const std::string dir = GetParam() == "small-k3" ? small_k3() : golden(GetParam().c_str());
-  auto model = load_model(dir);
+  auto model = open_model(dir);
   const int64_t V = model->config().vocab;
   const auto p = prompt_of(50, V);
   const size_t m = 29;
@@ -89,8 +90,8 @@ TEST_P(PrefixExact, ARestoredStateContinuesBitForBit) {
     const auto got = feed(*model, b, std::span(p).subspan(m));
     ASSERT_EQ(got.size(), want.size());
     EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << "not bit-identical";
-    const auto ga = generate_greedy(*model, a, std::vector<int32_t>{1}, 8, {}, nullptr, 1);
-    const auto gb = generate_greedy(*model, b, std::vector<int32_t>{1}, 8, {}, nullptr, 1);
+    const auto ga = test::generate_greedy(*model, a, std::vector<int32_t>{1}, 8, {}, nullptr, 1);
+    const auto gb = test::generate_greedy(*model, b, std::vector<int32_t>{1}, 8, {}, nullptr, 1);
     EXPECT_EQ(ga, gb);
     a = model->new_state();  // a again as it was for the next store
     feed(*model, a, p);
@@ -118,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(Models, PrefixExact,
 // do not), from RAM and from disk.
 TEST(PrefixDrafters, ARestoredDrafterProposesTheSameDrafts) {
   const std::string target_dir = golden("k3-tiny-mxfp4");
-  auto model = load_model(target_dir);
+  auto model = open_model(target_dir);
   for (const char* kind : {"eagle3-tiny", "dspark-tiny"}) {
     auto dm = open_draft_model(test::data_dir() + "/" + kind + "/model", model->config());
     const auto p = prompt_of(40, model->config().vocab, 11);
@@ -156,7 +157,7 @@ TEST(PrefixDrafters, ARestoredDrafterProposesTheSameDrafts) {
 // A drafter restored without draft rows (a snapshot saved without it) says why on stderr, on its
 // own line, and drafts nothing; the output never depends on it.
 TEST(PrefixDrafters, AMissingDraftStateStopsDraftingWithOneLine) {
-  auto model = load_model(golden("k3-tiny-mxfp4"));
+  auto model = open_model(golden("k3-tiny-mxfp4"));
   auto dm = open_draft_model(test::data_dir() + "/eagle3-tiny/model", model->config());
   const auto p = prompt_of(20, model->config().vocab);
   PrefixStore store(model->config(), ram_only());
@@ -181,7 +182,7 @@ TEST(PrefixDrafters, AMissingDraftStateStopsDraftingWithOneLine) {
 // wins, and under a small RAM budget the least recently used leaves go first while the shared
 // prefix stays.
 TEST(PrefixTree, SharesSplitsAndEvictsLeavesFirst) {
-  auto model = load_model(golden("k3-tiny-mxfp4"));
+  auto model = open_model(golden("k3-tiny-mxfp4"));
   const auto shared = prompt_of(24, model->config().vocab, 1);
   State s = model->new_state();
   feed(*model, s, shared);
@@ -221,7 +222,7 @@ TEST(PrefixTree, SharesSplitsAndEvictsLeavesFirst) {
 // Files that are truncated, corrupt or of another model are never used: each is ignored with one
 // warning line and removed, and the lookup falls back to what else is kept (here: nothing).
 TEST(PrefixFiles, BadFilesAreIgnoredWithOneLineAndRemoved) {
-  auto model = load_model(golden("k3-tiny-mxfp4"));
+  auto model = open_model(golden("k3-tiny-mxfp4"));
   const auto p = prompt_of(30, model->config().vocab);
   State a = model->new_state();
   feed(*model, a, std::span(p).first(20));
@@ -271,7 +272,7 @@ TEST(PrefixFiles, BadFilesAreIgnoredWithOneLineAndRemoved) {
 // A folder that cannot be made (here a path under a regular file) leaves the RAM tier working
 // and says so once.
 TEST(PrefixFiles, AnUnusableFolderKeepsSnapshotsInRam) {
-  auto model = load_model(golden("k3-tiny-mxfp4"));
+  auto model = open_model(golden("k3-tiny-mxfp4"));
   const std::string file = test::temp_dir("prefix_unusable") + "/plain";
   std::ofstream(file) << "x";
   PrefixStoreOptions o = ram_only();
@@ -292,7 +293,7 @@ TEST(PrefixFiles, AnUnusableFolderKeepsSnapshotsInRam) {
 
 // The reuse policy: the cut positions of a chat prompt, and no cut where a snapshot is kept.
 TEST(PrefixReuse, CutsAtTheEndOfTheMessagesAndALongSystemPrompt) {
-  auto model = load_model(golden("k3-tiny-mxfp4"));
+  auto model = open_model(golden("k3-tiny-mxfp4"));
   PrefixStore store(model->config(), ram_only());
   const auto p = prompt_of(200, model->config().vocab);
   State s = model->new_state();

@@ -100,7 +100,7 @@ TEST(SpeculativeCli, RunIsIdenticalOnAK3PresetModelAtTheMinimumBudget) {
   auto ck = Checkpoint::open(dir);
   PlanOptions po;
   po.budget = 1ull << 40;
-  po.max_rows = 256;
+  po.shape.max_rows = 256;
   const uint64_t min_budget = plan_memory(c, *ck, po).min_working_set;
   const std::string budget = std::to_string((min_budget + 1023) / 1024) + "K";
   expect_identical_runs(dir, "11,4,9,4,9,4", {"--memory-budget", budget}, true);

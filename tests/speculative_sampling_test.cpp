@@ -20,6 +20,7 @@
 #include "generate/draft_length.h"
 #include "generate/driver.h"
 #include "generate/speculative.h"
+#include "greedy_util.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -51,7 +52,7 @@ std::vector<std::pair<int32_t, double>> target_dist(std::span<const float> logit
 class SpeculativeSampling : public ::testing::Test {
  public:
   void SetUp() override {
-    model_ = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+    model_ = open_model(test::data_dir() + "/k3-tiny-mxfp4/model");
     vocab_ = model_->config().vocab;
     base_ = model_->new_state();
     model_->forward(base_, std::span<const int32_t>(prompt_.data(), prompt_.size() - 1));
@@ -77,7 +78,7 @@ class SpeculativeSampling : public ::testing::Test {
     State s = base_;
     if (!fed.empty()) model_->forward(s, fed);
     PendingCommit pc;
-    std::vector<float> l = verify_pass(*model_, s, rows, pc);
+    std::vector<float> l = test::verify_pass(*model_, s, rows, pc);
     return passes_.emplace(key, std::move(l)).first->second;
   }
   // The logits after the prompt and `generated`.

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "fixtures/synthetic.h"
 #include "generate/driver.h"
+#include "greedy_util.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "replay_drafter.h"
@@ -45,12 +46,12 @@ TEST(Speculative, BadDrafterAndDraftMaxAreRejected) {
 
 TEST(Speculative, GreedyOutputIsIdenticalWithDrafting) {
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
-    auto model = load_model(test::data_dir() + "/" + name + "/model");
+    auto model = open_model(test::data_dir() + "/" + name + "/model");
     const int32_t vocab = static_cast<int32_t>(model->config().vocab);
     for (const std::vector<int32_t>& prompt :
          {std::vector<int32_t>{3, 1, 4, 1, 5}, std::vector<int32_t>{2, 7, 2, 7, 2, 7, 2}}) {
       State ps = model->new_state();
-      const auto plain = generate_greedy(*model, ps, prompt, 24, {}, nullptr, 0);
+      const auto plain = test::generate_greedy(*model, ps, prompt, 24, {}, nullptr, 0);
       ASSERT_EQ(plain.size(), 24u);
       std::vector<int32_t> full = prompt;
       full.insert(full.end(), plain.begin(), plain.end());
@@ -59,7 +60,7 @@ TEST(Speculative, GreedyOutputIsIdenticalWithDrafting) {
           ReplayDrafter drafter(full, wrong_every, vocab);
           DraftStats st;
           State ss = model->new_state();
-          const auto spec = generate_greedy(*model, ss, prompt, 24, {}, &drafter, k, &st);
+          const auto spec = test::generate_greedy(*model, ss, prompt, 24, {}, &drafter, k, &st);
           EXPECT_EQ(spec, plain) << name << " wrong_every=" << wrong_every << " k=" << k;
           if (wrong_every == 0) {
             EXPECT_EQ(st.accepted, st.proposed);
@@ -74,27 +75,27 @@ TEST(Speculative, GreedyOutputIsIdenticalWithDrafting) {
       }
       NgramDrafter ngram;
       State ns = model->new_state();
-      EXPECT_EQ(generate_greedy(*model, ns, prompt, 24, {}, &ngram, 4), plain) << name;
+      EXPECT_EQ(test::generate_greedy(*model, ns, prompt, 24, {}, &ngram, 4), plain) << name;
     }
   }
 }
 
 TEST(Speculative, StopTokenInsideAnAcceptedRunEndsThere) {
-  auto model = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+  auto model = open_model(test::data_dir() + "/k3-tiny-mxfp4/model");
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
   State ps = model->new_state();
-  const auto plain = generate_greedy(*model, ps, prompt, 16, {}, nullptr, 0);
+  const auto plain = test::generate_greedy(*model, ps, prompt, 16, {}, nullptr, 0);
   const std::vector<int32_t> stop = {plain[5]};
   State ps2 = model->new_state();
-  const auto plain_stop = generate_greedy(*model, ps2, prompt, 16, stop, nullptr, 0);
+  const auto plain_stop = test::generate_greedy(*model, ps2, prompt, 16, stop, nullptr, 0);
   std::vector<int32_t> full = prompt;
   full.insert(full.end(), plain.begin(), plain.end());
   ReplayDrafter drafter(full, 0, static_cast<int32_t>(model->config().vocab));
   State ss = model->new_state();
-  EXPECT_EQ(generate_greedy(*model, ss, prompt, 16, stop, &drafter, 8), plain_stop);
+  EXPECT_EQ(test::generate_greedy(*model, ss, prompt, 16, stop, &drafter, 8), plain_stop);
   State ms = model->new_state();
   ReplayDrafter d2(full, 0, static_cast<int32_t>(model->config().vocab));
-  EXPECT_EQ(generate_greedy(*model, ms, prompt, 7, {}, &d2, 8),
+  EXPECT_EQ(test::generate_greedy(*model, ms, prompt, 7, {}, &d2, 8),
             std::vector<int32_t>(plain.begin(), plain.begin() + 7));
 }
 
@@ -108,22 +109,21 @@ TEST(Speculative, GreedyIdenticalOnAK3PresetModelAtTheMinimumBudget) {
   auto ck = Checkpoint::open(dir);
   PlanOptions po;
   po.budget = 1ull << 40;
-  po.max_rows = 16;
+  po.shape.max_rows = 16;
   const uint64_t min_budget = plan_memory(c, *ck, po).min_working_set;
   const std::vector<int32_t> prompt = {11, 4, 9, 4, 9, 4};
-  auto ram = load_model(dir);
+  auto ram = open_model(dir);
   State rs = ram->new_state();
-  const auto plain = generate_greedy(*ram, rs, prompt, 16, {}, nullptr, 0);
+  const auto plain = test::generate_greedy(*ram, rs, prompt, 16, {}, nullptr, 0);
   std::vector<int32_t> full = prompt;
   full.insert(full.end(), plain.begin(), plain.end());
-  LoadOptions lo;
-  lo.plan.budget = min_budget;
-  lo.plan.max_rows = 16;
-  auto budgeted = load_model(dir, lo);
+  EngineOptions eo = test::engine_options(dir);
+  eo.memory_budget = min_budget;
+  auto budgeted = open_model(eo, po.shape);
   for (int wrong_every : {0, 2}) {
     ReplayDrafter drafter(full, wrong_every, static_cast<int32_t>(s.vocab));
     State bs = budgeted->new_state();
-    EXPECT_EQ(generate_greedy(*budgeted, bs, prompt, 16, {}, &drafter, 8), plain)
+    EXPECT_EQ(test::generate_greedy(*budgeted, bs, prompt, 16, {}, &drafter, 8), plain)
         << "wrong_every=" << wrong_every;
   }
 }
@@ -132,7 +132,7 @@ TEST(Speculative, GreedyIdenticalOnAK3PresetModelAtTheMinimumBudget) {
 // same completion with and without drafting, since rows are sampled exactly as plain passes
 // would be and a draft is accepted only when it equals the sampled token.
 TEST(Speculative, DriveWithDraftingKeepsGreedyAndSeededSamplingOutput) {
-  auto model = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+  auto model = open_model(test::data_dir() + "/k3-tiny-mxfp4/model");
   const int32_t vocab = static_cast<int32_t>(model->config().vocab);
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
   for (float temperature : {0.0f, 0.8f}) {

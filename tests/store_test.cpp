@@ -34,11 +34,9 @@ std::string copy_model(const std::string& name) {
 
 // Tiny experts (13 KiB) make O_DIRECT latency dominate, so most tests read through the page
 // cache; one run keeps O_DIRECT to cover the aligned-read path.
-LoadOptions store_options(size_t slots, CachePolicy policy = CachePolicy::kLRU,
-                          bool direct = false) {
-  LoadOptions o;
-  o.make_experts = [slots, policy, direct](const ModelConfig& c, const Checkpoint& ck,
-                                           ExpertFormat f) {
+ExpertFactory store_options(size_t slots, CachePolicy policy = CachePolicy::kLRU,
+                            bool direct = false) {
+  return [slots, policy, direct](const ModelConfig& c, const Checkpoint& ck, ExpertFormat f) {
     StoreOptions so;
     so.policy = policy;
     so.cache_slots = slots;
@@ -46,7 +44,6 @@ LoadOptions store_options(size_t slots, CachePolicy policy = CachePolicy::kLRU,
     so.readers = 3;
     return std::make_unique<ExpertStore>(c, ck, f, so);
   };
-  return o;
 }
 
 std::vector<float> run(Model& m, const std::vector<int32_t>& toks, int64_t split) {
@@ -64,10 +61,10 @@ const std::vector<int32_t> kToks = {5, 17, 200, 3, 99, 42, 7, 300, 64, 128, 1, 2
 
 TEST(Store, ExactUnderABudgetThatEvictsEveryPass) {
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
-    auto ref = load_model(test::data_dir() + "/" + name + "/model");
+    auto ref = open_model(test::data_dir() + "/" + name + "/model");
     for (CachePolicy p : {CachePolicy::kLRU, CachePolicy::kLFU}) {
       const bool direct = p == CachePolicy::kLRU && std::string(name) == "k3-tiny-mxfp4";
-      auto m = load_model(test::data_dir() + "/" + name + "/model",
+      auto m = open_model(test::engine_options(test::data_dir() + "/" + name + "/model"), {},
                           store_options(4, p, direct));  // top-4: minimum
       for (int64_t split : {int64_t{16}, int64_t{6}}) {
         EXPECT_EQ(run(*ref, kToks, split), run(*m, kToks, split)) << name << " split " << split;
@@ -81,7 +78,8 @@ TEST(Store, ExactUnderABudgetThatEvictsEveryPass) {
 }
 
 TEST(Store, MinimumCacheIsEnforced) {
-  EXPECT_THROW(load_model(test::data_dir() + "/k3-tiny-mxfp4/model", store_options(3)),
+  EXPECT_THROW(open_model(test::engine_options(test::data_dir() + "/k3-tiny-mxfp4/model"), {},
+                          store_options(3)),
                InvalidArgument);
 }
 
@@ -122,8 +120,8 @@ TEST(Store, ScatteredExpertsReadOneRangeAtATime) {
   for (auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() == ".safetensors") scatter_experts(e.path().string());
   }
-  auto ref = load_model(test::data_dir() + "/k3-tiny-mxfp4/model");
-  auto m = load_model(dir, store_options(5));
+  auto ref = open_model(test::data_dir() + "/k3-tiny-mxfp4/model");
+  auto m = open_model(test::engine_options(dir), {}, store_options(5));
   EXPECT_FALSE(ExpertDirectory(m->config(), m->checkpoint(), ExpertFormat::kMXFP4)
                    .location(1, 0)
                    .contiguous());

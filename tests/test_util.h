@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/engine.h"
 #include "fixtures/synthetic.h"
 
 namespace deltafin::test {
@@ -19,6 +20,16 @@ inline std::string data_dir() {
 }
 inline std::string binary() {
   return DELTAFIN_BINARY;
+}
+
+// Engine options for a model folder in a test: every setting at its default, no heat file,
+// nothing printed (open_model's own default for a bare folder).
+inline EngineOptions engine_options(const std::string& dir) {
+  EngineOptions o;
+  o.model = dir;
+  o.heat_file = "";
+  o.plan_on_terminal = false;
+  return o;
 }
 
 // A fresh, empty folder under the build tree, unique per call; removed at process exit.

@@ -85,7 +85,7 @@ TEST_P(Variants, MatchFloat64ReferenceInEveryMode) {
   test::ReferenceModel ref(dir);
   std::vector<int32_t> toks = {5, 17, 200, 3, 99, 42, 7, 255, 64, 128, 1, 250};
   auto expect = ref.logits(toks);
-  auto model = load_model(dir);
+  auto model = open_model(dir);
   const int64_t V = model->config().vocab, T = static_cast<int64_t>(toks.size());
   for (int64_t split : {T, int64_t{0}, int64_t{5}}) {
     State st = model->new_state();

@@ -172,36 +172,37 @@ LoadRequest load_request(const std::string& dir, const deltafin_model_params& p)
   if (policy != "lru" && policy != "lfu" && policy != "pinned")
     fail_arg("cache_policy: {} is not a policy (expected lru, lfu or pinned)", policy);
   if (p.mmap != 0 && trunk == "int8") fail_arg("trunk int8 needs the planned store (drop mmap)");
+  if (p.state_cache_ram < -1)
+    fail_arg("state_cache_ram: expected -1 (auto), 0 (disk only) or bytes, got {}",
+             p.state_cache_ram);
   LoadRequest r;
   EngineOptions& e = r.engine;
   e.model = dir;
   e.threads = static_cast<int>(std::min<int64_t>(p.threads, INT32_MAX));
   e.own_threads = true;  // models loaded side by side neither share nor resize threads
-  e.memory_budget_bytes = p.memory_budget;
+  if (p.memory_budget > 0) e.memory_budget = p.memory_budget;
   e.mmap = p.mmap != 0;
-  e.cache_policy = policy;
+  e.cache_policy = parse_cache_policy(policy);
   e.readers = p.readers;
-  e.no_prefetch = p.prefetch == 0;
-  e.no_direct_io = p.direct_io == 0;
-  e.trunk = trunk;
+  e.prefetch = p.prefetch != 0;
+  e.direct_io = p.direct_io != 0;
+  e.trunk = trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
   e.ctx = p.ctx;
   e.verbose = p.verbose != 0;
   e.plan_on_terminal = false;
   e.heat_file = p.heat_file != nullptr ? p.heat_file : "";
-  e.gpu = p.gpu != nullptr && *p.gpu ? p.gpu : "off";
+  e.gpu.select = p.gpu != nullptr && *p.gpu ? p.gpu : "off";
   // NULL or "": the model folder's draft/ subfolder when it has one (as on the command line).
   r.draft = p.draft != nullptr ? p.draft : "";
   r.draft_max = DraftMax::from_count(p.draft_max);
   r.prefill_chunk = p.max_rows;
   r.sequences = static_cast<int>(p.sequences);
-  const std::string cache = p.state_cache != nullptr ? p.state_cache : "";
-  if (cache == "none") r.reuse = false;
-  r.state_cache = cache == "none" ? "" : cache;
-  r.state_cache_size = p.state_cache_size;
-  if (p.state_cache_ram < -1)
-    fail_arg("state_cache_ram: expected -1 (auto), 0 (disk only) or bytes, got {}",
-             p.state_cache_ram);
-  if (p.state_cache_ram >= 0) r.state_cache_ram = static_cast<uint64_t>(p.state_cache_ram);
+  StateCacheSettings& cache = r.state_cache;
+  const std::string folder = p.state_cache != nullptr ? p.state_cache : "";
+  cache.enabled = folder != "none";
+  cache.dir = cache.enabled ? folder : "";
+  cache.disk_bytes = p.state_cache_size;
+  if (p.state_cache_ram >= 0) cache.ram_bytes = static_cast<uint64_t>(p.state_cache_ram);
   if (p.n_homes > 0 && p.homes == nullptr) fail_arg("homes: NULL with n_homes {}", p.n_homes);
   for (size_t i = 0; i < p.n_homes; ++i) {
     if (p.homes[i] == nullptr || *p.homes[i] == 0) fail_arg("homes[{}]: empty path", i);

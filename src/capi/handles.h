@@ -20,8 +20,8 @@
 #include "generate/chat_session.h"
 #include "generate/driver.h"
 #include "generate/generation.h"
-#include "prefix/reuse.h"
 #include "runtime/load.h"
+#include "runtime/sequence.h"
 #include "server/request.h"
 #include "server/response.h"
 #include "tokenizer/tokenizer.h"
@@ -130,23 +130,13 @@ struct deltafin_chat : deltafin::capi::Handle {
 struct deltafin_stream : deltafin::capi::Handle {
   ~deltafin_stream() override;
   deltafin::capi::Ref<deltafin_model> m;
-  deltafin::State own_state;
-  deltafin::State* state = nullptr;
-  std::unique_ptr<deltafin::Generation> gen;
-  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Its generation, drafter, state (a chat turn: the chat's) and reuse.
+  std::unique_ptr<deltafin::Sequence> seq;
   std::unique_ptr<deltafin::server::ResponseBuilder> builder;
-  std::unique_ptr<deltafin::StatsRecorder> rec;
-  std::unique_ptr<deltafin::Drafter> drafter;
-  deltafin::DraftConfig draft;
   std::deque<std::string> pending;  // chunks produced, not returned yet
   size_t sent = 0;                  // tokens folded into the builder
-  std::vector<int32_t> input;       // what the generation was fed before sampling
-  std::vector<int32_t> prompt;      // a stream's whole prompt (a chat turn: empty)
-  int64_t cached = 0;               // prompt ids the state held before it (restored or kept)
-  std::optional<deltafin::SequenceReuse> reuse;  // the prefix store's restore and snapshots
   bool begun = false, ended = false;
-  deltafin::server::Timings timings;  // when it started (the end and the rest come in finish)
-  deltafin::server::Usage usage;
+  deltafin::Usage usage;
   std::optional<deltafin::RunStats> stats;
   deltafin_chat* chat = nullptr;             // a chat turn: recorded in the chat when it ends
   deltafin::capi::Ref<deltafin_chat> owner;  // a chat turn's chat, kept alive while we are

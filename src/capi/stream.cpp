@@ -9,7 +9,6 @@
 #include "capi/handles.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "prefix/reuse.h"
 #include "server/api_error.h"
 #include "server/structured.h"
 
@@ -21,90 +20,52 @@ using json = nlohmann::ordered_json;
 namespace {
 
 // A stream over `ids` (a whole prompt, or a chat's history with its new turn) whose state holds
-// the first state->position() of them (a fresh stream: none). The prefix store (prefix/reuse.h)
-// may restore a deeper prefix first; the generation is fed the rest.
+// the first state->position() of them (a fresh stream: a state of its own, none). The prefix
+// store (prefix/reuse.h) may restore a deeper prefix first; the generation is fed the rest.
 std::unique_ptr<deltafin_stream> make_stream(const capi::Ref<deltafin_model>& model,
                                              server::ServeRequest& r, std::span<const int32_t> ids,
                                              const PromptMarks& marks, State* state) {
   auto s = std::make_unique<deltafin_stream>();
-  // The server's `timings`: in-process a request arrives and is admitted when its stream starts.
-  s->timings.arrived = s->timings.admitted = now_seconds();
   s->m = model;
   deltafin_model& m = *model;
   const Tokenizer& tok = m.tokenizer("an OpenAI-shaped completion");
-  if (state == nullptr) {
-    s->own_state = m.model->new_state();
-    state = &s->own_state;
-  }
-  s->state = state;
-  s->draft = m.draft_config(s->drafter);
-  s->timings.drafting = s->drafter != nullptr;
   {
-    std::lock_guard<std::mutex> lock(m.pass);  // a restored drafter computes with the model
-    if (m.engine.store)
-      s->reuse.emplace(m.engine.store.get(), ids, marks, *state, s->drafter.get());
+    // A restored drafter computes with the model, and the counters are written by passes.
+    std::lock_guard<std::mutex> lock(m.pass);
+    SequenceSpec spec{std::vector<int32_t>(ids.begin(), ids.end()), marks, r.params, r.logit_bias};
+    s->seq = std::make_unique<Sequence>(*m.model, &tok, m.engine.store.get(), std::move(spec),
+                                        SequenceDrafter(m.engine.new_drafter(), m.engine.draft_max),
+                                        state, true);
   }
-  s->cached = state->position();  // restored, or kept by the chat
-  s->input.assign(ids.begin() + state->position(), ids.end());
-  s->gen = std::make_unique<Generation>(s->input, r.params, &tok, m.model->config().vocab,
-                                        ids.first(static_cast<size_t>(state->position())));
-  s->logit_bias = r.logit_bias;
   const bool chat = r.endpoint == server::Endpoint::chat;
   s->builder = std::make_unique<server::ResponseBuilder>(
       tok, r.endpoint, server::random_id(chat ? "chatcmpl-" : "cmpl-"),
       static_cast<int64_t>(std::time(nullptr)), m.limits.model_id, r.logprobs, r.include_usage);
-  {
-    std::lock_guard<std::mutex> lock(m.pass);  // the counters are written by passes
-    s->rec = std::make_unique<StatsRecorder>(*m.model);
-  }
   return s;
-}
-
-// The ids the stream's reuse refers to: its prompt, or its chat's history.
-std::span<const int32_t> reuse_ids(const deltafin_stream& s) {
-  if (s.chat != nullptr) return s.chat->session->history();
-  return s.prompt;
 }
 
 void push(deltafin_stream& s, const std::vector<json>& chunks) {
   for (const auto& c : chunks) s.pending.push_back(server::dump(c));
 }
 
-// After the generation finished: usage, the final chunks, stats, the chat's record.
+// After the generation finished: usage, the final chunks, stats, the chat's record and the
+// state after the answer for the prefix store.
 void finish(deltafin_stream& s) {
-  const Generation& g = *s.gen;
-  server::Timings t = s.timings;
-  t.first_token = g.timing().first_token;
-  s.usage = server::generation_usage(&g, s.cached, static_cast<int64_t>(s.input.size()), t,
-                                     s.draft.stats, s.reuse ? &*s.reuse : nullptr);
+  Sequence& seq = *s.seq;
+  const Generation& g = seq.gen();
+  s.usage = seq.usage();
   push(s, s.builder->end(g.stop_reason(), s.usage));
   s.ended = true;
-  std::unique_lock<std::mutex> lock(s.m->pass);
-  RunStats st = s.rec->finish(g);
-  lock.unlock();
-  st.reused_tokens = s.cached;
-  if (s.reuse && s.reuse->restored().position > 0) {
-    st.reused_from = s.reuse->restored().from_disk ? "disk" : "RAM";
-    st.reuse_load_s = s.reuse->restored().seconds;
-  }
-  st.draft = s.draft.stats;
-  s.stats = st;
-  std::vector<int32_t> consumed;  // the state after the answer, for the prefix store
+  std::lock_guard<std::mutex> lock(s.m->pass);  // the counters are written by passes
+  s.stats = seq.run_stats();
   if (s.chat != nullptr) {
-    s.chat->session->end_turn(g);
-    const auto c = s.chat->session->consumed();
-    consumed.assign(c.begin(), c.end());
+    ChatSession& session = *s.chat->session;
+    session.end_turn(g);
+    seq.finish(session.consumed());
     s.chat->active = nullptr;
     s.chat = nullptr;
   } else {
-    consumed = s.prompt;
-    const auto ids = g.completion_ids();
-    consumed.insert(consumed.end(), ids.begin(), ids.end());
-    if (g.unconsumed_token()) consumed.pop_back();
-  }
-  if (s.reuse && g.stop_reason() != StopReason::kCancelled && s.state != nullptr) {
-    std::lock_guard<std::mutex> pass(s.m->pass);
-    s.reuse->at_end(consumed, *s.state, s.drafter.get());
+    seq.finish();
   }
 }
 
@@ -119,20 +80,12 @@ void check_owners(const deltafin_stream& s) {
 
 // One forward pass (or the end), folding what it produced into chunks.
 void step(deltafin_stream& s) {
-  Generation& g = *s.gen;
+  Generation& g = s.seq->gen();
   check_owners(s);
   if (!g.finished()) {
     try {
       std::lock_guard<std::mutex> lock(s.m->pass);
-      const auto ids = reuse_ids(s);
-      const auto before = ids.first(static_cast<size_t>(s.cached));
-      const std::span<const int64_t> cuts = s.reuse ? s.reuse->cuts() : std::span<const int64_t>();
-      drive_step(*s.m->model, *s.state, g, &s.draft,
-                 [&s](std::span<float> row) {
-                   for (const auto& [id, bias] : s.logit_bias) row[static_cast<size_t>(id)] += bias;
-                 },
-                 {before, cuts});
-      if (s.reuse) s.reuse->after_pass(ids, *s.state, s.drafter.get(), true);
+      s.seq->step();
     } catch (...) {
       g.abort();
       if (s.chat != nullptr) {
@@ -161,7 +114,7 @@ deltafin_status run_to_end(deltafin_stream* s, deltafin_chunk_callback cb, void*
     if (chunk != nullptr) {
       const int stop = cb != nullptr ? cb(chunk, user) : 0;
       deltafin_free(chunk);
-      if (stop != 0 && !s->gen->finished()) s->gen->cancel();
+      if (stop != 0 && !s->seq->gen().finished()) s->seq->gen().cancel();
     }
     if (done != 0) break;
   }
@@ -184,9 +137,9 @@ deltafin_status create(deltafin_model* model, const char* request_json, int chat
 deltafin_stream::~deltafin_stream() {
   try {
     if (chat != nullptr) {
-      if (gen && !ended) {
-        gen->cancel();
-        chat->session->end_turn(*gen);
+      if (seq && !ended) {
+        seq->gen().cancel();
+        chat->session->end_turn(seq->gen());
       }
       chat->active = nullptr;
     }
@@ -208,7 +161,6 @@ deltafin_status deltafin_stream_start(deltafin_model* model, const char* request
                                        : server::parse_completion_request(body, model->limits, tok);
     auto s = make_stream(hold, r, r.prompt,
                          PromptMarks{r.system_end, r.messages_end, r.last_message}, nullptr);
-    s->prompt = std::move(r.prompt);
     capi::adopt(s.get());
     *out = s.release();
   });
@@ -241,8 +193,8 @@ deltafin_status deltafin_stream_response(deltafin_stream* s, char** out_json) {
     s->begun = true;
     while (!s->ended) step(*s);  // (a detached stream fails in step)
     s->pending.clear();
-    *out_json =
-        capi::copy_string(server::dump(s->builder->response(s->gen->stop_reason(), s->usage)));
+    *out_json = capi::copy_string(
+        server::dump(s->builder->response(s->seq->gen().stop_reason(), s->usage)));
   });
 }
 
@@ -252,8 +204,9 @@ deltafin_status deltafin_stream_stats_json(deltafin_stream* s, char** out_json) 
     require(out_json, "out_json");
     if (!s->stats) fail_arg("the stream has not finished: its stats are complete at the end");
     nlohmann::json j;
-    j["prompt_ids"] = s->input;  // the ids fed (a chat turn: only the new ones)
-    j["completion_ids"] = s->gen->completion_ids();
+    const auto fed = s->seq->input();  // the ids fed (a chat turn: only the new ones)
+    j["prompt_ids"] = std::vector<int32_t>(fed.begin(), fed.end());
+    j["completion_ids"] = s->seq->gen().completion_ids();
     s->stats->to_json(j);
     *out_json = capi::copy_string(j.dump());
   });

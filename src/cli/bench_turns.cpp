@@ -12,7 +12,7 @@
 #include "core/sysinfo.h"
 #include "core/timer.h"
 #include "generate/driver.h"
-#include "prefix/reuse.h"
+#include "runtime/sequence.h"
 
 namespace deltafin::cli {
 
@@ -35,35 +35,31 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
   for (int t = 1; t <= turns; ++t) {
     for (int i = 0; i < prompt_tokens; ++i) conversation.push_back(ids.next());
     // With reuse: the deepest kept snapshot, then the rest, then the answer.
-    State st = model.new_state();
-    SequenceReuse reuse(engine.store.get(), conversation, {}, st, drafter.get());
-    const int64_t restored = st.position();
-    std::vector<int32_t> input(conversation.begin() + restored, conversation.end());
     GenerationParams gp;
     gp.max_new_tokens = gen_tokens;
     gp.prefill_chunk = static_cast<int64_t>(chunk);
     gp.context_limit = model.plan() ? model.plan()->context : c.max_positions;
-    const std::vector<int32_t> before(conversation.begin(), conversation.begin() + restored);
-    Generation g(input, gp, nullptr, V, std::span<const int32_t>(before));
     draft.stats = DraftStats{};
-    drive(model, st, g, nullptr, nullptr, &draft, {before, {}});
+    Sequence seq(model, nullptr, engine.store.get(), {conversation, {}, gp, {}},
+                 SequenceDrafter(draft));
+    const int64_t restored = seq.cached();
+    const auto prefilled = static_cast<int64_t>(seq.input().size());
+    seq.drive(nullptr, nullptr);
+    const Generation& g = seq.gen();
     // The restore is part of what reuse costs.
-    const double with_reuse = reuse.restored().seconds + g.timing().prefill_done - g.timing().start;
-    std::vector<int32_t> consumed = conversation;
-    for (const int32_t id : g.completion_ids()) consumed.push_back(id);
-    if (g.unconsumed_token()) consumed.pop_back();
-    reuse.at_end(consumed, st, drafter.get());
+    const double with_reuse = seq.restored().seconds + g.timing().prefill_done - g.timing().start;
+    seq.finish();
     // From scratch: the same prompt in passes of the plan's rows.
     State fresh = model.new_state();
     Stopwatch sw;
     prefill_in_passes(model, fresh, conversation, chunk);
     const double full = sw.elapsed();
-    const Restored& r = reuse.restored();
+    const Restored& r = seq.restored();
     nlohmann::json row = {{"turn", t},
                           {"conversation_tokens", conversation.size()},
-                          {"prefilled_tokens", input.size()},
+                          {"prefilled_tokens", prefilled},
                           {"restored_tokens", restored},
-                          {"restored_from", restored > 0 ? (r.from_disk ? "disk" : "RAM") : ""},
+                          {"restored_from", restored > 0 ? r.where() : ""},
                           {"restore_s", r.seconds},
                           {"prefill_s_reuse", with_reuse},
                           {"prefill_s_full", full},
@@ -73,7 +69,7 @@ nlohmann::json bench_turns(LoadedEngine& engine, int turns, int prompt_tokens, i
     if (text) {
       fmt::print(
           "{:>4}  {:>12}  {:>9}  {:>8}  {:>4}  {:>16.4f}  {:>16.4f}  {:>15.4f}  {:>10.2f}  {}/{}\n",
-          t, conversation.size(), input.size(), restored, row["restored_from"].get<std::string>(),
+          t, conversation.size(), prefilled, restored, row["restored_from"].get<std::string>(),
           with_reuse, r.seconds, full, row["full_over_reuse"].get<double>(), draft.stats.proposed,
           draft.stats.accepted);
     }

@@ -22,6 +22,7 @@
 #include "cli/bench_constraint.h"
 #include "cli/bench_prompt.h"
 #include "cli/bench_report.h"
+#include "cli/bench_runs.h"
 #include "cli/bench_turns.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -53,7 +54,7 @@ struct BenchArgs {
   std::string report;  // HTML report file ("" = none)
   DraftOptions draft;
   int turns = 0;  // --turns: a multi-turn conversation with and without state reuse
-  StateCacheOptions state_cache;
+  StateCacheSettings state_cache;
   GenOptions gen;  // only --grammar-file / --json-schema: decode with and without them
   std::optional<float> constraint_temperature;  // --temperature, with a constraint only (1)
 };
@@ -77,60 +78,6 @@ Summary summarize(std::vector<double> v) {
 int64_t req_tokens(const BenchArgs& a) {
   return int64_t{a.turns} * (a.prompt_tokens + a.gen_tokens);
 }
-
-int32_t argmax(const float* x, int64_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);
-}
-
-// Counters over the decode phases of all measured repetitions.
-struct DecodeTotals {
-  int64_t tokens = 0, passes = 0, expert_fetches = 0;
-  double seconds = 0;
-  ExpertStats experts;
-  uint64_t trunk_streamed = 0, storage_read = 0;
-  double trunk_wait = 0;
-  // Snapshot at the start of a decode phase; add() takes the difference at its end.
-  ExpertStats e0;
-  TrunkStats t0;
-  uint64_t s0 = 0;
-  void begin(Model& m) {
-    e0 = m.experts().stats();
-    t0 = m.trunk_stats();
-    s0 = process_storage_read_bytes();
-  }
-  void add(Model& m) {
-    experts += m.experts().stats() - e0;
-    const TrunkStats t = m.trunk_stats();
-    trunk_streamed += t.bytes_streamed - t0.bytes_streamed;
-    trunk_wait += t.wait_s - t0.wait_s;
-    storage_read += process_storage_read_bytes() - s0;
-  }
-};
-
-// Counters over the prefill phases of all measured repetitions.
-struct PrefillTotals {
-  int64_t tokens = 0, passes = 0;
-  double seconds = 0;
-  uint64_t expert_read = 0, trunk_read = 0, storage_read = 0;
-  ExpertStats e0;
-  TrunkStats t0;
-  uint64_t s0 = 0;
-  int64_t p0 = 0;
-  void begin(Model& m) {
-    e0 = m.experts().stats();
-    t0 = m.trunk_stats();
-    s0 = process_storage_read_bytes();
-    p0 = m.pass_stats().passes;
-  }
-  void add(Model& m, int64_t n, double s) {
-    expert_read += (m.experts().stats() - e0).bytes_read;
-    trunk_read += m.trunk_stats().bytes_streamed - t0.bytes_streamed;
-    storage_read += process_storage_read_bytes() - s0;
-    passes += m.pass_stats().passes - p0;
-    tokens += n;
-    seconds += s;
-  }
-};
 
 // Floating-point operations of a prompt of T tokens, per token: every trunk matrix of every
 // layer once per row (2 per weight), the top-k routed experts of each MoE layer, MLA attention
@@ -157,223 +104,86 @@ double prefill_flops_per_token(const LoadedModel& m, int64_t T) {
   return 2.0 * (weights + mla + kda + head);
 }
 
-// The in-RAM reference of an out-of-core run: the same passes, with every request of a layer
-// served by that layer's first n experts (n = the request's size). They stay in the store's
-// cache after the first pass, so a pass computes exactly as much as a real one (the same number
-// of distinct experts of the same shape, from RAM) and reads nothing: the decode speed of the
-// same dimensions in RAM, measured in the same process, next to the out-of-core speed. The
-// tokens differ (other experts); only the time is used.
-class InRamReference : public ExpertProvider {
- public:
-  explicit InRamReference(ExpertProvider& real) : real_(real) {}
-  void run(const ExpertStep& step) override { run_as_ready(*this, step); }
-  uint64_t expert_bytes() const override { return real_.expert_bytes(); }
-  std::unique_ptr<ExpertBatch> request(int layer, std::span<const int> experts) override {
-    std::vector<int> first(experts.size());
-    std::iota(first.begin(), first.end(), 0);
-    return real_.request(layer, first);
-  }
-  ExpertHandle acquire(int layer, int expert) override {
-    (void)expert;
-    return real_.acquire(layer, 0);
-  }
-  ExpertStats stats() const override { return real_.stats(); }
-  std::string describe() const override { return "in-RAM reference over " + real_.describe(); }
-
- private:
-  ExpertProvider& real_;
-};
-
-void run_bench(BenchArgs& a) {
+// The load request of the flags, checked, and the memory probe that runs before the model
+// loads: its buffer (256 MiB) is freed and the peak RSS starts over, so the peak this run reports
+// is the engine's (budget + fixed overhead).
+LoadedEngine load_for_bench(BenchArgs& a, bool constrained, double& mem_bw) {
   if (a.prompt_tokens < 1 || a.gen_tokens < 1 || a.reps < 1) {
     fail_usage("--prompt-tokens, --gen-tokens and --reps must be at least 1");
   }
   if (!a.report.empty()) check_output_target(a.report);  // before the benchmark runs
+  if (constrained && a.turns > 0) fail_usage("--turns and a constraint are separate benchmarks");
+  if (!constrained && a.constraint_temperature)
+    fail_usage("--temperature applies to bench with --json-schema or --grammar-file");
   a.engine.model = resolve_model_dir(a.engine.model);
   // Passes of --prefill-chunk rows (auto: as many as the budget holds, up to the prompt), and
   // at least a verify pass's rows when drafting.
   LoadRequest req = load_request(a.engine, a.draft, a.prefill_chunk);
   req.prompt_rows = a.prompt_tokens;
   // Prefill and decode are measured without reuse; --turns measures it.
-  req.reuse = a.turns > 0;
   if (a.turns > 0) {
-    apply_state_cache(a.state_cache, req);
+    req.state_cache = a.state_cache;
     req.prompt_rows = req_tokens(a);
   }
-  const bool constrained = !a.gen.grammar_file.empty() || !a.gen.json_schema.empty();
-  if (constrained && a.turns > 0) fail_usage("--turns and a constraint are separate benchmarks");
-  if (!constrained && a.constraint_temperature)
-    fail_usage("--temperature applies to bench with --json-schema or --grammar-file");
   if (constrained) {
     req.tokenizer = NeedTokenizer::kRequired;
     req.who = "bench with a constraint";
   }
-  // The memory probe before the model loads: its buffer (256 MiB) is freed and the peak RSS
-  // starts over, so the peak this run reports is the engine's (budget + fixed overhead).
   apply_engine_options(req.engine);
-  const double mem_bw = constrained ? 0.0 : measure_memory_bandwidth(global_pool().size());
+  mem_bw = constrained ? 0.0 : measure_memory_bandwidth(global_pool().size());
   reset_peak_rss();
   LoadedEngine engine = load_engine(std::move(req));
   note_demo_drafter(a.engine.model, engine.draft);
-  auto& model = engine.model;
-  if (constrained) {
-    const auto c = constraint_for(a.gen, &*engine.tokenizer, false, Channel::response);
-    nlohmann::json j = bench_constraint(engine, c, a.gen_tokens, a.reps,
-                                        a.constraint_temperature.value_or(1.0f), !a.json);
-    j["model"] = a.engine.model;
-    if (a.json) fmt::print("{}\n", j.dump());
-    return;
-  }
-  if (a.turns > 0) {
-    if (!engine.store) fail_usage("--turns measures state reuse: drop --state-cache none");
-    const int64_t ctx = model->plan() ? model->plan()->context : model->config().max_positions;
-    if (req_tokens(a) > ctx) {
-      fail_usage(
-          "--turns {} x (--prompt-tokens {} + --gen-tokens {}) = {} tokens, more than the "
-          "context of {} positions",
-          a.turns, a.prompt_tokens, a.gen_tokens, req_tokens(a), ctx);
-    }
-    nlohmann::json turns = bench_turns(engine, a.turns, a.prompt_tokens, a.gen_tokens, !a.json);
-    if (a.json) {
-      nlohmann::json j = {{"model", a.engine.model},
-                          {"cpu", cpu_model_name()},
-                          {"threads", global_pool().size()},
-                          {"turns", turns}};
-      fmt::print("{}\n", j.dump());
-    }
-    return;
-  }
-  const auto chunk = static_cast<size_t>(model->pass_plan().pass_rows);
-  const ModelConfig& c = model->config();
-  // Each repetition holds its prompt and every generated token in one state: check the whole
-  // length now rather than after the repetitions that fit.
-  const int64_t context = model->plan() ? model->plan()->context : c.max_positions;
-  if (int64_t{a.prompt_tokens} + a.gen_tokens > context) {
+  return engine;
+}
+
+// --turns: a conversation with and without state reuse (bench_turns.cpp).
+void run_turns(const BenchArgs& a, LoadedEngine& engine) {
+  const LoadedModel& model = *engine.model;
+  if (!engine.store) fail_usage("--turns measures state reuse: drop --state-cache none");
+  const int64_t ctx = model.plan() ? model.plan()->context : model.config().max_positions;
+  if (req_tokens(a) > ctx) {
     fail_usage(
-        "--prompt-tokens {} + --gen-tokens {} = {} tokens, more than the context of {} positions "
-        "(lower them, or raise --ctx up to the model's {})",
-        a.prompt_tokens, a.gen_tokens, int64_t{a.prompt_tokens} + a.gen_tokens, context,
-        c.max_positions);
+        "--turns {} x (--prompt-tokens {} + --gen-tokens {}) = {} tokens, more than the "
+        "context of {} positions",
+        a.turns, a.prompt_tokens, a.gen_tokens, req_tokens(a), ctx);
   }
-  // A different prompt per repetition, so no repetition replays another's expert reads.
-  std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
-  SyntheticIds ids(c.vocab, 88172645463325252ull);
-  auto new_prompt = [&] {
-    for (auto& t : prompt) t = ids.next();
-  };
-  const int64_t V = c.vocab;
-  DecodeTotals dec;
-  // Which device ran what: the GPU backend's products (and those it left to the CPU) per phase.
-  const gpu::Backend* gpu = model->gpu().get();
-  gpu::Stats gpu_prefill, gpu_decode;
-  auto gpu_delta = [&](const gpu::Stats& before, gpu::Stats& sum) {
-    if (gpu == nullptr) return;
-    const gpu::Stats now = gpu->stats();
-    sum.products += now.products - before.products;
-    sum.declined += now.declined - before.declined;
-    sum.seconds += now.seconds - before.seconds;
-    sum.flops += now.flops - before.flops;
-    sum.uploaded_bytes += now.uploaded_bytes - before.uploaded_bytes;
-    sum.grouped_products += now.grouped_products - before.grouped_products;
-    sum.expert_bytes += now.expert_bytes - before.expert_bytes;
-    sum.overlapped_bytes += now.overlapped_bytes - before.overlapped_bytes;
-  };
-  // With --draft the decode is greedy generation driven with drafting (the first decode pass
-  // is the plain pass over the prompt's token; the others verify drafts).
-  std::unique_ptr<Drafter> drafter;
-  DraftConfig draft = engine.draft_config(drafter);
-  DraftStats drafted;
-  PrefillTotals pre;
-  std::vector<double> ttft;
-  auto one_run = [&](int gen, double& prefill_s, double& decode_s, bool measured) {
-    new_prompt();
-    State st = model->new_state();
-    // A draft model reads the target's taps of the prompt too: attached before the prefill.
-    if (drafter) {
-      drafter->attach(st);
-      draft.attached = &st;
-    }
-    gpu::Stats g0 = gpu != nullptr ? gpu->stats() : gpu::Stats{};
-    if (measured) pre.begin(*model);
-    Stopwatch sw;
-    std::vector<float> logits = prefill_in_passes(*model, st, prompt, chunk);
-    prefill_s = sw.elapsed();
-    if (measured) gpu_delta(g0, gpu_prefill);
-    if (gpu != nullptr) g0 = gpu->stats();
-    int32_t next = argmax(logits.data(), V);
-    if (measured) {
-      ttft.push_back(sw.elapsed());  // the first token is known here
-      pre.add(*model, a.prompt_tokens, prefill_s);
-    }
-    const int64_t f0 = model->pass_stats().expert_fetches, p0 = model->pass_stats().passes;
-    if (measured) dec.begin(*model);
-    sw.reset();
-    if (drafter) {
-      GenerationParams gp;
-      gp.max_new_tokens = gen;
-      Generation g({next}, gp, nullptr, V, st.position());
-      draft.stats = DraftStats{};
-      drive(*model, st, g, nullptr, nullptr, &draft, {prompt, {}});
-      if (measured) drafted += draft.stats;
-    } else {
-      for (int i = 0; i < gen; ++i) {
-        auto l = model->forward(st, std::span<const int32_t>(&next, 1));
-        next = argmax(l.data(), V);
-      }
-    }
-    decode_s = sw.elapsed();
-    if (measured) gpu_delta(g0, gpu_decode);
-    if (measured) {
-      dec.add(*model);
-      dec.tokens += gen;
-      dec.seconds += decode_s;
-      dec.expert_fetches += model->pass_stats().expert_fetches - f0;
-      dec.passes += model->pass_stats().passes - p0;
-    }
-  };
-  {  // warm-up: page in what is resident, fill the caches, spin up the threads
-    double p, d;
-    one_run(std::min(a.gen_tokens, 2), p, d, false);
+  nlohmann::json turns = bench_turns(engine, a.turns, a.prompt_tokens, a.gen_tokens, !a.json);
+  if (a.json) {
+    nlohmann::json j = {{"model", a.engine.model},
+                        {"cpu", cpu_model_name()},
+                        {"threads", global_pool().size()},
+                        {"turns", turns}};
+    fmt::print("{}\n", j.dump());
   }
-  std::vector<double> prefill_tps, decode_tps;
-  for (int r = 0; r < a.reps; ++r) {
-    double p, d;
-    one_run(a.gen_tokens, p, d, true);
-    prefill_tps.push_back(a.prompt_tokens / p);
-    decode_tps.push_back(a.gen_tokens / d);
-  }
-  // Out of core (the store read experts while decoding): the same dimensions' decode in RAM,
-  // when the cache holds one decode pass's experts of every layer (not with drafting, whose
-  // verify passes ask for more).
-  std::vector<double> in_ram_tps;
-  double in_ram_hit_rate = 0;
-  const auto cache_slots = model->plan()
-                               ? model->plan()->expert_cache_bytes /
-                                     std::max<uint64_t>(1, model->plan()->expert_slot_bytes)
-                               : 0;
-  if (a.in_ram_reference && !drafter && dec.experts.misses > 0 &&
-      cache_slots >= static_cast<uint64_t>(c.moe.top_k * c.num_moe_layers())) {
-    auto* store = dynamic_cast<ExpertStore*>(&model->experts());
-    if (store != nullptr) store->count_heat(false);
-    std::unique_ptr<ExpertProvider> real =
-        model->replace_experts(std::make_unique<InRamReference>(model->experts()));
-    double p, d;
-    one_run(std::min(a.gen_tokens, 2), p, d, false);  // reads the reference experts once
-    const ExpertStats before = model->experts().stats();
-    for (int r = 0; r < a.reps; ++r) {
-      one_run(a.gen_tokens, p, d, false);
-      in_ram_tps.push_back(a.gen_tokens / d);
-    }
-    const ExpertStats ref = model->experts().stats() - before;
-    in_ram_hit_rate = ref.requests > 0 ? static_cast<double>(ref.hits) / ref.requests : 0.0;
-    model->replace_experts(std::move(real));
-    if (store != nullptr) store->count_heat(true);
-  }
+}
+
+nlohmann::json gpu_json(const gpu::Stats& g, int64_t passes) {
+  return nlohmann::json{{"device_products", g.products},
+                        {"cpu_products", g.declined},
+                        {"device_seconds", g.seconds},
+                        {"device_flops", g.flops},
+                        {"uploaded_bytes", g.uploaded_bytes},
+                        {"uploaded_bytes_per_pass",
+                         g.uploaded_bytes / static_cast<uint64_t>(std::max<int64_t>(passes, 1))},
+                        {"grouped_expert_products", g.grouped_products},
+                        {"expert_uploaded_bytes", g.expert_bytes},
+                        {"overlapped_upload_bytes", g.overlapped_bytes}};
+}
+
+// The figures of the measured runs against their bounds (the file comment says which), as the
+// JSON object --json prints and the text and the report are written from. `drive_bw`: each
+// drive's probed bandwidth (empty with --no-disk-probe).
+nlohmann::json bench_figures(const BenchArgs& a, const LoadedEngine& engine, const BenchRuns& r,
+                             double mem_bw, const std::vector<double>& drive_bw) {
+  const LoadedModel& model = *engine.model;
+  const DecodeTotals& dec = r.dec;
+  const PrefillTotals& pre = r.pre;
   const double n_tok = static_cast<double>(std::max<int64_t>(1, dec.tokens));
   const double experts_per_pass =
       dec.passes > 0 ? static_cast<double>(dec.expert_fetches) / dec.passes : 0;
-  const double ram_bytes_per_token = static_cast<double>(model->trunk_bytes_per_pass()) +
-                                     experts_per_pass * static_cast<double>(model->expert_bytes());
+  const double ram_bytes_per_token = static_cast<double>(model.trunk_bytes_per_pass()) +
+                                     experts_per_pass * static_cast<double>(model.expert_bytes());
   const double expert_read = static_cast<double>(dec.experts.bytes_read) / n_tok;
   const double trunk_read = static_cast<double>(dec.trunk_streamed) / n_tok;
   const double storage_read = static_cast<double>(dec.storage_read) / n_tok;
@@ -381,15 +191,9 @@ void run_bench(BenchArgs& a) {
   const double bytes_read =
       a.engine.mmap ? storage_read : std::max(expert_read + trunk_read, storage_read);
   const uint64_t requests = dec.experts.requests, hits = dec.experts.hits;
-  const int threads = global_pool().size();
-  // Best of three short probes per drive: its sequential O_DIRECT bandwidth with the store's
-  // reader count (the best, so the roofline is not flattered by one slow probe). With homes the
-  // disk bandwidth is the sum over the drives (the model folder and each home).
-  std::vector<double> drive_bw;
-  if (!a.no_disk_probe) drive_bw = probe_drives(*model, a.engine.readers, 512ull << 20, 3);
   double disk_bw = 0.0;
   for (double b : drive_bw) disk_bw += b;
-  Summary ps = summarize(prefill_tps), ds = summarize(decode_tps);
+  const Summary ps = summarize(r.prefill_tps), ds = summarize(r.decode_tps);
   // Prefill against its bound.
   const double n_pre = static_cast<double>(std::max<int64_t>(1, pre.tokens));
   const double pre_storage = static_cast<double>(pre.storage_read) / n_pre;
@@ -397,61 +201,43 @@ void run_bench(BenchArgs& a) {
       a.engine.mmap
           ? pre_storage
           : std::max(static_cast<double>(pre.expert_read + pre.trunk_read) / n_pre, pre_storage);
-  const double pre_flops = prefill_flops_per_token(*model, a.prompt_tokens);
+  const double pre_flops = prefill_flops_per_token(model, a.prompt_tokens);
   const double peak = kernels::fma_peak_flops(global_pool());
   const double pre_achieved = pre.seconds / n_pre;
   const double pre_disk_time = disk_bw > 0 ? pre_bytes / disk_bw : 0.0;
   const double pre_compute_time = peak > 0 ? pre_flops / peak : 0.0;
   const double pre_roofline = std::max(pre_disk_time, pre_compute_time);
-  const double pre_ratio = pre_achieved > 0 ? pre_roofline / pre_achieved : 0.0;
-  const Summary ts = summarize(ttft);
+  const Summary ts = summarize(r.ttft);
   const double achieved = dec.seconds / n_tok;
   const double disk_time = disk_bw > 0 ? bytes_read / disk_bw : 0.0;
   // The physical limit of a decoded token out of core: the slower of reading its bytes at the
   // drives' bandwidth and computing it in RAM.
-  const Summary in_ram = in_ram_tps.empty() ? Summary{} : summarize(in_ram_tps);
+  const Summary in_ram = r.in_ram_tps.empty() ? Summary{} : summarize(r.in_ram_tps);
   const double io_tps = disk_time > 0 ? 1.0 / disk_time : 0.0;
   const double bound = io_tps > 0 ? std::min(io_tps, in_ram.median) : in_ram.median;
-  const double bound_ratio = bound > 0 ? ds.median / bound : 0.0;
   const double ram_time = mem_bw > 0 ? ram_bytes_per_token / mem_bw : 0.0;
   const double roofline = std::max(disk_time, ram_time);
-  const double ratio = achieved > 0 ? roofline / achieved : 0.0;
   const double io_wait = (dec.experts.io_wait_s + dec.trunk_wait) / n_tok;
-  const uint64_t pf_issued = dec.experts.prefetch_issued;
-  const uint64_t pf_used = dec.experts.prefetch_used;
-  const uint64_t pf_wasted = dec.experts.prefetch_wasted_bytes;
-  auto recall = model->prefetch_recall();
   uint64_t rh = 0, rr = 0;
-  for (const auto& l : recall) rh += l.predicted_hits, rr += l.requested;
+  for (const auto& l : model.prefetch_recall()) rh += l.predicted_hits, rr += l.requested;
 
   nlohmann::json j;
   j["model"] = a.engine.model;
-  j["threads"] = threads;
+  j["threads"] = global_pool().size();
   j["kernels"] = kernels::active().name;
   j["cpu"] = cpu_model_name();
   j["mode"] = a.engine.mmap ? "mmap" : "store";
-  if (model->plan()) {
-    j["memory_budget_bytes"] = model->plan()->budget;
-    j["expert_cache_bytes"] = model->plan()->expert_cache_bytes;
-    j["trunk_resident_bytes"] = model->plan()->trunk_resident_bytes;
+  if (model.plan()) {
+    j["memory_budget_bytes"] = model.plan()->budget;
+    j["expert_cache_bytes"] = model.plan()->expert_cache_bytes;
+    j["trunk_resident_bytes"] = model.plan()->trunk_resident_bytes;
   }
+  const gpu::Backend* gpu = model.gpu().get();
   j["gpu"] = gpu != nullptr ? gpu->info().describe() : std::string("none");
-  auto gpu_json = [](const gpu::Stats& g, int64_t passes) {
-    return nlohmann::json{{"device_products", g.products},
-                          {"cpu_products", g.declined},
-                          {"device_seconds", g.seconds},
-                          {"device_flops", g.flops},
-                          {"uploaded_bytes", g.uploaded_bytes},
-                          {"uploaded_bytes_per_pass",
-                           g.uploaded_bytes / static_cast<uint64_t>(std::max<int64_t>(passes, 1))},
-                          {"grouped_expert_products", g.grouped_products},
-                          {"expert_uploaded_bytes", g.expert_bytes},
-                          {"overlapped_upload_bytes", g.overlapped_bytes}};
-  };
   if (gpu != nullptr) {
-    j["gpu_prefill"] = gpu_json(gpu_prefill, pre.passes);
-    j["gpu_decode"] = gpu_json(gpu_decode, dec.passes);
-    j["gpu_plan"] = model->gpu_plan().describe();
+    j["gpu_prefill"] = gpu_json(r.gpu_prefill, pre.passes);
+    j["gpu_decode"] = gpu_json(r.gpu_decode, dec.passes);
+    j["gpu_plan"] = model.gpu_plan().describe();
   }
   j["prompt_tokens"] = a.prompt_tokens;
   j["gen_tokens"] = a.gen_tokens;
@@ -459,8 +245,8 @@ void run_bench(BenchArgs& a) {
   j["prefill_tokens_per_s"] = ps.median;
   j["prefill_tokens_per_s_min"] = ps.min;
   j["prefill_tokens_per_s_max"] = ps.max;
-  j["prefill_chunk"] = model->pass_plan().pass_rows;
-  j["prefill_chunk_auto"] = model->pass_plan().automatic;
+  j["prefill_chunk"] = model.pass_plan().pass_rows;
+  j["prefill_chunk_auto"] = model.pass_plan().automatic;
   j["prefill_passes_per_prompt"] = static_cast<double>(pre.passes) / std::max(1, a.reps);
   j["ttft_s"] = ts.median;
   j["prefill_bytes_per_token"] = pre_bytes;
@@ -472,7 +258,7 @@ void run_bench(BenchArgs& a) {
   j["prefill_roofline_disk_s_per_token"] = pre_disk_time;
   j["prefill_roofline_compute_s_per_token"] = pre_compute_time;
   j["prefill_roofline_s_per_token"] = pre_roofline;
-  j["prefill_roofline_ratio"] = pre_ratio;
+  j["prefill_roofline_ratio"] = pre_achieved > 0 ? pre_roofline / pre_achieved : 0.0;
   j["decode_tokens_per_s"] = ds.median;
   j["decode_tokens_per_s_min"] = ds.min;
   j["decode_tokens_per_s_max"] = ds.max;
@@ -491,22 +277,22 @@ void run_bench(BenchArgs& a) {
   j["io_wait_s_per_token"] = io_wait;
   j["compute_s_per_token"] = std::max(0.0, achieved - io_wait);
   j["read_gb_per_s"] = achieved > 0 ? bytes_read / achieved / 1e9 : 0.0;
-  j["prefetch_issued"] = pf_issued;
-  j["prefetch_used"] = pf_used;
-  j["prefetch_wasted_bytes"] = pf_wasted;
+  j["prefetch_issued"] = dec.experts.prefetch_issued;
+  j["prefetch_used"] = dec.experts.prefetch_used;
+  j["prefetch_wasted_bytes"] = dec.experts.prefetch_wasted_bytes;
   j["prefetch_recall"] = rr > 0 ? static_cast<double>(rh) / static_cast<double>(rr) : 0.0;
   j["roofline_disk_s_per_token"] = disk_time;
   j["roofline_memory_s_per_token"] = ram_time;
   j["roofline_s_per_token"] = roofline;
-  j["roofline_ratio"] = ratio;
-  if (!in_ram_tps.empty()) {
+  j["roofline_ratio"] = achieved > 0 ? roofline / achieved : 0.0;
+  if (!r.in_ram_tps.empty()) {
     j["in_ram_decode_tokens_per_s"] = in_ram.median;
     j["in_ram_decode_tokens_per_s_min"] = in_ram.min;
     j["in_ram_decode_tokens_per_s_max"] = in_ram.max;
-    j["in_ram_hit_rate"] = in_ram_hit_rate;
+    j["in_ram_hit_rate"] = r.in_ram_hit_rate;
     j["io_roofline_tokens_per_s"] = io_tps;
     j["decode_bound_tokens_per_s"] = bound;
-    j["decode_to_bound_ratio"] = bound_ratio;
+    j["decode_to_bound_ratio"] = bound > 0 ? ds.median / bound : 0.0;
   }
   j["peak_rss_bytes"] = peak_rss_bytes();
   if (!dec.experts.sources.empty()) {
@@ -515,30 +301,31 @@ void run_bench(BenchArgs& a) {
     for (size_t i = 0; i < j["homes"].size() && i < drive_bw.size(); ++i)
       j["homes"][i]["bench_probe_bytes_per_s"] = drive_bw[i];
   }
-  j["expert_bytes"] = model->expert_bytes();
-  j["prefill_tokens_per_s_reps"] = prefill_tps;
-  j["decode_tokens_per_s_reps"] = decode_tps;
+  j["expert_bytes"] = model.expert_bytes();
+  j["prefill_tokens_per_s_reps"] = r.prefill_tps;
+  j["decode_tokens_per_s_reps"] = r.decode_tps;
   j["draft"] = engine.draft;
-  j["draft_proposed"] = drafted.proposed;
-  j["draft_accepted"] = drafted.accepted;
-  j["draft_acceptance_rate"] = drafted.acceptance();
+  j["draft_proposed"] = r.drafted.proposed;
+  j["draft_accepted"] = r.drafted.accepted;
+  j["draft_acceptance_rate"] = r.drafted.acceptance();
   j["target_passes"] = dec.passes;
   j["tokens_per_pass"] = dec.passes > 0 ? static_cast<double>(dec.tokens) / dec.passes : 0.0;
   j["bytes_per_token"] = expert_read + trunk_read;
-  if (!a.report.empty()) {
-    write_file_atomic(a.report, bench_report_html(j));
-    fmt::print(stderr, "report written to {}\n", a.report);
-  }
-  if (a.json) {
-    fmt::print("{}\n", j.dump());
-    return;
-  }
+  return j;
+}
+
+// The figures as text, one labelled line per subject.
+void print_figures(const nlohmann::json& j, const LoadedModel& model, const BenchRuns& r,
+                   const std::vector<double>& drive_bw) {
+  auto num = [&j](const char* k) { return j.value(k, 0.0); };
+  const ModelConfig& c = model.config();
+  const int reps = j["reps"].get<int>();
   fmt::print("model      {} ({} layers, hidden {}, {} experts top-{}, vocab {}), {}\n",
-             a.engine.model, c.num_layers, c.hidden, c.moe.num_experts, c.moe.top_k, c.vocab,
-             model->describe());
-  fmt::print("machine    {}, {} threads, kernels {}\n", cpu_model_name(), threads,
-             kernels::active().name);
-  if (gpu == nullptr) {
+             j["model"].get<std::string>(), c.num_layers, c.hidden, c.moe.num_experts, c.moe.top_k,
+             c.vocab, model.describe());
+  fmt::print("machine    {}, {} threads, kernels {}\n", j["cpu"].get<std::string>(),
+             j["threads"].get<int>(), j["kernels"].get<std::string>());
+  if (model.gpu() == nullptr) {
     fmt::print("gpu        none: every product on the CPU\n");
   } else {
     auto phase = [](const gpu::Stats& g, int64_t passes) {
@@ -554,64 +341,120 @@ void run_bench(BenchArgs& a) {
                                    static_cast<double>(g.expert_bytes)
                              : 0.0);
     };
-    fmt::print("gpu        {}\n", gpu->info().describe());
-    fmt::print("gpu        prefill: {}\n", phase(gpu_prefill, pre.passes));
-    fmt::print("gpu        decode: {}\n", phase(gpu_decode, dec.passes));
+    fmt::print("gpu        {}\n", j["gpu"].get<std::string>());
+    fmt::print("gpu        prefill: {}\n", phase(r.gpu_prefill, r.pre.passes));
+    fmt::print("gpu        decode: {}\n", phase(r.gpu_decode, r.dec.passes));
   }
   fmt::print(
       "prefill    {:.2f} tokens/s median (min {:.2f}, max {:.2f}) over {} reps of {} tokens\n",
-      ps.median, ps.min, ps.max, a.reps, a.prompt_tokens);
+      num("prefill_tokens_per_s"), num("prefill_tokens_per_s_min"), num("prefill_tokens_per_s_max"),
+      reps, j["prompt_tokens"].get<int>());
   fmt::print(
       "prefill    {} passes of up to {} rows{}, time to first token {:.3f} s; {:.4f} GB read per "
       "prompt token, {:.2f} GFLOP per token at {:.1f} GFLOP/s\n",
-      static_cast<double>(pre.passes) / std::max(1, a.reps), model->pass_plan().pass_rows,
-      model->pass_plan().automatic ? " (auto)" : "", ts.median, pre_bytes / 1e9, pre_flops / 1e9,
-      pre_achieved > 0 ? pre_flops / pre_achieved / 1e9 : 0.0);
+      num("prefill_passes_per_prompt"), model.pass_plan().pass_rows,
+      model.pass_plan().automatic ? " (auto)" : "", num("ttft_s"),
+      num("prefill_bytes_per_token") / 1e9, num("prefill_flops_per_token") / 1e9,
+      num("prefill_flops_per_s") / 1e9);
   fmt::print(
       "prefill    roofline {:.5f} s/token = max(storage {:.5f}, compute {:.5f} at the FMA peak "
       "{:.1f} GFLOP/s); achieved {:.5f} -> ratio {:.2f}\n",
-      pre_roofline, pre_disk_time, pre_compute_time, peak / 1e9, pre_achieved, pre_ratio);
+      num("prefill_roofline_s_per_token"), num("prefill_roofline_disk_s_per_token"),
+      num("prefill_roofline_compute_s_per_token"), num("fma_peak_flops_per_s") / 1e9,
+      r.pre.seconds / static_cast<double>(std::max<int64_t>(1, r.pre.tokens)),
+      num("prefill_roofline_ratio"));
   fmt::print(
       "decode     {:.3f} tokens/s median (min {:.3f}, max {:.3f}), {:.4f} s/token, {} tokens per "
       "rep\n",
-      ds.median, ds.min, ds.max, achieved, a.gen_tokens);
+      num("decode_tokens_per_s"), num("decode_tokens_per_s_min"), num("decode_tokens_per_s_max"),
+      num("s_per_token"), j["gen_tokens"].get<int>());
   fmt::print(
       "weights    {:.3f} GB touched per decoded token ({:.1f} experts), {:.2f} GB/s effective; "
       "memory {:.2f} GB/s\n",
-      ram_bytes_per_token / 1e9, experts_per_pass,
-      achieved > 0 ? ram_bytes_per_token / achieved / 1e9 : 0.0, mem_bw / 1e9);
+      num("decode_weight_bytes_per_token") / 1e9, num("decode_experts_per_token"),
+      num("effective_weight_bandwidth_bytes_per_s") / 1e9,
+      num("memory_bandwidth_bytes_per_s") / 1e9);
   fmt::print(
       "storage    {:.3f} GB read per token (experts {:.3f}, trunk {:.3f}), hit rate {:.1f}%, disk "
       "{:.2f} GB/s "
       "(O_DIRECT probe), I/O wait {:.3f} s/token\n",
-      bytes_read / 1e9, expert_read / 1e9, trunk_read / 1e9,
-      requests > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(requests) : 0.0,
-      disk_bw / 1e9, io_wait);
-  for (size_t i = 0; i < dec.experts.sources.size(); ++i) {
-    fmt::print("drive      {}{}\n", describe_source(dec.experts.sources[i]),
+      num("bytes_read_per_token") / 1e9, num("expert_bytes_read_per_token") / 1e9,
+      num("trunk_bytes_streamed_per_token") / 1e9, 100.0 * num("expert_hit_rate"),
+      num("disk_bandwidth_bytes_per_s") / 1e9, num("io_wait_s_per_token"));
+  const auto& sources = r.dec.experts.sources;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    fmt::print("drive      {}{}\n", describe_source(sources[i]),
                i < drive_bw.size() ? fmt::format("; bench probe {:.2f} GB/s", drive_bw[i] / 1e9)
                                    : std::string());
   }
-  if (drafter) {
+  if (j["draft"] != "none") {
     fmt::print("drafting   {}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass\n",
-               engine.draft, drafted.proposed, drafted.accepted, 100.0 * drafted.acceptance(),
-               dec.passes > 0 ? static_cast<double>(dec.tokens) / dec.passes : 0.0);
+               j["draft"].get<std::string>(), r.drafted.proposed, r.drafted.accepted,
+               100.0 * r.drafted.acceptance(), num("tokens_per_pass"));
   }
-  if (pf_issued > 0) {
+  const auto& e = r.dec.experts;
+  if (e.prefetch_issued > 0) {
     fmt::print("prefetch   recall {:.1f}%, {} issued, {} used, {:.3f} GB wasted\n",
-               rr ? 100.0 * rh / rr : 0.0, pf_issued, pf_used, pf_wasted / 1e9);
+               100.0 * num("prefetch_recall"), e.prefetch_issued, e.prefetch_used,
+               static_cast<double>(e.prefetch_wasted_bytes) / 1e9);
   }
   fmt::print(
       "roofline   {:.4f} s/token = max(storage {:.4f}, memory {:.4f}); achieved {:.4f} -> ratio "
       "{:.2f}\n",
-      roofline, disk_time, ram_time, achieved, ratio);
-  if (!in_ram_tps.empty()) {
+      num("roofline_s_per_token"), num("roofline_disk_s_per_token"),
+      num("roofline_memory_s_per_token"), num("s_per_token"), num("roofline_ratio"));
+  if (j.contains("in_ram_decode_tokens_per_s")) {
     fmt::print(
         "bound      in-RAM decode of the same dimensions {:.3f} tokens/s (hit rate {:.0f}%), I/O "
         "roofline {:.3f} tokens/s -> bound {:.3f}; achieved {:.3f} -> ratio {:.2f}\n",
-        in_ram.median, 100.0 * in_ram_hit_rate, io_tps, bound, ds.median, bound_ratio);
+        num("in_ram_decode_tokens_per_s"), 100.0 * num("in_ram_hit_rate"),
+        num("io_roofline_tokens_per_s"), num("decode_bound_tokens_per_s"),
+        num("decode_tokens_per_s"), num("decode_to_bound_ratio"));
   }
   fmt::print("peak RSS   {:.2f} GiB\n", peak_rss_bytes() / 1073741824.0);
+}
+
+void run_bench(BenchArgs& a) {
+  const bool constrained = !a.gen.grammar_file.empty() || !a.gen.json_schema.empty();
+  double mem_bw = 0;
+  LoadedEngine engine = load_for_bench(a, constrained, mem_bw);
+  if (constrained) {
+    const auto c = constraint_for(a.gen, &*engine.tokenizer, false, Channel::response);
+    nlohmann::json j = bench_constraint(engine, c, a.gen_tokens, a.reps,
+                                        a.constraint_temperature.value_or(1.0f), !a.json);
+    j["model"] = a.engine.model;
+    if (a.json) fmt::print("{}\n", j.dump());
+    return;
+  }
+  if (a.turns > 0) return run_turns(a, engine);
+  const LoadedModel& model = *engine.model;
+  // Each repetition holds its prompt and every generated token in one state: check the whole
+  // length now rather than after the repetitions that fit.
+  const int64_t context = model.plan() ? model.plan()->context : model.config().max_positions;
+  if (int64_t{a.prompt_tokens} + a.gen_tokens > context) {
+    fail_usage(
+        "--prompt-tokens {} + --gen-tokens {} = {} tokens, more than the context of {} positions "
+        "(lower them, or raise --ctx up to the model's {})",
+        a.prompt_tokens, a.gen_tokens, int64_t{a.prompt_tokens} + a.gen_tokens, context,
+        model.config().max_positions);
+  }
+  const BenchRuns runs =
+      run_bench_passes(engine, {a.prompt_tokens, a.gen_tokens, a.reps, a.in_ram_reference});
+  // Best of three short probes per drive: its sequential O_DIRECT bandwidth with the store's
+  // reader count (the best, so the roofline is not flattered by one slow probe). With homes the
+  // disk bandwidth is the sum over the drives (the model folder and each home).
+  std::vector<double> drive_bw;
+  if (!a.no_disk_probe) drive_bw = probe_drives(*engine.model, a.engine.readers, 512ull << 20, 3);
+  const nlohmann::json j = bench_figures(a, engine, runs, mem_bw, drive_bw);
+  if (!a.report.empty()) {
+    write_file_atomic(a.report, bench_report_html(j));
+    fmt::print(stderr, "report written to {}\n", a.report);
+  }
+  if (a.json) {
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  print_figures(j, model, runs, drive_bw);
 }
 }  // namespace
 

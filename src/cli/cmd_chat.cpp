@@ -22,7 +22,7 @@
 #include "core/mapped_file.h"
 #include "generate/chat_session.h"
 #include "generate/driver.h"
-#include "prefix/reuse.h"
+#include "runtime/sequence.h"
 
 namespace deltafin::cli {
 
@@ -30,7 +30,7 @@ namespace {
 struct ChatArgs {
   EngineOptions engine;
   GenOptions gen;
-  StateCacheOptions state_cache;
+  StateCacheSettings state_cache;
   std::string system, think = "on", effort = "max";
 };
 
@@ -81,7 +81,7 @@ void run_chat(ChatArgs& a) {
   apply_generation_config(a.gen, a.engine.model);
   // auto: passes of up to the context, as the budget allows
   LoadRequest req = load_request(a.engine, a.gen.draft, a.gen.prefill_chunk);
-  apply_state_cache(a.state_cache, req);
+  req.state_cache = a.state_cache;
   req.tokenizer = NeedTokenizer::kRequired;
   req.who = "chat";
   LoadedEngine engine = load_engine(std::move(req));
@@ -107,53 +107,38 @@ void run_chat(ChatArgs& a) {
   PrefixStore* store = engine.store.get();
   // One turn: continue from the kept state or the prefix store (only the rest is prefilled),
   // generate, keep its snapshots (prefix/reuse.h).
-  auto run_turn = [&](ChatTurn turn) {
-    std::optional<SequenceReuse> reuse;
-    Restored restored;
-    if (store != nullptr) {
-      reuse.emplace(store, session.history(), PromptMarks{turn.system_end, turn.messages_end},
-                    session.state(), drafter.get());
-      restored = reuse->restored();
-      turn.skip(restored.position);
-    }
+  auto run_turn = [&](const ChatTurn& turn) {
     GenerationParams params = make_params(a.gen, *model, &tok, /*chat=*/true);
     if (model->plan()) params.context_limit = model->plan()->context;
     params.start_channel = turn.start;
     params.constraint = constraint_for(a.gen, &tok, true, turn.start);
-    Generation gen(turn.input, params, &tok, model->config().vocab, session.consumed());
-    StatsRecorder rec(*model);
+    draft.stats = DraftStats{};
+    const auto history = session.history();
+    Sequence seq(*model, &tok, store,
+                 {std::vector<int32_t>(history.begin(), history.end()),
+                  PromptMarks{turn.system_end, turn.messages_end},
+                  params,
+                  {}},
+                 SequenceDrafter(draft), &session.state(), /*record_stats=*/true);
     Printer printer(a.gen, true, false);
     interrupted().store(false);
     install_sigint();
-    draft.stats = DraftStats{};
-    const std::vector<int32_t> before(session.consumed().begin(), session.consumed().end());
-    const std::span<const int64_t> cuts = reuse ? reuse->cuts() : std::span<const int64_t>();
-    drive(*model, session.state(), gen, &interrupted(),
-          [&](Generation& g) {
-            printer.on_step(g);
-            if (reuse) reuse->after_pass(session.history(), session.state(), drafter.get(), true);
-          },
-          &draft, {before, cuts});
+    seq.drive(&interrupted(), [&](Generation& g) { printer.on_step(g); });
     std::signal(SIGINT, SIG_DFL);
     printer.finish();
-    session.end_turn(gen);
-    if (reuse) reuse->at_end(session.consumed(), session.state(), drafter.get());
-    RunStats s = rec.finish(gen);
-    s.draft = draft.stats;
-    s.reused_tokens = turn.reused;
-    if (restored.position > 0) {
-      s.reused_from = restored.from_disk ? "disk" : "RAM";
-      s.reuse_load_s = restored.seconds;
-    }
+    session.end_turn(seq.gen());
+    seq.finish(session.consumed());
+    const RunStats s = seq.run_stats();
     ++turns;
     total_prefill += s.prompt_tokens;
     total_reused += s.reused_tokens;
     total_generated += s.completion_tokens;
     if (a.gen.stats) {
-      fmt::print(
-          stderr, "{}{}\n",
-          turn.full_prefill && turn.reused == 0 ? "[stats] full prefill of the conversation\n" : "",
-          s.summary());
+      fmt::print(stderr, "{}{}\n",
+                 turn.full_prefill && s.reused_tokens == 0
+                     ? "[stats] full prefill of the conversation\n"
+                     : "",
+                 s.summary());
     }
     last = s;
   };

@@ -413,8 +413,8 @@ void run_doctor(const DoctorArgs& a) {
     PlanOptions po;
     po.budget = r["machine"]["memory_budget_bytes"].get<uint64_t>();
     po.context = a.ctx;
-    po.max_rows = 0;
-    po.prefill_rows = a.prompt_tokens;
+    po.shape.max_rows = 0;
+    po.shape.prefill_rows = a.prompt_tokens;
     if (ck && c.num_moe_layers() > 0) {
       const ExpertFormat ef = check_inventory(c, *ck).expert_format;
       po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *ck, ef), c);
@@ -458,8 +458,8 @@ void run_doctor(const DoctorArgs& a) {
         dname = "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)";
       }
       PlanOptions pd = po;
-      pd.draft_weight_bytes = da.weight_bytes;
-      pd.prefill_rows = std::max<int64_t>(a.prompt_tokens, 1 + da.drafts);
+      pd.shape.draft_weight_bytes = da.weight_bytes;
+      pd.shape.prefill_rows = std::max<int64_t>(a.prompt_tokens, 1 + da.drafts);
       try {
         const Forecast df = predict(plan_for(pd), disk_bw, &da);
         ojson dj = forecast_json("draft", df, a.prompt_tokens);

@@ -70,18 +70,19 @@ void run_perplexity(PplArgs& a) {
   }
   if (w.windows.size() > 1 && w.windows.back().second - w.windows.back().first < 2)
     w.windows.pop_back();
-  a.engine.max_rows = std::max(a.engine.max_rows, a.window);
-  const bool compare = a.engine.trunk == "int8";
-  const std::string lossy_trunk = a.engine.trunk;
+  PlanShape shape;  // passes of a whole window
+  shape.max_rows = std::max(shape.max_rows, a.window);
+  const bool compare = a.engine.trunk == TrunkFormat::kInt8;
+  const TrunkFormat lossy_trunk = a.engine.trunk;
 
   // Exact pass (BF16 trunk), logits kept on disk when a comparison follows.
-  a.engine.trunk = "bf16";
+  a.engine.trunk = TrunkFormat::kBF16;
   double nll_exact = 0;
   int64_t scored = 0, V = 0;
   std::string tmp =
       std::filesystem::temp_directory_path() / fmt::format("deltafin-ppl-{}.f32", ::getpid());
   {
-    auto m = load_model(a.engine);
+    auto m = load_model(a.engine, shape);
     V = m->config().vocab;
     std::ofstream out;
     if (compare) out.open(tmp, std::ios::binary);
@@ -104,7 +105,7 @@ void run_perplexity(PplArgs& a) {
   j["perplexity"] = std::exp(nll_exact / scored);
   if (compare) {
     a.engine.trunk = lossy_trunk;
-    auto m = load_model(a.engine);
+    auto m = load_model(a.engine, shape);
     std::ifstream in(tmp, std::ios::binary);
     double nll = 0, kl = 0, max_abs = 0, sum_abs = 0;
     int64_t agree = 0, rows = 0;
@@ -131,7 +132,7 @@ void run_perplexity(PplArgs& a) {
       }
     });
     std::remove(tmp.c_str());
-    j["trunk"] = lossy_trunk;
+    j["trunk"] = trunk_format_name(lossy_trunk);
     j["perplexity_lossy"] = std::exp(nll / scored);
     j["perplexity_delta"] = std::exp(nll / scored) - std::exp(nll_exact / scored);
     j["perplexity_delta_percent"] = 100.0 * (std::exp((nll - nll_exact) / scored) - 1.0);
@@ -151,10 +152,10 @@ void run_perplexity(PplArgs& a) {
         "lossy      --trunk {}: perplexity {:.4f} ({:+.4f}, {:+.3f}%), mean KL {:.3g} nats, top-1 "
         "agreement "
         "{:.2f}%, logit |diff| max {:.4g} mean {:.4g}\n",
-        lossy_trunk, j["perplexity_lossy"].get<double>(), j["perplexity_delta"].get<double>(),
-        j["perplexity_delta_percent"].get<double>(), j["mean_kl"].get<double>(),
-        100.0 * j["top1_agreement"].get<double>(), j["max_abs_logit_diff"].get<double>(),
-        j["mean_abs_logit_diff"].get<double>());
+        trunk_format_name(lossy_trunk), j["perplexity_lossy"].get<double>(),
+        j["perplexity_delta"].get<double>(), j["perplexity_delta_percent"].get<double>(),
+        j["mean_kl"].get<double>(), 100.0 * j["top1_agreement"].get<double>(),
+        j["max_abs_logit_diff"].get<double>(), j["mean_abs_logit_diff"].get<double>());
   }
 }
 }  // namespace

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "generate/driver.h"
+#include "runtime/sequence.h"
 #include "tokenizer/chat.h"
 
 namespace deltafin::cli {
@@ -82,20 +83,17 @@ void run_run(RunArgs& a) {
   params.start_channel = a.think == "on" ? Channel::think : Channel::response;
   params.constraint = constraint;
   if (!a.json) params.top_logprobs = -1;
-  Generation gen(prompt, params, tok ? &*tok : nullptr, model->config().vocab);
-  State state = model->new_state();
-  StatsRecorder rec(*model);
+  Sequence seq(*model, tok ? &*tok : nullptr, nullptr, {prompt, {}, params, {}},
+               SequenceDrafter(engine.new_drafter(), engine.draft_max), nullptr,
+               /*record_stats=*/true);
   Printer printer(a.gen, tok.has_value(), a.json);
-  std::unique_ptr<Drafter> drafter;
-  DraftConfig draft = engine.draft_config(drafter);
   install_sigint();
-  drive(
-      *model, state, gen, &interrupted(), [&](Generation& g) { printer.on_step(g); }, &draft);
+  seq.drive(&interrupted(), [&](Generation& g) { printer.on_step(g); });
   printer.finish();
-  if (a.engine.verbose && draft.drafter != nullptr)
-    fmt::print(stderr, "{}\n", describe_draft_choice(draft));
-  RunStats stats = rec.finish(gen);
-  stats.draft = draft.stats;
+  if (a.engine.verbose && seq.drafter() != nullptr)
+    fmt::print(stderr, "{}\n", describe_draft_choice(seq.draft()));
+  const RunStats stats = seq.run_stats();
+  const Generation& gen = seq.gen();
   if (a.json) {
     const nlohmann::json j = run_json(a.engine.model, prompt, gen, stats, a.chat);
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));

@@ -48,7 +48,7 @@ struct ServeArgs {
   double timeout = 600;
   int64_t max_tokens = 0;
   std::string max_request_bytes = "16M";
-  StateCacheOptions state_cache;
+  StateCacheSettings state_cache;
   std::string prefill_chunk = "auto";
   bool no_webui = false;
   DraftOptions draft;
@@ -195,7 +195,7 @@ void run_serve(ServeArgs& a) {
   // conversation, and the rows of one pass: with --prefill-chunk auto as many as the budget
   // holds (prompts share them, decoding rows first), with N every sequence's N rows.
   LoadRequest req = load_request(a.engine, a.draft, a.prefill_chunk);
-  apply_state_cache(a.state_cache, req);
+  req.state_cache = a.state_cache;
   req.sequences = a.parallel;
   req.parallel = a.parallel;
   req.loaded_tokenizer = tok;

@@ -75,21 +75,7 @@ void add_draft_options(CLI::App* cmd, DraftOptions& o) {
       ->check(parses_with([](const std::string& v) { DraftMax::parse(v); }, "auto|N>=1"));
 }
 
-void add_state_cache_options(CLI::App* cmd, StateCacheOptions& o) {
-  cmd->add_option("--state-cache", o.dir,
-                  "Where prefix snapshots of sequence states are kept on disk, so a prompt that "
-                  "starts with a kept prefix prefills only the rest, across restarts too "
-                  "(default: states/ in the cache folder; none: no reuse at all)");
-  cmd->add_option("--state-cache-size", o.size,
-                  "Most disk the snapshots may take, e.g. 16G (0: RAM only)")
-      ->capture_default_str();
-  cmd->add_option("--state-cache-ram", o.ram,
-                  "RAM of the memory budget kept for snapshots, e.g. 2G (auto: two full-context "
-                  "states; 0: disk only)")
-      ->capture_default_str();
-}
-
-void apply_state_cache(const StateCacheOptions& o, LoadRequest& r) {
+void add_state_cache_options(CLI::App* cmd, StateCacheSettings& o) {
   auto size = [](const std::string& v, const char* flag) -> uint64_t {
     if (v == "0") return 0;
     try {
@@ -98,11 +84,29 @@ void apply_state_cache(const StateCacheOptions& o, LoadRequest& r) {
       fail_usage("{}", e.what());
     }
   };
-  r.reuse = o.dir != "none";
-  if (!r.reuse) return;
-  r.state_cache = o.dir;
-  r.state_cache_size = size(o.size, "--state-cache-size");
-  if (o.ram != "auto") r.state_cache_ram = size(o.ram, "--state-cache-ram");
+  cmd->add_option_function<std::string>(
+      "--state-cache",
+      [&o](const std::string& v) {
+        o.enabled = v != "none";
+        o.dir = o.enabled ? v : "";
+      },
+      "Where prefix snapshots of sequence states are kept on disk, so a prompt that starts with "
+      "a kept prefix prefills only the rest, across restarts too (default: states/ in the cache "
+      "folder; none: no reuse at all)");
+  cmd->add_option_function<std::string>(
+         "--state-cache-size",
+         [&o, size](const std::string& v) { o.disk_bytes = size(v, "--state-cache-size"); },
+         "Most disk the snapshots may take, e.g. 16G (0: RAM only)")
+      ->default_str("16G");
+  cmd->add_option_function<std::string>(
+         "--state-cache-ram",
+         [&o, size](const std::string& v) {
+           o.ram_bytes =
+               v == "auto" ? std::nullopt : std::optional<uint64_t>(size(v, "--state-cache-ram"));
+         },
+         "RAM of the memory budget kept for snapshots, e.g. 2G (auto: two full-context states; "
+         "0: disk only)")
+      ->default_str("auto");
 }
 
 void note_demo_drafter(const std::string& model_dir, const std::string& draft) {
@@ -117,7 +121,7 @@ LoadRequest load_request(const EngineOptions& e, const DraftOptions& d,
   r.draft = d.draft;
   r.draft_max = DraftMax::parse(d.draft_max);
   r.prefill_chunk = prefill_chunk_rows(prefill_chunk);
-  r.reuse = false;  // the commands that keep snapshots turn it on (apply_state_cache)
+  r.state_cache.enabled = false;  // the commands that keep snapshots give their own settings
   return r;
 }
 
@@ -150,10 +154,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--kernels", o.kernels,
                   "Force a kernel set: scalar, avx2, avx512 or neon (default: best for this CPU)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512", "neon"}));
-  cmd->add_option("--memory-budget", o.memory_budget,
-                  "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default "
-                  "75% of RAM or of the "
-                  "cgroup limit. Trunk layers and experts that do not fit are streamed from disk");
+  cmd->add_option_function<std::string>(
+      "--memory-budget",
+      [&o](const std::string& v) { o.memory_budget = parse_size(v, "memory budget"); },
+      "RAM for the model, e.g. 48G or 1.5 (GiB; K/M/G/T are powers of 1024); default 75% of RAM "
+      "or of the cgroup limit. Trunk layers and experts that do not fit are streamed from disk");
   cmd->add_flag("-v,--verbose", o.verbose,
                 "Print the memory plan and the kernel set (always shown on a terminal)");
   cmd->add_option(
@@ -164,26 +169,35 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_flag(
       "--mmap", o.mmap,
       "Map the shards and let the page cache page weights in (no budget, no expert store)");
-  cmd->add_option("--cache-policy", o.cache_policy,
-                  "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of "
-                  "earlier runs resident)")
-      ->capture_default_str()
+  cmd->add_option_function<std::string>(
+         "--cache-policy", [&o](const std::string& v) { o.cache_policy = parse_cache_policy(v); },
+         "Expert cache policy: lru, lfu or pinned (keeps the hottest experts of earlier runs "
+         "resident)")
+      ->default_str("lru")
       ->check(CLI::IsMember({"lru", "lfu", "pinned"}));
   cmd->add_option("--readers", o.readers, "Reader threads for expert and trunk reads")
       ->capture_default_str()
       ->check(positive());
-  cmd->add_flag("--no-prefetch", o.no_prefetch,
-                "Do not predict and read the next layer's experts ahead");
-  cmd->add_flag("--no-direct-io", o.no_direct_io,
-                "Read through the page cache instead of O_DIRECT");
+  cmd->add_flag_callback(
+      "--no-prefetch", [&o] { o.prefetch = false; },
+      "Do not predict and read the next layer's experts ahead");
+  cmd->add_flag_callback(
+      "--no-direct-io", [&o] { o.direct_io = false; },
+      "Read through the page cache instead of O_DIRECT");
   cmd->add_option("--home", o.homes,
                   "A folder on another drive holding copies of experts (filled by deltafin "
                   "place; repeatable): an expert several drives hold is read from all of them "
                   "at once");
-  cmd->add_option("--read-piece", o.read_piece,
-                  "Smallest piece of one expert's read when it is split over several drives "
-                  "holding it, a multiple of 4K (default 1M)");
-  cmd->add_option("--gpu", o.gpu,
+  cmd->add_option_function<std::string>(
+      "--read-piece",
+      [&o](const std::string& v) {
+        o.read_piece = parse_size(v, "read piece");
+        if (o.read_piece < 4096 || o.read_piece % 4096 != 0)
+          fail_setting("read piece", v, "expected a multiple of 4K, at least 4K");
+      },
+      "Smallest piece of one expert's read when it is split over several drives holding it, a "
+      "multiple of 4K (default 1M)");
+  cmd->add_option("--gpu", o.gpu.select,
                   "Vulkan GPU for the matrix products: auto (a GPU if there is one), a device "
                   "index (0, 1, ...; CPU drivers such as lavapipe only this way) or off")
       ->capture_default_str()
@@ -196,18 +210,22 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
             return "expected auto, off or a device index (0, 1, ...), found " + v;
           },
           "auto|N|off");
-  cmd->add_option("--gpu-memory", o.gpu_memory,
-                  "Device memory for resident trunk weights, e.g. 20G (default: 3/4 of the "
-                  "device's memory)");
-  cmd->add_option("--gpu-min-rows", o.gpu_min_rows,
+  cmd->add_option_function<std::string>(
+      "--gpu-memory", [&o](const std::string& v) { o.gpu.memory = parse_size(v, "gpu memory"); },
+      "Device memory for resident trunk weights, e.g. 20G (default: 3/4 of the device's memory)");
+  cmd->add_option("--gpu-min-rows", o.gpu.min_rows,
                   "Rows from which a product whose weights are not resident on the device "
                   "(routed experts, streamed trunk layers) is uploaded and run there")
       ->capture_default_str()
       ->check(positive());
-  cmd->add_option("--trunk", o.trunk,
-                  "Trunk weights: bf16 (exact, default) or int8 (lossy: per-row int8, f16 scales, "
-                  "for resident layers)")
-      ->capture_default_str()
+  cmd->add_option_function<std::string>(
+         "--trunk",
+         [&o](const std::string& v) {
+           o.trunk = v == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
+         },
+         "Trunk weights: bf16 (exact, default) or int8 (lossy: per-row int8, f16 scales, for "
+         "resident layers)")
+      ->default_str("bf16")
       ->check(CLI::IsMember({"bf16", "int8"}));
 }
 

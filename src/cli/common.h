@@ -55,16 +55,10 @@ struct DraftOptions {
 // Adds --draft and --draft-max; a bad value is a usage error (one line, exit 2).
 void add_draft_options(CLI::App* cmd, DraftOptions& o);
 
-// Prefix snapshot flags of chat, serve and bench --turns (prefix/prefix_store.h).
-struct StateCacheOptions {
-  std::string dir;           // --state-cache DIR|none ("" = the default folder)
-  std::string size = "16G";  // --state-cache-size (disk; 0 = RAM only)
-  std::string ram = "auto";  // --state-cache-ram (share of the memory budget)
-};
-void add_state_cache_options(CLI::App* cmd, StateCacheOptions& o);
-// Puts the flags into a load request and turns reuse on unless `none` (sizes checked: a usage
-// error names the flag). Without it a command keeps no snapshots.
-void apply_state_cache(const StateCacheOptions& o, LoadRequest& r);
+// Prefix snapshot flags of chat, serve and bench --turns (prefix/prefix_store.h), read into the
+// load request's typed settings (a bad size is a usage error naming the flag). A command without
+// them keeps no snapshots (load_request turns the store off).
+void add_state_cache_options(CLI::App* cmd, StateCacheSettings& o);
 
 // The built-in demo's note that it drafts (with which drafter), when `draft` is its own.
 void note_demo_drafter(const std::string& model_dir, const std::string& draft);

@@ -21,30 +21,38 @@ void add_gen_options(CLI::App* cmd, GenOptions& o) {
       ->check(non_negative());
   // The sampling defaults below apply when the model folder has no generation_config.json;
   // with one, its settings are the defaults (a flag given always wins).
-  cmd->add_option("--temperature", o.temperature,
+  cmd->add_option("--temperature", o.sampling.temperature,
                   "Sampling temperature; 0 = greedy. Default: the model's generation_config.json, "
                   "else 0")
       ->capture_default_str();
   cmd->add_option(
-         "--top-k", o.top_k,
+         "--top-k", o.sampling.top_k,
          "Keep the K most likely tokens (0 = off; default: generation_config.json, else 0)")
       ->capture_default_str();
-  cmd->add_option("--top-p", o.top_p,
+  cmd->add_option("--top-p", o.sampling.top_p,
                   "Nucleus sampling threshold (1 = off; default: generation_config.json, else 1)")
       ->capture_default_str();
-  cmd->add_option("--min-p", o.min_p,
+  cmd->add_option("--min-p", o.sampling.min_p,
                   "Drop tokens below min-p x the best probability (0 = off; default: "
                   "generation_config.json, else 0)")
       ->capture_default_str();
-  cmd->add_option("--repeat-penalty", o.repeat_penalty,
+  cmd->add_option("--repeat-penalty", o.sampling.repetition_penalty,
                   "Repetition penalty over generated and the last 64 prompt tokens (1 = off; "
                   "default: generation_config.json, else 1)")
       ->capture_default_str();
-  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty (-2..2)")
+  cmd->add_option("--presence-penalty", o.sampling.presence_penalty,
+                  "OpenAI presence penalty (-2..2)")
       ->capture_default_str();
-  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty (-2..2)")
+  cmd->add_option("--frequency-penalty", o.sampling.frequency_penalty,
+                  "OpenAI frequency penalty (-2..2)")
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Random seed, 0 to 2^64-1 (same seed + settings = same output)")
+  cmd->add_option_function<uint64_t>(
+         "--seed",
+         [&o](uint64_t v) {
+           o.sampling.seed = v;
+           o.sampling.has_seed = true;
+         },
+         "Random seed, 0 to 2^64-1 (same seed + settings = same output)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             const bool ok = !v.empty() && v.size() <= 20 &&
@@ -118,26 +126,17 @@ void apply_generation_config(GenOptions& o, const std::string& model_dir) {
   o.generation = load_generation_config(model_dir);
   const GenerationDefaults& g = o.generation;
   auto unset = [&o](const char* flag) { return o.cmd == nullptr || o.cmd->count(flag) == 0; };
-  if (g.temperature && unset("--temperature")) o.temperature = *g.temperature;
-  if (g.top_k && unset("--top-k")) o.top_k = *g.top_k;
-  if (g.top_p && unset("--top-p")) o.top_p = *g.top_p;
-  if (g.min_p && unset("--min-p")) o.min_p = *g.min_p;
-  if (g.repetition_penalty && unset("--repeat-penalty")) o.repeat_penalty = *g.repetition_penalty;
+  SamplingParams& s = o.sampling;
+  if (g.temperature && unset("--temperature")) s.temperature = *g.temperature;
+  if (g.top_k && unset("--top-k")) s.top_k = *g.top_k;
+  if (g.top_p && unset("--top-p")) s.top_p = *g.top_p;
+  if (g.min_p && unset("--min-p")) s.min_p = *g.min_p;
+  if (g.repetition_penalty && unset("--repeat-penalty"))
+    s.repetition_penalty = *g.repetition_penalty;
 }
 
 SamplingParams sampling_from(const GenOptions& o) {
-  SamplingParams s;
-  s.temperature = o.temperature;
-  s.top_k = o.top_k;
-  s.top_p = o.top_p;
-  s.min_p = o.min_p;
-  s.repetition_penalty = o.repeat_penalty;
-  s.presence_penalty = o.presence_penalty;
-  s.frequency_penalty = o.frequency_penalty;
-  if (o.seed) {
-    s.seed = *o.seed;
-    s.has_seed = true;
-  }
+  const SamplingParams& s = o.sampling;
   try {
     s.validate();
   } catch (const InvalidArgument& e) {

@@ -19,14 +19,8 @@ namespace deltafin::cli {
 
 struct GenOptions {
   int64_t max_new = 256;
-  float temperature = 0.0f;
-  int top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repeat_penalty = 1.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  std::optional<uint64_t> seed;
+  // The sampling flags, read straight into the generation's settings (checked by sampling_from).
+  SamplingParams sampling;
   std::vector<std::string> stop;
   bool hide_thinking = false;
   bool no_color = false;
@@ -45,7 +39,7 @@ void add_gen_options(CLI::App* cmd, GenOptions& o);
 // Reads the model folder's generation_config.json: its sampling settings replace the defaults
 // of the flags that were not given, its eos_token_id joins the stop tokens (make_params).
 void apply_generation_config(GenOptions& o, const std::string& model_dir);
-// The sampling settings of the flags, validated (throws InvalidArgument naming the field).
+// The sampling settings of the flags, validated (a bad value is a usage error naming the field).
 SamplingParams sampling_from(const GenOptions& o);
 // The generation parameters for a model (stop ids: stop_ids_for the config, the tokenizer and
 // generation_config.json); the prefill chunk is the model's pass plan (which honours

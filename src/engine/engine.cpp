@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -24,24 +25,53 @@ namespace deltafin {
 
 namespace {
 
+// More compute threads than CPUs only makes them wait for each other (a pass synchronises all
+// of them many times), which runs tens of times slower: cap at the CPUs this process may use.
+int capped_threads(int threads) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : physical_cores();
+  if (threads <= cpus || cpus <= 0) return threads;
+  log_warn("{} compute threads are more than the {} CPUs this process may use; using {}", threads,
+           cpus, cpus);
+  return cpus;
+}
+
+// A size as it was most likely written: "1G", "512M", else bytes.
+std::string size_text(uint64_t bytes) {
+  for (const auto& [shift, unit] : {std::pair{40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}}) {
+    if (bytes > 0 && bytes % (1ull << shift) == 0) return fmt::format("{}{}", bytes >> shift, unit);
+  }
+  return fmt::format("{}", bytes);
+}
+
+bool prints_plan(const EngineOptions& o) {
+  return o.verbose || (o.plan_on_terminal && ::isatty(STDERR_FILENO));
+}
+
 // The budgeted providers: the plan divides the budget, the streamer and the store live in it.
-void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const LoadOptions& o,
-                            ModelParts& parts, std::optional<MemoryPlan>& plan) {
+void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const EngineOptions& o,
+                            const PlanShape& shape, bool store, ModelParts& parts,
+                            std::optional<MemoryPlan>& plan) {
   const ModelConfig& c = parts.config;
-  PlanOptions po = o.plan;
+  PlanOptions po;
+  po.budget = o.memory_budget.value_or(0);
+  po.context = o.ctx;
   po.prefetch = o.prefetch;
+  po.trunk = o.trunk;
+  po.shape = shape;
   if (c.num_moe_layers() > 0)
     po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, ck, ef), c);
   plan = plan_memory(c, ck, po);
-  if (o.print_plan) fmt::print(stderr, "{}\n", plan->describe());
+  if (prints_plan(o)) fmt::print(stderr, "{}\n", plan->describe());
   parts.trunk = std::make_unique<StreamingTrunk>(c, ck, *plan, o.readers, o.direct_io);
-  if (o.make_experts || c.num_moe_layers() == 0) return;
+  if (!store || c.num_moe_layers() == 0) return;
   StoreOptions so;
   so.cache_bytes = plan->expert_cache_bytes;
   so.readers = o.readers;
   so.direct_io = o.direct_io;
   so.policy = o.cache_policy;
-  so.heat_file = o.heat_file;
+  so.heat_file = o.heat_file ? *o.heat_file : heat_file_for(o.model);
   so.prefetch = o.prefetch;
   so.homes = o.homes;
   so.min_read_piece = o.read_piece;
@@ -57,7 +87,9 @@ LoadedModel::LoadedModel(ModelParts parts, std::shared_ptr<const Checkpoint> ck,
       inventory_(inventory),
       plan_(std::move(plan)) {}
 
-std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOptions& o) {
+std::unique_ptr<LoadedModel> open_model(const EngineOptions& o, const PlanShape& shape,
+                                        const ExpertFactory& experts) {
+  const std::string& dir = o.model;
   ModelParts parts;
   parts.config = load_config(dir);
   const ModelConfig& c = parts.config;
@@ -69,30 +101,32 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const LoadOption
     fail_setting("home", o.homes.front(),
                  "homes are read by the expert store, which memory-mapped weights (mmap) do not "
                  "use");
+  if (o.mmap && o.trunk == TrunkFormat::kInt8)
+    fail_setting("trunk", "int8",
+                 "needs the planned store, which mapping the shards (mmap) replaces");
   if (o.mmap) {
     parts.trunk = std::make_unique<ResidentTrunk>(c, *ck);
     // No budget to size passes from: an automatic pass takes what the prompt needs.
-    const int64_t ctx = o.plan.context > 0 ? std::min(o.plan.context, c.max_positions)
-                                           : std::min<int64_t>(c.max_positions, 8192);
+    const int64_t ctx = plan_context(c, o.ctx);
     PassPlan& pp = parts.pass_plan;
-    pp.automatic = o.plan.max_rows <= 0;
+    pp.automatic = shape.max_rows <= 0;
     pp.pass_rows = std::max<int64_t>(
-        pp.automatic ? (o.plan.prefill_rows > 0 ? o.plan.prefill_rows : ctx) : o.plan.max_rows,
-        o.plan.sequences);
+        pp.automatic ? (shape.prefill_rows > 0 ? shape.prefill_rows : ctx) : shape.max_rows,
+        shape.sequences);
     pp.block_rows = pass_block_rows(pp.pass_rows);
-    if (o.print_plan) fmt::print(stderr, "[plan] {}\n", pp.describe());
+    if (prints_plan(o)) fmt::print(stderr, "[plan] {}\n", pp.describe());
   } else {
-    make_planned_providers(*ck, ef, o, parts, plan);
+    make_planned_providers(*ck, ef, o, shape, !experts, parts, plan);
     parts.pass_plan = plan->pass;
   }
-  if (o.make_experts) {
-    parts.experts = o.make_experts(c, *ck, ef);
+  if (experts) {
+    parts.experts = experts(c, *ck, ef);
   } else if (!parts.experts) {
     parts.experts = std::make_unique<MmapExpertProvider>(c, *ck, ef);
   }
   parts.trunk_bytes_per_pass = trunk_bytes_per_pass(c, *ck);
   parts.keep_alive = ck;
-  if (o.threads >= 0) parts.pool = std::make_unique<ThreadPool>(o.threads);
+  if (o.own_threads) parts.pool = std::make_unique<ThreadPool>(capped_threads(o.threads));
   std::shared_ptr<gpu::Backend> gpu;
   GpuPlan gpu_plan;
   if (o.gpu.select != "off") {
@@ -129,67 +163,29 @@ std::vector<double> probe_drives(LoadedModel& m, int readers, uint64_t bytes, in
   return out;
 }
 
-// More compute threads than CPUs only makes them wait for each other (a pass synchronises all
-// of them many times), which runs tens of times slower: cap at the CPUs this process may use.
-static int capped_threads(int threads) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : physical_cores();
-  if (threads <= cpus || cpus <= 0) return threads;
-  log_warn("{} compute threads are more than the {} CPUs this process may use; using {}", threads,
-           cpus, cpus);
-  return cpus;
-}
-
 void apply_engine_options(const EngineOptions& o) {
   if (!o.own_threads) set_global_threads(capped_threads(o.threads));
   if (!o.kernels.empty()) kernels::select(o.kernels.c_str());
 }
 
-std::unique_ptr<LoadedModel> load_model(const EngineOptions& o) {
+std::unique_ptr<LoadedModel> open_model(const std::string& dir) {
+  EngineOptions o;
+  o.model = dir;
+  o.heat_file = "";
+  o.plan_on_terminal = false;
+  return open_model(o);
+}
+
+std::unique_ptr<LoadedModel> load_model(const EngineOptions& o, const PlanShape& shape) {
   apply_engine_options(o);
   require_model_folder(o.model);
-  LoadOptions lo;
-  lo.mmap = o.mmap;
-  if (o.own_threads) lo.threads = capped_threads(o.threads);
-  lo.plan.budget = o.memory_budget_bytes;
-  if (!o.memory_budget.empty()) lo.plan.budget = parse_size(o.memory_budget, "memory budget");
-  lo.plan.context = o.ctx;
-  lo.plan.sequences = o.sequences;
-  lo.plan.max_rows = o.max_rows;
-  lo.plan.draft_weight_bytes = o.draft_weight_bytes;
-  lo.plan.draft_cache_bytes_per_position = o.draft_cache_bytes_per_position;
-  lo.plan.state_cache_bytes = o.state_cache_bytes;
-  lo.plan.state_cache_states = o.state_cache_states;
-  lo.plan.prefill_rows = o.prefill_rows;
-  lo.plan.trunk = o.trunk == "int8" ? TrunkFormat::kInt8 : TrunkFormat::kBF16;
-  if (o.mmap && o.trunk == "int8")
-    fail_setting("trunk", "int8",
-                 "needs the planned store, which mapping the shards (mmap) replaces");
-  lo.cache_policy = parse_cache_policy(o.cache_policy);
-  lo.readers = o.readers;
-  lo.direct_io = !o.no_direct_io;
-  lo.prefetch = !o.no_prefetch;
-  lo.homes = o.homes;
-  if (!o.read_piece.empty()) {
-    lo.read_piece = parse_size(o.read_piece, "read piece");
-    if (lo.read_piece < 4096 || lo.read_piece % 4096 != 0)
-      fail_setting("read piece", o.read_piece, "expected a multiple of 4K, at least 4K");
-  }
-  lo.print_plan = o.verbose || (o.plan_on_terminal && ::isatty(STDERR_FILENO));
-  lo.heat_file = o.heat_file ? *o.heat_file : heat_file_for(o.model);
-  lo.gpu.select = o.gpu;
-  lo.gpu.min_rows = o.gpu_min_rows;
-  if (!o.gpu_memory.empty()) {
-    if (o.gpu == "off")
-      fail_setting("gpu memory", o.gpu_memory, "needs a GPU, and the gpu setting is off");
-    lo.gpu.memory = parse_size(o.gpu_memory, "gpu memory");
-  }
-  if (lo.print_plan)
+  if (o.gpu.memory > 0 && o.gpu.select == "off")
+    fail_setting("gpu memory", size_text(o.gpu.memory), "needs a GPU, and the gpu setting is off");
+  if (prints_plan(o))
     fmt::print(stderr, "[engine] {} threads, {} kernels\n",
-               o.own_threads ? static_cast<size_t>(lo.threads) : global_pool().size(),
+               o.own_threads ? static_cast<size_t>(o.threads) : global_pool().size(),
                kernels::active().name);
-  return load_model(o.model, lo);
+  return open_model(o, shape);
 }
 
 void require_model_folder(const std::string& dir) {

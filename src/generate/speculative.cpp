@@ -137,34 +137,6 @@ DraftStats& DraftStats::operator+=(const DraftStats& o) {
   return *this;
 }
 
-static int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
-GreedyVerdict verify_greedy(std::span<const float> logits, int64_t vocab,
-                            std::span<const int32_t> drafts) {
-  GreedyVerdict v;
-  for (size_t i = 0; i <= drafts.size(); ++i) {
-    const int32_t t = argmax(logits.subspan(i * vocab, vocab));
-    if (i == drafts.size() || t != drafts[i]) {
-      v.next = t;
-      return v;
-    }
-    ++v.accepted;
-  }
-  return v;
-}
-
-std::vector<float> verify_pass(Model& model, State& state, std::span<const int32_t> rows,
-                               PendingCommit& pending) {
-  SequenceInput in;
-  in.state = &state;
-  in.tokens = rows;
-  in.all_logits = true;
-  in.pending = &pending;
-  return model.forward(std::span<SequenceInput>(&in, 1));
-}
-
 RowsVerdict accept_rows(Generation& gen, std::span<float> logits, int64_t vocab,
                         const DraftProposal& d,
                         const std::function<void(std::span<float>)>& adjust) {
@@ -189,23 +161,6 @@ RowsVerdict accept_rows(Generation& gen, std::span<float> logits, int64_t vocab,
   }
   v.tokens = static_cast<int64_t>(gen.tokens().size() - before);
   return v;
-}
-
-std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const int32_t> prompt,
-                                     int64_t max_new, std::span<const int32_t> stop_ids,
-                                     Drafter* drafter, int draft_max, DraftStats* stats) {
-  GenerationParams params;
-  params.max_new_tokens = max_new;
-  params.stop_ids.assign(stop_ids.begin(), stop_ids.end());
-  params.prefill_chunk = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()));
-  Generation gen(std::vector<int32_t>(prompt.begin(), prompt.end()), params, nullptr,
-                 model.config().vocab);
-  DraftConfig cfg;
-  cfg.drafter = drafter;
-  cfg.max = std::max(1, draft_max);
-  drive(model, state, gen, nullptr, nullptr, &cfg);
-  if (stats) *stats += cfg.stats;
-  return gen.completion_ids();
 }
 
 }  // namespace deltafin

@@ -11,7 +11,7 @@
 // row samples, with the sampler's usual draws, so seeded output equals plain decoding's. A
 // drafter that gives q has each draft judged by speculative rejection sampling
 // (Sampler::verify_draft): the distribution is unchanged, the draws differ from plain decoding.
-// accept_rows() is the one accept loop: drive() (run, chat, generate_greedy) and the server's
+// accept_rows() is the one accept loop: drive() (run, chat, bench) and the server's
 // scheduler both feed their verify rows through it.
 #pragma once
 
@@ -129,19 +129,6 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterCont
 // parsed once, by DraftMax in round.h).
 constexpr int kAutoDraftMax = 16;
 
-struct GreedyVerdict {
-  int accepted = 0;  // drafts equal to the target's argmax
-  int32_t next = 0;  // the target's token after the accepted prefix (correction or bonus)
-};
-// `logits` are rows [drafts.size() + 1, vocab] of the pass over [last, d1 .. dk].
-GreedyVerdict verify_greedy(std::span<const float> logits, int64_t vocab,
-                            std::span<const int32_t> drafts);
-
-// One deferred target pass over `rows` = [last committed token, d1 .. dk]: logits for every row
-// ([rows, vocab]); KDA/conv state stays as it was until Model::commit(state, pending, n).
-std::vector<float> verify_pass(Model& model, State& state, std::span<const int32_t> rows,
-                               PendingCommit& pending);
-
 struct DraftStats {
   int64_t proposed = 0;
   int64_t accepted = 0;
@@ -169,13 +156,5 @@ struct RowsVerdict {
 RowsVerdict accept_rows(Generation& gen, std::span<float> logits, int64_t vocab,
                         const DraftProposal& d,
                         const std::function<void(std::span<float>)>& adjust = {});
-
-// Greedy generation of up to `max_new` tokens after `prompt` (non-empty), stopping after a token
-// in `stop_ids`. With a drafter each decode pass verifies up to `draft_max` drafts; without one
-// it is plain greedy decoding. The result is identical either way. (A Generation driven by
-// drive(), so it shares the accept loop with run and chat.)
-std::vector<int32_t> generate_greedy(Model& model, State& state, std::span<const int32_t> prompt,
-                                     int64_t max_new, std::span<const int32_t> stop_ids,
-                                     Drafter* drafter, int draft_max, DraftStats* stats = nullptr);
 
 }  // namespace deltafin

@@ -27,7 +27,7 @@ struct ExpertWeights {
 // A pinned view: the weights stay valid (and resident) while the handle lives.
 using ExpertHandle = std::shared_ptr<const ExpertWeights>;
 
-// One drive experts are read from: the model folder, or a home holding copies (issue 28).
+// One drive experts are read from: the model folder, or a home holding copies.
 struct SourceStats {
   std::string name;              // "model" or the home's folder
   double probe_bytes_per_s = 0;  // its bandwidth as `deltafin place` probed it (0: unknown)

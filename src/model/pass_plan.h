@@ -1,4 +1,4 @@
-// The prefill arrangement (issue 15): how a prompt is cut into forward passes and how one pass
+// The prefill arrangement: how a prompt is cut into forward passes and how one pass
 // walks its rows, as one plain description that any backend (this CPU model, the Vulkan one)
 // executes the same way. It lives here, beside the model, because it is a statement about the
 // K3 loop; the memory planner (storage/plan) only chooses its two numbers from the budget.

@@ -62,6 +62,7 @@ struct Restored {
   bool from_disk = false;
   double seconds = 0;       // the restore (a disk read included)
   bool with_draft = false;  // the drafter continues too
+  const char* where() const { return from_disk ? "disk" : "RAM"; }
 };
 
 class PrefixStore {

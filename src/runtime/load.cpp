@@ -57,49 +57,41 @@ LoadedEngine load_engine(LoadRequest r) {
     fail_arg("{} has no tokenizer (tiktoken.model + tokenizer_config.json); {} needs one", e.model,
              r.who);
   }
+  const ModelConfig config = load_config(e.model);
+  PlanShape shape;
   // A draft model is opened once, here, and counted before the target's memory is divided.
   if (is_model_drafter(out.draft)) {
-    auto dm = open_draft_model(out.draft, load_config(e.model));
-    e.draft_weight_bytes = dm->weight_bytes();
-    e.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
+    auto dm = open_draft_model(out.draft, config);
+    shape.draft_weight_bytes = dm->weight_bytes();
+    shape.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
     if (e.verbose) fmt::print(stderr, "draft: {}\n", dm->describe());
     out.draft_model = std::move(dm);
   }
   // Passes: a verify pass holds the last token and its drafts for each decoding sequence.
   const int64_t verify = out.draft == "none" ? 1 : out.draft_max.verify_rows();
   const int64_t parallel = std::max(1, r.parallel);
-  e.sequences = std::max(1, r.sequences);
-  e.max_rows = r.prefill_chunk > 0 ? parallel * std::max(r.prefill_chunk, verify) : 0;
-  e.prefill_rows = r.prompt_rows > 0 ? std::max(r.prompt_rows, verify) : 0;
-  const bool reuse = r.reuse && r.state_cache != "none";
-  if (reuse) {
-    if (r.state_cache_ram) {
-      e.state_cache_bytes = *r.state_cache_ram;
-      e.state_cache_states = 0;
-    } else {
-      e.state_cache_states = kStateCacheStates;
-    }
+  shape.sequences = std::max(1, r.sequences);
+  shape.max_rows = r.prefill_chunk > 0 ? parallel * std::max(r.prefill_chunk, verify) : 0;
+  shape.prefill_rows = r.prompt_rows > 0 ? std::max(r.prompt_rows, verify) : 0;
+  const StateCacheSettings& cache = r.state_cache;
+  if (cache.enabled) {
+    shape.state_cache_bytes =
+        cache.ram_bytes.value_or(default_state_cache_bytes(config, plan_context(config, e.ctx)));
   }
-  out.model = load_model(e);
+  out.model = load_model(e, shape);
   out.pass_rows = std::max(out.model->pass_plan().pass_rows, parallel * verify);
   if (out.tokenizer && out.tokenizer->vocab_size() > out.model->config().vocab) {
     fail("the tokenizer has {} ids but the model's vocabulary is {}", out.tokenizer->vocab_size(),
          out.model->config().vocab);
   }
-  if (reuse) {
+  if (cache.enabled) {
     PrefixStoreOptions so;
     so.model_id = model_state_id(*out.model, e);
-    if (const auto& plan = out.model->plan()) {
-      so.ram_bytes = plan->state_cache_bytes;
-    } else {  // mapped weights: no budget to take it from
-      const ModelConfig& c = out.model->config();
-      const int64_t ctx = std::min<int64_t>(c.max_positions, e.ctx > 0 ? e.ctx : 8192);
-      so.ram_bytes = r.state_cache_ram.value_or(kStateCacheStates * state_bytes(c, ctx));
-    }
-    so.disk_bytes = r.state_cache_size;
-    if (r.state_cache_size > 0) {
-      if (!r.state_cache.empty()) {
-        so.dir = r.state_cache;
+    so.ram_bytes = shape.state_cache_bytes;
+    so.disk_bytes = cache.disk_bytes;
+    if (cache.disk_bytes > 0) {
+      if (!cache.dir.empty()) {
+        so.dir = cache.dir;
       } else {
         try {
           so.dir = (fs::path(cache_dir()) / "states" / so.model_id).string();
@@ -136,8 +128,8 @@ std::string model_state_id(const LoadedModel& model, const EngineOptions& e) {
     lines.emplace_back(reinterpret_cast<const char*>(t.data),
                        static_cast<size_t>(std::min<uint64_t>(t.nbytes, 256)));
   }
-  lines.push_back(fmt::format("trunk {} kernels {} device {}", e.trunk, kernels::active().name,
-                              model.gpu() ? "gpu" : "cpu"));
+  lines.push_back(fmt::format("trunk {} kernels {} device {}", trunk_format_name(e.trunk),
+                              kernels::active().name, model.gpu() ? "gpu" : "cpu"));
   return checkpoint_id(config, lines);
 }
 

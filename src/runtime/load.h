@@ -29,6 +29,16 @@ class DraftModel;
 
 enum class NeedTokenizer { kOptional, kRequired };
 
+// Prefix snapshots (prefix/prefix_store.h) as the user asked for them.
+struct StateCacheSettings {
+  bool enabled = true;  // false: no store, nothing kept (--state-cache none)
+  std::string dir;      // the disk tier's folder ("" = states/<model id> in the cache folder)
+  uint64_t disk_bytes = 16ull << 30;  // its size (0 = RAM only)
+  // The RAM share of the budget (unset: default_state_cache_bytes, room for two full-context
+  // states).
+  std::optional<uint64_t> ram_bytes;
+};
+
 struct LoadRequest {
   EngineOptions engine;  // the model folder (resolved by the front end) and engine settings
   // "" = the model folder's draft/ subfolder when it has one, else none; then none, ngram, a
@@ -43,17 +53,8 @@ struct LoadRequest {
   std::string who = "this command";  // for "... has no tokenizer; WHO needs one"
   // A tokenizer the front end already loaded (to count its prompt before planning).
   std::optional<Tokenizer> loaded_tokenizer;
-  // Prefix snapshots (prefix/prefix_store.h): the disk tier's folder ("" = states/<model id> in
-  // the cache folder, "none" = no reuse at all), its size (0 = RAM only) and the RAM share of the
-  // budget (unset = room for kStateCacheStates full-context states). `reuse` false: no store.
-  bool reuse = true;
-  std::string state_cache;
-  uint64_t state_cache_size = 16ull << 30;
-  std::optional<uint64_t> state_cache_ram;
+  StateCacheSettings state_cache;
 };
-
-// The default RAM share of prefix snapshots, in full-context states.
-constexpr int kStateCacheStates = 2;
 
 struct LoadedEngine {
   std::unique_ptr<LoadedModel> model;

@@ -9,25 +9,11 @@
 namespace deltafin::server {
 
 // Named, not anonymous: the sanitizer builds compile src/server as one unity file, where
-// another file's helpers of the same names would clash.
-namespace anthropic_impl {
+// another file's helpers of the same names would clash. Inside `translate`, so the shared field
+// readers (translate.h) are found without naming each.
+namespace translate::anthropic {
 
 using json = nlohmann::ordered_json;
-// Using-declarations, not a using-directive: in the unity build another file's helpers named
-// `field` or `type_name` would make a directive's names ambiguous.
-using translate::arguments_object;
-using translate::array_of;
-using translate::bool_field;
-using translate::field;
-using translate::force_tool;
-using translate::k3_effort;
-using translate::need;
-using translate::object_of;
-using translate::only_fields;
-using translate::string_of;
-using translate::to_engine;
-using translate::to_engine_uncapped;
-using translate::type_name;
 
 // A content array's text blocks as Chat Completions text parts (or the string itself).
 // `allowed` names the block types that may appear besides text (the caller handles them).
@@ -494,20 +480,20 @@ json anthropic_count_tokens_impl(const json& body, const ServeLimits& limits,
   return {{"input_tokens", static_cast<int64_t>(r.prompt.size())}};
 }
 
-}  // namespace anthropic_impl
+}  // namespace translate::anthropic
 
 using json = nlohmann::ordered_json;
 
 json anthropic_to_chat(const json& body, bool count_only) {
-  return anthropic_impl::anthropic_to_chat_impl(body, count_only);
+  return translate::anthropic::anthropic_to_chat_impl(body, count_only);
 }
 
 Translation anthropic_messages(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
-  return anthropic_impl::anthropic_messages_impl(body, limits, tok);
+  return translate::anthropic::anthropic_messages_impl(body, limits, tok);
 }
 
 json anthropic_count_tokens(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
-  return anthropic_impl::anthropic_count_tokens_impl(body, limits, tok);
+  return translate::anthropic::anthropic_count_tokens_impl(body, limits, tok);
 }
 
 }  // namespace deltafin::server

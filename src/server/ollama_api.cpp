@@ -11,25 +11,11 @@
 namespace deltafin::server {
 
 // Named, not anonymous: the sanitizer builds compile src/server as one unity file, where
-// another file's helpers of the same names would clash.
-namespace ollama_impl {
+// another file's helpers of the same names would clash. Inside `translate`, so the shared field
+// readers (translate.h) are found without naming each.
+namespace translate::ollama {
 
 using json = nlohmann::ordered_json;
-// Using-declarations, not a using-directive: in the unity build another file's helpers named
-// `field` or `type_name` would make a directive's names ambiguous.
-using translate::arguments_object;
-using translate::array_of;
-using translate::bool_field;
-using translate::field;
-using translate::force_tool;
-using translate::k3_effort;
-using translate::need;
-using translate::object_of;
-using translate::only_fields;
-using translate::string_of;
-using translate::to_engine;
-using translate::to_engine_uncapped;
-using translate::type_name;
 
 // Ollama names a model NAME:TAG; the served name has no tag, so NAME:latest is the same model.
 std::string untagged(const std::string& name) {
@@ -216,36 +202,13 @@ class OllamaWire final : public Wire {
   std::string begin() override { return ""; }
   std::string keep_alive() override { return ""; }
 
+  // A step's text and thinking go out in one line, a tool call in a line of its own once it is
+  // complete (Ollama streams no partial arguments).
   std::string add(const StepUpdate& u) override {
-    std::string content, thinking, out;
-    auto flush = [&] {
-      if (content.empty() && thinking.empty()) return;
-      json j = head();
-      j.update(fields(content, thinking, json::array()));
-      j["done"] = false;
-      out += line(j);
-      content.clear();
-      thinking.clear();
-    };
-    for (const auto& e : u.events) {
-      if (e.kind == ParserEvent::Kind::content) {
-        content += e.text;
-        content_ += e.text;
-      } else if (e.kind == ParserEvent::Kind::reasoning) {
-        thinking += e.text;
-        thinking_ += e.text;
-      } else if (e.kind == ParserEvent::Kind::tool_call_end) {
-        flush();
-        const json call = tool_call(e, static_cast<int>(calls_.size()));
-        calls_.push_back(call);
-        json j = head();
-        j.update(fields("", "", json::array({call})));
-        j["done"] = false;
-        out += line(j);
-      }
-    }
-    flush();
-    return out;
+    Lines lines(*this);
+    fold_.add(u.events, lines);
+    lines.flush();
+    return lines.out;
   }
 
   std::string end(const Outcome& o) override {
@@ -283,10 +246,10 @@ class OllamaWire final : public Wire {
     return {{"message", m}};
   }
 
-  static json tool_call(const ParserEvent& e, int index) {
+  static json tool_call(const PartFold::Part& p, int index) {
     return {{"id", random_id("call_")},
             {"function",
-             {{"index", index}, {"name", e.name}, {"arguments", arguments_object(e.text)}}}};
+             {{"index", index}, {"name", p.name}, {"arguments", arguments_object(p.text)}}}};
   }
 
   static json final_fields(const Outcome& o) {
@@ -308,8 +271,48 @@ class OllamaWire final : public Wire {
     return j;
   }
 
+  // The fold's sink for one step.
+  class Lines final : public PartFold::Sink {
+   public:
+    explicit Lines(OllamaWire& w) : w_(w) {}
+    void opened(PartFold::Part&) override {}
+    void appended(const PartFold::Part& p, const std::string& delta) override {
+      if (p.kind == PartFold::Kind::text) {
+        content += delta;
+        w_.content_ += delta;
+      } else if (p.kind == PartFold::Kind::thinking) {
+        thinking += delta;
+        w_.thinking_ += delta;
+      }
+    }
+    void closed(const PartFold::Part& p) override {
+      if (p.kind != PartFold::Kind::tool) return;
+      flush();
+      const json call = tool_call(p, static_cast<int>(w_.calls_.size()));
+      w_.calls_.push_back(call);
+      json j = w_.head();
+      j.update(w_.fields("", "", json::array({call})));
+      j["done"] = false;
+      out += line(j);
+    }
+    void flush() {
+      if (content.empty() && thinking.empty()) return;
+      json j = w_.head();
+      j.update(w_.fields(content, thinking, json::array()));
+      j["done"] = false;
+      out += line(j);
+      content.clear();
+      thinking.clear();
+    }
+    std::string content, thinking, out;
+
+   private:
+    OllamaWire& w_;
+  };
+
   bool chat_;
   std::string model_;
+  PartFold fold_;
   std::string content_, thinking_;
   json calls_ = json::array();
 };
@@ -433,22 +436,22 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
   return {std::move(r), std::make_unique<OllamaWire>(chat, limits.model_id)};
 }
 
-}  // namespace ollama_impl
+}  // namespace translate::ollama
 
 using json = nlohmann::ordered_json;
 
 json ollama_info(const std::string& route, const std::string& body, const ServeLimits& served,
                  int64_t created) {
-  return ollama_impl::ollama_info_impl(route, body, served, created);
+  return translate::ollama::ollama_info_impl(route, body, served, created);
 }
 
 std::optional<json> ollama_load_only(bool chat, const json& body, const ServeLimits& limits) {
-  return ollama_impl::ollama_load_only_impl(chat, body, limits);
+  return translate::ollama::ollama_load_only_impl(chat, body, limits);
 }
 
 Translation ollama_generate(bool chat, const json& body, const ServeLimits& limits,
                             const Tokenizer& tok) {
-  return ollama_impl::ollama_generate_impl(chat, body, limits, tok);
+  return translate::ollama::ollama_generate_impl(chat, body, limits, tok);
 }
 
 }  // namespace deltafin::server

@@ -4,8 +4,6 @@
 
 #include <random>
 
-#include "core/timer.h"
-
 namespace deltafin::server {
 
 using json = nlohmann::ordered_json;
@@ -37,28 +35,6 @@ void add_warning(json& j, const Usage& u) {
         "(finish_reason \"length\"): it does not parse; raise max_tokens";
 }
 }  // namespace
-
-Usage generation_usage(const Generation* g, int64_t cached, int64_t input, Timings t,
-                       const DraftStats& draft, const SequenceReuse* reuse) {
-  Usage usage;
-  usage.cached_tokens = cached;
-  usage.prompt_tokens = cached + input;
-  usage.completion_tokens = g != nullptr ? static_cast<int64_t>(g->tokens().size()) : 0;
-  usage.constraint_unfinished = g != nullptr && g->constraint_unfinished();
-  usage.stopped_in_prefill = g != nullptr && g->in_prefill();
-  usage.prompt_prefilled = cached + (g != nullptr ? g->prompt_done() : 0);
-  usage.timings = t;
-  usage.timings.finished = now_seconds();
-  if (reuse != nullptr && cached > 0 && reuse->restored().position > 0) {
-    usage.cached_from = reuse->restored().from_disk ? "disk" : "RAM";
-    usage.cached_load_s = reuse->restored().seconds;
-  }
-  usage.timings.draft_n = draft.proposed;
-  usage.timings.draft_n_accepted = draft.accepted;
-  usage.timings.target_passes = draft.target_passes;
-  usage.timings.decode_tokens = draft.tokens;
-  return usage;
-}
 
 json timings_json(const Usage& u) {
   const Timings& t = u.timings;
@@ -208,65 +184,67 @@ std::vector<json> ResponseBuilder::add(const StepUpdate& u) {
     out.push_back(chunk(choice));
     return out;
   }
-  // Chat: one chunk per event (content and reasoning deltas are merged while consecutive).
-  auto delta_chunk = [&](json delta) {
-    json choice;
-    choice["index"] = 0;
-    choice["delta"] = std::move(delta);
-    choice["logprobs"] = nullptr;  // OpenAI always sends the key
-    choice["finish_reason"] = nullptr;
-    out.push_back(chunk(choice));
-  };
-  std::string pending_text;
-  const char* pending_key = nullptr;
-  auto flush = [&] {
-    if (pending_key != nullptr && !pending_text.empty()) delta_chunk({{pending_key, pending_text}});
-    pending_text.clear();
-    pending_key = nullptr;
-  };
-  for (const auto& e : u.events) {
-    switch (e.kind) {
-      case ParserEvent::Kind::content:
-      case ParserEvent::Kind::reasoning: {
-        const char* key = e.kind == ParserEvent::Kind::content ? "content" : "reasoning_content";
-        (e.kind == ParserEvent::Kind::content ? content_ : reasoning_) += e.text;
-        if (pending_key != key) flush();
-        pending_key = key;
-        pending_text += e.text;
-        break;
-      }
-      case ParserEvent::Kind::tool_call_begin: {
-        flush();
-        Call c{random_id("call_"), e.name, ""};
-        calls_.push_back(c);
-        json call;
-        call["index"] = static_cast<int>(calls_.size() - 1);
-        call["id"] = c.id;
-        call["type"] = "function";
-        call["function"] = {{"name", c.name}, {"arguments", ""}};
-        delta_chunk({{"tool_calls", json::array({call})}});
-        break;
-      }
-      case ParserEvent::Kind::tool_call_delta: {
-        flush();
-        if (calls_.empty() || e.text.empty()) break;
-        calls_.back().arguments += e.text;
-        json call;
-        call["index"] = static_cast<int>(calls_.size() - 1);
-        call["function"] = {{"arguments", e.text}};
-        delta_chunk({{"tool_calls", json::array({call})}});
-        break;
-      }
-      case ParserEvent::Kind::tool_call_end:
-        // The arguments are complete; the deltas already carried them. Keep the parser's final
-        // text (identical unless a malformed call was cut short).
-        if (!calls_.empty()) calls_.back().arguments = e.text;
-        break;
-      case ParserEvent::Kind::end_of_turn:
-        break;
+  // Chat: a chunk per part a step adds to (a text or thinking part's deltas of one step merged),
+  // and per tool-call event.
+  class Deltas final : public PartFold::Sink {
+   public:
+    Deltas(ResponseBuilder& b, std::vector<json>& out) : b_(b), out_(out) {}
+    void opened(PartFold::Part& p) override {
+      if (p.kind != PartFold::Kind::tool) return;
+      flush();
+      Call c{random_id("call_"), p.name, ""};
+      b_.calls_.push_back(c);
+      json call;
+      call["index"] = static_cast<int>(b_.calls_.size() - 1);
+      call["id"] = c.id;
+      call["type"] = "function";
+      call["function"] = {{"name", c.name}, {"arguments", ""}};
+      chunk({{"tool_calls", json::array({call})}});
     }
-  }
-  flush();
+    void appended(const PartFold::Part& p, const std::string& delta) override {
+      if (p.kind == PartFold::Kind::tool) {
+        flush();
+        b_.calls_.back().arguments += delta;
+        json call;
+        call["index"] = static_cast<int>(b_.calls_.size() - 1);
+        call["function"] = {{"arguments", delta}};
+        chunk({{"tool_calls", json::array({call})}});
+        return;
+      }
+      const bool text = p.kind == PartFold::Kind::text;
+      (text ? b_.content_ : b_.reasoning_) += delta;
+      const char* key = text ? "content" : "reasoning_content";
+      if (key_ != key) flush();
+      key_ = key;
+      pending_ += delta;
+    }
+    void closed(const PartFold::Part& p) override {
+      // A call's arguments are complete; the deltas already carried them. Keep the parser's
+      // final text (identical unless a malformed call was cut short).
+      if (p.kind == PartFold::Kind::tool) b_.calls_.back().arguments = p.text;
+    }
+    void flush() {
+      if (key_ != nullptr && !pending_.empty()) chunk({{key_, pending_}});
+      pending_.clear();
+      key_ = nullptr;
+    }
+
+   private:
+    void chunk(json delta) {
+      json choice;
+      choice["index"] = 0;
+      choice["delta"] = std::move(delta);
+      choice["logprobs"] = nullptr;  // OpenAI always sends the key
+      choice["finish_reason"] = nullptr;
+      out_.push_back(b_.chunk(choice));
+    }
+    ResponseBuilder& b_;
+    std::vector<json>& out_;
+    std::string pending_;
+    const char* key_ = nullptr;
+  } deltas(*this, out);
+  fold_.add(u.events, deltas);
+  deltas.flush();
   if (logprobs_ && tokens_.size() > first_token) {
     // Logprobs travel with their own chunk: K3's parser holds text back across tokens, so a
     // token and the text it completes need not arrive in the same step.

@@ -20,7 +20,8 @@
 
 #include "generate/generation.h"
 #include "generate/speculative.h"
-#include "prefix/reuse.h"
+#include "runtime/sequence.h"
+#include "server/parts.h"
 #include "server/request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,43 +32,12 @@ struct StepUpdate {
   std::vector<GeneratedToken> tokens;
 };
 
-// Wall-clock points of one request (now_seconds() clock; 0 = not reached), for the
-// llama.cpp-style `timings` object of a response.
-struct Timings {
-  double arrived = 0;      // the request was accepted by the HTTP thread
-  double admitted = 0;     // the engine gave it a slot (prefill starts)
-  double first_token = 0;  // the first completion token was sampled
-  double finished = 0;     // the generation ended
-  // Speculative decoding (serve --draft): drafts verified and accepted, decode passes and the
-  // tokens they emitted; reported only when drafting.
-  bool drafting = false;
-  int64_t draft_n = 0, draft_n_accepted = 0, target_passes = 0, decode_tokens = 0;
-};
-
-struct Usage {
-  int64_t prompt_tokens = 0;  // positions the prompt occupies (cached included)
-  int64_t cached_tokens = 0;  // of those, continued from a kept snapshot (never prefilled)
-  int64_t completion_tokens = 0;
-  Timings timings;
-  std::string cached_from;   // "RAM" or "disk" when cached_tokens > 0
-  double cached_load_s = 0;  // restoring that snapshot
-  // The generation hit max_tokens (or the context) before its grammar or schema was complete:
-  // the response says so in `warning`, since the output will not parse.
-  bool constraint_unfinished = false;
-  // Ended (cancelled, timed out) before its prompt was all prefilled: the prompt positions the
-  // state held by then, cached included (the server's log line says so).
-  bool stopped_in_prefill = false;
-  int64_t prompt_prefilled = 0;
-};
+// A request's counts and times are its Sequence's (runtime/sequence.h).
+using deltafin::Timings;
+using deltafin::Usage;
 
 // "stop", "length" or "tool_calls".
 std::string finish_reason(StopReason stop, bool tool_calls);
-
-// The usage of a generation (none yet: nothing completed) fed `input` ids after `cached` ones the
-// state already held (kept, or restored by `reuse` when given): the counts, and `t` completed
-// with its end and `draft`'s figures. The server's and the C API's responses both come from here.
-Usage generation_usage(const Generation* g, int64_t cached, int64_t input, Timings t,
-                       const DraftStats& draft, const SequenceReuse* reuse);
 
 nlohmann::ordered_json usage_json(const Usage& u);
 // {prompt_n, prompt_ms, predicted_n, predicted_ms, predicted_per_second, ttft_ms} (docs/SERVER.md):
@@ -115,6 +85,7 @@ class ResponseBuilder {
   bool logprobs_, include_usage_;
   std::string content_, reasoning_;
   std::vector<Call> calls_;
+  PartFold fold_;
   std::vector<GeneratedToken> tokens_;
   std::vector<size_t> text_offsets_;  // completions: byte offset of each token's text
   size_t text_bytes_ = 0;

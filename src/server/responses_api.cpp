@@ -9,25 +9,11 @@
 namespace deltafin::server {
 
 // Named, not anonymous: the sanitizer builds compile src/server as one unity file, where
-// another file's helpers of the same names would clash.
-namespace responses_impl {
+// another file's helpers of the same names would clash. Inside `translate`, so the shared field
+// readers (translate.h) are found without naming each.
+namespace translate::responses {
 
 using json = nlohmann::ordered_json;
-// Using-declarations, not a using-directive: in the unity build another file's helpers named
-// `field` or `type_name` would make a directive's names ambiguous.
-using translate::arguments_object;
-using translate::array_of;
-using translate::bool_field;
-using translate::field;
-using translate::force_tool;
-using translate::k3_effort;
-using translate::need;
-using translate::object_of;
-using translate::only_fields;
-using translate::string_of;
-using translate::to_engine;
-using translate::to_engine_uncapped;
-using translate::type_name;
 
 // A message item's content: a string, or input_text / output_text parts (joined).
 std::string item_text(const json& content, const std::string& path) {
@@ -526,16 +512,16 @@ Translation responses_create_impl(const json& body, const ServeLimits& limits,
   return {std::move(r), std::move(wire)};
 }
 
-}  // namespace responses_impl
+}  // namespace translate::responses
 
 using json = nlohmann::ordered_json;
 
 json responses_to_chat(const json& body) {
-  return responses_impl::responses_to_chat_impl(body);
+  return translate::responses::responses_to_chat_impl(body);
 }
 
 Translation responses_create(const json& body, const ServeLimits& limits, const Tokenizer& tok) {
-  return responses_impl::responses_create_impl(body, limits, tok);
+  return translate::responses::responses_create_impl(body, limits, tok);
 }
 
 }  // namespace deltafin::server

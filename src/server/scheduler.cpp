@@ -83,8 +83,8 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
   thread_ = std::thread([this] { run(); });
 }
 
-void Scheduler::force_script(const Slot& s, std::span<float> row) const {
-  const size_t i = s.gen->tokens().size();  // the token this row samples
+void Scheduler::force_script(const Generation& g, std::span<float> row) const {
+  const size_t i = g.tokens().size();  // the token this row samples
   if (i >= script_.size() || static_cast<size_t>(script_[i]) >= row.size()) return;
   std::fill(row.begin(), row.end(), -1e30f);
   row[static_cast<size_t>(script_[i])] = 0.0f;
@@ -186,34 +186,27 @@ void Scheduler::update_gauges() {
 
 bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
   const ServeRequest& r = job->req;
-  const int64_t vocab = model_.config().vocab;
   slot.job = job;
+  SequenceDrafter drafter;
   try {
-    if (opt_.new_drafter) slot.drafter = opt_.new_drafter();
-    slot.draft.drafter = slot.drafter.get();
-    slot.draft.set_max(opt_.draft_max);
+    if (opt_.new_drafter) drafter = SequenceDrafter(opt_.new_drafter(), opt_.draft_max);
   } catch (const std::exception& e) {
     fail(job,
          ApiError(500, fmt::format("could not start the drafter: {}", e.what()), "server_error"));
     return false;
   }
   try {
-    slot.state = model_.new_state();
-    // The deepest kept snapshot of this prompt (prefix/reuse.h): only the rest is prefilled.
-    slot.reuse.emplace(opt_.store, r.prompt,
-                       PromptMarks{r.system_end, r.messages_end, r.last_message}, slot.state,
-                       slot.drafter.get());
-    const auto kept = static_cast<size_t>(slot.reuse->restored().position);
-    slot.seen.assign(r.prompt.begin(), r.prompt.begin() + static_cast<ptrdiff_t>(kept));
-    slot.input.assign(r.prompt.begin() + static_cast<ptrdiff_t>(kept), r.prompt.end());
-    slot.cached = static_cast<int64_t>(kept);
-    slot.gen = std::make_unique<Generation>(slot.input, r.params, &tok_, vocab,
-                                            std::span<const int32_t>(slot.seen));
-    const Restored& how = slot.reuse->restored();
+    // Continues from the deepest kept snapshot of this prompt (prefix/reuse.h): only the rest
+    // is prefilled.
+    SequenceSpec spec{r.prompt, PromptMarks{r.system_end, r.messages_end, r.last_message}, r.params,
+                      r.logit_bias, job->arrived};
+    slot.seq =
+        std::make_unique<Sequence>(model_, &tok_, opt_.store, std::move(spec), std::move(drafter));
+    const Restored& how = slot.seq->restored();
     if (how.position > 0) {
       log_debug("[serve] continuing a kept prefix of {} tokens from {} ({:.3f} s){}", how.position,
-                how.from_disk ? "disk" : "RAM", how.seconds,
-                slot.drafter && slot.drafter->keeps_state() && !how.with_draft
+                how.where(), how.seconds,
+                slot.seq->drafter() && slot.seq->drafter()->keeps_state() && !how.with_draft
                     ? "; the drafter has no state for it"
                     : "");
     }
@@ -222,7 +215,7 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     return false;
   } catch (const std::bad_alloc&) {
     // Out of memory for this sequence's state: refuse this request, keep serving the others.
-    slot.gen.reset();
+    slot.seq.reset();
     fail(job, ApiError(503,
                        "not enough memory to start this sequence (its state could not be "
                        "allocated); retry later or send a shorter request",
@@ -234,9 +227,6 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
                        "server_error"));
     return false;
   }
-  slot.timings.arrived = job->arrived;
-  slot.timings.admitted = now_seconds();
-  slot.timings.drafting = slot.drafter != nullptr;
   {
     std::lock_guard<std::mutex> lock(job->m_);
     job->phase_ = JobPhase::running;
@@ -247,8 +237,9 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
 
 void Scheduler::post(Slot& s) {
   StepUpdate u;
-  u.events = s.gen->take_events();
-  const auto& toks = s.gen->tokens();
+  Generation& g = s.seq->gen();
+  u.events = g.take_events();
+  const auto& toks = g.tokens();
   u.tokens.assign(toks.begin() + static_cast<ptrdiff_t>(s.sent), toks.end());
   s.sent = toks.size();
   if (u.events.empty() && u.tokens.empty()) return;
@@ -259,25 +250,20 @@ void Scheduler::post(Slot& s) {
   s.job->cv_.notify_all();
 }
 
-Usage Scheduler::usage_of(const Slot& s) const {
-  return generation_usage(s.gen.get(), s.cached, static_cast<int64_t>(s.input.size()), s.timings,
-                          s.draft.stats, s.reuse ? &*s.reuse : nullptr);
-}
-
 void Scheduler::fail(Slot& s, const ApiError& e) {
   // A request ended by its timeout, a cancellation or shutdown still used what it used (the log
   // line and the stream's usage count its tokens).
   {
     std::lock_guard<std::mutex> lock(s.job->m_);
-    s.job->usage_ = usage_of(s);
+    s.job->usage_ = s.seq->usage();
   }
   fail(s.job, e);
 }
 
 void Scheduler::finish(Slot& s) {
   if (heat_stale_) publish_storage(true);
-  const Generation& g = *s.gen;
-  const Usage usage = usage_of(s);
+  const Generation& g = s.seq->gen();
+  const Usage usage = s.seq->usage();
   metrics_.count_finished(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens);
   {
     std::lock_guard<std::mutex> lock(s.job->m_);
@@ -289,13 +275,7 @@ void Scheduler::finish(Slot& s) {
   s.job->cv_.notify_all();
   s.job->settled();
   // The state after the answer as the model wrote it, for a client that sends it back verbatim.
-  if (s.reuse && g.stop_reason() != StopReason::kCancelled) {
-    std::vector<int32_t> consumed = s.job->req.prompt;
-    const auto ids = g.completion_ids();
-    consumed.insert(consumed.end(), ids.begin(), ids.end());
-    if (g.unconsumed_token()) consumed.pop_back();
-    s.reuse->at_end(consumed, s.state, s.drafter.get());
-  }
+  s.seq->finish();
 }
 
 void Scheduler::step() {
@@ -303,18 +283,19 @@ void Scheduler::step() {
   std::vector<bool> drop(active_.size(), false);
   for (size_t i = 0; i < active_.size(); ++i) {
     Slot& s = active_[i];
+    Generation& g = s.seq->gen();
     if (s.job->cancelled()) {
-      s.gen->cancel();
+      g.cancel();
       fail(s,
            ApiError(500, "the request was cancelled", "server_error", std::nullopt, "cancelled"));
       drop[i] = true;
     } else if (now > s.job->deadline) {
-      s.gen->cancel();
+      g.cancel();
       post(s);
       fail(s, ApiError(504, "the request did not finish within the server's time limit (--timeout)",
                        "timeout_error", std::nullopt, "timeout"));
       drop[i] = true;
-    } else if (s.gen->next_input().empty()) {  // finished without a pass (not for a fresh one)
+    } else if (g.next_input().empty()) {  // finished without a pass (not for a fresh one)
       finish(s);
       drop[i] = true;
     }
@@ -323,23 +304,13 @@ void Scheduler::step() {
   // plan leaves (generate/round.h).
   std::vector<RoundSequence> seqs;
   std::vector<size_t> slot_of;
-  std::vector<bool> was_prefill;
   for (size_t i = 0; i < active_.size(); ++i) {
     if (drop[i]) continue;
-    Slot& s = active_[i];
-    RoundSequence r;
-    r.state = &s.state;
-    r.gen = s.gen.get();
-    r.before = s.seen;
-    r.draft = &s.draft;
-    r.adjust = [&s, this](std::span<float> row) {
-      for (const auto& [id, b] : s.job->req.logit_bias) row[static_cast<size_t>(id)] += b;
-      force_script(s, row);
-    };
-    r.cut_at = s.reuse ? s.reuse->cuts() : std::span<const int64_t>();
-    seqs.push_back(std::move(r));
+    seqs.push_back(active_[i].seq->round_entry(
+        script_.empty()
+            ? std::function<void(const Generation&, std::span<float>)>()
+            : [this](const Generation& g, std::span<float> row) { force_script(g, row); }));
     slot_of.push_back(i);
-    was_prefill.push_back(s.gen->in_prefill());
   }
   if (seqs.empty()) {
     compact(drop);
@@ -378,12 +349,9 @@ void Scheduler::step() {
       continue;
     }
     // A prefill pass that reached a cut (or ended a long stretch) is kept (prefix/reuse.h).
-    if (was_prefill[k] && s.reuse)
-      s.reuse->after_pass(s.job->req.prompt, s.state, s.drafter.get(), s.gen->in_prefill());
-    if (s.timings.first_token == 0 && !s.gen->tokens().empty())
-      s.timings.first_token = now_seconds();
+    s.seq->after_pass();
     post(s);
-    if (s.gen->finished()) {
+    if (s.seq->gen().finished()) {
       finish(s);
       drop[slot_of[k]] = true;
     }

@@ -44,7 +44,7 @@
 #include "generate/round.h"
 #include "generate/speculative.h"
 #include "model/model.h"
-#include "prefix/reuse.h"
+#include "runtime/sequence.h"
 #include "server/api_error.h"
 #include "server/metrics.h"
 #include "server/request.h"
@@ -128,16 +128,8 @@ class Scheduler {
  private:
   struct Slot {
     std::shared_ptr<Job> job;
-    std::unique_ptr<Generation> gen;
-    State state;
-    std::vector<int32_t> seen;   // ids the state held at admission (a kept conversation)
-    std::vector<int32_t> input;  // the generation's prompt
-    size_t sent = 0;             // tokens posted to the job
-    int64_t cached = 0;
-    Timings timings;
-    std::unique_ptr<Drafter> drafter;    // serve --draft: this sequence's own drafter
-    DraftConfig draft;                   // its drafting across rounds (stats even without one)
-    std::optional<SequenceReuse> reuse;  // its restore and the snapshots it takes
+    std::unique_ptr<Sequence> seq;  // its generation, drafter, state and reuse
+    size_t sent = 0;                // tokens posted to the job
   };
 
   void run();
@@ -149,7 +141,6 @@ class Scheduler {
   void finish(Slot& s);
   void fail(const std::shared_ptr<Job>& job, const ApiError& e);
   void fail(Slot& s, const ApiError& e);  // records the slot's usage first
-  Usage usage_of(const Slot& s) const;
   void update_gauges();
   // The model's storage counters -> metrics; the heat map too when `with_heat` or when it was
   // last copied over a quarter second ago.
@@ -178,7 +169,7 @@ class Scheduler {
   // tokens, so tests can drive real clients through a whole turn (text that ends, tool calls)
   // with the tiny random model. Never set in use: the model no longer decides.
   std::vector<int32_t> script_;
-  void force_script(const Slot& s, std::span<float> row) const;
+  void force_script(const Generation& g, std::span<float> row) const;
   std::thread thread_;
 };
 

@@ -62,54 +62,30 @@ class OpenAiWire final : public Wire {
 
 }  // namespace
 
-PartsWire::PartsWire(bool single_tool) : single_tool_(single_tool) {}
+class PartsWire::Writer final : public PartFold::Sink {
+ public:
+  explicit Writer(PartsWire& w) : w_(w) {}
+  void opened(Part& p) override { out += w_.opened(p); }
+  void appended(const Part& p, const std::string& delta) override { out += w_.appended(p, delta); }
+  void closed(const Part& p) override { out += w_.closed(p); }
+  std::string out;
+
+ private:
+  PartsWire& w_;
+};
+
+PartsWire::PartsWire(bool single_tool) : fold_(single_tool) {}
 
 std::string PartsWire::add(const StepUpdate& u) {
-  std::string out;
-  for (const auto& e : u.events) {
-    switch (e.kind) {
-      case ParserEvent::Kind::reasoning:
-      case ParserEvent::Kind::content:
-        if (e.text.empty()) break;
-        out += open(e.kind == ParserEvent::Kind::reasoning ? Kind::thinking : Kind::text);
-        parts_.back().text += e.text;
-        out += appended(parts_.back(), e.text);
-        break;
-      case ParserEvent::Kind::tool_call_begin:
-        dropping_ = single_tool_ && calls_ > 0;
-        if (dropping_) break;
-        ++calls_;
-        out += open(Kind::tool, e.name);
-        break;
-      case ParserEvent::Kind::tool_call_delta:
-        if (dropping_ || open_ != Kind::tool || e.text.empty()) break;
-        parts_.back().text += e.text;
-        out += appended(parts_.back(), e.text);
-        break;
-      case ParserEvent::Kind::tool_call_end:
-        if (dropping_ || open_ != Kind::tool) break;
-        parts_.back().text = e.text;  // the parser's final text (a malformed call's, cut short)
-        out += close();
-        break;
-      case ParserEvent::Kind::end_of_turn:
-        break;
-    }
-  }
-  return out;
-}
-
-std::string PartsWire::open(Kind kind, const std::string& name) {
-  if (open_ == kind && kind != Kind::tool) return "";
-  std::string out = close();
-  parts_.push_back({kind, "", name, "", ""});
-  open_ = kind;
-  return out + opened(parts_.back());
+  Writer w(*this);
+  fold_.add(u.events, w);
+  return w.out;
 }
 
 std::string PartsWire::close() {
-  if (open_ == Kind::none) return "";
-  open_ = Kind::none;
-  return closed(parts_.back());
+  Writer w(*this);
+  fold_.close(w);
+  return w.out;
 }
 
 json error_json(const ApiError& e, ErrorStyle style) {

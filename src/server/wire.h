@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/parts.h"
 #include "server/response.h"
 
 namespace deltafin::server {
@@ -54,17 +55,12 @@ class Wire {
 };
 
 // A Wire whose answer is a sequence of parts — thinking, text, tool calls — each opened, added
-// to and closed in K3's order (Anthropic's content blocks, Responses' output items). The one
-// place that folds parser events into parts; a subclass writes each step in its shape.
+// to and closed in K3's order (Anthropic's content blocks, Responses' output items), as the one
+// fold (parts.h) gives them; a subclass writes each step in its shape.
 class PartsWire : public Wire {
  public:
-  enum class Kind { none, thinking, text, tool };
-  struct Part {
-    Kind kind = Kind::none;
-    std::string text;         // thinking, text, or a tool call's arguments JSON
-    std::string name;         // tool calls
-    std::string id, call_id;  // set by opened()
-  };
+  using Kind = PartFold::Kind;
+  using Part = PartFold::Part;
 
   // `single_tool`: report only the first tool call of a turn (the API asked for one at most).
   PartsWire(bool single_tool);
@@ -75,17 +71,12 @@ class PartsWire : public Wire {
   virtual std::string appended(const Part& p, const std::string& delta) = 0;
   virtual std::string closed(const Part& p) = 0;
   std::string close();  // closes the open part, if any
-  const std::vector<Part>& parts() const { return parts_; }
-  int calls() const { return calls_; }
+  const std::vector<Part>& parts() const { return fold_.parts(); }
+  int calls() const { return fold_.calls(); }
 
  private:
-  std::string open(Kind kind, const std::string& name = "");
-
-  bool single_tool_;
-  std::vector<Part> parts_;
-  Kind open_ = Kind::none;
-  int calls_ = 0;
-  bool dropping_ = false;  // a later tool call when only one is wanted
+  class Writer;  // the fold's sink: what the subclass writes for each of its steps
+  PartFold fold_;
 };
 
 // A request translated from an API's body: what the engine runs and how to answer it.

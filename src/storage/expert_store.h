@@ -1,5 +1,5 @@
 // The expert store: routed experts streamed from the checkpoint's shards into a RAM cache of
-// whole experts under a byte budget (issue: run models far larger than RAM).
+// whole experts under a byte budget, so a model far larger than RAM runs.
 //
 // Why it is built this way:
 //  * One read per expert (per drive). The six tensors of an expert lie back to back in the

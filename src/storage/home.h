@@ -1,5 +1,5 @@
 // Homes: folders on other drives that hold copies of routed experts, so a pass reads its experts
-// from several drives at once (issue 28; `deltafin place` fills them, storage/place.h).
+// from several drives at once (`deltafin place` fills them, storage/place.h).
 //
 // Why it is laid out this way:
 //  * The model folder stays the source of truth. A home holds a manifest (deltafin-home.json:

@@ -1,4 +1,4 @@
-// Which experts go to which home (issue 28): the decision `deltafin place` writes out. A pure
+// Which experts go to which home: the decision `deltafin place` writes out. A pure
 // function of the drives' bandwidths, the homes' room and the experts' heat, so it is tested on
 // its own and a rerun with the same inputs decides the same thing.
 //

@@ -59,6 +59,19 @@ uint64_t state_bytes(const ModelConfig& c, int64_t context) {
          mla * static_cast<uint64_t>(c.num_mla_layers());
 }
 
+const char* trunk_format_name(TrunkFormat f) {
+  return f == TrunkFormat::kInt8 ? "int8" : "bf16";
+}
+
+int64_t plan_context(const ModelConfig& c, int64_t requested) {
+  return requested > 0 ? std::min(requested, c.max_positions)
+                       : std::min<int64_t>(c.max_positions, 8192);
+}
+
+uint64_t default_state_cache_bytes(const ModelConfig& c, int64_t context) {
+  return 2 * state_bytes(c, context);
+}
+
 uint64_t MemoryPlan::streamed_bytes_per_pass() const {
   uint64_t n = 0;
   for (size_t i = 0; i < resident.size(); ++i) {
@@ -109,30 +122,29 @@ MemoryPlan plan_memory(const ModelConfig& c, const Checkpoint& ck, const PlanOpt
 MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOptions& o) {
   MemoryPlan p;
   p.budget = o.budget > 0 ? o.budget : default_memory_budget();
-  p.context = o.context > 0 ? std::min(o.context, c.max_positions)
-                            : std::min<int64_t>(c.max_positions, 8192);
-  p.sequences = std::max(1, o.sequences);
+  p.context = plan_context(c, o.context);
+  const PlanShape& shape = o.shape;
+  p.sequences = std::max(1, shape.sequences);
   p.trunk = o.trunk;
   p.prefetch = o.prefetch && c.num_moe_layers() > 1;
   p.state_bytes = state_bytes(c, p.context) * static_cast<uint64_t>(p.sequences);
   const uint64_t logits_bytes = static_cast<uint64_t>(p.sequences * c.vocab) * 4;
   const int64_t wanted = std::max<int64_t>(
-      o.max_rows > 0 ? o.max_rows : (o.prefill_rows > 0 ? o.prefill_rows : p.context), p.sequences);
+      shape.max_rows > 0 ? shape.max_rows
+                         : (shape.prefill_rows > 0 ? shape.prefill_rows : p.context),
+      p.sequences);
   // The smallest pass the plan must hold (given rows, or one KDA chunk when automatic); an
   // automatic plan grows it below, once the rest of the working set is known.
   p.pass_row = pass_row_bytes(c);
-  p.pass.automatic = o.max_rows <= 0;
+  p.pass.automatic = shape.max_rows <= 0;
   p.pass.pass_rows = p.pass.automatic ? std::min(wanted, kPassBlockQuantum) : wanted;
   p.pass.block_rows = pass_block_rows(p.pass.pass_rows);
   p.buffer_bytes = pass_bytes(c, p.pass.pass_rows, p.pass.block_rows) + logits_bytes;
   p.overhead_bytes = 32ull << 20;
-  p.draft_weight_bytes = o.draft_weight_bytes;
-  p.draft_cache_bytes = o.draft_cache_bytes_per_position * static_cast<uint64_t>(p.context) *
+  p.draft_weight_bytes = shape.draft_weight_bytes;
+  p.draft_cache_bytes = shape.draft_cache_bytes_per_position * static_cast<uint64_t>(p.context) *
                         static_cast<uint64_t>(p.sequences);
-  p.state_cache_bytes =
-      o.state_cache_bytes > 0
-          ? o.state_cache_bytes
-          : state_bytes(c, p.context) * static_cast<uint64_t>(std::max(0, o.state_cache_states));
+  p.state_cache_bytes = shape.state_cache_bytes;
   // Units.
   bool any_int8 = false;
   const int L = static_cast<int>(c.num_layers);

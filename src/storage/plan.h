@@ -26,26 +26,34 @@ namespace deltafin {
 class Checkpoint;
 
 enum class TrunkFormat { kBF16, kInt8 };
+// "bf16" or "int8", as --trunk spells it.
+const char* trunk_format_name(TrunkFormat f);
 
-struct PlanOptions {
-  uint64_t budget = 0;  // 0 = default_memory_budget()
-  int sequences = 1;    // states kept at once (server: parallel + cached conversations)
-  int64_t context = 0;  // positions per sequence the MLA cache must hold (0 = min(model, 8192))
+// What the runtime adds to the user's settings before memory is planned: how the model will be
+// run (sequences held at once, rows per pass) and what loads beside it (a draft model, the RAM of
+// kept prefix snapshots). runtime/load.h fills it from the load request.
+struct PlanShape {
+  int sequences = 1;  // states kept at once (server: parallel + cached conversations)
   // Rows per forward pass (prefill chunk / batch); 0 = auto: as many as the budget holds, up to
   // `prefill_rows` (0 = the context), so a prompt runs in as few passes as memory allows.
   int64_t max_rows = 256;
   int64_t prefill_rows = 0;
-  bool prefetch = true;  // keep every MoE layer's router resident for prediction
-  TrunkFormat trunk = TrunkFormat::kBF16;
-  uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
   // A draft model next to the target (src/draft): its weights, and its cache per position of
   // each sequence. Both are fixed costs taken from the budget before trunk and experts.
   uint64_t draft_weight_bytes = 0;
   uint64_t draft_cache_bytes_per_position = 0;
-  // RAM for kept prefix snapshots (prefix/prefix_store.h): `state_cache_bytes`, or when it is 0
-  // the bytes of `state_cache_states` full-context states. A fixed cost like the states.
+  // RAM for kept prefix snapshots (prefix/prefix_store.h; default_state_cache_bytes when the
+  // user left it to us). A fixed cost like the states.
   uint64_t state_cache_bytes = 0;
-  int state_cache_states = 0;
+};
+
+struct PlanOptions {
+  uint64_t budget = 0;   // 0 = default_memory_budget()
+  int64_t context = 0;   // positions per sequence the MLA cache must hold (0: plan_context's)
+  bool prefetch = true;  // keep every MoE layer's router resident for prediction
+  TrunkFormat trunk = TrunkFormat::kBF16;
+  uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
+  PlanShape shape;
 };
 
 struct MemoryPlan {
@@ -97,5 +105,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& tensors, const P
 
 // Bytes of one sequence's State holding `context` positions.
 uint64_t state_bytes(const ModelConfig& c, int64_t context);
+// The positions per sequence a plan holds: `requested` (capped at the model's), or when it is 0
+// the model's limit up to 8,192.
+int64_t plan_context(const ModelConfig& c, int64_t requested);
+// The default RAM share of kept prefix snapshots: room for two full-context states.
+uint64_t default_state_cache_bytes(const ModelConfig& c, int64_t context);
 
 }  // namespace deltafin
