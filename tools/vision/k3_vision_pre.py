@@ -205,6 +205,8 @@ def open_frames(path, frames=1, max_bytes=MAX_FILE_BYTES, max_pixels=MAX_PIXELS)
         raise
     except Image.DecompressionBombError as e:
         raise InputError(f"{path}: refused as a decompression bomb ({e})")
+    except Image.UnidentifiedImageError:
+        raise InputError(f"{path}: not a recognised image (expected PNG, JPEG, GIF or WebP with a positive size)")
     except Exception as e:  # Pillow raises many types for malformed files
         raise InputError(f"{path}: not a decodable image ({type(e).__name__}: {e})")
     finally:
