@@ -123,7 +123,23 @@ def variant_checks(variant, root):
     quantised = sum(1 for it in b.items if it[1] in ("F8_E4M3", "I32"))
     check(f"{variant}: {len(b.deq)} tensors ({quantised} quantised) dequantise exactly as written", not bad, ", ".join(bad[:3]))
     model = R.DeepseekV3(cfg, weights)
+    ties, route = [], model.route
+
+    def watch(x, i):  # experts 5 and 6 of the first MoE layer tie exactly (make_tiny rule)
+        sel, w = route(x, i)
+        if i == cfg.dense_k:
+            _, b = model.selection_scores(x, i)
+            kth = torch.sort(b, dim=-1, descending=True).values[:, cfg.topk - 1 : cfg.topk + 1]
+            for r in range(x.shape[0]):  # a tie that decides the k-th place
+                if b[r, 5] == b[r, 6] == kth[r, 0] == kth[r, 1]:
+                    ties.append(5 in sel[r].tolist() and 6 not in sel[r].tolist())
+        return sel, w
+
+    model.route = watch
     ref = R.run_mode(model, TOKENS, "prefill")
+    model.route = route
+    check(f"{variant}: exact ties decide the k-th expert in {len(ties)} rows; the lower id wins",
+          ties and all(ties))
     for mode in ("decode", "split:1", "split:7", "split:19"):
         diff = float((R.run_mode(model, TOKENS, mode) - ref).abs().max())
         check(f"{variant}: {mode} == prefill", diff <= 1e-12, f"max |diff| {diff:.2e}")

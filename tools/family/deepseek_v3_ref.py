@@ -453,8 +453,8 @@ class DeepseekV3:
             p + "down_proj.weight"
         ).T
 
-    def route(self, x, i):
-        """(selected expert ids [T, k] ascending, weights [T, k]) (FAMILY §Router)."""
+    def selection_scores(self, x, i):
+        """(sigmoid scores s [T, E], biased scores with experts of dropped groups at -inf)."""
         c, p = self.cfg, f"model.layers.{i}.mlp.gate."
         s = torch.sigmoid(x @ self.W(p + "weight").T)
         b = s + self.W(p + "e_score_correction_bias")
@@ -465,6 +465,12 @@ class DeepseekV3:
             gmask = torch.zeros_like(top2, dtype=torch.bool).scatter_(1, keep, True)
             emask = gmask.unsqueeze(-1).expand_as(g).reshape(b.shape)
             b = b.masked_fill(~emask, float("-inf"))
+        return s, b
+
+    def route(self, x, i):
+        """(selected expert ids [T, k] ascending, weights [T, k]) (FAMILY §Router)."""
+        c = self.cfg
+        s, b = self.selection_scores(x, i)
         sel = topk_lower_id(b, c.topk)
         w = torch.gather(s, 1, sel)
         if c.norm_topk and c.topk > 1:

@@ -10,7 +10,7 @@
 # Why it is built this way: the dimensions are chosen so every rule of the formats is hit at a
 # size that runs in seconds: hidden 320 and q_lora 192 and kv_a's 160 rows and moe_inter 160
 # give full AND ragged 128-blocks on both axes; every INT4 input width is a multiple of 32 and
-# of 8; two experts of one layer share a router row and bias so top-k ties occur. Weights are
+# of 8; experts 5 and 6 of the first MoE layer share a router row and bias so top-k ties occur. Weights are
 # drawn in float64, quantised here (nearest E4M3 code of W/scale with scale = amax/448 per
 # block; symmetric int4 with a BF16 scale = amax/7.5 per 32) and the exact dequantised values are
 # returned too, so a test can prove the reference's unpacking reproduces them bit for bit.
@@ -286,7 +286,7 @@ class Builder:
         self.bf16(name, 1.0 + self.normal([n], 0.1))
 
 
-def build(variant, seed=1234):
+def build(variant, seed=10):
     """-> (config dict, Builder with items and dequantised weights)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
@@ -324,8 +324,8 @@ def build(variant, seed=1234):
         else:
             gate = b.normal([E, H], 1.0 / np.sqrt(H))
             bias = b.normal([E], 0.1)
-            if i == tc["first_k_dense_replace"]:  # experts 3 and 5 tie exactly: lower id must win
-                gate[5], bias[5] = gate[3], bias[3]
+            if i == tc["first_k_dense_replace"]:  # experts 5 and 6 (one group of 4) tie exactly
+                gate[6], bias[6] = gate[5], bias[5]
             b.bf16(p + "mlp.gate.weight", gate)
             b.f32(p + "mlp.gate.e_score_correction_bias", bias)
             for e in range(E):
@@ -345,7 +345,7 @@ def build(variant, seed=1234):
     return full_config(variant), b
 
 
-def write(out_dir, variant, seed=1234, shards=3):
+def write(out_dir, variant, seed=10, shards=3):
     """Write config.json, the shards and model.safetensors.index.json; returns the Builder."""
     cfg, b = build(variant, seed)
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
@@ -384,7 +384,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="tiny DeepSeek-V3 / Kimi K2 checkpoints in release layouts")
     ap.add_argument("--variant", required=True, choices=VARIANTS)
     ap.add_argument("--out", required=True, help="output folder (created 0700)")
-    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seed", type=int, default=10, help="10: the golden prompt 3,1,4,1,5,9,2,6 then has greedy margins >= 0.037 in every variant")
     ap.add_argument("--shards", type=int, default=3)
     a = ap.parse_args(argv)
     b = write(a.out, a.variant, a.seed, a.shards)
