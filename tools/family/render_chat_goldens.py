@@ -22,6 +22,13 @@
 # - A conversation the template cannot render (it raises) is kept as an expected_error case: the
 #   engine must refuse it (or the family's doc must say what it does instead).
 #
+# Use: save each family's template as <family>.jinja in one folder (k2-instruct.jinja is
+# llama.cpp's models/templates/moonshotai-Kimi-K2.jinja at 02f4a631, k2-thinking.jinja its
+# models/templates/moonshotai-Kimi-K2-Thinking.jinja at 0c3c896e; see FAMILIES), then run
+#   /usr/bin/python3 tools/family/render_chat_goldens.py FOLDER           (rewrite the goldens)
+#   /usr/bin/python3 tools/family/render_chat_goldens.py FOLDER --check   (compare, write nothing)
+# A newer release of a template (not the pinned copy) renders with --origin-revision FAMILY=REV.
+#
 # Output shape (an extension of tests/data/chat/cases.json, which is a bare array of cases): an
 # object {"family", "models", "template": {...provenance...}, "renderer", "cases": [...]}, where
 # every case has the K3 case keys (name, messages, tools when present, expected or
@@ -499,6 +506,23 @@ def write_json(path, value):
         raise
 
 
+def check_goldens(path, result):
+    try:
+        with open(path, encoding="utf-8") as f:
+            committed = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Failure(f"{path}: cannot read the committed goldens ({e})")
+    if not isinstance(committed, dict) or not isinstance(committed.get("cases"), list):
+        raise Failure(f"{path}: expected an object with a \"cases\" array")
+    old = {c.get("name"): c for c in committed["cases"] if isinstance(c, dict)}
+    new = {c["name"]: c for c in result["cases"]}
+    differ = [n for n in new if old.get(n) != new[n]] + [f"{n} (no longer rendered)" for n in old if n not in new]
+    if committed.get("template", {}).get("sha256") != result["template"]["sha256"]:
+        differ.insert(0, "the template's sha256")
+    if differ:
+        raise Failure(f"{path}: differs from this render in: " + "; ".join(str(n) for n in differ))
+
+
 def parse_origin_revisions(items):
     out = {}
     for item in items:
@@ -531,6 +555,11 @@ def main(argv):
         help="the template was fetched from the family's origin at REV (not the pinned copy): record that",
     )
     ap.add_argument("--out", default=os.path.join(here, "..", "..", "tests", "data", "chat"), help="goldens folder")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 naming every case whose committed golden differs from this render",
+    )
     args = ap.parse_args(argv)
     try:
         if not os.path.isdir(args.templates):
@@ -547,6 +576,10 @@ def main(argv):
         for family in families:
             result = render_family(env, args.templates, family, origin_revisions)
             path = os.path.join(args.out, family, "cases.json")
+            if args.check:
+                check_goldens(path, result)
+                print(f"{family}: {len(result['cases'])} cases match {os.path.normpath(path)}")
+                continue
             write_json(path, result)
             errors = sum(1 for c in result["cases"] if "expected_error" in c)
             print(f"{family}: {len(result['cases'])} cases ({errors} the template refuses) -> {os.path.normpath(path)}")
