@@ -7,6 +7,8 @@
 #include <curl/curl.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
