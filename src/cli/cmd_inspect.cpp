@@ -81,19 +81,23 @@ void run_inspect(InspectArgs& a) {
              c.hidden, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
   fmt::print("schedule     {} (K = KDA, M = MLA; layers 0..{} dense, the rest MoE)\n", sched,
              c.first_k_dense - 1);
-  fmt::print("KDA          {} heads x {}, conv {}, gate lower bound {}, f_a rank {}\n",
-             c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel, c.kda.gate_lower_bound,
-             rep.f_a_rank);
+  fmt::print("KDA          {} heads x {}, conv {}, {}, f_a rank {}{}\n", c.kda.num_heads,
+             c.kda.head_dim, c.kda.conv_kernel,
+             c.kda.decay == KdaDecay::kSoftplus
+                 ? std::string("decay -exp(A_log)*softplus (unbounded)")
+                 : fmt::format("gate lower bound {}", c.kda.gate_lower_bound),
+             rep.f_a_rank, c.kda.low_rank_output_gate ? ", low-rank output gate" : "");
   fmt::print(
       "MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} (unrotated), v {}, output "
       "gate {}\n",
       c.mla.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_dim, c.mla.qk_rope_dim,
       c.mla.v_head_dim, c.mla.output_gate ? "on" : "off");
   fmt::print(
-      "MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide latent with "
+      "MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide {} with "
       "intermediate {}; "
       "scaling {}; dense intermediate {}\n",
-      c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts, c.expert_dim(), c.moe.intermediate,
+      c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts, c.expert_dim(),
+      c.moe.flavour == MoeFlavour::kLatent ? "latent" : "hidden row", c.moe.intermediate,
       c.moe.routed_scaling_factor, c.dense_intermediate);
   if (c.residual == ResidualForm::kAttnRes) {
     fmt::print("AttnRes      block size {}, {} anchors banked\n", c.attn_res_block,

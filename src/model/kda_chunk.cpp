@@ -52,15 +52,20 @@ void kda_chunk_head(float* S, int64_t dk, int64_t dv, int64_t T, const float* q,
     C = window_end - c0;
     for (int64_t r = 0; r < C; ++r) {
       const float* ar = alpha + (c0 + r) * alpha_stride;
-      float smallest = 1.0f;
+      for (int64_t d = 0; d < dk; ++d) e[r * dk + d] = r == 0 ? 1.0f : e[(r - 1) * dk + d] * ar[d];
+    }
+    // Decays are ≤ 1 (g ≤ 0 in every family), so each channel's product only falls: the last
+    // row holds the smallest. Only when it is below the bound is the first such row looked for.
+    auto below = [&](int64_t r) {
       for (int64_t d = 0; d < dk; ++d) {
-        e[r * dk + d] = r == 0 ? 1.0f : e[(r - 1) * dk + d] * ar[d];
-        smallest = std::min(smallest, e[r * dk + d]);
+        if (!(e[r * dk + d] >= kMinProduct)) return true;
       }
-      if (!(smallest >= kMinProduct)) {  // row r starts the next chunk
-        C = r;
-        break;
-      }
+      return false;
+    };
+    if (below(C - 1)) {
+      int64_t r = 1;
+      while (!below(r)) ++r;
+      C = r;  // row r starts the next chunk
     }
     const float* elast = e.data() + (C - 1) * dk;
     for (int64_t r = 0; r < C; ++r) {
