@@ -106,7 +106,8 @@ TEST_P(PrefixExact, ARestoredStateContinuesBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefixExact,
-                         ::testing::Values("k3-tiny-bf16", "k3-tiny-mxfp4", "small-k3"),
+                         ::testing::Values("k3-tiny-bf16", "k3-tiny-mxfp4", "small-k3",
+                                           "kimi-linear-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
