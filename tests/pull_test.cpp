@@ -449,7 +449,7 @@ TEST(Pull, SameBytesAtSeveralPaths) {
   expect_same_files(src, dir);
   for (const std::string& p : {top, dir, dir + "/a", dir + "/copy", dir + "/.deltafin-pull"})
     EXPECT_EQ(mode_of(p), 0700u) << p;
-  for (const std::string& p :
+  for (const char* p :
        {"/config.json", "/copy/shard.bin", "/a/__init__.py", "/.deltafin-pull/manifest.json"})
     EXPECT_EQ(mode_of(dir + p), 0600u) << p;
   EXPECT_FALSE(fs::exists(dir + "/.deltafin-pull/partial"));
@@ -607,7 +607,7 @@ TEST(Pull, RefusesEscapingPathsAndEndlessBodies) {
   MockHub hub({{"test/tiny", source_model()}});
   hub_env(hub);
   const std::string base = deltafin::test::temp_dir("pull-held");
-  for (const std::string& path : {"../escaped", "/tmp/escaped", "a/../../escaped", "a\\..\\b"}) {
+  for (const std::string path : {"../escaped", "/tmp/escaped", "a/../../escaped", "a\\..\\b"}) {
     SCOPED_TRACE(path);
     const json entry = {
         {"type", "file"}, {"path", path}, {"size", 2}, {"oid", std::string(40, '0')}};
