@@ -15,19 +15,19 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/doctor.h"
-#include "cli/fetch.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/json_parse.h"
 #include "core/mapped_file.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
+#include "doctor/forecast.h"
 #include "draft/draft_model.h"
-#include "engine/forecast.h"
 #include "fixtures/synthetic.h"
 #include "fixtures/synthetic_draft.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
+#include "pull/fetch.h"
 #include "storage/checkpoint.h"
 #include "storage/checkpoint_check.h"
 #include "storage/expert_directory.h"
@@ -255,9 +255,9 @@ ojson verify_folder(CheckpointCheck& c) {
   }
   auto hasher_for = [](const ojson& f) {
     const std::string sha = f.value("sha256", "");
-    return std::make_unique<FileHasher>(sha.empty(), f.value("size", uint64_t{0}));
+    return std::make_unique<pull::FileHasher>(sha.empty(), f.value("size", uint64_t{0}));
   };
-  std::vector<std::unique_ptr<FileHasher>> shard_hash(c.shards.size());
+  std::vector<std::unique_ptr<pull::FileHasher>> shard_hash(c.shards.size());
   for (size_t i = 0; i < c.shards.size(); ++i) {
     auto it = listed.find(c.shards[i].file);
     if (it != listed.end()) shard_hash[i] = hasher_for(it->second);
@@ -301,7 +301,7 @@ ojson verify_folder(CheckpointCheck& c) {
         continue;
       }
       try {
-        got = f.value("sha256", "").empty() ? file_git_oid(full) : file_sha256(full);
+        got = f.value("sha256", "").empty() ? pull::file_git_oid(full) : pull::file_sha256(full);
       } catch (const std::exception& e) {
         c.problems.push_back(e.what());
         continue;

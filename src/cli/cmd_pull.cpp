@@ -2,7 +2,7 @@
 // fetches a model repository from the Hugging Face hub (or HF_ENDPOINT) into a folder that run,
 // serve and doctor take as is. The listing is pinned to one commit; files are fetched by
 // several connections in chunks, resumably, checked against the listing's hashes and renamed
-// into place (cli/fetch.h); a manifest of what was published (DIR/.deltafin-pull/manifest.json)
+// into place (pull/fetch.h); a manifest of what was published (DIR/.deltafin-pull/manifest.json)
 // lets a later run skip what it already has and lets `doctor --verify` check the hashes.
 // Folders it creates are 0700 and files 0600; pull's state folder is reached only through
 // PullState (no symbolic link followed), and after a successful run the partial files of files
@@ -20,11 +20,11 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/fetch.h"
-#include "cli/hub.h"
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "model/inventory.h"
+#include "pull/fetch.h"
+#include "pull/hub.h"
 
 namespace deltafin::cli {
 
@@ -32,6 +32,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
+using pull::check_repo_name, pull::Deadline, pull::fetch_files, pull::FetchOptions,
+    pull::FetchResult, pull::file_git_oid, pull::file_sha256, pull::get_hub_json,
+    pull::hub_endpoint, pull::hub_token, pull::HttpClient, pull::HubFile, pull::HubRepo,
+    pull::list_repo, pull::listing_timeout, pull::PullState, pull::resolve_url;
 
 struct PullArgs {
   std::string repo, dir, revision = "main", include = "all", draft, chunk_size = "64M";

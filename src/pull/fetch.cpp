@@ -2,7 +2,7 @@
 // (openat/renameat/unlinkat with O_NOFOLLOW) rather than paths, so a symbolic link planted in
 // DIR/.deltafin-pull or along a target's folders is never followed; the hub's strings only ever
 // reach file names through check_repo_path (targets) or not at all (partial files).
-#include "cli/fetch.h"
+#include "pull/fetch.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,11 +23,11 @@
 #include <set>
 #include <thread>
 
-#include "cli/common.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "core/units.h"
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 namespace fs = std::filesystem;
 
@@ -784,4 +784,4 @@ std::string file_git_oid(const std::string& path) {
   return digest_file(path, true);
 }
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull
