@@ -8,7 +8,6 @@
 // PullState (no symbolic link followed), and after a successful run the partial files of files
 // the revision no longer lists are removed.
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 
 #include <cerrno>
 #include <chrono>
@@ -22,6 +21,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "core/machine.h"
 #include "model/inventory.h"
 #include "pull/fetch.h"
 #include "pull/hub.h"
@@ -108,11 +108,6 @@ std::vector<HubFile> select_files(HttpClient& http, const HubRepo& r, const std:
   return out;
 }
 
-uint64_t free_space(const std::string& dir) {
-  struct statvfs v {};
-  return ::statvfs(dir.c_str(), &v) == 0 ? static_cast<uint64_t>(v.f_bavail) * v.f_frsize : 0;
-}
-
 void pull_one(const PullArgs& a, const std::string& repo_name, const std::string& revision,
               const std::string& dir) {
   check_repo_name(repo_name);
@@ -157,7 +152,7 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   for (const auto& f : todo) need += f.size;
   const uint64_t have = state.partial_bytes(todo);
   need -= std::min(need, have);
-  const uint64_t free = free_space(dir);
+  const uint64_t free = free_bytes(dir).value_or(0);
   if (need > free) {
     fail(
         "{} has {} free, and {} at {} needs {} more ({} in all): free space or choose another "

@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/machine.h"
 #include "core/timer.h"
 #include "core/units.h"
 
@@ -319,8 +319,7 @@ class Fetcher {
 
   std::string disk_message(int err, const std::string& path) {
     if (!is_disk_full(err)) return fmt::format("{}: write failed: {}", path, std::strerror(err));
-    struct statvfs v {};
-    const uint64_t free = ::statvfs(dir_.c_str(), &v) == 0 ? v.f_bavail * v.f_frsize : 0;
+    const uint64_t free = free_bytes(dir_).value_or(0);
     return fmt::format(
         "disk full writing {} ({}): {} of {} fetched, {} still to fetch, {} free in {}; free "
         "space and run the same command again: it resumes where it stopped",
