@@ -1,6 +1,6 @@
 // Fuzz body for what the Hugging Face hub answers `deltafin pull` (hub_listing): the tree
 // listing's pages and the revision answer, through the same checks pull runs before it uses a
-// listed path, id or size (src/cli/hub_listing.h; the CLI's other code needs libcurl and a
+// listed path, id or size (src/pull/hub_listing.h; the CLI's other code needs libcurl and a
 // network, so only this separable part is fuzzed). The input is split into pages at form feeds
 // ('\f') so that checks across pages (a path listed twice, a file that is also a folder) are
 // reached. Whatever is accepted must hold what pull relies on: a plain relative path outside
@@ -9,9 +9,9 @@
 #include <string>
 #include <string_view>
 
-#include "cli/hub_listing.h"
 #include "core/error.h"
 #include "fuzz_targets.h"
+#include "pull/hub_listing.h"
 
 namespace deltafin::fuzz {
 
@@ -28,7 +28,7 @@ bool lower_hex(const std::string& s, size_t n) {
 
 void hub_listing(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  cli::HubListing listing("org/name");
+  pull::HubListing listing("org/name");
   try {
     size_t b = 0;
     for (;;) {
@@ -42,10 +42,10 @@ void hub_listing(const uint8_t* data, size_t size) {
     // A refused listing; the files accepted before it must still hold the invariants.
   }
   std::set<std::string> paths;
-  fuzz_check(listing.files().size() <= cli::kMaxHubFiles, "more files than the limit");
-  for (const cli::HubFile& f : listing.files()) {
+  fuzz_check(listing.files().size() <= pull::kMaxHubFiles, "more files than the limit");
+  for (const pull::HubFile& f : listing.files()) {
     try {
-      cli::check_repo_path(f.path);
+      pull::check_repo_path(f.path);
     } catch (const Error&) {
       fuzz_check(false, "an accepted path fails check_repo_path");
     }
@@ -53,17 +53,17 @@ void hub_listing(const uint8_t* data, size_t size) {
     fuzz_check(lower_hex(f.oid, 40), "an accepted oid is not 40 lowercase hex digits");
     fuzz_check(f.sha256.empty() || lower_hex(f.sha256, 64),
                "an accepted lfs.oid is not 64 lowercase hex digits");
-    fuzz_check(f.size <= cli::kMaxHubFileBytes, "an accepted size is over the limit");
+    fuzz_check(f.size <= pull::kMaxHubFileBytes, "an accepted size is over the limit");
   }
   for (const std::string& p : paths)
     for (size_t s = p.find('/'); s != std::string::npos; s = p.find('/', s + 1))
       fuzz_check(paths.count(p.substr(0, s)) == 0, "a path accepted as a file and a folder");
   try {
-    fuzz_check(lower_hex(cli::parse_revision_commit(text, "revision"), 40),
+    fuzz_check(lower_hex(pull::parse_revision_commit(text, "revision"), 40),
                "an accepted commit is not 40 lowercase hex digits");
   } catch (const Error&) {
   }
-  const std::string quoted = cli::hub_quote(text);
+  const std::string quoted = pull::hub_quote(text);
   for (char ch : quoted)
     fuzz_check(ch >= 0x20 && ch < 0x7f, "hub_quote let a control or non-ASCII byte through");
 }

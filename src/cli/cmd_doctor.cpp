@@ -4,7 +4,6 @@
 // every byte) and of its draft/ folder. Exits 1 after the report when the checkpoint has a
 // problem. docs/DOCTOR.md documents the report and the forecast's model.
 #include <fcntl.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,19 +14,20 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/doctor.h"
-#include "cli/fetch.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/json_parse.h"
+#include "core/machine.h"
 #include "core/mapped_file.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
+#include "doctor/forecast.h"
 #include "draft/draft_model.h"
-#include "engine/forecast.h"
 #include "fixtures/synthetic.h"
 #include "fixtures/synthetic_draft.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
+#include "pull/fetch.h"
 #include "storage/checkpoint.h"
 #include "storage/checkpoint_check.h"
 #include "storage/expert_directory.h"
@@ -55,58 +55,22 @@ DraftAssumption draft_assumption(bool dspark, uint64_t weight_bytes) {
   return dspark ? DraftAssumption{weight_bytes, 7, 3.31} : DraftAssumption{weight_bytes, 5, 4.17};
 }
 
-uint64_t free_bytes(const std::string& dir) {
-  struct statvfs v {};
-  if (::statvfs(dir.c_str(), &v) != 0) return 0;
-  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
-}
-
 // The O_DIRECT read bandwidth of `dir`: of the checkpoint's own shards when given, else of a
-// 256 MiB file written there, flushed and read back past the page cache (then removed).
+// 256 MiB probe file written there (core/machine.h; removed however the probe ends).
 double probe_disk(const std::vector<std::string>& shards, const std::string& dir, int readers,
                   std::string& how) {
-  double best = 0;
   if (!shards.empty()) {
-    for (int i = 0; i < 3; ++i)
-      best = std::max(best, measure_disk_bandwidth(shards, readers, 512ull << 20));
     how = "O_DIRECT reads of the checkpoint's shards, best of 3";
-    return best;
+    return probe_files(shards, readers, 512ull << 20, 3);
   }
-  // A new file under a random name (O_EXCL | O_NOFOLLOW, 0600), removed however the probe ends:
-  // a drive too full for it must not be left fuller.
-  const std::string path = with_random_suffix((fs::path(dir) / ".deltafin-probe-").string());
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    how = fmt::format("not measured: cannot write a probe file in {} ({})", dir,
-                      std::strerror(errno));
+  try {
+    const double bw = probe_dir(dir, dir, 256ull << 20, readers, 3);
+    how = "O_DIRECT reads of a 256 MiB probe file, best of 3";
+    return bw;
+  } catch (const std::exception& e) {
+    how = fmt::format("not measured: {}", e.what());
     return 0;
   }
-  struct Remove {
-    const std::string& path;
-    int fd;
-    ~Remove() {
-      if (fd >= 0) ::close(fd);
-      ::unlink(path.c_str());
-    }
-  } remove{path, fd};
-  const uint64_t size = 256ull << 20, block = 8ull << 20;
-  std::vector<uint8_t> buf(block);
-  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
-  bool ok = true;
-  for (uint64_t off = 0; off < size && ok; off += block)
-    ok = write_at(fd, buf.data(), block, off) == 0;
-  ok = ok && ::fdatasync(fd) == 0;
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-  remove.fd = -1;
-  if (ok) {
-    for (int i = 0; i < 3; ++i)
-      best = std::max(best, measure_disk_bandwidth({path}, readers, size));
-    how = "O_DIRECT reads of a 256 MiB probe file, best of 3";
-  } else {
-    how = fmt::format("not measured: writing a 256 MiB probe file in {} failed (disk full?)", dir);
-  }
-  return best;
 }
 
 ojson machine_json(const DoctorArgs& a, const std::string& dir, double disk_bw,
@@ -123,7 +87,7 @@ ojson machine_json(const DoctorArgs& a, const std::string& dir, double disk_bw,
                                  : parse_size(a.memory_budget, "--memory-budget");
   m["memory_budget_default"] = a.memory_budget.empty();
   m["dir"] = dir;
-  m["disk_free_bytes"] = free_bytes(dir);
+  m["disk_free_bytes"] = free_bytes(dir).value_or(0);
   m["disk_read_bytes_per_s"] = disk_bw;
   m["disk_probe"] = disk_how;
   ojson gpus = ojson::array();
@@ -263,9 +227,9 @@ ojson verify_folder(CheckpointCheck& c) {
   }
   auto hasher_for = [](const ojson& f) {
     const std::string sha = f.value("sha256", "");
-    return std::make_unique<FileHasher>(sha.empty(), f.value("size", uint64_t{0}));
+    return std::make_unique<pull::FileHasher>(sha.empty(), f.value("size", uint64_t{0}));
   };
-  std::vector<std::unique_ptr<FileHasher>> shard_hash(c.shards.size());
+  std::vector<std::unique_ptr<pull::FileHasher>> shard_hash(c.shards.size());
   for (size_t i = 0; i < c.shards.size(); ++i) {
     auto it = listed.find(c.shards[i].file);
     if (it != listed.end()) shard_hash[i] = hasher_for(it->second);
@@ -309,7 +273,7 @@ ojson verify_folder(CheckpointCheck& c) {
         continue;
       }
       try {
-        got = f.value("sha256", "").empty() ? file_git_oid(full) : file_sha256(full);
+        got = f.value("sha256", "").empty() ? pull::file_git_oid(full) : pull::file_sha256(full);
       } catch (const std::exception& e) {
         c.problems.push_back(e.what());
         continue;
@@ -416,7 +380,7 @@ void run_doctor(const DoctorArgs& a) {
     model["vocab"] = c.vocab;
     model["weight_bytes"] = bytes;
     model["disk_needed_bytes"] = ck ? 0 : bytes;
-    model["fits_on_disk"] = ck != nullptr || free_bytes(dir) >= bytes;
+    model["fits_on_disk"] = ck != nullptr || free_bytes(dir).value_or(0) >= bytes;
     r["model"] = model;
     PlanOptions po;
     po.budget = r["machine"]["memory_budget_bytes"].get<uint64_t>();

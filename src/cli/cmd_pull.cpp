@@ -2,13 +2,12 @@
 // fetches a model repository from the Hugging Face hub (or HF_ENDPOINT) into a folder that run,
 // serve and doctor take as is. The listing is pinned to one commit; files are fetched by
 // several connections in chunks, resumably, checked against the listing's hashes and renamed
-// into place (cli/fetch.h); a manifest of what was published (DIR/.deltafin-pull/manifest.json)
+// into place (pull/fetch.h); a manifest of what was published (DIR/.deltafin-pull/manifest.json)
 // lets a later run skip what it already has and lets `doctor --verify` check the hashes.
 // Folders it creates are 0700 and files 0600; pull's state folder is reached only through
 // PullState (no symbolic link followed), and after a successful run the partial files of files
 // the revision no longer lists are removed.
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 
 #include <cerrno>
 #include <chrono>
@@ -20,11 +19,12 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/fetch.h"
-#include "cli/hub.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "core/machine.h"
 #include "model/inventory.h"
+#include "pull/fetch.h"
+#include "pull/hub.h"
 
 namespace deltafin::cli {
 
@@ -32,6 +32,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
+using pull::check_repo_name, pull::Deadline, pull::fetch_files, pull::FetchOptions,
+    pull::FetchResult, pull::file_git_oid, pull::file_sha256, pull::get_hub_json,
+    pull::hub_endpoint, pull::hub_token, pull::HttpClient, pull::HubFile, pull::HubRepo,
+    pull::list_repo, pull::listing_timeout, pull::PullState, pull::resolve_url;
 
 struct PullArgs {
   std::string repo, dir, revision = "main", include = "all", draft, chunk_size = "64M";
@@ -104,11 +108,6 @@ std::vector<HubFile> select_files(HttpClient& http, const HubRepo& r, const std:
   return out;
 }
 
-uint64_t free_space(const std::string& dir) {
-  struct statvfs v {};
-  return ::statvfs(dir.c_str(), &v) == 0 ? static_cast<uint64_t>(v.f_bavail) * v.f_frsize : 0;
-}
-
 void pull_one(const PullArgs& a, const std::string& repo_name, const std::string& revision,
               const std::string& dir) {
   check_repo_name(repo_name);
@@ -153,7 +152,7 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   for (const auto& f : todo) need += f.size;
   const uint64_t have = state.partial_bytes(todo);
   need -= std::min(need, have);
-  const uint64_t free = free_space(dir);
+  const uint64_t free = free_bytes(dir).value_or(0);
   if (need > free) {
     fail(
         "{} has {} free, and {} at {} needs {} more ({} in all): free space or choose another "

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "engine/engine.h"
 #include "generate/driver.h"
 #include "runtime/load.h"
@@ -18,8 +19,10 @@ namespace deltafin::cli {
 // and the C API; the CLI adds only its flags.
 using deltafin::apply_engine_options;
 using deltafin::cache_dir;
+using deltafin::disk_bytes;
 using deltafin::EngineOptions;
 using deltafin::heat_file_for;
+using deltafin::human_bytes;
 using deltafin::load_model;
 using deltafin::parse_size;
 using deltafin::require_model_folder;
@@ -85,9 +88,5 @@ void require_tokenizer(const std::string& dir, const char* who);
 
 // "3,1,4" or "[3, 1, 4]" -> ids. Throws InvalidArgument naming `what`.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);
-
-std::string human_bytes(double bytes);
-// Decimal units, as disks and downloads are sold: "1.56 TB", "12.35 GB", "3.2 MB", "740 kB".
-std::string disk_bytes(double bytes);
 
 }  // namespace deltafin::cli

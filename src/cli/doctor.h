@@ -1,7 +1,7 @@
 // `deltafin doctor`: what this machine is, what Kimi K3 (or a checkpoint folder) needs, and what
 // the engine will do with it here — the memory plan, the bytes a token reads and touches, and
 // the decode and prefill speeds forecast from speeds measured on this machine
-// (engine/forecast.h) — plus a file-by-file check of a checkpoint (storage/checkpoint_check.h).
+// (doctor/forecast.h) — plus a file-by-file check of a checkpoint (storage/checkpoint_check.h).
 // cmd_doctor.cpp gathers everything into one JSON report (docs/DOCTOR.md documents it);
 // doctor_text.cpp writes the same report as plain sentences.
 #pragma once

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
+#include "core/machine.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "engine/device_experts.h"
@@ -155,12 +156,7 @@ std::vector<double> probe_drives(LoadedModel& m, int readers, uint64_t bytes, in
   const auto sources = m.experts().stats().sources;
   for (size_t i = 1; i < sources.size(); ++i) drives.push_back(home_data_files(sources[i].name));
   std::vector<double> out;
-  for (const auto& files : drives) {
-    double best = 0;
-    for (int t = 0; t < tries && !files.empty(); ++t)
-      best = std::max(best, measure_disk_bandwidth(files, readers, bytes));
-    out.push_back(best);
-  }
+  for (const auto& files : drives) out.push_back(probe_files(files, readers, bytes, tries));
   return out;
 }
 

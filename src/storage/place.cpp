@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/json_parse.h"
+#include "core/machine.h"
 #include "core/mapped_file.h"
 #include "core/sysinfo.h"
 #include "core/timer.h"
@@ -43,7 +44,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPlaceRecord = ".deltafin-place.json";
-constexpr const char* kProbePrefix = ".deltafin-probe-";  // and 16 random hex digits
 constexpr const char* kJournal = "journal";
 
 // An aligned buffer freed on scope exit.
@@ -61,23 +61,6 @@ struct FdCloser {
     if (fd >= 0) ::close(fd);
   }
 };
-
-void sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-void write_all_at(int fd, const uint8_t* p, uint64_t n, uint64_t offset, const std::string& path) {
-  uint64_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail_io("cannot write {}: {}", path, std::strerror(w < 0 ? errno : EIO));
-    done += static_cast<uint64_t>(w);
-  }
-}
 
 // Opens a layer's data file in a copy's folder for writing (created 0600; an interrupted copy
 // reopens it), with O_DIRECT where the file system takes it (the copy should not fill the page
@@ -118,12 +101,6 @@ void remove_place_folder(const std::string& home, const std::string& name) {
   fs::remove_all(path, ec);
 }
 
-uint64_t free_bytes(const std::string& dir) {
-  struct statvfs v {};
-  if (::statvfs(dir.c_str(), &v) != 0) fail_io("cannot stat the drive of {}", dir);
-  return static_cast<uint64_t>(v.f_bavail) * static_cast<uint64_t>(v.f_frsize);
-}
-
 uint64_t device_of(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;
@@ -156,72 +133,6 @@ struct Source {
   // Bytes its entry takes in a home's data file: the image.
   uint64_t span(int layer, int expert) const { return dir.location(layer, expert).image_bytes; }
 };
-
-// Runs fn(i) for i in [0, n) on `threads` threads; the first exception is rethrown.
-void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::exception_ptr error;
-  std::vector<std::thread> ts;
-  for (int t = 0; t < std::max(1, threads); ++t) {
-    ts.emplace_back([&] {
-      for (size_t i = next++; i < n; i = next++) {
-        try {
-          fn(i);
-        } catch (...) {
-          std::lock_guard<std::mutex> l(mu);
-          if (!error) error = std::current_exception();
-          next = n;
-        }
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
-// Writes a probe file of `bytes` on the home's drive and reads it back with O_DIRECT. The file
-// (a new one under a random name, 0600) is removed however the probe ends: a drive too full for
-// it must not be left fuller.
-double probe_home(const std::string& home, uint64_t bytes, int threads) {
-  const std::string path = with_random_suffix(home + "/" + kProbePrefix);
-  bytes = std::max<uint64_t>(io_align_up(bytes), 1 << 20);
-  struct Remove {
-    const std::string& path;
-    ~Remove() { ::unlink(path.c_str()); }
-  } remove{path};
-  {
-    FdCloser f{create_new_file(path, true)};
-    constexpr uint64_t kChunk = 4 << 20;
-    Buffer buf(kChunk);
-    for (uint64_t i = 0; i < kChunk / 8; ++i) {
-      const uint64_t v = (i + 1) * 0x9E3779B97F4A7C15ull;
-      std::memcpy(buf.p + i * 8, &v, 8);
-    }
-    for (uint64_t at = 0; at < bytes; at += kChunk) {
-      const int err = write_at(f.fd, buf.p, std::min(kChunk, bytes - at), at);
-      if (err == ENOSPC)
-        fail_io(
-            "cannot probe the home {}: its drive is full (the probe file {} needs {}; it was "
-            "removed)",
-            home, path, gib(bytes));
-      if (err != 0)
-        fail_io("cannot probe the home {}: writing {} failed: {} (it was removed)", home, path,
-                std::strerror(err));
-    }
-    if (::fdatasync(f.fd) != 0)
-      fail_io("cannot probe the home {}: syncing {} failed: {} (it was removed)", home, path,
-              std::strerror(errno));
-#if defined(POSIX_FADV_DONTNEED)
-    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
-#endif
-  }
-  double best = 0;
-  for (int i = 0; i < 2; ++i)
-    best = std::max(best, measure_disk_bandwidth({path}, threads, bytes, 4ull << 20));
-  if (!(best > 0)) fail_io("could not read the probe file back from {}", home);
-  return best;
-}
 
 // The decision for every home, as written to (and read back from) .deltafin-place.json.
 struct Decision {
@@ -562,7 +473,7 @@ class HomeWriter {
         files[e.layer] =
             std::make_unique<DirectFile>(partial_ + "/" + home_layer_file(e.layer), o_.direct_io);
     }
-    parallel_for(entries_.size(), o_.threads, [&](size_t i) {
+    run_on_threads(entries_.size(), o_.threads, [&](size_t i) {
       thread_local std::unique_ptr<Buffer> buf;
       if (!buf) buf = std::make_unique<Buffer>(src_.scratch_bytes);
       const HomeEntry& e = entries_[i];
@@ -620,13 +531,13 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
   d.args = args;
   std::vector<std::string> shards;
   for (const auto& s : src.ck->shards()) shards.push_back(s.path());
-  d.model_probe = measure_disk_bandwidth(shards, o.threads, o.probe_bytes, 4ull << 20);
+  d.model_probe = probe_files(shards, o.threads, o.probe_bytes, 1, 4ull << 20);
   if (!(d.model_probe > 0)) fail_io("could not read the model folder {} to probe it", o.model);
   say(fmt::format("probe: model folder {} reads at {:.2f} GB/s", o.model, d.model_probe / 1e9));
   PlacementRequest r;
   r.model_bandwidth = d.model_probe;
   for (const auto& h : homes) {
-    const double bw = probe_home(h, o.probe_bytes, o.threads);
+    const double bw = probe_dir(h, "the home " + h, o.probe_bytes, o.threads, 2, 4ull << 20);
     say(fmt::format("probe: home {} reads at {:.2f} GB/s", h, bw / 1e9));
     r.home_bandwidth.push_back(bw);
     r.home_capacity.push_back(o.budget_per_home > 0 ? o.budget_per_home : kNoCapacityLimit);
@@ -738,7 +649,9 @@ PlaceResult place_experts(const PlaceOptions& o) {
     n.second.push_back(homes[i]);
   }
   for (const auto& [dev, n] : need) {
-    const uint64_t free = free_bytes(n.second.front());
+    const std::optional<uint64_t> free_space = free_bytes(n.second.front());
+    if (!free_space) fail_io("cannot stat the drive of {}", n.second.front());
+    const uint64_t free = *free_space;
     if (n.first > free) {
       std::string names;
       for (const auto& h : n.second) names += (names.empty() ? "" : ", ") + h;
@@ -790,7 +703,7 @@ std::vector<HomeCheck> verify_homes(const std::string& model, const std::vector<
     const auto& entries = home->manifest().experts;
     c.experts = entries.size();
     std::mutex mu;
-    parallel_for(entries.size(), 4, [&](size_t i) {
+    run_on_threads(entries.size(), 4, [&](size_t i) {
       thread_local std::unique_ptr<Buffer> a, b;
       if (!a) {
         a = std::make_unique<Buffer>(src.scratch_bytes);

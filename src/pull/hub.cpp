@@ -2,7 +2,7 @@
 // bearer token is set or cleared before each request by comparing the request's origin with
 // the endpoint's, so neither a redirect (libcurl drops it for another host) nor a listing page's
 // Link header (our code follows those) can carry it to another host.
-#include "cli/hub.h"
+#include "pull/hub.h"
 
 #include <curl/curl.h>
 #include <fmt/format.h>
@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/json_parse.h"
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 namespace {
 
@@ -367,4 +367,4 @@ std::string resolve_url(const HubRepo& r, const std::string& path) {
                      url_escape_path(path));
 }
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull

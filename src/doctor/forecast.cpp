@@ -1,4 +1,4 @@
-#include "engine/forecast.h"
+#include "doctor/forecast.h"
 
 #include <algorithm>
 #include <cmath>

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 // The largest file a listing may name (4 TiB; the hub's own limit is 50 GB per LFS file).
 inline constexpr uint64_t kMaxHubFileBytes = uint64_t{1} << 42;
@@ -69,4 +69,4 @@ class HubListing {
   std::set<std::string> folders_;  // every folder a listed file lies in
 };
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull

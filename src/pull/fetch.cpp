@@ -2,13 +2,12 @@
 // (openat/renameat/unlinkat with O_NOFOLLOW) rather than paths, so a symbolic link planted in
 // DIR/.deltafin-pull or along a target's folders is never followed; the hub's strings only ever
 // reach file names through check_repo_path (targets) or not at all (partial files).
-#include "cli/fetch.h"
+#include "pull/fetch.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,11 +22,12 @@
 #include <set>
 #include <thread>
 
-#include "cli/common.h"
 #include "core/error.h"
+#include "core/machine.h"
 #include "core/timer.h"
+#include "core/units.h"
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 namespace fs = std::filesystem;
 
@@ -319,8 +319,7 @@ class Fetcher {
 
   std::string disk_message(int err, const std::string& path) {
     if (!is_disk_full(err)) return fmt::format("{}: write failed: {}", path, std::strerror(err));
-    struct statvfs v {};
-    const uint64_t free = ::statvfs(dir_.c_str(), &v) == 0 ? v.f_bavail * v.f_frsize : 0;
+    const uint64_t free = free_bytes(dir_).value_or(0);
     return fmt::format(
         "disk full writing {} ({}): {} of {} fetched, {} still to fetch, {} free in {}; free "
         "space and run the same command again: it resumes where it stopped",
@@ -784,4 +783,4 @@ std::string file_git_oid(const std::string& path) {
   return digest_file(path, true);
 }
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/hub.h"
+#include "pull/hub.h"
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 // DIR/.deltafin-pull, pull's own state (manifest.json and partial/), held open. Nothing below
 // DIR is reached through a symbolic link: a link (or anything but a folder) at .deltafin-pull or
@@ -102,4 +102,4 @@ class FileHasher {
 std::string file_sha256(const std::string& path);
 std::string file_git_oid(const std::string& path);
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/hub_listing.h"
+#include "pull/hub_listing.h"
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 // One HTTP exchange's outcome. `status` 0 means no response (connection refused, dropped,
 // timed out: `error` says which).
@@ -102,4 +102,4 @@ std::string get_hub_json(HttpClient& http, const std::string& url, const std::st
 // One line for a refused request ("401 Unauthorized: ..."), naming what to do.
 std::string http_failure(const HttpResult& r, const std::string& what, bool have_token);
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull

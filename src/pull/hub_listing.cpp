@@ -3,7 +3,7 @@
 // exceptions on a wrong type, and a hostile listing may only ever produce a deltafin::Error
 // (the fuzz target's contract). Paths and ids reach messages through hub_quote only, so a
 // listing cannot write control characters to the terminal.
-#include "cli/hub_listing.h"
+#include "pull/hub_listing.h"
 
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/json_parse.h"
 
-namespace deltafin::cli {
+namespace deltafin::pull {
 
 namespace {
 
@@ -163,4 +163,4 @@ void HubListing::add(HubFile f) {
   files_.push_back(std::move(f));
 }
 
-}  // namespace deltafin::cli
+}  // namespace deltafin::pull
