@@ -144,7 +144,9 @@ test-deps:
 # The Python package (python/, import deltafin) in a virtual environment over Debian's python3
 # (numpy from python3-numpy), with this build's libdeltafin.so bundled in. See docs/PYTHON.md.
 VENV ?= .venv
-python: deps build
+# Only the library it bundles is built (not the command line or the test suite).
+python: deps configure
+	cmake --build $(BUILD) -j $(JOBS) --target deltafin_shared
 	bash python/install.sh $(VENV) $(BUILD)/src/capi/libdeltafin.so
 
 # The Debian package (CPack, cmake/package.cmake): its own build folder, configured for /usr

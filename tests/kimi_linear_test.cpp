@@ -261,7 +261,7 @@ TEST(KimiLinearPreset, ExpertStreamingAtTheMinimumBudgetIsExact) {
   auto ck = Checkpoint::open(dir);
   PlanOptions o;
   o.budget = 1ull << 40;
-  o.max_rows = 256;
+  o.shape.max_rows = 256;
   // The slot the engine gives an expert whose tensors lie apart (each widened to the 4 KiB grid).
   o.expert_slot_bytes =
       ExpertStore::slot_bytes_for(ExpertDirectory(c, *ck, ExpertFormat::kBF16), c);
@@ -287,7 +287,7 @@ TEST(KimiLinearPreset, ExpertStreamingAtTheMinimumBudgetIsExact) {
 }
 
 TEST(KimiLinearPreset, ARestoredSnapshotContinuesBitForBit) {
-  auto model = load_model(small_kimi_linear());
+  auto model = open_model(small_kimi_linear());
   std::vector<int32_t> p;
   for (int i = 0; i < 45; ++i) p.push_back((i * 37 + 11) % 250);
   const size_t m = 21;

@@ -23,6 +23,7 @@
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"
+#include "model/released.h"
 #include "storage/expert_directory.h"
 #include "test_util.h"
 
@@ -536,6 +537,37 @@ TEST(ModelSources, IncludeNoSchedulingIoOrGpuHeaders) {
     }
   }
   EXPECT_GT(files, 20);
+}
+
+// The released shapes doctor forecasts and make-model's presets shrink: parsed by the same parser
+// as a checkpoint, with the releases' sizes (docs/MODEL.md §1, docs/FAMILY.md).
+TEST(ReleasedModels, ParseToTheReleasesShapes) {
+  const ModelConfig k3 = released_model("kimi-k3").config();
+  EXPECT_EQ(k3.family, Family::kK3);
+  EXPECT_EQ(k3.num_layers, 93);
+  EXPECT_EQ(k3.num_mla_layers(), 24);
+  EXPECT_EQ(k3.moe.num_experts, 896);
+  EXPECT_EQ(k3.moe.top_k, 16);
+  EXPECT_EQ(k3.expert_dim(), 3584);
+  EXPECT_EQ(k3.expert_format(), ExpertFormat::kMXFP4);
+  const ModelConfig kl = released_model("kimi-linear").config();
+  EXPECT_EQ(kl.family, Family::kKimiLinear);
+  EXPECT_EQ(kl.num_layers, 27);
+  EXPECT_EQ(kl.num_mla_layers(), 7);
+  EXPECT_EQ(kl.moe.num_experts, 256);
+  EXPECT_FLOAT_EQ(kl.moe.routed_scaling_factor, 2.446f);
+  EXPECT_EQ(kl.expert_format(), ExpertFormat::kBF16);
+  // The presets keep the release's widths and shrink only layers, experts and vocabulary.
+  const SyntheticSpec p = synthetic_preset("k3");
+  EXPECT_EQ(p.hidden, k3.hidden);
+  EXPECT_EQ(p.latent, k3.moe.latent_dim);
+  EXPECT_EQ(p.layers, 4);
+  try {
+    released_model("kimi-k9");
+    ADD_FAILURE() << "an unknown release was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("kimi-k3, kimi-linear"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

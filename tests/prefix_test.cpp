@@ -304,7 +304,7 @@ unsigned mode_of(const std::string& path) {
 // folders the store makes are 0700 and its files 0600, and a name planted in the folder (a link
 // where a predictable temporary name would be) is never written through (issue 39, finding 4).
 TEST(PrefixFiles, SnapshotsArePrivateAndNeverWrittenThroughALink) {
-  auto model = load_model(golden("k3-tiny-mxfp4"));
+  auto model = open_model(golden("k3-tiny-mxfp4"));
   const auto p = prompt_of(12, model->config().vocab);
   State a = model->new_state();
   feed(*model, a, std::span(p).first(8));

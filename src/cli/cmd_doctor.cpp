@@ -22,11 +22,11 @@
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
 #include "doctor/forecast.h"
+#include "draft/draft_inventory.h"
 #include "draft/draft_model.h"
-#include "fixtures/synthetic.h"
-#include "fixtures/synthetic_draft.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
+#include "model/released.h"
 #include "pull/fetch.h"
 #include "storage/checkpoint.h"
 #include "storage/checkpoint_check.h"
@@ -43,6 +43,7 @@ using ojson = nlohmann::ordered_json;
 
 struct DoctorArgs {
   std::string model, dir, memory_budget, kernels;
+  std::string shape = "kimi-k3";  // the release forecast without --model
   int threads = 0, readers = 4;
   int64_t ctx = 0, prompt_tokens = 1024;
   bool json = false, verify = false;
@@ -171,10 +172,11 @@ ojson forecast_json(const std::string& name, const Forecast& f, int64_t prompt) 
 }
 
 // The tensor table of the released K3 (from its config alone).
-TensorTable k3_tensors(const ModelConfig& c) {
+// The tensors a release holds, as the inventory lists them (no checkpoint on disk).
+TensorTable released_tensors(const ModelConfig& c) {
   TensorTable t;
   InventoryOptions o;
-  o.expert_format = ExpertFormat::kMXFP4;
+  o.expert_format = c.expert_format();
   for (const auto& e : expected_tensors(c, o)) {
     TensorInfo info;
     info.name = e.name;
@@ -290,6 +292,194 @@ ojson verify_folder(CheckpointCheck& c) {
   return {{"manifest", manifest}, {"checked", checked}, {"mismatched", mismatched}};
 }
 
+// What doctor examines: the checkpoint given (its files, inventory, hashes and draft/ folder,
+// reported in "checkpoint") or K3's released shape.
+struct Examined {
+  std::optional<ModelConfig> config;
+  TensorTable tensors;
+  std::unique_ptr<Checkpoint> ck;
+  std::vector<std::string> shard_paths;
+  std::shared_ptr<DraftModel> draft;
+  ojson model;
+  ojson checkpoint;
+  bool failed = false;
+};
+
+// The draft/ folder beside a checkpoint: checked like the checkpoint and against its target.
+ojson examine_draft(const DoctorArgs& a, const std::optional<ModelConfig>& config, Examined& m) {
+  const fs::path dd = fs::path(a.model) / "draft";
+  std::error_code ec;
+  if (!fs::is_directory(dd, ec)) return nullptr;
+  CheckpointCheck dc = check_checkpoint_files(dd.string());
+  const ojson dh = a.verify ? verify_folder(dc) : ojson(nullptr);
+  ojson dj = check_json(dc);
+  dj["hashes"] = dh;
+  if (dc.problems.empty() && config) {
+    try {
+      m.draft = open_draft_model(dd.string(), *config);
+      dj["kind"] = draft_kind_name(m.draft->config().kind);
+      dj["describe"] = m.draft->describe();
+    } catch (const std::exception& e) {
+      dc.problems.push_back(e.what());
+      dj["problems"] = dc.problems;
+    }
+  }
+  m.failed = m.failed || !dc.ok();
+  return dj;
+}
+
+Examined examine_checkpoint(const DoctorArgs& a) {
+  Examined m;
+  require_model_folder(a.model);
+  CheckpointCheck check = check_checkpoint_files(a.model);
+  ojson inventory = nullptr;
+  try {
+    m.config = load_config(a.model);
+    try {
+      const InventoryReport rep = check_inventory(*m.config, check.tensors, a.model);
+      inventory = {{"ok", true}, {"checked", rep.checked}};
+    } catch (const std::exception& e) {
+      if (check.problems.empty()) check.problems.push_back(e.what());
+      inventory = {{"ok", false}, {"error", e.what()}};
+    }
+  } catch (const std::exception& e) {
+    check.problems.push_back(e.what());
+  }
+  const ojson hashes = a.verify ? verify_folder(check) : ojson(nullptr);
+  if (check.problems.empty()) {
+    m.ck = Checkpoint::open(a.model);
+    m.tensors = m.ck->tensors();
+    for (const auto& sh : m.ck->shards()) m.shard_paths.push_back(sh.path());
+  }
+  m.checkpoint = check_json(check);
+  m.checkpoint["inventory"] = inventory;
+  m.checkpoint["hashes"] = hashes;
+  m.failed = !check.ok();
+  m.checkpoint["draft"] = examine_draft(a, m.config, m);
+  m.model = {{"name", a.model}, {"source", "checkpoint"}};
+  return m;
+}
+
+Examined examine_released_shape(const std::string& name) {
+  Examined m;
+  const ReleasedModel& rel = released_model(name);
+  m.config = rel.config();
+  m.tensors = released_tensors(*m.config);
+  m.model = {{"name", fmt::format("{} ({}, as released)", rel.title, rel.repo)},
+             {"source", "built-in shape"}};
+  m.checkpoint = nullptr;
+  return m;
+}
+
+// The forecasts (this machine; the int8 trunk; a drafter: the model's own draft/ folder, else
+// EAGLE-3.1 sized for this target) and the one change that would help most.
+void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions& po,
+                      uint64_t weight_bytes, double disk_bw, DoctorReport& r) {
+  const ModelConfig& c = *m.config;
+  auto plan_for = [&](PlanOptions o) { return plan_memory(c, m.tensors, o); };
+  const MemoryPlan plan = plan_for(po);
+  r["plan"] = plan_json(plan);
+  const int64_t rows = std::min(a.prompt_tokens, plan.pass.pass_rows);
+  const KernelSpeeds s =
+      measure_kernel_speeds(c, m.tensors, rows, plan.pass.block_rows, global_pool());
+  r["speeds"] = speeds_json(s);
+  auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
+    return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d);
+  };
+  const Forecast base = predict(plan, disk_bw);
+  ojson fc = ojson::array();
+  fc.push_back(forecast_json("bf16", base, a.prompt_tokens));
+  PlanOptions p8 = po;
+  p8.trunk = TrunkFormat::kInt8;
+  const Forecast int8 = predict(plan_for(p8), disk_bw);
+  fc.push_back(forecast_json("trunk_int8", int8, a.prompt_tokens));
+  DraftAssumption da;
+  std::string dname;
+  if (m.draft) {
+    da = draft_assumption(m.draft->config().kind == DraftKind::kDSpark, m.draft->weight_bytes());
+    dname = fmt::format("{} (its draft/ folder)", draft_kind_name(m.draft->config().kind));
+  } else {
+    da = draft_assumption(false, draft_weight_bytes(eagle31_shape(c), /*with_embeddings=*/false));
+    dname = "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)";
+  }
+  PlanOptions pd = po;
+  pd.shape.draft_weight_bytes = da.weight_bytes;
+  pd.shape.prefill_rows = std::max<int64_t>(a.prompt_tokens, 1 + da.drafts);
+  try {
+    const Forecast df = predict(plan_for(pd), disk_bw, &da);
+    ojson dj = forecast_json("draft", df, a.prompt_tokens);
+    dj["drafter"] = dname;
+    dj["drafts_per_pass"] = da.drafts;
+    dj["tokens_per_pass"] = da.tokens_per_pass;
+    dj["draft_weight_bytes"] = da.weight_bytes;
+    fc.push_back(dj);
+  } catch (const std::exception& e) {
+    fc.push_back({{"name", "draft"}, {"drafter", dname}, {"error", e.what()}});
+  }
+  r["forecasts"] = fc;
+  // The one change that would help most: twice the RAM, a second drive, the int8 trunk.
+  ojson options = ojson::array();
+  auto option = [&](const std::string& change, const std::string& text, const Forecast& f) {
+    options.push_back(
+        {{"change", change},
+         {"text", text},
+         {"decode_s_per_token", f.decode_s_per_token},
+         {"prefill_tokens_per_s", f.prefill_tokens_per_s},
+         {"speedup",
+          f.decode_s_per_token > 0 ? base.decode_s_per_token / f.decode_s_per_token : 0.0}});
+  };
+  if (plan.budget < weight_bytes) {  // more RAM helps only while the model does not fit
+    PlanOptions pr = po;
+    pr.budget = po.budget * 2;
+    option("more_ram", fmt::format("twice the RAM (a {} budget)", gib(pr.budget)),
+           predict(plan_for(pr), disk_bw));
+  }
+  if (base.decode.read_bytes > 0)
+    option("second_drive",
+           "a second drive as fast as this one, holding half of the experts (reads split over "
+           "both; `deltafin place --home` where this build has it, else a RAID 0 of the two)",
+           predict(plan, 2 * disk_bw));
+  option("trunk_int8", "--trunk int8 (lossy: per-row int8 trunk weights)", int8);
+  size_t best = 0;
+  for (size_t i = 1; i < options.size(); ++i)
+    if (options[i]["speedup"].get<double>() > options[best]["speedup"].get<double>()) best = i;
+  const bool helps = options[best]["speedup"].get<double>() >= 1.05;
+  r["advice"] = {{"best", helps ? options[best]["change"] : ojson("none")}, {"options", options}};
+}
+
+// The model's size and whether it fits, then its memory plan and forecasts on this machine.
+void plan_and_forecast(const DoctorArgs& a, Examined& m, const std::string& dir, double disk_bw,
+                       DoctorReport& r) {
+  const ModelConfig& c = *m.config;
+  uint64_t bytes = 0;
+  for (const auto& [n, t] : m.tensors) bytes += t.nbytes;
+  m.model["layers"] = c.num_layers;
+  m.model["hidden"] = c.hidden;
+  m.model["experts"] = c.moe.num_experts;
+  m.model["top_k"] = c.moe.top_k;
+  m.model["vocab"] = c.vocab;
+  m.model["weight_bytes"] = bytes;
+  m.model["disk_needed_bytes"] = m.ck ? 0 : bytes;
+  m.model["fits_on_disk"] = m.ck != nullptr || free_bytes(dir).value_or(0) >= bytes;
+  r["model"] = m.model;
+  PlanOptions po;
+  po.budget = r["machine"]["memory_budget_bytes"].get<uint64_t>();
+  po.context = a.ctx;
+  po.shape.max_rows = 0;
+  po.shape.prefill_rows = a.prompt_tokens;
+  if (m.ck && c.num_moe_layers() > 0) {
+    const ExpertFormat ef = check_inventory(c, *m.ck).expert_format;
+    po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *m.ck, ef), c);
+  }
+  try {
+    forecast_section(a, m, po, bytes, disk_bw, r);
+  } catch (const InvalidArgument& e) {  // the budget is below the minimum working set
+    r["plan"] = {{"error", e.what()}};
+    r["forecasts"] = ojson::array();
+    r["advice"] = {{"best", "more_ram"}, {"options", ojson::array()}};
+  }
+}
+
 void run_doctor(const DoctorArgs& a) {
   EngineOptions eo;
   eo.threads = a.threads;
@@ -297,197 +487,27 @@ void run_doctor(const DoctorArgs& a) {
   apply_engine_options(eo);
   DoctorReport r;
   r["deltafin"] = DELTAFIN_VERSION;
-  bool failed = false;
-  std::optional<ModelConfig> config;
-  TensorTable tensors;
-  std::unique_ptr<Checkpoint> ck;
-  std::vector<std::string> shard_paths;
-  ojson model;
-  std::shared_ptr<DraftModel> draft;
-  if (!a.model.empty()) {
-    require_model_folder(a.model);
-    CheckpointCheck check = check_checkpoint_files(a.model);
-    ojson inventory = nullptr;
-    try {
-      config = load_config(a.model);
-      try {
-        const InventoryReport rep = check_inventory(*config, check.tensors, a.model);
-        inventory = {{"ok", true}, {"checked", rep.checked}};
-      } catch (const std::exception& e) {
-        if (check.problems.empty()) check.problems.push_back(e.what());
-        inventory = {{"ok", false}, {"error", e.what()}};
-      }
-    } catch (const std::exception& e) {
-      check.problems.push_back(e.what());
-    }
-    const ojson hashes = a.verify ? verify_folder(check) : ojson(nullptr);
-    if (check.problems.empty()) {
-      ck = Checkpoint::open(a.model);
-      tensors = ck->tensors();
-      for (const auto& s : ck->shards()) shard_paths.push_back(s.path());
-    }
-    ojson cj = check_json(check);
-    cj["inventory"] = inventory;
-    cj["hashes"] = hashes;
-    failed = !check.ok();
-    // Its drafter: the draft/ folder, checked the same way and against the target.
-    const fs::path dd = fs::path(a.model) / "draft";
-    std::error_code ec;
-    if (fs::is_directory(dd, ec)) {
-      CheckpointCheck dc = check_checkpoint_files(dd.string());
-      const ojson dh = a.verify ? verify_folder(dc) : ojson(nullptr);
-      ojson dj = check_json(dc);
-      dj["hashes"] = dh;
-      if (dc.problems.empty() && config) {
-        try {
-          draft = open_draft_model(dd.string(), *config);
-          dj["kind"] = draft_kind_name(draft->config().kind);
-          dj["describe"] = draft->describe();
-        } catch (const std::exception& e) {
-          dc.problems.push_back(e.what());
-          dj["problems"] = dc.problems;
-        }
-      }
-      failed = failed || !dc.ok();
-      cj["draft"] = dj;
-    } else {
-      cj["draft"] = nullptr;
-    }
-    r["checkpoint"] = cj;
-    model = {{"name", a.model}, {"source", "checkpoint"}};
-  } else {
-    config =
-        parse_config(synthetic_config_json(kimi_k3_release_spec()), "Kimi K3 (released shape)");
-    tensors = k3_tensors(*config);
-    model = {{"name", "Kimi K3 (moonshotai/Kimi-K3, as released)"}, {"source", "built-in shape"}};
-    r["checkpoint"] = nullptr;
-  }
+  Examined m = a.model.empty() ? examine_released_shape(a.shape) : examine_checkpoint(a);
+  r["checkpoint"] = m.checkpoint;
   const std::string dir = !a.dir.empty() ? a.dir : !a.model.empty() ? a.model : ".";
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail_usage("--dir {} is not a folder", dir);
   std::string disk_how;
-  const double disk_bw = probe_disk(a.dir.empty() ? shard_paths : std::vector<std::string>{}, dir,
+  const double disk_bw = probe_disk(a.dir.empty() ? m.shard_paths : std::vector<std::string>{}, dir,
                                     a.readers, disk_how);
   r["machine"] = machine_json(a, dir, disk_bw, disk_how);
-  if (config && !tensors.empty()) {
-    const ModelConfig& c = *config;
-    uint64_t bytes = 0;
-    for (const auto& [n, t] : tensors) bytes += t.nbytes;
-    model["layers"] = c.num_layers;
-    model["hidden"] = c.hidden;
-    model["experts"] = c.moe.num_experts;
-    model["top_k"] = c.moe.top_k;
-    model["vocab"] = c.vocab;
-    model["weight_bytes"] = bytes;
-    model["disk_needed_bytes"] = ck ? 0 : bytes;
-    model["fits_on_disk"] = ck != nullptr || free_bytes(dir).value_or(0) >= bytes;
-    r["model"] = model;
-    PlanOptions po;
-    po.budget = r["machine"]["memory_budget_bytes"].get<uint64_t>();
-    po.context = a.ctx;
-    po.shape.max_rows = 0;
-    po.shape.prefill_rows = a.prompt_tokens;
-    if (ck && c.num_moe_layers() > 0) {
-      const ExpertFormat ef = check_inventory(c, *ck).expert_format;
-      po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *ck, ef), c);
-    }
-    auto plan_for = [&](PlanOptions o) { return plan_memory(c, tensors, o); };
-    try {
-      const MemoryPlan plan = plan_for(po);
-      r["plan"] = plan_json(plan);
-      const int64_t rows = std::min(a.prompt_tokens, plan.pass.pass_rows);
-      const KernelSpeeds s =
-          measure_kernel_speeds(c, tensors, rows, plan.pass.block_rows, global_pool());
-      r["speeds"] = speeds_json(s);
-      auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
-        return forecast(c, tensors, p, s, bw, a.prompt_tokens, d);
-      };
-      const Forecast base = predict(plan, disk_bw);
-      ojson fc = ojson::array();
-      fc.push_back(forecast_json("bf16", base, a.prompt_tokens));
-      PlanOptions p8 = po;
-      p8.trunk = TrunkFormat::kInt8;
-      const Forecast int8 = predict(plan_for(p8), disk_bw);
-      fc.push_back(forecast_json("trunk_int8", int8, a.prompt_tokens));
-      // A drafter: the model's own draft/ folder, else EAGLE-3.1 sized for this target.
-      DraftAssumption da;
-      std::string dname;
-      if (draft) {
-        da = draft_assumption(draft->config().kind == DraftKind::kDSpark, draft->weight_bytes());
-        dname = fmt::format("{} (its draft/ folder)", draft_kind_name(draft->config().kind));
-      } else {
-        const SyntheticDraftSpec ds = synthetic_draft_preset("eagle3.1");
-        const DraftModelConfig dc =
-            parse_draft_config(synthetic_draft_config_json(ds, c), "EAGLE-3.1 for this target");
-        uint64_t wb = 0;
-        for (const auto& t : draft_tensors(dc)) {
-          if (t.name.find("embed_tokens") != std::string::npos) continue;  // K3's table is used
-          uint64_t n = dtype_size(t.dtype);
-          for (const int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-          wb += n;
-        }
-        da = draft_assumption(false, wb);
-        dname = "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)";
-      }
-      PlanOptions pd = po;
-      pd.shape.draft_weight_bytes = da.weight_bytes;
-      pd.shape.prefill_rows = std::max<int64_t>(a.prompt_tokens, 1 + da.drafts);
-      try {
-        const Forecast df = predict(plan_for(pd), disk_bw, &da);
-        ojson dj = forecast_json("draft", df, a.prompt_tokens);
-        dj["drafter"] = dname;
-        dj["drafts_per_pass"] = da.drafts;
-        dj["tokens_per_pass"] = da.tokens_per_pass;
-        dj["draft_weight_bytes"] = da.weight_bytes;
-        fc.push_back(dj);
-      } catch (const std::exception& e) {
-        fc.push_back({{"name", "draft"}, {"drafter", dname}, {"error", e.what()}});
-      }
-      r["forecasts"] = fc;
-      // The one change that would help most: twice the RAM, a second drive, the int8 trunk.
-      ojson options = ojson::array();
-      auto option = [&](const std::string& change, const std::string& text, const Forecast& f) {
-        options.push_back(
-            {{"change", change},
-             {"text", text},
-             {"decode_s_per_token", f.decode_s_per_token},
-             {"prefill_tokens_per_s", f.prefill_tokens_per_s},
-             {"speedup",
-              f.decode_s_per_token > 0 ? base.decode_s_per_token / f.decode_s_per_token : 0.0}});
-      };
-      if (plan.budget < bytes) {  // more RAM helps only while the model does not fit
-        PlanOptions pr = po;
-        pr.budget = po.budget * 2;
-        option("more_ram", fmt::format("twice the RAM (a {} budget)", gib(pr.budget)),
-               predict(plan_for(pr), disk_bw));
-      }
-      if (base.decode.read_bytes > 0)
-        option("second_drive",
-               "a second drive as fast as this one, holding half of the experts (reads split over "
-               "both; `deltafin place --home` where this build has it, else a RAID 0 of the two)",
-               predict(plan, 2 * disk_bw));
-      option("trunk_int8", "--trunk int8 (lossy: per-row int8 trunk weights)", int8);
-      size_t best = 0;
-      for (size_t i = 1; i < options.size(); ++i)
-        if (options[i]["speedup"].get<double>() > options[best]["speedup"].get<double>()) best = i;
-      const bool helps = options[best]["speedup"].get<double>() >= 1.05;
-      r["advice"] = {{"best", helps ? options[best]["change"] : ojson("none")},
-                     {"options", options}};
-    } catch (const InvalidArgument& e) {  // the budget is below the minimum working set
-      r["plan"] = {{"error", e.what()}};
-      r["forecasts"] = ojson::array();
-      r["advice"] = {{"best", "more_ram"}, {"options", ojson::array()}};
-    }
+  if (m.config && !m.tensors.empty()) {
+    plan_and_forecast(a, m, dir, disk_bw, r);
   } else {
-    r["model"] = model;
+    r["model"] = m.model;
   }
-  r["ok"] = !failed;
+  r["ok"] = !m.failed;
   if (a.json) {
     fmt::print("{}\n", r.dump());
   } else {
     fmt::print("{}", doctor_text(r));
   }
-  if (failed) throw Error("the checkpoint has problems (listed above)");
+  if (m.failed) throw Error("the checkpoint has problems (listed above)");
 }
 
 }  // namespace
@@ -497,9 +517,17 @@ void register_doctor(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "doctor",
       "Say what this machine will do with Kimi K3 (or a checkpoint): plan, forecast, checks");
-  cmd->add_option("--model", a->model,
-                  "Checkpoint folder to check and forecast (default: Kimi K3's released shape, "
-                  "without a checkpoint)");
+  CLI::Option* model =
+      cmd->add_option("--model", a->model,
+                      "Checkpoint folder to check and forecast (default: the released shape of "
+                      "--shape, without a checkpoint)");
+  std::vector<std::string> shapes;
+  for (const ReleasedModel& m : released_models()) shapes.push_back(m.name);
+  cmd->add_option("--shape", a->shape,
+                  "Without --model: the release to forecast (kimi-k3 or kimi-linear)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(shapes))
+      ->excludes(model);
   cmd->add_option("--dir", a->dir,
                   "Folder whose free space and read bandwidth count (default: the model folder, "
                   "else the current folder)");

@@ -46,10 +46,7 @@ ReadResult read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
   return r;
 }
 
-namespace {
-
-// What a file that is not a regular file is, for messages.
-const char* kind_of(mode_t mode) {
+const char* file_kind(unsigned mode) {
   if (S_ISDIR(mode)) return "a folder";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
@@ -57,6 +54,8 @@ const char* kind_of(mode_t mode) {
   if (S_ISLNK(mode)) return "a symbolic link";
   return "not a regular file";
 }
+
+namespace {
 
 // Turns O_DIRECT on for an open descriptor (F_NOCACHE on macOS); false where the file system
 // refuses it. Done after the open, so a file system that refuses O_DIRECT never sees an open
@@ -89,7 +88,7 @@ int open_regular_for_reading(const std::string& path, bool direct, bool* direct_
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail_io("{} is {} (expected a regular file)", path, kind_of(st.st_mode));
+    fail_io("{} is {} (expected a regular file)", path, file_kind(st.st_mode));
   }
   if (direct && !set_direct(fd) && direct_ok != nullptr) *direct_ok = false;
   if (!direct && direct_ok != nullptr) *direct_ok = false;

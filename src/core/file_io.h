@@ -27,6 +27,10 @@ constexpr uint64_t io_align_up(uint64_t x) {
 // Opens `path` read-only, with O_DIRECT (F_NOCACHE on macOS) when `direct` is true and the
 // platform accepts it; `*direct_ok` is cleared when it had to fall back to a buffered descriptor.
 // Throws IoError naming the path when the file cannot be opened at all.
+// What a file that is not a regular file is, for messages ("a folder", "a FIFO", ...), from its
+// st_mode.
+const char* file_kind(unsigned mode);
+
 int open_for_reading(const std::string& path, bool direct, bool* direct_ok = nullptr);
 
 struct ReadResult {

@@ -125,18 +125,6 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-namespace {
-// What a file that is not a regular file is, for messages.
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a regular file";
-}
-}  // namespace
-
 std::string read_regular_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail_io("cannot read {}: {}", path, std::strerror(errno));
