@@ -275,8 +275,8 @@ double measure_disk_bandwidth(const std::vector<std::string>& files, int threads
   for (int t = 0; t < std::max(1, threads); ++t) {
     ts.emplace_back([&] {
       // The engine's own kind of read buffer (huge-page advised): an O_DIRECT read into 4 KiB
-      // pages pins every page and reaches the device in smaller requests, ~half as fast on the
-      // virtio disk of docs/PERFORMANCE.md (0.9-1.0 against 1.7-1.8 GB/s).
+      // pages pins every page and reaches the device in smaller requests, about half as fast
+      // (docs/DOCTOR.md, "The forecast", gives the figures).
       uint8_t* buf = nullptr;
       try {
         buf = alloc_weight_buffer(chunk, "the disk probe");

@@ -7,9 +7,9 @@
 //
 // Output is produced as events. In chat mode the K3 output parser splits the thinking channel
 // from the response and recognises tool calls; in raw mode all text is content (special tokens
-// and K3 tags are structure, never text: PlainTextFilter). Stop strings
-// apply to the content channel: text that could be the start of a stop string is held back
-// until it is known not to be, and the match itself is never emitted.
+// and K3 tags are structure, never text: PlainTextFilter). Stop strings apply to the content
+// channel: text that could be the start of a stop string is held back until it is known not to
+// be, and the match itself is never emitted.
 #pragma once
 
 #include <cstdint>

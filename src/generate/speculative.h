@@ -1,11 +1,11 @@
 // Speculative decoding that never changes K3's output. A Drafter proposes up to k tokens from a
-// sequence's committed history (optionally with its draft distributions q, for the draft
-// models of the next issue); one deferred pass (SequenceInput::pending) verifies
-// [last committed token, d1 .. dk]; Model::commit advances the KDA/conv state by the accepted
-// rows only and truncates the MLA cache. Greedy verification accepts the longest prefix that
-// equals the target's argmax and then emits the target's own token, so the completion is the
-// one plain greedy decoding gives, token for token. Verification lives here, in src/generate,
-// so src/model only supplies the deferred pass and the commit.
+// sequence's committed history (optionally with its draft distributions q); one deferred pass
+// (SequenceInput::pending) verifies [last committed token, d1 .. dk]; Model::commit advances the
+// KDA/conv state by the accepted rows only and truncates the MLA cache. Greedy verification
+// accepts the longest prefix that equals the target's argmax and then emits the target's own
+// token, so the completion is the one plain greedy decoding gives, token for token.
+// Verification lives here, in src/generate, so src/model only supplies the deferred pass and
+// the commit.
 //
 // Sampling: a deterministic drafter (no q) has its draft kept while it equals the token the
 // row samples, with the sampler's usual draws, so seeded output equals plain decoding's. A

@@ -4,7 +4,7 @@
 // offers the product to the offload, which either computes it — y exactly as matmul would
 // define it, in fp32 — or declines, and then the CPU table computes it as always. So the K3
 // layers exist once, the GPU supplies matmuls only, and a model without an offload (or a
-// product the device declines: int8 weights, a device error) runs exactly as before.
+// product the device declines: int8 weights, a device error) runs exactly as on the CPU alone.
 #pragma once
 
 #include <cstdint>

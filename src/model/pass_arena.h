@@ -1,8 +1,8 @@
 // Scratch memory that a forward pass hands from sub-layer to sub-layer (KDA, then the MoE, then
 // the next layer's KDA, ...), so that after the first layer a sub-layer's buffers are neither
 // allocated, zeroed nor faulted in again. Fresh buffers of that size come from mmap every time:
-// the kernel zeroes their pages on first touch and std::vector zeroes them again, which was 5-7%
-// of a 256-token prefill on k3-4l, on one thread while the other waited.
+// the kernel zeroes their pages on first touch and std::vector zeroes them again, so every
+// sub-layer of every layer would zero its scratch twice, on one thread while the others wait.
 //
 // Each sub-layer begins with reset() and then takes its buffers; what one sub-layer took is dead
 // once the next resets. So the arena holds at most the largest sub-layer's scratch, which is what

@@ -10,8 +10,7 @@
 // clients do not do that). If the socket cannot be found, the probe says "connected" and the
 // request still ends by a failed write or its timeout. Under Deltafin's own connection loop the
 // handler knows its socket (ConnectionContext::fd) and the probe is given it: no search, so the
-// probe never touches a descriptor that another connection's thread may be closing (ThreadSanitizer
-// reported the search's fstat racing with such a close).
+// probe never touches (fstat) a descriptor that another connection's thread may be closing.
 #pragma once
 
 #include <string>

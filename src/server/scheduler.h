@@ -1,13 +1,12 @@
-// The engine side of the server: one thread owns the Model and runs every generation.
+// The engine side of the server: one thread owns the Model and runs every generation
+// (docs/SERVER.md, "Scheduling").
 //
 // HTTP threads submit validated Jobs into a bounded FIFO queue (full: 429). The engine loop
-// admits queued jobs while fewer than `parallel` sequences are active, then runs steps: each
-// step gathers the next input of every active Generation — prompt chunks of sequences still in
-// prefill and the single last token of those decoding, mixed — into ONE Model::forward call, so
-// the trunk is read once per step and an expert chosen by several sequences is fetched and
-// applied once for all of them. Each sequence then gets its own logits, and the events and
-// tokens they produce are posted to its Job, where the HTTP thread picks them up (a condition
-// variable per job: streaming clients see tokens as they are sampled).
+// admits queued jobs while fewer than `parallel` sequences are active; each step gathers the
+// next input of every active Generation (prompt chunks and last tokens, mixed) into ONE
+// Model::forward, so the trunk is read once per step and an expert chosen by several sequences
+// is fetched and applied once for all. Each sequence's events and tokens are posted to its Job,
+// whose HTTP thread waits on the job's condition variable (streams see tokens as sampled).
 //
 // Isolation: a job that was cancelled (its client went away) or ran past its deadline is ended
 // at the start of the next step, so its slot is free for the step after. An exception in one
@@ -167,7 +166,7 @@ class Scheduler {
   int step_delay_ms_ = 0;
   // Test-only: DELTAFIN_DEBUG_SCRIPT=TEXT (K3 markers allowed) forces every answer to those
   // tokens, so tests can drive real clients through a whole turn (text that ends, tool calls)
-  // with the tiny random model. Never set in use: the model no longer decides.
+  // with the tiny random model. Never set in real use: it overrides the model's choice.
   std::vector<int32_t> script_;
   void force_script(const Generation& g, std::span<float> row) const;
   std::thread thread_;

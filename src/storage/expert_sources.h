@@ -20,7 +20,7 @@
 //    changes. Every expert with bytes from a home is checked against the manifest's checksum
 //    once all its pieces landed; when that fails, the pieces homes delivered are read again from
 //    the model folder and the home whose bytes differed is the one marked bad. The model folder
-//    is the source of truth: its failures fail the request, as they always did.
+//    is the source of truth: its failures fail the request.
 #pragma once
 
 #include <atomic>

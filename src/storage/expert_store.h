@@ -14,21 +14,19 @@
 //    the real router asks for a layer, queued predictions it did not choose are cancelled (their
 //    slot is freed; the queued task finds that and returns) and arrived ones are demoted to be
 //    evicted first. A chosen prediction still queued is re-submitted at demand priority.
-//  * Reading while computing: between the last expert of one layer's pass and the next layer's
-//    request the drives have nothing to read (the model computes the rest of the layer and the
-//    next one's attention). The store measures that gap per layer, and even when the prediction
-//    gate is shut it reads as many hints (most confident first) as the drives finish in that
-//    gap: right ones are reads taken off the next layer's critical path, wrong ones cost only
-//    time the drives had idle (they are evicted first).
+//  * Reading while computing: the drives are idle from the last expert of one layer's pass to
+//    the next layer's request (the rest of the layer, the next one's attention). The store
+//    measures that gap per layer and, even with the prediction gate shut, reads as many hints
+//    (most confident first) as the drives finish in it: right ones come off the next layer's
+//    critical path, wrong ones cost only idle drive time (they are evicted first).
 //  * Eviction policy: LRU by default; LFU; or `pinned`, which keeps the hottest experts of a
 //    persisted heat file resident and runs LRU on the rest.
 //  * Faults (short read, truncated or replaced file) fail the request that needed the expert
 //    with an IoError naming the shard; the store stays usable for everything else.
 //  * Homes (--home): an expert with copies on other drives is read from all of them at once, in
-//    pieces of its image sized so that they finish it together (one task per piece; the task
-//    landing the last one checks the expert and hands it over); a pass's misses are issued
-//    those with one copy first, then the rest, so the drives finish a layer together
-//    (storage/expert_sources.h).
+//    pieces that finish together (one task per piece; the task landing the last one checks the
+//    expert and hands it over); a pass's single-copy misses are issued first, so the drives
+//    finish a layer together (storage/expert_sources.h).
 #pragma once
 
 #include <condition_variable>

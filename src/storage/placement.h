@@ -14,7 +14,7 @@
 //  2. every other expert, hottest first, goes to the drive that would finish its expected load
 //     earliest: the model folder (no copy), or a home below its share with room. So hot experts
 //     spread over all drives (each gets a like mix of experts the cache tends to keep and experts
-//     it must read: placing the hottest on the homes alone left them fewer reads than their
+//     it must read: placing the hottest on the homes alone would leave them fewer reads than their
 //     share), and a fast home too small for its share holds the hottest experts it can.
 #pragma once
 

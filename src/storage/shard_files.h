@@ -2,10 +2,10 @@
 // the expert store and the router roster all read through ShardFiles.
 //
 // Why it is built this way:
-//  * Each shard is opened twice (DirectFile): once with O_DIRECT (when asked and allowed), for the
-//  large
-//    aligned reads of trunk units and experts (the budget is honest: the page cache does not
-//    hold a second copy), and once buffered, for small exact reads (embedding rows, routers).
+//  * Each shard is opened twice (DirectFile): once with O_DIRECT (when asked and allowed), for
+//    the large aligned reads of trunk units and experts (the budget is honest: the page cache
+//    does not hold a second copy), and once buffered, for small exact reads (embedding rows,
+//    routers).
 //  * A file system may accept O_DIRECT at open and still refuse a read with EINVAL. The shard
 //    then switches, for good, to its buffered descriptor, which is already open: no descriptor
 //    is ever closed or replaced while another reader may be using it, so concurrent readers

@@ -33,7 +33,7 @@ extern const std::string_view kKimiPatStr;
 // The PCRE2 pattern actually compiled.
 std::string kimi_pcre2_pattern();
 
-// The intersection classes written the way the issue suggests, `(?:(?!\p{Han})[X])`, for tests
+// The intersection classes written as a look-ahead, `(?:(?!\p{Han})[X])`, for tests
 // that check the rewrite is equivalent.
 std::string kimi_pcre2_pattern_lookahead_form();
 
