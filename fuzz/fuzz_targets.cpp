@@ -19,6 +19,7 @@ void http(const uint8_t* data, size_t size);
 void gbnf(const uint8_t* data, size_t size);
 void json_schema(const uint8_t* data, size_t size);
 void schema_merge(const uint8_t* data, size_t size);
+void hub_listing(const uint8_t* data, size_t size);
 
 namespace {
 const Target kTargets[] = {
@@ -32,6 +33,7 @@ const Target kTargets[] = {
     {"gbnf", gbnf},
     {"json_schema", json_schema},
     {"schema_merge", schema_merge},
+    {"hub_listing", hub_listing},
 };
 }  // namespace
 
