@@ -109,7 +109,7 @@ test-tsan: configure-tsan test-deps
 # kept in $(ASAN_BUILD)/fuzz-corpus and seeded from tests/data/fuzz; see tools/fuzz.sh.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors config tokenizer_files tokenizer chat request http gbnf json_schema \
-  hub_listing
+  schema_merge hub_listing
 fuzz: configure-asan
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target deltafin_fuzzers
 	bash tools/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)

@@ -1,14 +1,20 @@
 // The JSON Schema compiler (src/grammar/json_schema.*): documents that satisfy a schema are
 // accepted token by token on the 100k-token test tokenizer (as the real tokenizer encodes
 // them), documents that violate it are refused at some token, and every unsupported keyword,
-// bad reference and unsatisfiable schema is an error naming the keyword and its path. Samples
+// bad reference and unsatisfiable schema is an error naming the keyword and its path, and the
+// work of a compile (merges included) is counted against the compile budget. Samples
 // drawn under these grammars are validated by an independent validator (ajv) in the end-to-end
 // tests (structured_output_test.cpp).
+#include "grammar/json_schema.h"
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "grammar/budget.h"
 #include "grammar/constraint.h"
 #include "grammar/matcher.h"
 #include "server_util.h"
@@ -170,6 +176,141 @@ TEST(JsonSchema, UnsupportedAndUnsatisfiableSchemasNameKeywordAndPath) {
       EXPECT_NE(std::string(e.what()).find(msg), std::string::npos)
           << schema << " gave: " << e.what();
     }
+  }
+}
+
+// An object of 20 string properties in $defs, and an allOf of `n` references to it.
+json many_refs(int n) {
+  json props = json::object();
+  for (int i = 0; i < 20; ++i) props[fmt::format("p{}", i)] = {{"type", "string"}};
+  json all = json::array();
+  for (int i = 0; i < n; ++i) all.push_back({{"$ref", "#/$defs/o"}});
+  return {{"$defs", {{"o", {{"type", "object"}, {"properties", props}}}}}, {"allOf", all}};
+}
+
+// An allOf of thousands of references to one object took minutes (each merge
+// copied the nesting the previous ones had built for every property) before a misleading
+// "nested too deeply". Now a property that many merged schemas constrain is one flat allOf, so
+// 60 references compile (they were "nested too deeply"), and the merges are counted: past
+// kMaxSchemaMerges the schema is refused at once, naming the limit and where it was reached.
+TEST(JsonSchema, AllOfMergesStayFlatAndAreCapped) {
+  const auto v = TokenVocab::of(tok());
+  EXPECT_NO_THROW(compile_json_schema(many_refs(60), v, false, "response_format"));
+  EXPECT_TRUE(accepts(many_refs(60).dump(), R"({"p0": "a", "p19": "b"})"));
+  EXPECT_FALSE(accepts(many_refs(60).dump(), R"({"p0": 1})"));
+  try {
+    compile_json_schema(many_refs(4900), v, false, "response_format");
+    ADD_FAILURE() << "compiled";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("response_format: the schema is too large: allOf and $ref merge more "
+                        "than 5000 subschemas into others"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("at #/allOf/"), std::string::npos) << what;
+  }
+}
+
+// The work of a compile is counted in steps, merges included, and capped: the cap
+// is what a test (and an attacker) can observe, not a clock. A 60-byte pattern whose automaton
+// explodes was refused only by the 10 s clock; now by the step cap, deterministically.
+TEST(JsonSchema, CompileWorkIsCountedInStepsAndCapped) {
+  const auto v = TokenVocab::of(tok());
+  const json hostile = {{"type", "string"}, {"pattern", "([^a][^b][^c][^d][^e]){200}"}};
+  try {
+    compile_json_schema(hostile, v, false, "response_format");
+    ADD_FAILURE() << "compiled";
+  } catch (const BudgetExceeded& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  fmt::format("compiling needs more than {} steps of work", kMaxCompileSteps)),
+              std::string::npos)
+        << e.what();
+  }
+
+  // Merging two enums compares every value of one with every value of the other: counted.
+  json a = json::array(), b = json::array();
+  for (int i = 0; i < 1000; ++i) {
+    a.push_back(i);
+    b.push_back(999 - i);
+  }
+  const json enums = {{"allOf", {{{"enum", a}}, {{"enum", b}}}}};
+  {
+    CompileBudget budget;
+    json_schema_grammar(enums, "json_schema");
+    EXPECT_GE(budget.used(), 1000u * 1000u);
+  }
+  // A smaller cap refuses the same schema in the merge, naming the field and where.
+  BudgetOptions small;
+  small.max_steps = 100'000;
+  CompileBudget budget(small);
+  try {
+    json_schema_grammar(enums, "json_schema");
+    ADD_FAILURE() << "compiled";
+  } catch (const BudgetExceeded& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("json_schema: compiling needs more than 100000 steps of work"),
+        std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("at #/allOf/1"), std::string::npos) << e.what();
+  }
+}
+
+// A compile asks its budget's `cancelled` every kCheckEverySteps and stops when it
+// says so (the server passes its ConnectionProbe: the client left).
+TEST(JsonSchema, CompileStopsWhenItsCallerCancels) {
+  const auto v = TokenVocab::of(tok());
+  const json schema = {{"type", "string"}, {"pattern", "([^a][^b]){40}"}};
+  int asked = 0;
+  BudgetOptions o;
+  o.cancelled = [&] { return ++asked > 1; };
+  CompileBudget budget(o);
+  EXPECT_THROW(compile_json_schema(schema, v, false, "json_schema"), CompileCancelled);
+  EXPECT_EQ(asked, 2);
+  EXPECT_LT(budget.used(), kMaxCompileSteps);
+}
+
+// How deep intersections nest in `e` (each subexpression once).
+int intersection_depth(const Expr* e, std::map<const Expr*, int>& memo) {
+  if (const auto it = memo.find(e); it != memo.end()) return it->second;
+  int d = 0;
+  for (const auto& x : e->items) d = std::max(d, intersection_depth(x.get(), memo));
+  if (e->kind == ExprKind::intersect) ++d;
+  return memo[e] = d;
+}
+
+// An allOf may gather thousands of patterns onto one string. They were intersected in a chain
+// as deep as their number, and the automaton's compile checked every link's operand again (the
+// square of their number, uncounted: 4,000 patterns burned 20 s of CPU without ever reaching a
+// budget check). Now they form a balanced tree (as deep as the logarithm of their number), each
+// operand is checked once, and what the check visits is charged: the hostile allOf is refused
+// by a cap.
+TEST(JsonSchema, ManyPatternsIntersectInABalancedTreeUnderTheBudget) {
+  json all = json::array();
+  for (int i = 0; i < 1000; ++i) all.push_back({{"pattern", "^[a-z]{0,8}$"}});
+  const json schema = {{"type", "string"}, {"allOf", all}};
+  const Grammar g = json_schema_grammar(schema, "json_schema");
+  std::map<const Expr*, int> memo;
+  int depth = 0;
+  for (const auto& r : g.rules) {
+    if (r) depth = std::max(depth, intersection_depth(r.get(), memo));
+  }
+  EXPECT_GE(depth, 10);  // 1,000 operands: at least log2(1000)
+  EXPECT_LE(depth, 11);
+  EXPECT_TRUE(accepts(schema.dump(), R"("abc")"));
+  EXPECT_FALSE(accepts(schema.dump(), R"("abcdefghi")"));
+
+  json hostile = json::array();
+  for (int i = 0; i < 4000; ++i) hostile.push_back({{"pattern", fmt::format("x{}", i)}});
+  try {
+    compile_json_schema({{"type", "string"}, {"allOf", hostile}}, TokenVocab::of(tok()), false,
+                        "response_format");
+    ADD_FAILURE() << "compiled";
+  } catch (const InvalidArgument& e) {
+    // The step cap or, first, the cap on an intersection's states.
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("steps of work") != std::string::npos ||
+                what.find("an intersection is too large") != std::string::npos)
+        << what;
   }
 }
 

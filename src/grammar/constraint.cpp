@@ -1,3 +1,6 @@
+// Compiling through the vocabulary's cache (see constraint.h). Each entry point opens the compile
+// budget (budget.h) around all of its stages, a schema's or grammar's parse and the automaton's
+// compile, so that the cap is one for the whole compile (or joins the caller's, when one is open).
 #include "grammar/constraint.h"
 
 #include "core/error.h"
@@ -31,6 +34,7 @@ std::shared_ptr<const CompiledGrammar> cached_in(const std::string& key,
 std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& g, const std::string& key,
                                                        std::shared_ptr<const TokenVocab> vocab,
                                                        bool use_cache) {
+  const BudgetScope scope;
   if (!use_cache) return std::make_shared<const CompiledGrammar>(Pda::compile(g), vocab);
   if (auto hit = cached_in(key, vocab)) return hit;
   auto compiled = std::make_shared<const CompiledGrammar>(Pda::compile(g), *vocab);
@@ -41,6 +45,7 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& g, const s
 std::shared_ptr<const CompiledGrammar> compile_gbnf(const std::string& text,
                                                     std::shared_ptr<const TokenVocab> vocab,
                                                     bool use_cache) {
+  const BudgetScope scope;
   const std::string key = "gbnf\n" + text;
   if (use_cache) {
     if (auto hit = cached_in(key, vocab)) return hit;
@@ -52,6 +57,7 @@ std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::order
                                                            std::shared_ptr<const TokenVocab> vocab,
                                                            bool use_cache,
                                                            const std::string& prefix) {
+  const BudgetScope scope;
   const std::string key = "schema\n" + schema.dump();
   if (use_cache) {
     if (auto hit = cached_in(key, vocab)) return hit;
@@ -59,6 +65,8 @@ std::shared_ptr<const CompiledGrammar> compile_json_schema(const nlohmann::order
   const Grammar g = json_schema_grammar(schema, prefix);
   try {
     return compile_grammar(g, key, vocab, use_cache);
+  } catch (const BudgetExceeded& e) {
+    throw BudgetExceeded(prefix + ": the schema cannot be compiled: " + e.what());
   } catch (const InvalidArgument& e) {
     // The automaton's checks speak of rules; say which field they come from.
     throw InvalidArgument(prefix + ": the schema cannot be compiled: " + e.what());

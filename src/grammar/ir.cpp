@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "tokenizer/utf8.h"
 
@@ -210,12 +211,20 @@ uint32_t Grammar::fresh_rule(const std::string& base) {
   }
 }
 
-bool is_regular(const ExprPtr& e) {
-  if (e->kind == ExprKind::ref || e->kind == ExprKind::token) return false;
-  for (const auto& it : e->items) {
-    if (!is_regular(it)) return false;
+bool is_regular(const ExprPtr& e, uint64_t* visited) {
+  // Iterative, each shared subexpression once: a DAG's paths can be exponentially many.
+  std::vector<const Expr*> todo{e.get()};
+  std::unordered_set<const Expr*> seen;
+  bool regular = true;
+  while (!todo.empty() && regular) {
+    const Expr* x = todo.back();
+    todo.pop_back();
+    if (!seen.insert(x).second) continue;
+    if (x->kind == ExprKind::ref || x->kind == ExprKind::token) regular = false;
+    for (const auto& it : x->items) todo.push_back(it.get());
   }
-  return true;
+  if (visited != nullptr) *visited = seen.size();
+  return regular;
 }
 
 namespace {

@@ -105,7 +105,7 @@ std::string to_gbnf(const Grammar& g);
 std::string to_gbnf(const Grammar& g, const ExprPtr& e);
 
 // True when `e` contains no ref and no token (so it can be intersected or inlined as a regular
-// language).
-bool is_regular(const ExprPtr& e);
+// language). `visited` (optional) receives the number of subexpressions looked at.
+bool is_regular(const ExprPtr& e, uint64_t* visited = nullptr);
 
 }  // namespace deltafin::grammar

@@ -1,3 +1,7 @@
+// JSON Schema to grammar IR (see json_schema.h). The merges of allOf and $ref copy and compare
+// JSON values whose sizes the client chooses, so each one charges what it copies or compares to
+// the compile budget (weight()), and a property that many merged schemas constrain grows one
+// flat allOf instead of a nesting that every later merge would copy again.
 #include "grammar/json_schema.h"
 
 #include <fmt/format.h>
@@ -60,12 +64,34 @@ const std::set<std::string>& constraints() {
 
 const char* const kTypes[] = {"string", "number", "integer", "boolean", "null", "object", "array"};
 
-bool has_constraints(const json& s) {
+// Whether `s` constrains anything (keywords other than annotations), `except` aside.
+bool has_constraints(const json& s, std::string_view except = {}) {
   if (!s.is_object()) return !s.is_boolean() || !s.get<bool>();
   for (const auto& [k, v] : s.items()) {
-    if (!annotations().contains(k)) return true;
+    if (k != except && !annotations().contains(k)) return true;
   }
   return false;
+}
+
+// What the merges' work costs in budget steps, measured against the automaton's (where a step is
+// a few nanoseconds): a JSON value copied is an allocation, a key or value compared a string
+// comparison; each is charged kValueSteps.
+constexpr uint64_t kValueSteps = 4;
+
+// The steps of copying, comparing or printing `v`: kValueSteps per JSON value in it. Without
+// recursion (the value may be nested as deep as its parser allowed).
+uint64_t weight(const json& v) {
+  uint64_t n = 0;
+  std::vector<const json*> todo{&v};
+  while (!todo.empty()) {
+    const json* x = todo.back();
+    todo.pop_back();
+    ++n;
+    if (x->is_structured()) {
+      for (const auto& c : *x) todo.push_back(&c);
+    }
+  }
+  return kValueSteps * n;
 }
 
 std::string escape_pointer(const std::string& key) {
@@ -128,14 +154,27 @@ std::vector<std::string> string_list(const json& v) {
 
 }  // namespace
 
-SchemaCompiler::SchemaCompiler(Grammar& g, const json& root, std::string prefix)
-    : g_(g), root_(root), prefix_(std::move(prefix)) {}
+SchemaCompiler::SchemaCompiler(Grammar& g, const json& root, std::string prefix,
+                               std::map<std::string, uint32_t>* strings)
+    : g_(g),
+      root_(root),
+      prefix_(std::move(prefix)),
+      strings_(strings != nullptr ? *strings : own_strings_) {}
 
 void SchemaCompiler::error(const std::string& path, const std::string& what) const {
   fail_arg("{}: {} at {}", prefix_, what, path);
 }
 
+void SchemaCompiler::spend(uint64_t steps, const std::string& path) {
+  try {
+    budget_.budget().spend(steps);
+  } catch (const BudgetExceeded& e) {
+    throw BudgetExceeded(fmt::format("{}: {} at {}", prefix_, e.what(), path));
+  }
+}
+
 void SchemaCompiler::count(const std::string& path) {
+  spend(1, path);
   if (++nodes_ > kMaxSchemaNodes)
     error(path, fmt::format("the schema is too large (more than {} subschemas)", kMaxSchemaNodes));
 }
@@ -178,10 +217,12 @@ ExprPtr SchemaCompiler::any_value() {
 }
 
 ExprPtr SchemaCompiler::literal(const json& v) {
+  if (CompileBudget* b = CompileBudget::current()) b->spend(weight(v));
   return seq({lit(v.dump(-1, ' ', false, json::error_handler_t::replace)), ws()});
 }
 
 void SchemaCompiler::check_keywords(const json& s, const std::string& path) {
+  spend(1 + s.size(), path);
   for (const auto& [k, v] : s.items()) {
     if (annotations().contains(k) || constraints().contains(k)) continue;
     if (k.rfind("x-", 0) == 0) continue;  // vendor extensions are annotations
@@ -200,6 +241,7 @@ const json& SchemaCompiler::target(const std::string& ref, const std::string& pa
   while (i < ref.size()) {
     if (ref[i] != '/') error(path, fmt::format("$ref \"{}\" is not a JSON Pointer", ref));
     const size_t next = ref.find('/', i + 1);
+    spend(1 + (cur->is_structured() ? cur->size() : 0), path);
     std::string part =
         ref.substr(i + 1, next == std::string::npos ? std::string::npos : next - i - 1);
     std::string key;
@@ -225,24 +267,22 @@ const json& SchemaCompiler::target(const std::string& ref, const std::string& pa
   return *cur;
 }
 
-json SchemaCompiler::flatten(const json& schema, std::string& path) {
+const json& SchemaCompiler::flatten(const json& schema, std::string& path, json& storage) {
   if (!schema.is_object()) return schema;
   if (!schema.contains("$ref") && !schema.contains("allOf")) return schema;
   if (++depth_ > kMaxSchemaDepth)
     error(path, "$ref / allOf nested too deeply (a reference cycle?)");
   count(path);
   json acc = json::object();
-  json own = schema;
-  own.erase("$ref");
-  own.erase("allOf");
-  merge_into(acc, own, path);
+  merge_into(acc, schema, path, true);
   if (schema.contains("$ref")) {
     const auto& r = schema["$ref"];
     if (!r.is_string()) error(path, "$ref must be a string");
     std::string at = r.get<std::string>();
     const json& t = target(at, path);
     if (t.is_object()) check_keywords(t, at);
-    merge_into(acc, flatten(t, at), at);
+    json sub;
+    merge_into(acc, flatten(t, at, sub), at);
   }
   if (schema.contains("allOf")) {
     const auto& all = schema["allOf"];
@@ -250,20 +290,46 @@ json SchemaCompiler::flatten(const json& schema, std::string& path) {
     for (size_t i = 0; i < all.size(); ++i) {
       std::string p = path + "/allOf/" + std::to_string(i);
       if (all[i].is_object()) check_keywords(all[i], p);
-      merge_into(acc, flatten(all[i], p), p);
+      json sub;
+      merge_into(acc, flatten(all[i], p, sub), p);
     }
   }
   --depth_;
-  return acc;
+  storage = std::move(acc);
+  return storage;
 }
 
-void SchemaCompiler::merge_into(json& acc, const json& sub, const std::string& path) {
+void SchemaCompiler::conjoin(json& a, const json& v, const std::string& path) {
+  if (++merges_ > kMaxSchemaMerges)
+    error(path, fmt::format("the schema is too large: allOf and $ref merge more than {} "
+                            "subschemas into others (counting each property, items or "
+                            "additionalProperties that two merged schemas both constrain)",
+                            kMaxSchemaMerges));
+  spend(1 + weight(v), path);
+  // allOf [allOf [x, y], v] is allOf [x, y, v]: append rather than nest, so that n merges of the
+  // same property cost n, not n^2 (each nesting would be copied by the next merge).
+  if (a.is_object() && a.size() == 1 && a.contains("allOf") && a["allOf"].is_array() &&
+      !a["allOf"].empty()) {
+    a["allOf"].push_back(v);
+    return;
+  }
+  json both = json::array();
+  both.push_back(std::move(a));
+  both.push_back(v);
+  a = json::object();
+  a["allOf"] = std::move(both);
+}
+
+void SchemaCompiler::merge_into(json& acc, const json& sub, const std::string& path,
+                                bool skip_refs) {
   if (acc.is_boolean() && !acc.get<bool>()) return;
   if (sub.is_boolean()) {
     if (!sub.get<bool>()) acc = false;
     return;
   }
   if (!sub.is_object()) error(path, "a schema must be an object or a boolean");
+  // Every key of `sub` is looked up in `acc` (an ordered object: a linear search).
+  spend(1 + kValueSteps * sub.size() * (1 + acc.size()), path);
   auto as_list = [](const json& v) {
     json out = json::array();
     if (v.is_array()) {
@@ -274,7 +340,27 @@ void SchemaCompiler::merge_into(json& acc, const json& sub, const std::string& p
     return out;
   };
   for (const auto& [k, v] : sub.items()) {
+    if (skip_refs && (k == "$ref" || k == "allOf")) continue;
+    if ((k == "enum" || k == "const") && (acc.contains("enum") || acc.contains("const"))) {
+      // Both restrict the values (`const` is a one-value enum): keep the values in both lists.
+      if (k == "enum" && !v.is_array()) error(path, "enum must be an array");
+      const json* x = acc.contains("const") ? nullptr : &acc["enum"];
+      if (x != nullptr && !x->is_array()) error(path, "enum must be an array");
+      const json mine = x != nullptr ? *x : json::array({acc["const"]});
+      const json theirs = k == "const" ? json::array({v}) : v;
+      // Each value of one list is looked for in the other.
+      spend(weight(mine) + weight(theirs) + kValueSteps * mine.size() * theirs.size(), path);
+      json out = json::array();
+      for (const auto& e : mine) {
+        if (std::find(theirs.begin(), theirs.end(), e) != theirs.end()) out.push_back(e);
+      }
+      if (out.empty()) error(path, "allOf: the enum / const values have nothing in common");
+      acc.erase("const");
+      acc["enum"] = std::move(out);
+      continue;
+    }
     if (!acc.contains(k)) {
+      spend(weight(v), path);
       acc[k] = v;
       continue;
     }
@@ -292,28 +378,39 @@ void SchemaCompiler::merge_into(json& acc, const json& sub, const std::string& p
       }
       if (out.empty()) error(path, "allOf: the types have nothing in common (unsatisfiable)");
       a = out;
-    } else if (k == "enum" || k == "const") {
-      const json x = k == "const" ? json::array({a}) : a, y = k == "const" ? json::array({v}) : v;
-      json out = json::array();
-      for (const auto& e : x) {
-        if (std::find(y.begin(), y.end(), e) != y.end()) out.push_back(e);
-      }
-      if (out.empty()) error(path, fmt::format("allOf: the {} values have nothing in common", k));
-      acc.erase(k);
-      acc["enum"] = out;
     } else if (k == "properties") {
+      if (!a.is_object() || !v.is_object()) error(path, "properties must be an object");
+      spend(kValueSteps * v.size() * (1 + a.size()), path);
       for (const auto& [pk, ps] : v.items()) {
-        a[pk] = a.contains(pk) ? json{{"allOf", json::array({a[pk], ps})}} : ps;
+        if (a.contains(pk)) {
+          conjoin(a[pk], ps, path + "/properties/" + escape_pointer(pk));
+        } else {
+          spend(weight(ps), path);
+          a[pk] = ps;
+        }
       }
     } else if (k == "required") {
+      if (!a.is_array() || !v.is_array()) error(path, "required must be an array");
+      spend(kValueSteps * v.size() * (1 + a.size()), path);
       for (const auto& r : v) {
         if (std::find(a.begin(), a.end(), r) == a.end()) a.push_back(r);
       }
     } else if (k == "additionalProperties" || k == "items" || k == "additionalItems") {
-      if (a.is_boolean() && a.get<bool>()) {
+      const bool v_true = v.is_boolean() && v.get<bool>();
+      const bool a_false = a.is_boolean() && !a.get<bool>();
+      if (v_true || a_false) continue;
+      if ((a.is_boolean() && a.get<bool>()) || (v.is_boolean() && !v.get<bool>())) {
+        spend(weight(v), path);
         a = v;
-      } else if (!(v.is_boolean() && v.get<bool>()) && !(a.is_boolean() && !a.get<bool>())) {
-        a = (v.is_boolean() && !v.get<bool>()) ? v : json{{"allOf", json::array({a, v})}};
+      } else if (a.is_array() || v.is_array()) {
+        // The tuple form of items: only the same tuple can be merged.
+        spend(weight(a) + weight(v), path);
+        if (a != v)
+          error(path, fmt::format("allOf: cannot merge two different \"{}\" where one is a list "
+                                  "of schemas (the tuple form)",
+                                  k));
+      } else {
+        conjoin(a, v, path + "/" + k);
       }
     } else if (k == "minLength" || k == "minItems" || k == "minimum") {
       if (v.is_number() && a.is_number() && compare(to_decimal(v), to_decimal(a)) > 0) a = v;
@@ -329,15 +426,16 @@ void SchemaCompiler::merge_into(json& acc, const json& sub, const std::string& p
         if ((k == "exclusiveMinimum" && c > 0) || (k == "exclusiveMaximum" && c < 0)) a = v;
       }
     } else if (k == "pattern" || k == "format") {
-      json l = as_list(a);
-      for (const auto& x : as_list(v)) l.push_back(x);
-      a = l;
+      spend(weight(a) + weight(v), path);
+      if (!a.is_array()) a = as_list(a);
+      for (const auto& x : as_list(v)) a.push_back(x);
     } else if (k == "nullable") {
       a = a.is_boolean() && a.get<bool>() && v.is_boolean() && v.get<bool>();
     } else if (k == "uniqueItems") {
       continue;
-    } else if (a != v) {
-      error(path, fmt::format("allOf: cannot merge two \"{}\" keywords", k));
+    } else {
+      spend(weight(a) + weight(v), path);
+      if (a != v) error(path, fmt::format("allOf: cannot merge two \"{}\" keywords", k));
     }
   }
 }
@@ -390,18 +488,15 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
 
   // A $ref alone (annotations aside) is a call of its target's rule, so recursion works.
   if (const auto r = schema.find("$ref"); r != schema.end()) {
-    json rest = schema;
-    rest.erase("$ref");
-    if (r->is_string() && !has_constraints(rest)) {
+    if (r->is_string() && !has_constraints(schema, "$ref")) {
       const std::string ref = r->get<std::string>();
       if (auto it = ref_rules_.find(ref); it != ref_rules_.end()) return grammar::ref(it->second);
       const json& t = target(ref, path0);
       // A chain of bare references that comes back to itself describes nothing.
       std::set<std::string> chain{ref};
       for (const json* c = &t; c->is_object() && c->contains("$ref");) {
-        json bare = *c;
-        bare.erase("$ref");
-        if (has_constraints(bare) || !(*c)["$ref"].is_string()) break;
+        spend(1 + c->size(), path0);
+        if (has_constraints(*c, "$ref") || !(*c)["$ref"].is_string()) break;
         const std::string next = (*c)["$ref"].get<std::string>();
         if (!chain.insert(next).second)
           error(path0, "$ref leads back to itself (a reference cycle)");
@@ -414,14 +509,15 @@ ExprPtr SchemaCompiler::value(const json& schema, const std::string& path0) {
     }
   }
   std::string path = path0;
-  const json s = flatten(schema, path);
+  json storage;
+  const json& s = flatten(schema, path, storage);
   if (s.is_boolean()) return s.get<bool>() ? any_value() : nothing();
 
   if (ExprPtr b =
           branches(s, path, [&](const json& x, const std::string& p) { return value(x, p); }))
     return b;
   if (s.contains("enum") || s.contains("const")) {
-    const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+    const json& values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
     if (!values.is_array()) error(path, "enum must be an array");
     if (values.size() > kMaxSchemaEnum)
       error(path, fmt::format("enum has more than {} values", kMaxSchemaEnum));
@@ -450,13 +546,21 @@ ExprPtr SchemaCompiler::branches(const json& s, const std::string& path,
     if (!it->is_array() || it->empty())
       error(path, fmt::format("{} must be a non-empty array", key));
     // Keywords beside the branches apply to each of them (allOf semantics).
-    json rest = s;
-    rest.erase(key);
+    json rest = json::object();
+    if (has_constraints(s, key)) {
+      spend(weight(s), path);
+      rest = s;
+      rest.erase(key);
+    }
     std::vector<ExprPtr> alts;
     for (size_t i = 0; i < it->size(); ++i) {
       const std::string p = fmt::format("{}/{}/{}", path, key, i);
-      alts.push_back(
-          f(has_constraints(rest) ? json{{"allOf", json::array({rest, (*it)[i]})}} : (*it)[i], p));
+      if (rest.empty()) {
+        alts.push_back(f((*it)[i], p));
+        continue;
+      }
+      spend(weight(rest) + weight((*it)[i]), p);
+      alts.push_back(f(json{{"allOf", json::array({rest, (*it)[i]})}}, p));
     }
     return alt(std::move(alts));
   }
@@ -471,14 +575,16 @@ ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& pat
   if (!schema.is_object()) error(path0, "a schema must be an object or a boolean");
   check_keywords(schema, path0);
   std::string path = path0;
-  const json s = flatten(schema, path);
+  json storage;
+  const json& s = flatten(schema, path, storage);
   if (s.is_boolean()) return s.get<bool>() ? typed(json::object(), path, type) : nothing();
   if (ExprPtr b = branches(
           s, path, [&](const json& x, const std::string& p) { return value_of_type(x, p, type); }))
     return b;
   if (s.contains("enum") || s.contains("const")) {
-    const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+    const json& values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
     std::vector<ExprPtr> alts;
+    spend(values.is_array() ? values.size() : 1, path);
     for (const auto& v : values.is_array() ? values : json::array()) {
       if (json_type_is(v, type)) alts.push_back(literal(v));
     }
@@ -500,14 +606,16 @@ ExprPtr SchemaCompiler::raw_string(const json& schema, const std::string& path0)
   if (!schema.is_object()) error(path0, "a schema must be an object or a boolean");
   check_keywords(schema, path0);
   std::string path = path0;
-  const json s = flatten(schema, path);
+  json storage;
+  const json& s = flatten(schema, path, storage);
   if (s.is_boolean()) return s.get<bool>() ? star(any_char()) : nothing();
   if (ExprPtr b =
           branches(s, path, [&](const json& x, const std::string& p) { return raw_string(x, p); }))
     return b;
   if (s.contains("enum") || s.contains("const")) {
-    const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+    const json& values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
     std::vector<ExprPtr> alts;
+    spend(values.is_array() ? values.size() : 1, path);
     for (const auto& v : values.is_array() ? values : json::array()) {
       if (v.is_string()) alts.push_back(lit(v.get<std::string>()));
     }
@@ -515,7 +623,25 @@ ExprPtr SchemaCompiler::raw_string(const json& schema, const std::string& path0)
   }
   const auto types = types_of(s, path);
   if (std::find(types.begin(), types.end(), "string") == types.end()) return nothing();
-  return string_content(s, path);
+  return shared_string("raw-string", s, path, [&] { return string_content(s, path); });
+}
+
+ExprPtr SchemaCompiler::shared_string(const char* kind, const json& s, const std::string& path,
+                                      const std::function<ExprPtr()>& body) {
+  std::string key = kind;
+  for (const char* k : {"minLength", "maxLength", "pattern", "format"}) {
+    if (const auto it = s.find(k); it != s.end()) {
+      spend(weight(*it), path);
+      key += fmt::format("\n{}={}", k, it->dump());
+    }
+  }
+  if (const auto it = strings_.find(key); it != strings_.end()) return ref(it->second);
+  // Named after where it is first used (so a budget that runs out there names the place).
+  const uint32_t id =
+      g_.fresh_rule(rule_name(path) + (std::string(kind) == "raw-string" ? "-raw" : ""));
+  strings_[key] = id;
+  g_.define(id, body());
+  return ref(id);
 }
 
 uint32_t SchemaCompiler::count_of(const json& s, const std::string& path, const char* key,
@@ -538,6 +664,7 @@ ExprPtr SchemaCompiler::string_content(const json& s, const std::string& path) {
   if (const auto it = s.find("pattern"); it != s.end()) {
     for (const auto& p : it->is_array() ? *it : json::array({*it})) {
       if (!p.is_string()) error(path, "pattern must be a string");
+      spend(1 + p.get<std::string>().size(), path);
       try {
         parts.push_back(parse_pattern(p.get<std::string>()));
       } catch (const InvalidArgument& e) {
@@ -554,9 +681,16 @@ ExprPtr SchemaCompiler::string_content(const json& s, const std::string& path) {
   ExprPtr length = repeat(any_char(), lo, hi);
   if (parts.empty()) return length;
   if (lo > 0 || hi != kUnbounded) parts.push_back(length);
-  ExprPtr out = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) out = intersect(out, parts[i]);
-  return out;
+  // Intersected pairwise, round by round: a balanced tree, so that many patterns (an allOf may
+  // gather thousands) nest only as deep as the logarithm of their number.
+  while (parts.size() > 1) {
+    std::vector<ExprPtr> next;
+    for (size_t i = 0; i + 1 < parts.size(); i += 2)
+      next.push_back(intersect(parts[i], parts[i + 1]));
+    if (parts.size() % 2 == 1) next.push_back(parts.back());
+    parts = std::move(next);
+  }
+  return parts[0];
 }
 
 ExprPtr SchemaCompiler::typed(const json& s, const std::string& path, const std::string& type) {
@@ -599,16 +733,18 @@ ExprPtr SchemaCompiler::typed(const json& s, const std::string& path, const std:
       return rule_for("string", [&] {
         return seq({lit("\""), star(json_char()), lit("\""), ws()});
       });
-    ExprPtr content;
-    if (!s.contains("pattern") && !s.contains("format")) {
-      const uint32_t lo = count_of(s, path, "minLength", 0),
-                     hi = count_of(s, path, "maxLength", kUnbounded);
-      if (hi < lo) error(path, "minLength is above maxLength (unsatisfiable)");
-      content = repeat(json_char(), lo, hi);
-    } else {
-      content = json_escaped(string_content(s, path));
-    }
-    return seq({lit("\""), content, lit("\""), ws()});
+    return shared_string("json-string", s, path, [&] {
+      ExprPtr content;
+      if (!s.contains("pattern") && !s.contains("format")) {
+        const uint32_t lo = count_of(s, path, "minLength", 0),
+                       hi = count_of(s, path, "maxLength", kUnbounded);
+        if (hi < lo) error(path, "minLength is above maxLength (unsatisfiable)");
+        content = repeat(json_char(), lo, hi);
+      } else {
+        content = json_escaped(string_content(s, path));
+      }
+      return seq({lit("\""), content, lit("\""), ws()});
+    });
   }
   if (type == "object") return object_value(s, path);
   return array_value(s, path);
@@ -617,7 +753,8 @@ ExprPtr SchemaCompiler::typed(const json& s, const std::string& path, const std:
 SchemaCompiler::ObjectShape SchemaCompiler::object_shape(const json& schema,
                                                          const std::string& path0) {
   std::string path = path0;
-  const json s = flatten(schema, path);
+  json storage;
+  const json& s = flatten(schema, path, storage);
   ObjectShape shape;
   if (s.is_boolean()) {
     if (!s.get<bool>()) error(path, "the schema is false (unsatisfiable)");
@@ -631,9 +768,12 @@ SchemaCompiler::ObjectShape SchemaCompiler::object_shape(const json& schema,
   const auto types = types_of(s, path);
   if (std::find(types.begin(), types.end(), "object") == types.end())
     error(path, "the schema does not describe an object");
-  const json props = s.value("properties", json::object());
+  static const json kNoProperties = json::object();
+  const json& props = s.contains("properties") ? s["properties"] : kNoProperties;
   if (!props.is_object()) error(path, "properties must be an object");
   const json add = s.value("additionalProperties", json(props.empty()));
+  // The members copy their schemas; each `required` name is looked for among the properties.
+  spend(weight(props) + weight(add), path);
   shape.additional = !(add.is_boolean() && !add.get<bool>());
   shape.additional_schema = add.is_boolean() ? json(true) : add;
   std::vector<std::string> required;
@@ -644,6 +784,7 @@ SchemaCompiler::ObjectShape SchemaCompiler::object_shape(const json& schema,
       required.push_back(r.get<std::string>());
     }
   }
+  spend((1 + props.size()) * (1 + required.size()), path);
   for (const auto& [k, v] : props.items()) {
     shape.members.push_back({k, v, path + "/properties/" + escape_pointer(k),
                              std::find(required.begin(), required.end(), k) != required.end()});
@@ -668,6 +809,11 @@ ExprPtr SchemaCompiler::not_keys(const std::vector<std::string>& keys,
     bool key = false;
   };
   std::vector<Node> t(1);
+  if (CompileBudget* b = CompileBudget::current()) {
+    uint64_t bytes = 0;
+    for (const auto& k : keys) bytes += k.size();
+    b->spend(keys.size() + bytes * (1 + alphabet.size()));
+  }
   for (const auto& k : keys) {
     size_t cur = 0;
     for (size_t i = 0; i < k.size();) {
@@ -770,6 +916,7 @@ ExprPtr SchemaCompiler::array_value(const json& s, const std::string& path) {
   } else {
     rest = s.value("items", json(true));
   }
+  spend(weight(rest), path);
   const bool more = !(rest.is_boolean() && !rest.get<bool>());
   const auto k = static_cast<uint32_t>(prefix.size());
   if (!more) hi = std::min(hi, k);
@@ -806,6 +953,7 @@ ExprPtr SchemaCompiler::array_value(const json& s, const std::string& path) {
 }
 
 Grammar json_schema_grammar(const json& schema, const std::string& path_prefix) {
+  const BudgetScope scope;
   Grammar g;
   const uint32_t root = g.rule_id("root");
   g.root = root;

@@ -136,7 +136,7 @@ class TurnBuilder {
   // Any arguments: keys of attribute text, any type, well-formed values.
   ExprPtr generic_arguments(Grammar& g) {
     static const json kAny = true;
-    SchemaCompiler sc(g, kAny, spec_.field);
+    SchemaCompiler sc(g, kAny, spec_.field, &strings_);
     const ExprPtr key = plus(chars({{'"', '"'}, {'&', '&'}, {0, 0x1F}}, true));
     const uint32_t id = g.fresh_rule("any-argument");
     g.define(id, argument(sc, key, kAny, "#"));
@@ -149,7 +149,7 @@ class TurnBuilder {
     if (params.is_null()) return empty();
     const std::string field = fmt::format("tools[{}].function.parameters", index);
     params_.push_back(std::make_unique<json>(params));
-    SchemaCompiler sc(g, *params_.back(), field);
+    SchemaCompiler sc(g, *params_.back(), field, &strings_);
     const auto shape = sc.object_shape(*params_.back(), "#");
     std::vector<ExprPtr> args;
     std::vector<std::string> keys;
@@ -223,12 +223,12 @@ class TurnBuilder {
       case TurnSpec::Content::free:
         return free_text();
       case TurnSpec::Content::json_schema: {
-        SchemaCompiler sc(g, spec_.schema, spec_.field);
+        SchemaCompiler sc(g, spec_.schema, spec_.field, &strings_);
         return sc.value(spec_.schema, "#");
       }
       case TurnSpec::Content::json_object: {
         static const json kObject = {{"type", "object"}};
-        SchemaCompiler sc(g, kObject, spec_.field);
+        SchemaCompiler sc(g, kObject, spec_.field, &strings_);
         return sc.value(kObject, "#");
       }
       case TurnSpec::Content::gbnf:
@@ -267,6 +267,9 @@ class TurnBuilder {
   std::shared_ptr<const TokenVocab> vocab_;
   int32_t open_ = 0, close_ = 0, sep_ = 0, eom_ = 0;
   std::vector<std::unique_ptr<json>> params_;  // schema roots the compilers refer to
+  // The string rules of all the turn's schemas (a format or pattern the content schema and the
+  // tools repeat is compiled once).
+  std::map<std::string, uint32_t> strings_;
 };
 
 }  // namespace
@@ -274,6 +277,7 @@ class TurnBuilder {
 Constraint k3_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer) {
   if (spec.lazy && spec.content != TurnSpec::Content::free)
     fail_arg("{}: a lazy grammar needs free content", spec.field);
+  const BudgetScope scope;  // one budget for the turn's schemas, grammar and automaton
   TurnBuilder b(spec, tokenizer);
   try {
     return b.build();

@@ -1,9 +1,12 @@
+// Grammar to pushdown automaton (see pda.h). Every loop here whose length depends on the grammar
+// charges what it does to the compile budget (budget.h): states and edges built, subsets visited
+// and interned, product pairs, and the passes of the checks after.
 #include "grammar/pda.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -76,8 +79,6 @@ std::vector<std::vector<ByteRange>> utf8_sequences(char32_t lo, char32_t hi) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 enum class Label : uint8_t { byte, token, call };
 
 struct NfaEdge {
@@ -94,8 +95,10 @@ struct Nfa {
   std::vector<std::vector<NfaEdge>> edges;
   size_t limit = 0;
   const std::string* rule_name = nullptr;
+  CompileBudget* budget = nullptr;
 
   uint32_t add() {
+    budget->spend(1);
     if (eps.size() >= limit)
       fail_arg("grammar: rule `{}` is too large (more than {} automaton states)", *rule_name,
                limit);
@@ -131,20 +134,12 @@ struct DNode {
 
 class PdaBuilder {
  public:
-  PdaBuilder(const Grammar& g, const Limits& limits) : g_(g), limits_(limits) {
-    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(limits.max_compile_seconds));
-  }
+  PdaBuilder(const Grammar& g, const Limits& limits, CompileBudget& budget)
+      : g_(g), limits_(limits), budget_(budget) {}
 
   Pda run();
 
  private:
-  void check_time() {
-    if (Clock::now() > deadline_)
-      fail_arg("grammar: compiling took longer than the limit of {} s",
-               limits_.max_compile_seconds);
-  }
-
   Frag build(Nfa& nfa, const ExprPtr& e);
   Frag build_repeat(Nfa& nfa, const ExprPtr& x, uint32_t min, uint32_t max);
   ByteDfa byte_dfa(const ExprPtr& e);
@@ -156,7 +151,8 @@ class PdaBuilder {
 
   const Grammar& g_;
   Limits limits_;
-  Clock::time_point deadline_;
+  CompileBudget& budget_;
+  int byte_dfa_depth_ = 0;  // intersection operands being built, one inside another
   std::vector<DNode> nodes_;
 };
 
@@ -188,7 +184,9 @@ Frag PdaBuilder::build(Nfa& nfa, const ExprPtr& e) {
     case ExprKind::char_class: {
       const uint32_t s = nfa.add(), t = nfa.add();
       for (const CharRange& r : e->char_ranges) {
-        for (const auto& path : utf8_sequences(r.lo, r.hi)) {
+        const auto paths = utf8_sequences(r.lo, r.hi);
+        budget_.spend(1 + paths.size());
+        for (const auto& path : paths) {
           uint32_t cur = s;
           for (size_t i = 0; i < path.size(); ++i) {
             const uint32_t nx = i + 1 == path.size() ? t : nfa.add();
@@ -243,6 +241,7 @@ Frag PdaBuilder::build(Nfa& nfa, const ExprPtr& e) {
           fail_arg("grammar: an intersection is too large (more than {} states)",
                    limits_.max_nfa_states);
         const auto [x, y] = todo[i];
+        budget_.spend(1 + a.states[x].edges.size() * b.states[y].edges.size());
         p.states[i].final = a.states[x].final && b.states[y].final;
         for (const auto& ea : a.states[x].edges) {
           for (const auto& eb : b.states[y].edges) {
@@ -292,12 +291,25 @@ Frag PdaBuilder::build_repeat(Nfa& nfa, const ExprPtr& x, uint32_t min, uint32_t
 }
 
 ByteDfa PdaBuilder::byte_dfa(const ExprPtr& e) {
-  if (!is_regular(e))
-    fail_arg("grammar: an intersection operand must be regular (no rule references or tokens)");
+  // An operand inside another intersection's operand was checked with it: checking each nested
+  // one again would cost the square of their number.
+  if (byte_dfa_depth_ == 0) {
+    uint64_t visited = 0;
+    const bool regular = is_regular(e, &visited);
+    budget_.spend(visited);
+    if (!regular)
+      fail_arg("grammar: an intersection operand must be regular (no rule references or tokens)");
+  }
+  struct Depth {
+    int& d;
+    explicit Depth(int& x) : d(++x) {}
+    ~Depth() { --d; }
+  } depth(byte_dfa_depth_);
   Nfa nfa;
   nfa.limit = limits_.max_nfa_states;
   static const std::string kName = "(intersection)";
   nfa.rule_name = &kName;
+  nfa.budget = &budget_;
   const Frag f = build(nfa, e);
   ByteDfa out;
   determinize(nfa, f.start, f.end, 0, &out);
@@ -309,6 +321,7 @@ Frag PdaBuilder::embed(Nfa& nfa, const ByteDfa& d) {
   for (size_t i = 0; i < d.states.size(); ++i) nfa.add();
   const uint32_t t = nfa.add();
   for (size_t i = 0; i < d.states.size(); ++i) {
+    budget_.spend(d.states[i].edges.size());
     for (const auto& e : d.states[i].edges)
       nfa.edges[base + i].push_back({Label::byte, e.lo, e.hi, false, 0, base + e.to});
     if (d.states[i].final) nfa.eps[base + i].push_back(t);
@@ -318,21 +331,27 @@ Frag PdaBuilder::embed(Nfa& nfa, const ByteDfa& d) {
 
 uint32_t PdaBuilder::determinize(const Nfa& nfa, uint32_t start, uint32_t accept, uint32_t rule,
                                  ByteDfa* out) {
+  budget_.spend(nfa.eps.size());
   std::vector<uint32_t> mark(nfa.eps.size(), 0);
   uint32_t epoch = 0;
   std::vector<uint32_t> work;
+  // Each subset costs its closure (states popped), its sort and its lookup in `ids` (about its
+  // size each): charged as 3 steps per state popped.
   auto closure = [&](std::vector<uint32_t> set) {
     ++epoch;
     work.assign(set.begin(), set.end());
     set.clear();
+    uint64_t popped = 0;
     while (!work.empty()) {
       const uint32_t s = work.back();
       work.pop_back();
+      ++popped;
       if (mark[s] == epoch) continue;
       mark[s] = epoch;
       set.push_back(s);
       for (uint32_t t : nfa.eps[s]) work.push_back(t);
     }
+    budget_.spend(3 * popped);
     std::sort(set.begin(), set.end());
     return set;
   };
@@ -362,7 +381,6 @@ uint32_t PdaBuilder::determinize(const Nfa& nfa, uint32_t start, uint32_t accept
   const uint32_t first = intern(closure({start}));
   std::vector<uint16_t> cuts;
   for (size_t i = 0; i < sets.size(); ++i) {
-    if ((i & 255) == 0) check_time();
     const std::vector<uint32_t> set = sets[i];  // copy: sets may grow
     const bool final = std::binary_search(set.begin(), set.end(), accept);
     // Byte edges: cut the byte range at every edge boundary, then group.
@@ -383,6 +401,10 @@ uint32_t PdaBuilder::determinize(const Nfa& nfa, uint32_t start, uint32_t accept
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    // The loop below scans the set's edges once per piece of the byte range.
+    uint64_t edges = 0;
+    for (uint32_t s : set) edges += nfa.edges[s].size();
+    budget_.spend(set.size() + (cuts.size() + 1) * (set.size() + edges));
     std::vector<Pda::ByteEdge> byte_edges;
     std::vector<uint32_t> targets;
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -426,6 +448,8 @@ Pda PdaBuilder::run() {
   std::vector<uint32_t> todo{g_.root};
   used[g_.root] = 1;
   std::vector<const Expr*> stack;
+  // Rule bodies share subexpressions (a DAG): each is visited once, not once per path to it.
+  std::unordered_set<const Expr*> visited;
   while (!todo.empty()) {
     const uint32_t r = todo.back();
     todo.pop_back();
@@ -434,6 +458,8 @@ Pda PdaBuilder::run() {
     while (!stack.empty()) {
       const Expr* e = stack.back();
       stack.pop_back();
+      budget_.spend(1);
+      if (!visited.insert(e).second) continue;
       if (e->kind == ExprKind::ref && !used[e->rule]) {
         used[e->rule] = 1;
         todo.push_back(e->rule);
@@ -444,12 +470,16 @@ Pda PdaBuilder::run() {
   std::vector<uint32_t> start(n_rules, Pda::kNone);
   for (uint32_t r = 0; r < n_rules; ++r) {
     if (!used[r]) continue;
-    check_time();
     Nfa nfa;
     nfa.limit = limits_.max_nfa_states;
     nfa.rule_name = &g_.names[r];
-    const Frag f = build(nfa, g_.rules[r]);
-    start[r] = determinize(nfa, f.start, f.end, r, nullptr);
+    nfa.budget = &budget_;
+    try {
+      const Frag f = build(nfa, g_.rules[r]);
+      start[r] = determinize(nfa, f.start, f.end, r, nullptr);
+    } catch (const BudgetExceeded& e) {
+      throw BudgetExceeded(fmt::format("{} (it ran out in rule `{}`)", e.what(), g_.names[r]));
+    }
   }
 
   // Liveness: a node is live when it can reach the end of its rule; a rule is productive when
@@ -457,7 +487,9 @@ Pda PdaBuilder::run() {
   const size_t n = nodes_.size();
   std::vector<char> live(n, 0), productive(n_rules, 0);
   std::vector<std::vector<uint32_t>> rev(n), callers(n_rules);
+  budget_.spend(n + n_rules);
   for (uint32_t i = 0; i < n; ++i) {
+    budget_.spend(nodes_[i].bytes.size() + nodes_[i].tokens.size() + nodes_[i].calls.size());
     for (const auto& e : nodes_[i].bytes) rev[e.to].push_back(i);
     for (const auto& e : nodes_[i].tokens) rev[e.to].push_back(i);
     for (const auto& e : nodes_[i].calls) {
@@ -469,6 +501,7 @@ Pda PdaBuilder::run() {
   auto check = [&](uint32_t m) {
     if (live[m]) return;
     const DNode& d = nodes_[m];
+    budget_.spend(1 + d.bytes.size() + d.tokens.size() + d.calls.size());
     bool ok = d.final;
     for (const auto& e : d.bytes) ok = ok || live[e.to];
     for (const auto& e : d.tokens) ok = ok || live[e.to];
@@ -501,6 +534,7 @@ Pda PdaBuilder::run() {
   }
   // Drop dead edges.
   for (auto& d : nodes_) {
+    budget_.spend(1 + d.bytes.size() + d.tokens.size() + d.calls.size());
     std::erase_if(d.bytes, [&](const auto& e) { return !live[e.to]; });
     std::erase_if(d.tokens, [&](const auto& e) { return !live[e.to]; });
     std::erase_if(d.calls, [&](const auto& e) { return !productive[e.rule] || !live[e.ret]; });
@@ -514,10 +548,12 @@ Pda PdaBuilder::run() {
       if (!productive[r] || nullable[r]) continue;
       std::vector<uint32_t> seen{start[r]}, st{start[r]};
       bool reach = false;
+      budget_.spend(1);
       while (!st.empty() && !reach) {
         const uint32_t m = st.back();
         st.pop_back();
         if (nodes_[m].final) reach = true;
+        budget_.spend(1 + nodes_[m].calls.size() * seen.size());
         for (const auto& c : nodes_[m].calls) {
           if (nullable[c.rule] && std::find(seen.begin(), seen.end(), c.ret) == seen.end()) {
             seen.push_back(c.ret);
@@ -535,6 +571,7 @@ Pda PdaBuilder::run() {
     while (!st.empty()) {
       const uint32_t m = st.back();
       st.pop_back();
+      budget_.spend(1 + nodes_[m].calls.size() * seen.size());
       for (const auto& c : nodes_[m].calls) {
         left[r].push_back(c.rule);
         if (nullable[c.rule] && std::find(seen.begin(), seen.end(), c.ret) == seen.end()) {
@@ -550,6 +587,7 @@ Pda PdaBuilder::run() {
     std::vector<std::pair<uint32_t, size_t>> st{{r0, 0}};
     color[r0] = 1;
     while (!st.empty()) {
+      budget_.spend(1);
       auto& [r, i] = st.back();
       if (i < left[r].size()) {
         const uint32_t c = left[r][i++];
@@ -581,6 +619,7 @@ Pda PdaBuilder::run() {
   visit(start[g_.root]);
   for (size_t i = 0; i < order.size(); ++i) {
     const DNode& d = nodes_[order[i]];
+    budget_.spend(2 * (1 + d.bytes.size() + d.tokens.size() + 2 * d.calls.size()));
     for (const auto& e : d.bytes) visit(e.to);
     for (const auto& e : d.tokens) visit(e.to);
     for (const auto& e : d.calls) {
@@ -622,7 +661,9 @@ Pda PdaBuilder::run() {
     // Nodes are numbered from the root forwards and FIRST flows backwards: visit in reverse.
     for (uint32_t i = static_cast<uint32_t>(p.nodes_.size()); i-- > 0;) {
       std::bitset<256> f = first[i];
+      budget_.spend(1 + 4 * p.calls(i).size());
       for (const auto& e : p.bytes(i)) {
+        budget_.spend(1 + (e.hi - e.lo) / 16);
         for (unsigned b = e.lo; b <= e.hi; ++b) f.set(b);
       }
       for (const auto& c : p.calls(i)) {
@@ -646,7 +687,12 @@ Pda PdaBuilder::run() {
 
 Pda Pda::compile(const Grammar& g, const Limits& limits) {
   if (g.root >= g.rules.size() || !g.rules[g.root]) fail_arg("grammar: no root rule");
-  return PdaBuilder(g, limits).run();
+  const BudgetScope scope;
+  try {
+    return PdaBuilder(g, limits, scope.budget()).run();
+  } catch (const BudgetExceeded& e) {
+    throw BudgetExceeded(std::string("grammar: ") + e.what());
+  }
 }
 
 }  // namespace deltafin::grammar

@@ -10,8 +10,8 @@
 // Compilation also checks the grammar: left recursion (a rule that can reach itself without
 // consuming input) is an error naming the rule, rules that can never finish are removed (an
 // error when that leaves the root with nothing), every node that remains can reach the end of
-// its rule, and the sizes are bounded (Limits): so a matcher never walks into a dead end and a
-// request cannot make the compiler run away.
+// its rule, and the sizes (Limits) and the work (the compile budget, budget.h) are bounded: so a
+// matcher never walks into a dead end and a request cannot make the compiler run away.
 #pragma once
 
 #include <bitset>
@@ -20,28 +20,17 @@
 #include <string>
 #include <vector>
 
+#include "grammar/budget.h"
 #include "grammar/ir.h"
 
 namespace deltafin::grammar {
 
-// Sanitizer builds run the compiler ~10x slower; the time backstop scales with them so that a
-// schema that compiles in about a second in a release build is not refused there.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr double kCompileSlowdown = 10;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr double kCompileSlowdown = 10;
-#else
-inline constexpr double kCompileSlowdown = 1;
-#endif
-#else
-inline constexpr double kCompileSlowdown = 1;
-#endif
-
+// The sizes a compile may reach; the work it may do (steps, and the clock behind them) is the
+// compile budget's (budget.h), which Pda::compile charges: the caller's if one is open on this
+// thread, else a default one.
 struct Limits {
-  size_t max_nfa_states = 400'000;                     // per rule, while it is built
-  size_t max_nodes = 200'000;                          // DFA nodes of the whole grammar
-  double max_compile_seconds = 10 * kCompileSlowdown;  // a backstop behind the size limits
+  size_t max_nfa_states = 400'000;  // per rule, while it is built
+  size_t max_nodes = 200'000;       // DFA nodes of the whole grammar
 };
 
 class Pda {
@@ -103,7 +92,9 @@ class Pda {
   const std::bitset<256>& follow(uint32_t rule) const { return follow_[rule]; }
 
   // Compiles `g` (its rules reachable from the root). Throws InvalidArgument naming the rule for
-  // left recursion, a grammar that can never finish, or a size limit.
+  // left recursion, a grammar that can never finish, or a size limit; BudgetExceeded (an
+  // InvalidArgument) when the work passes the compile budget, CompileCancelled when the budget's
+  // caller cancels.
   static Pda compile(const Grammar& g, const Limits& limits = {});
 
  private:

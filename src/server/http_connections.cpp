@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -189,7 +190,86 @@ void write_raw_error(DeadlineStream& s, int status, const char* reason, const st
   s.write(b.data(), b.size());
 }
 
+// RFC 9110 §5.6.2: the characters of a token (a header name).
+bool is_tchar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) ||
+         (c != '\0' && std::strchr("!#$%&'*+-.^_`|~", c));
+}
+
+// A header value or name fit for an error message: short, printable.
+std::string shown(const std::string& s) {
+  std::string out;
+  for (const char c : s.substr(0, 60)) {
+    out += std::isprint(static_cast<unsigned char>(c)) ? c : '?';
+  }
+  return s.size() > 60 ? out + "..." : out;
+}
+
+Refusal framing_refusal(int status, const char* code, std::string message) {
+  Refusal r;
+  r.status = status;
+  r.code = code;
+  r.message = std::move(message);
+  r.close = true;
+  return r;
+}
+
 }  // namespace
+
+std::optional<Refusal> framing_error(const httplib::Request& req) {
+  for (const auto& [name, value] : req.headers) {
+    if (name.empty() || !std::all_of(name.begin(), name.end(), is_tchar))
+      return framing_refusal(400, "bad_request",
+                             fmt::format("the header name \"{}\" is not a token (RFC 9110 §5.1: no "
+                                         "whitespace before the colon, no folded lines)",
+                                         shown(name)));
+  }
+  const size_t lengths = req.get_header_value_count("Content-Length");
+  const size_t codings = req.get_header_value_count("Transfer-Encoding");
+  if (lengths > 0 && codings > 0)
+    return framing_refusal(
+        400, "bad_request",
+        "the request has both Content-Length and Transfer-Encoding, so where its body ends is in "
+        "doubt; send one of them (RFC 9112 §6.1)");
+  for (size_t i = 1; i < lengths; ++i) {
+    const std::string a = req.get_header_value("Content-Length", 0),
+                      b = req.get_header_value("Content-Length", i);
+    if (a != b)
+      return framing_refusal(400, "bad_request",
+                             fmt::format("the request has Content-Length headers that disagree "
+                                         "(\"{}\" and \"{}\"); send one (RFC 9112 §6.3)",
+                                         shown(a), shown(b)));
+  }
+  if (codings > 0) {
+    if (req.version == "HTTP/1.0")
+      return framing_refusal(400, "bad_request",
+                             "Transfer-Encoding is not defined for an HTTP/1.0 request; send "
+                             "Content-Length (RFC 9112 §6.1)");
+    std::string te = req.get_header_value("Transfer-Encoding");
+    std::transform(te.begin(), te.end(), te.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (codings > 1 || te != "chunked")
+      return framing_refusal(501, "unsupported_transfer_encoding",
+                             fmt::format("Transfer-Encoding \"{}\"{} is not supported: a request "
+                                         "body is sent with Content-Length or as chunked alone",
+                                         shown(req.get_header_value("Transfer-Encoding")),
+                                         codings > 1 ? " (in several headers)" : ""));
+  }
+  // httplib reads a body only for these methods; any other one's body would be read as the next
+  // request on the connection.
+  const bool takes_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                          req.method == "DELETE";
+  if (!takes_body &&
+      (codings > 0 || (lengths > 0 && req.get_header_value("Content-Length") != "0")))
+    return framing_refusal(
+        400, "bad_request",
+        fmt::format("a {} request takes no body here, but this one declares {}; send it without",
+                    shown(req.method),
+                    codings > 0
+                        ? "Transfer-Encoding"
+                        : "Content-Length " + shown(req.get_header_value("Content-Length"))));
+  return std::nullopt;
+}
 
 void ConnectionContext::begin_body(uint64_t bytes) {
   phase = Phase::body;
@@ -206,8 +286,9 @@ ConnectionContext* current_connection() {
   return t_current;
 }
 
-ConnectionLoop::ConnectionLoop(ExposedServer& server, const ConnectionLimits& limits)
-    : server_(server), limits_(limits) {}
+ConnectionLoop::ConnectionLoop(ExposedServer& server, const ConnectionLimits& limits,
+                               Prepare prepare)
+    : server_(server), limits_(limits), prepare_(std::move(prepare)) {}
 
 ConnectionLoop::~ConnectionLoop() {
   stop();
@@ -292,29 +373,46 @@ void ConnectionLoop::accept_loop() {
     }
     const int yes = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+    bool reserve = false;
     {
       std::lock_guard<std::mutex> lock(m_);
-      if (stopping_.load() || static_cast<int>(open_.size()) >= limits_.max_connections) {
+      const int ordinary = static_cast<int>(open_.size()) - reserve_open_;
+      reserve = ordinary >= limits_.max_connections;
+      if (stopping_.load() || (reserve && reserve_open_ >= limits_.health_reserve)) {
         ConnectionContext ctx;
         ctx.limits = &limits_;
         DeadlineStream s(fd, ctx, stopping_);
         write_raw_error(s, 503, "Service Unavailable", "too_many_connections",
-                        fmt::format("the server has {} connections open, its limit; retry shortly",
-                                    limits_.max_connections));
+                        fmt::format("the server has {} connections open, its limit (and {} more "
+                                    "for /health); retry shortly",
+                                    limits_.max_connections, limits_.health_reserve));
         ::close(fd);
         continue;
       }
       open_.insert(fd);
+      if (reserve) ++reserve_open_;
     }
-    std::thread([this, fd] { serve(fd); }).detach();
+    std::thread([this, fd, reserve] { serve(fd, reserve); }).detach();
   }
 }
 
-void ConnectionLoop::serve(int fd) {
+void ConnectionLoop::serve(int fd, bool reserve) {
   ConnectionContext ctx;
   ctx.limits = &limits_;
   DeadlineStream strm(fd, ctx, stopping_);
-  for (int count = 1; count <= limits_.keep_alive_max && !stopping_.load(); ++count) {
+  // A reserve connection asks one thing (/health) and closes, so it frees its place at once.
+  const int requests = reserve ? 1 : limits_.keep_alive_max;
+  // Before routing: a body whose framing is in doubt is refused (and its Range with it, so that
+  // httplib does not cut the refusal into ranges); then the server's own check.
+  const std::function<void(httplib::Request&)> setup = [&](httplib::Request& req) {
+    if (auto f = framing_error(req)) {
+      ctx.refusal = std::move(*f);
+      req.ranges.clear();
+      return;
+    }
+    if (prepare_) prepare_(req, ctx);
+  };
+  for (int count = 1; count <= requests && !stopping_.load(); ++count) {
     // The first request may take header_timeout_s to start; a kept-alive one idle_timeout_s.
     const double wait = count == 1 ? limits_.header_timeout_s : limits_.idle_timeout_s;
     if (!strm.wait_readable(now_seconds() + wait)) break;  // idle or gone: close quietly
@@ -322,13 +420,14 @@ void ConnectionLoop::serve(int fd) {
     ctx.limits = &limits_;
     ctx.fd = fd;
     ctx.deadline = now_seconds() + limits_.header_timeout_s;
-    ctx.remaining = limits_.keep_alive_max - count;
-    const bool last = count == limits_.keep_alive_max;
+    ctx.remaining = requests - count;
+    ctx.reserve = reserve;
+    const bool last = count == requests;
     bool closed = false;
     t_current = &ctx;
     bool ok = false;
     try {
-      ok = server_.process_request(strm, last, closed, nullptr);
+      ok = server_.process_request(strm, last, closed, setup);
     } catch (const std::exception& e) {
       log_warn("[serve] a connection failed: {}", e.what());
     }
@@ -351,6 +450,7 @@ void ConnectionLoop::serve(int fd) {
   ::close(fd);
   std::lock_guard<std::mutex> lock(m_);
   open_.erase(fd);
+  if (reserve) --reserve_open_;
   cv_.notify_all();
 }
 

@@ -5,7 +5,16 @@
 // only this file and http_connections.cpp include it. The request-size rules that must act
 // before a body is read (an oversize Content-Length is refused at once, a POST without one has
 // an empty body, the body's read deadline) sit in the pre-routing handler, which httplib calls
-// after the headers and before the body.
+// after the headers and before the body; so does the answer to what the connection layer refused
+// before routing (a body whose framing is in doubt, a Range the server will not serve) and the
+// rule of a reserve connection (/health only, http_connections.h).
+//
+// Range (RFC 9110 §14.2) is honoured for the page's files only, at most kMaxRanges ranges, none
+// overlapping another, each starting inside the file (else 416); every other response ignores
+// it, as RFC 9110 allows: a JSON answer or error is never worth sending in parts, and a list of
+// ranges over it would multiply it. A request's schemas, tools and grammars compile under one
+// compile budget (grammar/budget.h) whose cancel check is the request's ConnectionProbe: a
+// compile whose client left stops (logged, answered 499 to nobody).
 #include "server/http_server.h"
 
 #include <httplib.h>
@@ -18,6 +27,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "grammar/budget.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/connection_probe.h"
@@ -41,6 +51,7 @@ constexpr double kKeepAliveS = 10.0;  // SSE comment after this long without out
 constexpr size_t kMaxPath = 2048;
 constexpr auto kEngineEvery = 500ms;  // engine view snapshot period
 constexpr int kMaxEngineStreams = 4;  // engine view streams open at once
+constexpr size_t kMaxRanges = 8;      // ranges one Range header may ask of a page file
 // Only this origin's files; no inline script or style; no framing; fetch() to this origin only.
 constexpr const char* kPagePolicy =
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -111,6 +122,77 @@ void stream_to(const httplib::Request& req, httplib::Response& res, const char* 
   }
 }
 
+// The path as routing sees it: trailing slashes dropped, the OpenAI paths under /v1.
+std::string normal_path(const std::string& raw) {
+  std::string path = raw;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  // The OpenAI paths are also served without the /v1 prefix (some clients drop it).
+  if (path == "/models" || starts_with(path, "/models/") || path == "/chat/completions" ||
+      path == "/completions" || path == "/responses") {
+    path = "/v1" + path;
+  }
+  if (path == "/v1/health") path = "/health";
+  return path;
+}
+
+// The embedded page file at `path` (routing's form), or null.
+const WebAsset* page_file(const std::string& path) {
+  const std::string file = path == "/" ? "/index.html" : path;
+  for (const auto& a : web_assets()) {
+    if (file == a.path) return &a;
+  }
+  return nullptr;
+}
+
+// Keeps the request's ranges only when they ask for parts of a page file as the file comment
+// says, resolved against its size (so httplib's Content-Range headers are right); else refuses
+// them (416) or drops them.
+void check_ranges(httplib::Request& req, ConnectionContext& ctx, bool webui) {
+  if (req.ranges.empty()) return;
+  const WebAsset* file = webui && (req.method == "GET" || req.method == "HEAD")
+                             ? page_file(normal_path(req.path))
+                             : nullptr;
+  if (file == nullptr || file->size == 0) {
+    req.ranges.clear();
+    return;
+  }
+  const auto size = static_cast<ssize_t>(file->size);
+  auto refuse = [&](const std::string& why) {
+    ctx.refusal.status = 416;
+    ctx.refusal.code = "range_not_satisfiable";
+    ctx.refusal.message = fmt::format(
+        "Range: {}; {} has {} bytes, and a Range may ask for at most {} parts of it, none "
+        "overlapping another, each starting inside it",
+        why, file->path, size, kMaxRanges);
+    ctx.refusal.content_range = fmt::format("bytes */{}", size);
+    req.ranges.clear();
+  };
+  if (req.ranges.size() > kMaxRanges) return refuse(fmt::format("{} ranges", req.ranges.size()));
+  httplib::Ranges resolved;
+  for (auto [first, last] : req.ranges) {
+    if (first < 0 && last < 0) {  // "-": the whole file
+      first = 0;
+      last = size - 1;
+    } else if (first < 0) {  // "-N": the last N bytes
+      if (last == 0) return refuse("a suffix of 0 bytes");
+      first = std::max<ssize_t>(0, size - last);
+      last = size - 1;
+    } else {
+      if (first >= size) return refuse(fmt::format("the range {}- starts past the end", first));
+      if (last < 0 || last >= size) last = size - 1;
+    }
+    resolved.emplace_back(first, last);
+  }
+  httplib::Ranges sorted = resolved;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first <= sorted[i - 1].second)
+      return refuse(fmt::format("the ranges {}-{} and {}-{} overlap", sorted[i - 1].first,
+                                sorted[i - 1].second, sorted[i].first, sorted[i].second));
+  }
+  req.ranges = std::move(resolved);
+}
+
 }  // namespace
 
 void send_error(httplib::Response& res, const ApiError& e, ErrorStyle style) {
@@ -131,7 +213,10 @@ HttpServer::HttpServer(const HttpOptions& options, const Tokenizer& tok, Metrics
   if (!opt_.api_key.empty()) digest(opt_.api_key, key_digest_);
   ConnectionLimits limits;
   limits.max_connections = opt_.max_connections;
-  loop_ = std::make_unique<ConnectionLoop>(*svr_, limits);
+  loop_ = std::make_unique<ConnectionLoop>(
+      *svr_, limits, [webui = opt_.webui](httplib::Request& req, ConnectionContext& ctx) {
+        check_ranges(req, ctx, webui);
+      });
   svr_->set_payload_max_length(opt_.max_request_bytes);
   svr_->set_keep_alive_timeout(static_cast<time_t>(limits.idle_timeout_s));
   svr_->set_keep_alive_max_count(static_cast<size_t>(limits.keep_alive_max));
@@ -248,6 +333,23 @@ bool HttpServer::before_body(const httplib::Request& req, httplib::Response& res
         ApiError(404, "unknown path", "invalid_request_error", std::nullopt, "not_found"));
   }
   ConnectionContext* c = current_connection();
+  if (c != nullptr && c->refusal.status != 0) {
+    // Decided before routing (http_connections.cpp: framing; check_ranges: Range).
+    const Refusal r = c->refusal;
+    if (!r.content_range.empty()) res.set_header("Content-Range", r.content_range);
+    const ApiError e(r.status, r.message, "invalid_request_error", std::nullopt, r.code);
+    if (r.close) return refuse(e);
+    send_error(res, e, error_style(req.path));
+    return true;
+  }
+  if (c != nullptr && c->reserve && normal_path(req.path) != "/health") {
+    return refuse(ApiError(503,
+                           fmt::format("the server has {} connections open, its limit; past it, "
+                                       "only /health is answered; retry shortly",
+                                       c->limits->max_connections),
+                           "server_error", std::nullopt, "too_many_connections")
+                      .with_retry_after(1));
+  }
   const std::string te = req.get_header_value("Transfer-Encoding");
   if (req.has_header("Content-Length")) {
     const std::string v = req.get_header_value("Content-Length");
@@ -266,7 +368,7 @@ bool HttpServer::before_body(const httplib::Request& req, httplib::Response& res
                              "invalid_request_error", std::nullopt, "request_too_large"));
     }
     if (c != nullptr) c->begin_body(n);
-  } else if (te.find("chunked") != std::string::npos) {
+  } else if (!te.empty()) {  // chunked: framing_error() refused every other coding
     if (c != nullptr) c->begin_body(opt_.max_request_bytes);
   } else if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
              req.method == "DELETE") {
@@ -323,6 +425,9 @@ void HttpServer::dispatch(const httplib::Request& req, httplib::Response& res) {
   std::string label = "other";
   try {
     route(req, res, label);
+  } catch (const grammar::CompileCancelled& e) {
+    log_info("[serve] {} {} 499 client closed the connection: {}", req.method, req.path, e.what());
+    res.status = 499;  // nobody reads it; counted as "client closed request"
   } catch (const ApiError& e) {
     send_error(res, e, error_style(req.path));
   } catch (const std::exception& e) {
@@ -334,14 +439,7 @@ void HttpServer::dispatch(const httplib::Request& req, httplib::Response& res) {
 }
 
 void HttpServer::route(const httplib::Request& req, httplib::Response& res, std::string& label) {
-  std::string path = req.path;
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  // The OpenAI paths are also served without the /v1 prefix (some clients drop it).
-  if (path == "/models" || starts_with(path, "/models/") || path == "/chat/completions" ||
-      path == "/completions" || path == "/responses") {
-    path = "/v1" + path;
-  }
-  if (path == "/v1/health") path = "/health";
+  const std::string path = normal_path(req.path);
   if (serve_page(path, req, res)) {
     label = "/ (page)";
     return;
@@ -428,17 +526,28 @@ void HttpServer::route(const httplib::Request& req, httplib::Response& res, std:
     return send_json(res, 200, anthropic_count_tokens(body, limits_, tok_));
   if (route == "/tokenize") return send_json(res, 200, tokenize(body, tok_));
   if (route == "/detokenize") return send_json(res, 200, detokenize(body, tok_));
-  if (route == "/v1/messages") return generate(req, res, anthropic_messages(body, limits_, tok_));
-  if (route == "/v1/responses") return generate(req, res, responses_create(body, limits_, tok_));
-  if (route == "/api/chat" || route == "/api/generate") {
-    const bool chat = route == "/api/chat";
-    if (auto loaded = ollama_load_only(chat, body, limits_)) return send_json(res, 200, *loaded);
-    return generate(req, res, ollama_generate(chat, body, limits_, tok_));
+  const bool ollama = route == "/api/chat" || route == "/api/generate";
+  if (ollama) {
+    if (auto loaded = ollama_load_only(route == "/api/chat", body, limits_))
+      return send_json(res, 200, *loaded);
   }
-  ServeRequest r = route == "/v1/chat/completions" ? parse_chat_request(body, limits_, tok_)
-                                                   : parse_completion_request(body, limits_, tok_);
-  auto wire = openai_wire(tok_, r, opt_.model_id);
-  generate(req, res, {std::move(r), std::move(wire)});
+  // Translating the body compiles its schemas, tools and grammars: under one budget, stopped
+  // when the client goes away (grammar/budget.h). Closed before the generation starts.
+  Translation t = [&] {
+    const auto probe = probe_for(req);
+    grammar::BudgetOptions o;
+    o.cancelled = [&probe] { return probe->closed(); };
+    const grammar::CompileBudget budget(std::move(o));
+    if (route == "/v1/messages") return anthropic_messages(body, limits_, tok_);
+    if (route == "/v1/responses") return responses_create(body, limits_, tok_);
+    if (ollama) return ollama_generate(route == "/api/chat", body, limits_, tok_);
+    ServeRequest r = route == "/v1/chat/completions"
+                         ? parse_chat_request(body, limits_, tok_)
+                         : parse_completion_request(body, limits_, tok_);
+    auto wire = openai_wire(tok_, r, opt_.model_id);
+    return Translation{std::move(r), std::move(wire)};
+  }();
+  generate(req, res, std::move(t));
 }
 
 ServeLimits HttpServer::served() const {
@@ -465,16 +574,16 @@ Scheduler* HttpServer::ready() const {
 bool HttpServer::serve_page(const std::string& path, const httplib::Request& req,
                             httplib::Response& res) {
   if (!opt_.webui) return false;
-  const std::string file = path == "/" ? "/index.html" : path;
-  for (const auto& a : web_assets()) {
-    if (file != a.path) continue;
+  if (const WebAsset* file = page_file(path)) {
+    const WebAsset& a = *file;
     if (req.method != "GET" && req.method != "HEAD") {
       res.set_header("Allow", "GET");
       throw ApiError(405, fmt::format("{} does not take {} (use GET)", path, req.method),
                      "invalid_request_error", std::nullopt, "method_not_allowed");
     }
-    res.status = 200;
+    res.status = req.ranges.empty() ? 200 : 206;  // ranges: checked by check_ranges()
     res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.content_type);
+    res.set_header("Accept-Ranges", "bytes");
     res.set_header("Content-Security-Policy", kPagePolicy);
     res.set_header("X-Content-Type-Options", "nosniff");
     res.set_header("Referrer-Policy", "no-referrer");
