@@ -262,6 +262,8 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
     }
   }
 
+  if (auto v = root.find("vision_config"); v != root.end()) c.vision_config_json = v->dump();
+
   if (auto q = tc.find("quantization_config"); q != tc.end() && !q->is_null()) {
     check_quantization(*q, problems);
     c.quantized_experts = true;
