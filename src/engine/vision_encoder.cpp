@@ -32,8 +32,8 @@ std::unique_ptr<VisionEncoder> VisionEncoder::open(std::shared_ptr<const Checkpo
     fail("{}: no config.json (expected a Kimi K3 checkpoint folder with a vision_config)",
          ck->dir());
   }
-  VisionConfig v =
-      parse_vision_config_text(read_regular_file(cfg_path.string()), cfg_path.string());
+  // No tower first: a text-only checkpoint may carry a placeholder vision_config (the released
+  // text-only conversions do), which says nothing about a tower that is not there.
   bool any = false;
   for (const auto& [name, t] : ck->tensors()) any |= is_vision_tensor(name);
   if (!any) {
@@ -42,6 +42,8 @@ std::unique_ptr<VisionEncoder> VisionEncoder::open(std::shared_ptr<const Checkpo
         "it cannot embed images",
         ck->dir());
   }
+  VisionConfig v =
+      parse_vision_config_text(read_regular_file(cfg_path.string()), cfg_path.string());
   const fs::path pre_path = dir / "preprocessor_config.json";
   if (!fs::exists(pre_path)) {
     fail("{}: no preprocessor_config.json (expected the image processor's media_proc_cfg)",

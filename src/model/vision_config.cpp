@@ -5,6 +5,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -234,6 +235,24 @@ void check_vision_inventory(const VisionConfig& v, const TensorTable& tensors,
           fmt::format("extra {} ({} {})", name, dtype_name(t.dtype), t.shape_string()));
   }
   if (problems.empty()) return;
+  // Whole blocks missing or extra is one fact, not 6 per block: say it first, so the layer count
+  // is named even when the list below is cut short.
+  int64_t blocks = 0;
+  const std::string block_prefix = "vision_tower.encoder.blocks.";
+  for (const auto& [name, t] : tensors) {
+    if (name.rfind(block_prefix, 0) != 0) continue;
+    const std::string rest = name.substr(block_prefix.size());
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || dot > 6) continue;
+    if (rest.find_first_not_of("0123456789") != dot) continue;
+    blocks = std::max<int64_t>(blocks, std::stoll(rest.substr(0, dot)) + 1);
+  }
+  if (blocks != v.layers) {
+    problems.insert(problems.begin(),
+                    fmt::format("vision_config.vt_num_hidden_layers is {} (27 when absent) but the "
+                                "checkpoint holds encoder blocks for {} layers",
+                                v.layers, blocks));
+  }
   constexpr size_t kShown = 40;
   std::string msg = fmt::format("{}: the vision tensors do not match {} ({} problems):", dir,
                                 v.path, problems.size());
