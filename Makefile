@@ -109,7 +109,8 @@ test-tsan: configure-tsan test-deps
 # Each fuzz target for FUZZ_SECONDS (CI: a few seconds each, to catch a regression), its corpus
 # kept in $(ASAN_BUILD)/fuzz-corpus and seeded from tests/data/fuzz; see tools/fuzz.sh.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= safetensors config tokenizer_files tokenizer chat request http gbnf json_schema image
+FUZZ_TARGETS ?= safetensors config tokenizer_files tokenizer chat request http gbnf json_schema \
+  hub_listing image
 fuzz: configure-asan
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target deltafin_fuzzers
 	bash tools/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)

@@ -18,6 +18,7 @@ void request(const uint8_t* data, size_t size);
 void http(const uint8_t* data, size_t size);
 void gbnf(const uint8_t* data, size_t size);
 void json_schema(const uint8_t* data, size_t size);
+void hub_listing(const uint8_t* data, size_t size);
 void image(const uint8_t* data, size_t size);
 
 namespace {
@@ -31,6 +32,7 @@ const Target kTargets[] = {
     {"http", http},
     {"gbnf", gbnf},
     {"json_schema", json_schema},
+    {"hub_listing", hub_listing},
     {"image", image},
 };
 }  // namespace

@@ -5,8 +5,12 @@
 // are right is a timed comparison with `bench`, so it is not here: tests/doctor_perf.py, run by
 // `make test-perf` (docs/PERFORMANCE.md has its figures).
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -111,6 +115,24 @@ TEST(Doctor, ReleasedShapeWithoutCheckpoint) {
        {"machine", "CPU", "memory budget 64.00 GiB", "Kimi K3", "93 layers", "1.56 TB needed",
         "plan", "forecast", "decode", "prefill", "int8 trunk", "EAGLE-3.1", "would help most"})
     EXPECT_NE(t.out.find(s), std::string::npos) << s << "\n" << t.out;
+}
+
+// The probe file on a drive too full for it is removed: the report says the disk was not
+// measured, and the drive is left as it was (issue 39, finding 9).
+TEST(Doctor, AProbeOnAFullDriveLeavesNothingBehind) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const std::string mnt = deltafin::test::temp_dir("doctor-full");
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount(dir.c_str()); }
+  } unmount{mnt};
+  const json j = doctor_json({"--dir", mnt, "--memory-budget", "64G"}, 0);
+  const std::string how = j["machine"]["disk_probe"];
+  EXPECT_NE(how.find("not measured"), std::string::npos) << how;
+  EXPECT_EQ(j["machine"]["disk_read_bytes_per_s"].get<double>(), 0);
+  for (const auto& e : fs::directory_iterator(mnt)) ADD_FAILURE() << "left " << e.path();
 }
 
 TEST(Doctor, BudgetBelowTheMinimumIsStated) {

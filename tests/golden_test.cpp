@@ -1,5 +1,8 @@
 // The golden tiny checkpoints (tests/data/k3-tiny-*, copied from the reference set): logits from
-// a float64 evaluation of the K3 semantics. The engine must match within 2e-3 with identical
+// a float64 evaluation of the K3 semantics; tests/data/kimi-linear-tiny: Kimi-Linear's tiny
+// release-layout checkpoint (tools/family/make_tiny_kimi_linear.py) with its case from the float64
+// reference (tools/family/kimi_linear_ref.py case; decays that underflow float32, docs/FAMILY.md
+// KL.11). The engine must match within 2e-3 with identical
 // argmax at every position, in prefill, decode and split modes through the real binary, and
 // reproduce the greedy continuation.
 #include <gtest/gtest.h>
@@ -89,11 +92,11 @@ TEST_P(Golden, LogitsThroughBinaryMatchReference) {
   EXPECT_EQ(bad, 0) << name << " " << mode;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModes, Golden,
-                         ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"),
-                                            ::testing::Values("prefill", "decode", "split:1",
-                                                              "split:7", "split:19")),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    AllModes, Golden,
+    ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny"),
+                       ::testing::Values("prefill", "decode", "split:1", "split:7", "split:19")),
+    case_name);
 
 // The same through the Vulkan backend (--gpu 0: lavapipe where there is no GPU): the trunk
 // resident on the device and, in passes of at least --gpu-min-rows rows, the routed experts as
@@ -166,7 +169,8 @@ TEST_P(GoldenGreedy, ContinuationReproduced) {
   EXPECT_EQ(got, g.greedy_continuation);
 }
 
-INSTANTIATE_TEST_SUITE_P(Both, GoldenGreedy, ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16"),
+INSTANTIATE_TEST_SUITE_P(Both, GoldenGreedy,
+                         ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

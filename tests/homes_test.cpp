@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -684,6 +686,93 @@ TEST(Place, RefusesAHomeWithoutRoomBeforeWriting) {
   auto ok = test::run_deltafin({"place", "--model", model_dir(), "--home", home, "--probe-size",
                                 "256K", "--budget-per-home", "600K"});
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// The names in a folder.
+std::set<std::string> names_in(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// A home may hold the user's own folders: place removes only the folders it made, by the names it
+// recorded (its earlier placement's data folder, the copy of a changed request that stopped),
+// never a data-backup-2024/ or a data-mine.partial/ of the user's (issue 39, finding 3).
+TEST(Place, RemovesOnlyTheFoldersItMade) {
+  const auto homes = fresh_homes("homes-own", 1);
+  const std::string& h = homes[0];
+  const std::vector<std::string> user = {"data-backup-2024", "data-mine.partial"};
+  for (const auto& u : user) {
+    fs::create_directories(h + "/" + u);
+    test::spit(h + "/" + u + "/notes.txt", "mine\n");
+  }
+  place_experts(place_options(homes));
+  const std::string first = "data-" + read_home_manifest(h).placement;
+  EXPECT_EQ(names_in(h), (std::set<std::string>{kHomeManifestName, first, user[0], user[1]}));
+  // A changed request stops mid-copy (a read error) and leaves its copy's folder behind ...
+  ::setenv("DELTAFIN_FAULT", "kind=eio;match=expert;after=8", 1);
+  auto stopped = test::run_deltafin({"place", "--model", model_dir(), "--home", h, "--probe-size",
+                                     "1M", "--threads", "1", "--replicate", "0.5"});
+  ::unsetenv("DELTAFIN_FAULT");
+  EXPECT_EQ(stopped.exit_code, 1) << stopped.err;
+  std::string partial;
+  for (const auto& n : names_in(h)) {
+    if (n.ends_with(".partial") && n != user[1]) partial = n;
+  }
+  ASSERT_FALSE(partial.empty()) << "the stopped copy left no folder";
+  // ... which a third request removes, and the first placement once the third is published.
+  place_experts(place_options(homes, 1.0));
+  const std::string third = "data-" + read_home_manifest(h).placement;
+  EXPECT_NE(third, first);
+  EXPECT_EQ(names_in(h), (std::set<std::string>{kHomeManifestName, third, user[0], user[1]}));
+  for (const auto& u : user) EXPECT_EQ(test::slurp(h + "/" + u + "/notes.txt"), "mine\n") << u;
+  for (const auto& c : verify_homes(model_dir(), homes, false)) EXPECT_TRUE(c.problems.empty());
+}
+
+// The mode bits of `path` (no link followed).
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// What place makes is private whatever the umask: folders 0700, files 0600.
+TEST(Place, WhatItWritesIsPrivate) {
+  const mode_t old = ::umask(022);
+  const auto homes = fresh_homes("homes-private", 1);
+  place_experts(place_options(homes));
+  ::umask(old);
+  const std::string& h = homes[0];
+  EXPECT_EQ(mode_of(h), 0700u);
+  const std::string data = h + "/data-" + read_home_manifest(h).placement;
+  EXPECT_EQ(mode_of(data), 0700u);
+  EXPECT_EQ(mode_of(h + "/" + kHomeManifestName), 0600u);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(data)) {
+    EXPECT_EQ(mode_of(e.path().string()), 0600u) << e.path();
+    ++files;
+  }
+  EXPECT_GT(files, 1);  // the layers' data files and the journal
+}
+
+// A probe that fails because the drive is full leaves nothing behind (issue 39, finding 9): the
+// drive is not left fuller than it was, and the error says why.
+TEST(Place, AProbeOnAFullDriveLeavesNothingBehind) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const std::string mnt = test::temp_dir("homes-probe-full");
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=512k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount(dir.c_str()); }
+  } unmount{mnt};
+  const std::string home = mnt + "/home";
+  auto r =
+      test::run_deltafin({"place", "--model", model_dir(), "--home", home, "--probe-size", "1M"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot probe the home " + home + ": its drive is full"), std::string::npos)
+      << r.err;
+  for (const auto& e : fs::directory_iterator(home)) ADD_FAILURE() << "left " << e.path();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // from RAM and from disk, on the golden models and a small model of K3's shape, with and without
 // a draft model; the tree shares, splits and evicts; a bad file is never used.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -106,7 +107,8 @@ TEST_P(PrefixExact, ARestoredStateContinuesBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefixExact,
-                         ::testing::Values("k3-tiny-bf16", "k3-tiny-mxfp4", "small-k3"),
+                         ::testing::Values("k3-tiny-bf16", "k3-tiny-mxfp4", "small-k3",
+                                           "kimi-linear-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -288,6 +290,56 @@ TEST(PrefixFiles, AnUnusableFolderKeepsSnapshotsInRam) {
   EXPECT_NE(err.find("RAM only"), std::string::npos) << err;
   State b = model->new_state();
   EXPECT_EQ(store.restore(p, 11, b, nullptr).position, 8);
+}
+
+// The mode bits of `path` (no link followed).
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// A snapshot begins with the prompt's token ids: it is the conversation. Whatever the umask, the
+// folders the store makes are 0700 and its files 0600, and a name planted in the folder (a link
+// where a predictable temporary name would be) is never written through (issue 39, finding 4).
+TEST(PrefixFiles, SnapshotsArePrivateAndNeverWrittenThroughALink) {
+  auto model = load_model(golden("k3-tiny-mxfp4"));
+  const auto p = prompt_of(12, model->config().vocab);
+  State a = model->new_state();
+  feed(*model, a, std::span(p).first(8));
+  const mode_t old = ::umask(022);
+  const std::string base = test::temp_dir("prefix_private");
+  const std::string dir = base + "/cache/states";  // neither folder exists yet
+  std::string name;
+  {
+    PrefixStore w(model->config(), disk_only(dir));
+    w.save(std::span(p).first(8), a, nullptr);
+  }
+  ::umask(old);
+  EXPECT_EQ(mode_of(base + "/cache"), 0700u);
+  EXPECT_EQ(mode_of(dir), 0700u);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_EQ(mode_of(e.path().string()), 0600u) << e.path();
+    if (e.path().extension() == ".dfsnap") name = e.path().filename().string();
+  }
+  ASSERT_FALSE(name.empty());
+  // The same snapshot into a folder where, once the store has opened it, someone plants a link
+  // to a file of the user's at its temporary's old name (NAME.tmp): the file is untouched and
+  // the snapshot is a file of its own.
+  const std::string other = test::temp_dir("prefix_planted");
+  const std::string precious = test::temp_dir("prefix_precious") + "/precious.txt";
+  test::spit(precious, "precious\n");
+  {
+    PrefixStore w(model->config(), disk_only(other));
+    fs::create_symlink(precious, other + "/" + name + ".tmp");
+    w.save(std::span(p).first(8), a, nullptr);
+  }
+  EXPECT_TRUE(test::slurp(precious) == "precious\n") << "the linked file was written through";
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(other + "/" + name)));
+  EXPECT_EQ(mode_of(other + "/" + name), 0600u);
+  PrefixStore r(model->config(), disk_only(other));
+  State b = model->new_state();
+  EXPECT_EQ(r.restore(p, 11, b, nullptr).position, 8);
 }
 
 // The reuse policy: the cut positions of a chat prompt, and no cut where a snapshot is kept.

@@ -4,11 +4,17 @@
 // at a random point; a full disk (a small tmpfs) that stops the run with a clear message and a
 // resume once space is freed; a 401 without a token; refusals to write over what is not ours;
 // --include and --draft. The result must equal the source checkpoint byte for byte and load.
+// Then a hostile hub (the mock's patch_entries, extra_entries, endless_listing, next_other_host
+// and cdn_other_host): ids that are file names, sizes of 2^63, a listing that never ends, paging
+// links to another host, a symbolic link for pull's state folder; and repositories that stress
+// the engine (the same bytes at several paths, more files than the process may open at once).
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,7 +62,7 @@ const std::string& source_model() {
 class MockHub {
  public:
   explicit MockHub(const std::vector<std::pair<std::string, std::string>>& repos,
-                   const std::string& token = "") {
+                   const std::string& token = "", const std::vector<std::string>& extra = {}) {
     const std::string dir = deltafin::test::temp_dir("mock-hub");
     port_file_ = dir + "/port";
     std::vector<std::string> args{"python3", mock_hub_script(), "--port-file", port_file_};
@@ -68,6 +74,7 @@ class MockHub {
       args.push_back("--token");
       args.push_back(token);
     }
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -355,4 +362,264 @@ TEST(Pull, DrafterIntoDraftFolder) {
   const auto d = run_deltafin({"doctor", "--model", dir, "--json", "--threads", "1"});
   ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
   EXPECT_EQ(json::parse(d.out)["checkpoint"]["draft"]["kind"], "eagle3");
+}
+
+namespace {
+
+// The permission bits of `path` itself (a link is not followed).
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  return st.st_mode & 07777;
+}
+
+std::set<std::string> names_in(const std::string& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.insert(e.path().filename().string());
+  return names;
+}
+
+const std::string kShard = "model-00002-of-000015.safetensors";  // an LFS file of the source
+
+}  // namespace
+
+// Issue 39, finding 1: the listing's oid and lfs.oid named the partial file. Each must now be a
+// hash (40 or 64 hex digits), and nothing is written outside the partial folder.
+TEST(Pull, RefusesIdsThatAreNotHashes) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}});
+  hub_env(hub);
+  const std::string base = deltafin::test::temp_dir("pull-oids");
+  const std::string victim = base + "/victim";
+  deltafin::test::spit(victim, "keep me");
+  struct Case {
+    std::string name;
+    json patch;
+    std::string expect;
+    std::vector<std::string> never_made;
+  };
+  const std::vector<Case> cases = {
+      // The NUL ends the C string: the partial file's name was the victim itself.
+      {"nul",
+       {{"config.json", {{"oid", victim + std::string(1, '\0')}}}},
+       "\\x00\": expected 40 hex digits (its git blob id)",
+       {}},
+      // An absolute path: the partial files were made beside the victim.
+      {"absolute",
+       {{kShard, {{"lfs", {{"oid", victim}}}}}},
+       "with lfs.oid \"" + victim + "\": expected 64 hex digits",
+       {victim + ".part", victim + ".done"}},
+      // Out of DIR/.deltafin-pull/partial and --dir, into `base`.
+      {"traversal",
+       {{"config.json", {{"oid", "../../../../escaped"}}}},
+       "expected 40 hex digits",
+       {base + "/escaped.part", base + "/escaped.done"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    hub.control({{"patch_entries", c.patch}});
+    const std::string dir = base + "/" + c.name + "/model";
+    const auto r = run_deltafin(pull_args("test/tiny", dir));
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(deltafin::test::slurp(victim), "keep me");
+    for (const auto& p : c.never_made) EXPECT_FALSE(fs::exists(p)) << p;
+  }
+}
+
+// Finding 6: files with the same bytes (two empty __init__.py, a copied config, a copied shard)
+// shared one partial file, and the second could not be moved into place. Also: what pull
+// creates is private (folders 0700, files 0600).
+TEST(Pull, SameBytesAtSeveralPaths) {
+  NEED_PYTHON();
+  const std::string src = deltafin::test::temp_dir("pull-same-src") + "/repo";
+  for (const char* sub : {"/a", "/b", "/copy"}) fs::create_directories(src + sub);
+  std::string big(64 << 10, 'x');
+  for (size_t i = 0; i < big.size(); i += 97) big[i] = static_cast<char>('a' + i % 26);
+  for (const char* p : {"/a/__init__.py", "/b/__init__.py"}) deltafin::test::spit(src + p, "");
+  for (const char* p : {"/config.json", "/copy/config.json"})
+    deltafin::test::spit(src + p, "{\"same\": true}\n");
+  for (const char* p : {"/shard.bin", "/copy/shard.bin"}) deltafin::test::spit(src + p, big);
+  MockHub hub({{"test/same", src}});
+  hub_env(hub);
+  const std::string top = deltafin::test::temp_dir("pull-same") + "/new", dir = top + "/model";
+  const auto r = run_deltafin(pull_args("test/same", dir));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_same_files(src, dir);
+  for (const std::string& p : {top, dir, dir + "/a", dir + "/copy", dir + "/.deltafin-pull"})
+    EXPECT_EQ(mode_of(p), 0700u) << p;
+  for (const char* p :
+       {"/config.json", "/copy/shard.bin", "/a/__init__.py", "/.deltafin-pull/manifest.json"})
+    EXPECT_EQ(mode_of(dir + p), 0600u) << p;
+  EXPECT_FALSE(fs::exists(dir + "/.deltafin-pull/partial"));
+}
+
+// Finding 6: every listed file held two open files for the whole run, so 600 files failed under
+// a limit of 256, on every run.
+TEST(Pull, ManyFilesUnderALowOpenFileLimit) {
+  NEED_PYTHON();
+  const std::string src = deltafin::test::temp_dir("pull-many-src") + "/repo";
+  fs::create_directories(src + "/files");
+  for (int i = 0; i < 600; ++i)
+    deltafin::test::spit(src + "/files/f" + std::to_string(i) + ".txt",
+                         "file " + std::to_string(i));
+  MockHub hub({{"test/many", src}}, "", {"--page-size", "100"});
+  hub_env(hub);
+  const std::string dir = deltafin::test::temp_dir("pull-many") + "/model";
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_cur, 256);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);  // the child inherits it
+  const auto r = run_deltafin(pull_args("test/many", dir));
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 4000);
+  expect_same_files(src, dir);
+}
+
+// Finding 7: a listing page's Link to another host was fetched with the token. Pages there are
+// fetched without it, as redirected LFS downloads already were (which must stay so).
+TEST(Pull, TokenStaysWithTheHub) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}}, "s3cret");
+  hub_env(hub, "s3cret");
+  hub.control({{"next_other_host", true}, {"cdn_other_host", true}});
+  const std::string dir = deltafin::test::temp_dir("pull-token") + "/model";
+  const auto r = run_deltafin(pull_args("test/tiny", dir));
+  ::unsetenv("HF_TOKEN");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json s = hub.stats();
+  EXPECT_GT(s.value("other_requests", 0), 1) << "pages and LFS files came from the other host";
+  EXPECT_EQ(s.value("other_authorization", 0), 0) << "the token went to another host";
+  expect_same_files(source_model(), dir);
+}
+
+// Finding 9: a listing body that never ends hung pull. Fast, it passes the size limit; slow
+// (above libcurl's low-speed limit), the listing's deadline.
+TEST(Pull, EndlessListingStops) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}});
+  hub_env(hub);
+  const std::string dir = deltafin::test::temp_dir("pull-endless") + "/model";
+  hub.control({{"endless_listing", "fast"}});
+  auto r = run_deltafin(pull_args("test/tiny", dir), "", 60);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("listing the files of test/tiny: the hub's answer is larger than 64 MiB"),
+            std::string::npos)
+      << r.err;
+  hub.control({{"endless_listing", "drip"}});
+  ::setenv("DELTAFIN_PULL_LISTING_TIMEOUT", "3", 1);
+  r = run_deltafin(pull_args("test/tiny", dir), "", 60);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no complete answer within the listing's deadline of 3 s"),
+            std::string::npos)
+      << r.err;
+  ::setenv("DELTAFIN_PULL_LISTING_TIMEOUT", "soon", 1);
+  r = run_deltafin(pull_args("test/tiny", dir), "", 60);
+  ::unsetenv("DELTAFIN_PULL_LISTING_TIMEOUT");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("expected a whole number of seconds"), std::string::npos) << r.err;
+}
+
+// Finding 9: the partial files of an older revision survived a successful pull. They are removed
+// then; what pull did not make stays, whatever its name.
+TEST(Pull, RemovesOnlyItsOwnStalePartials) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}});
+  hub_env(hub);
+  const std::string base = deltafin::test::temp_dir("pull-stale"), dir = base + "/model";
+  const std::string partial = dir + "/.deltafin-pull/partial";
+  // An "older revision" listed other bytes for config.json: they never verify, and the run
+  // stops with their partial files left.
+  hub.control({{"patch_entries", {{"config.json", {{"oid", std::string(40, '1')}}}}}});
+  auto r = run_deltafin(pull_args("test/tiny", dir));
+  ASSERT_EQ(r.exit_code, 1) << r.err;
+  ASSERT_NE(r.err.find("the hub serves other bytes than its listing says"), std::string::npos)
+      << r.err;
+  const std::set<std::string> stale = names_in(partial);
+  ASSERT_FALSE(stale.empty());
+  const std::string victim = base + "/victim", a64(64, 'a'), b64(64, 'b');
+  deltafin::test::spit(victim, "keep me");
+  deltafin::test::spit(partial + "/notes.txt", "mine");
+  deltafin::test::spit(partial + "/" + a64 + ".done", "not a map of pull's");
+  deltafin::test::spit(partial + "/" + b64 + ".done", "deltafin-pull 2 1 65536 " + b64 + "\n");
+  fs::create_symlink(victim, partial + "/" + b64 + ".part");
+  hub.control({{"patch_entries", json::object()}});
+  r = run_deltafin(pull_args("test/tiny", dir));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_same_files(source_model(), dir);
+  for (const auto& n : stale)
+    EXPECT_FALSE(fs::exists(partial + "/" + n)) << n << " outlived a successful pull";
+  EXPECT_EQ(deltafin::test::slurp(partial + "/notes.txt"), "mine");
+  EXPECT_TRUE(fs::exists(partial + "/" + a64 + ".done"));
+  EXPECT_TRUE(fs::is_symlink(partial + "/" + b64 + ".part"));
+  EXPECT_EQ(deltafin::test::slurp(victim), "keep me");
+}
+
+// Finding 9: two listed sizes of 2^63 wrapped the sum of sizes (std::bad_alloc).
+TEST(Pull, RefusesSizesNoFileHas) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}});
+  hub_env(hub);
+  const uint64_t huge = uint64_t{1} << 63;
+  const json big = {{"size", huge}, {"lfs", {{"size", huge}}}};
+  hub.control({{"patch_entries", {{kShard, big}, {"model-00003-of-000015.safetensors", big}}}});
+  const std::string dir = deltafin::test::temp_dir("pull-huge") + "/model";
+  const auto r = run_deltafin(pull_args("test/tiny", dir));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("with size 9223372036854775808: expected at most 4398046511104 bytes"),
+            std::string::npos)
+      << r.err;
+}
+
+// Finding 9: a symbolic link at DIR/.deltafin-pull was followed (partial files and the manifest
+// written wherever it pointed). Nor may the hub list a file into that folder.
+TEST(Pull, StateFolderIsNeverALink) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}});
+  hub_env(hub);
+  const std::string base = deltafin::test::temp_dir("pull-state-link");
+  const std::string dir = base + "/model", elsewhere = base + "/elsewhere";
+  fs::create_directories(dir);
+  fs::create_directories(elsewhere);
+  fs::create_directory_symlink(elsewhere, dir + "/.deltafin-pull");
+  auto r = run_deltafin(pull_args("test/tiny", dir));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find(dir + "/.deltafin-pull is a symbolic link"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+  fs::remove(dir + "/.deltafin-pull");
+  const json entry = {{"type", "file"},
+                      {"path", ".deltafin-pull/manifest.json"},
+                      {"size", 2},
+                      {"oid", std::string(40, '0')}};
+  hub.control({{"extra_entries", json::array({entry})}});
+  r = run_deltafin(pull_args("test/tiny", dir));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("\".deltafin-pull/manifest.json\" inside .deltafin-pull"), std::string::npos)
+      << r.err;
+}
+
+// What held in the attack of issue 39 and must stay so: listed paths out of --dir are refused
+// before anything is written, and a file body longer than the range asked stops the run.
+TEST(Pull, RefusesEscapingPathsAndEndlessBodies) {
+  NEED_PYTHON();
+  MockHub hub({{"test/tiny", source_model()}});
+  hub_env(hub);
+  const std::string base = deltafin::test::temp_dir("pull-held");
+  for (const std::string path : {"../escaped", "/tmp/escaped", "a/../../escaped", "a\\..\\b"}) {
+    SCOPED_TRACE(path);
+    const json entry = {
+        {"type", "file"}, {"path", path}, {"size", 2}, {"oid", std::string(40, '0')}};
+    hub.control({{"extra_entries", json::array({entry})}});
+    const auto r = run_deltafin(pull_args("test/tiny", base + "/model"));
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("that is not a plain relative path"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(base + "/escaped"));
+    EXPECT_FALSE(fs::exists(base + "/model/.deltafin-pull")) << "nothing written before the check";
+  }
+  hub.control({{"extra_entries", json::array()}, {"endless_body", true}});
+  const auto r = run_deltafin(pull_args("test/tiny", base + "/model"), "", 120);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("it does not serve ranges as asked"), std::string::npos) << r.err;
 }

@@ -121,7 +121,7 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
     std::vector<std::vector<double>> anchors;
     bool p_empty = false;
     for (int64_t i = 0; i < L; ++i) {
-      const std::string P = layer_prefix(i);
+      const std::string P = layer_prefix(c, i);
       std::vector<double> a;
       if (anchors.empty()) {
         a = p;
@@ -276,7 +276,7 @@ std::vector<double> ReferenceModel::logits(const std::vector<int32_t>& tokens) {
         auto xi = mv(M + "routed_expert_down_proj", x);
         std::vector<double> ybar(c.moe.latent_dim, 0.0);
         for (int e : order) {
-          const std::string E_ = expert_prefix(i, e);
+          const std::string E_ = expert_prefix(c, i, e);
           auto gg = mv(E_ + "w1", xi), uu = mv(E_ + "w3", xi);
           for (size_t d = 0; d < gg.size(); ++d)
             gg[d] = situ(gg[d], uu[d], c.situ_beta, c.situ_linear_beta);

@@ -3,6 +3,7 @@
 // the client added; the answers equal those of a server that reuses nothing; a restarted server
 // continues from the snapshots on disk. prefix_test.cpp covers the store itself bit for bit.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -268,6 +269,75 @@ TEST(ReuseFaults, AFullDiskOrAnUnwritableFolderKeepsSnapshotsInRam) {
     EXPECT_EQ(cache_warnings(srv.err()).size(), 1u) << srv.err();
     EXPECT_EQ(srv.stop(), 0) << srv.err();
   }
+}
+
+// Only regular files in the folder are snapshots: a FIFO named like one blocked the start-up
+// forever (/health said loading) before (issue 39, finding 5). A FIFO, a link (here to a real
+// snapshot elsewhere) and a folder named like snapshots or their temporaries are each skipped
+// with one line, and left as they are; the real files are used.
+TEST(ReuseFaults, WhatIsNotARegularFileIsSkippedAndLeftAsItIs) {
+  const TwoTurns want = reference_answers();
+  const std::string dir = temp_dir("reuse-fifo");
+  first_turn_snapshots(dir);
+  const std::string elsewhere = temp_dir("reuse-fifo-elsewhere") + "/snapshot.dfsnap";
+  fs::copy_file(snapshot_files(dir).front(), elsewhere);
+  const std::vector<std::string> odd = {dir + "/a-fifo.dfsnap", dir + "/a-link.dfsnap",
+                                        dir + "/a-folder.dfsnap", dir + "/b-fifo.dfsnap.tmp"};
+  ASSERT_EQ(::mkfifo(odd[0].c_str(), 0600), 0);
+  fs::create_symlink(elsewhere, odd[1]);
+  fs::create_directory(odd[2]);
+  ASSERT_EQ(::mkfifo(odd[3].c_str(), 0600), 0);
+  ServerProcess srv({"--state-cache", dir});
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  const TwoTurns got = converse(srv);
+  EXPECT_EQ(got.first, want.first);
+  EXPECT_EQ(got.second, want.second);
+  EXPECT_GT(got.cached_first, 0);  // the first turn's snapshots are used
+  const auto lines = cache_warnings(srv.err());
+  EXPECT_EQ(lines.size(), odd.size()) << srv.err();
+  for (const auto& o : odd) {
+    EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                            [&](const std::string& l) {
+                              return l.find("ignoring " + o + ": it is a") != std::string::npos &&
+                                     l.find("left as it is") != std::string::npos;
+                            }),
+              1)
+        << o << "\n"
+        << srv.err();
+  }
+  EXPECT_EQ(srv.stop(), 0) << srv.err();
+  EXPECT_TRUE(fs::is_fifo(odd[0]));
+  EXPECT_TRUE(fs::is_symlink(odd[1]));
+  EXPECT_TRUE(fs::is_directory(odd[2]));
+  EXPECT_TRUE(fs::is_fifo(odd[3]));
+  EXPECT_TRUE(fs::is_regular_file(elsewhere));
+}
+
+// Two servers given one folder would each keep --state-cache-size of files in it (twice the
+// cap) and remove each other's unfinished writes (issue 39, finding 9). The folder is the first
+// server's; the second says so in one line naming the first's pid, keeps its snapshots in RAM
+// and answers as usual.
+TEST(ReuseFaults, ASecondServerOnTheSameFolderKeepsItsSnapshotsInRam) {
+  const TwoTurns want = reference_answers();
+  const std::string dir = temp_dir("reuse-shared");
+  ServerProcess owner({"--state-cache", dir});
+  ASSERT_TRUE(owner.ready()) << owner.err();
+  ServerProcess second({"--state-cache", dir});
+  ASSERT_TRUE(second.ready()) << second.err();
+  const TwoTurns got = converse(second);
+  EXPECT_EQ(got.first, want.first);
+  EXPECT_EQ(got.second, want.second);
+  EXPECT_GT(got.cached_second, 0);  // from the RAM tier
+  const auto lines = cache_warnings(second.err());
+  ASSERT_EQ(lines.size(), 1u) << second.err();
+  EXPECT_NE(lines[0].find(dir + " is in use by another deltafin process (pid " +
+                          std::to_string(owner.pid()) + ")"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_TRUE(snapshot_files(dir).empty()) << "the second server wrote into the first's folder";
+  EXPECT_EQ(second.stop(), 0) << second.err();
+  EXPECT_EQ(owner.stop(), 0) << owner.err();
+  EXPECT_TRUE(cache_warnings(owner.err()).empty()) << owner.err();
 }
 
 }  // namespace

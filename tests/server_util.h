@@ -43,6 +43,7 @@ class ServerProcess {
 
   bool ready() const { return port_ > 0; }
   int port() const { return port_; }
+  int pid() const { return pid_; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::unique_ptr<httplib::Client> client(int read_timeout_s = 120) const;
   std::string err() const;  // stderr so far

@@ -146,7 +146,7 @@ double prefill_flops_per_token(const LoadedModel& m, int64_t T) {
       if (t.shape.size() == 2 && t.shape[0] > 1) weights += static_cast<double>(t.numel());
     }
   }
-  const double expert = 3.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim);
+  const double expert = 3.0 * static_cast<double>(c.moe.intermediate * c.expert_dim());
   weights += static_cast<double>(c.num_moe_layers() * c.moe.top_k) * expert;
   const double avg_pos = static_cast<double>(T + 1) / 2;
   const double mla = static_cast<double>(c.num_mla_layers() * c.mla.num_heads) * avg_pos *

@@ -72,23 +72,33 @@ double probe_disk(const std::vector<std::string>& shards, const std::string& dir
     how = "O_DIRECT reads of the checkpoint's shards, best of 3";
     return best;
   }
-  const std::string path =
-      (fs::path(dir) / fmt::format(".deltafin-doctor-probe-{}", ::getpid())).string();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  // A new file under a random name (O_EXCL | O_NOFOLLOW, 0600), removed however the probe ends:
+  // a drive too full for it must not be left fuller.
+  const std::string path = with_random_suffix((fs::path(dir) / ".deltafin-probe-").string());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     how = fmt::format("not measured: cannot write a probe file in {} ({})", dir,
                       std::strerror(errno));
     return 0;
   }
+  struct Remove {
+    const std::string& path;
+    int fd;
+    ~Remove() {
+      if (fd >= 0) ::close(fd);
+      ::unlink(path.c_str());
+    }
+  } remove{path, fd};
   const uint64_t size = 256ull << 20, block = 8ull << 20;
   std::vector<uint8_t> buf(block);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
   bool ok = true;
   for (uint64_t off = 0; off < size && ok; off += block)
-    ok = ::pwrite(fd, buf.data(), block, static_cast<off_t>(off)) == static_cast<ssize_t>(block);
+    ok = write_at(fd, buf.data(), block, off) == 0;
   ok = ok && ::fdatasync(fd) == 0;
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
+  remove.fd = -1;
   if (ok) {
     for (int i = 0; i < 3; ++i)
       best = std::max(best, measure_disk_bandwidth({path}, readers, size));
@@ -96,8 +106,6 @@ double probe_disk(const std::vector<std::string>& shards, const std::string& dir
   } else {
     how = fmt::format("not measured: writing a 256 MiB probe file in {} failed (disk full?)", dir);
   }
-  std::error_code ec;
-  fs::remove(path, ec);
   return best;
 }
 

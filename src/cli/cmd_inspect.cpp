@@ -45,17 +45,17 @@ void run_inspect(InspectArgs& a) {
                                                          : n;
       expert_params += params;
       expert_bytes += t.nbytes;
-      if (name.starts_with(expert_prefix(c.first_k_dense, 0))) {
+      if (name.starts_with(expert_prefix(c, c.first_k_dense, 0))) {
         one_expert_bytes += t.nbytes;
         one_expert_params += params;
       }
-    } else if (name == "language_model.model.embed_tokens.weight") {
+    } else if (name == c.names.embed()) {
       embed_params = n;
       embed_row_bytes = t.nbytes / static_cast<uint64_t>(std::max<int64_t>(1, t.shape[0]));
-    } else if (name == "language_model.lm_head.weight") {
+    } else if (name == c.names.lm_head()) {
       head_params = n;
       head_bytes = t.nbytes;
-    } else if (name.rfind("language_model.", 0) == 0) {
+    } else if (name.rfind(c.names.prefix, 0) == 0) {
       trunk_params += n;
       trunk_bytes += t.nbytes;
     } else {
@@ -75,28 +75,36 @@ void run_inspect(InspectArgs& a) {
     sched += c.is_mla(i) ? 'M' : 'K';
   }
   fmt::print("model        {}\n", a.model);
-  fmt::print(
-      "architecture Kimi K3 (KimiK3ForConditionalGeneration): hidden {}, {} layers ({} KDA, {} "
-      "MLA), vocab {}\n",
-      c.hidden, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
+  fmt::print("architecture {}: hidden {}, {} layers ({} KDA, {} MLA), vocab {}\n",
+             c.family == Family::kK3 ? "Kimi K3 (KimiK3ForConditionalGeneration)"
+                                     : "Kimi-Linear (KimiLinearForCausalLM)",
+             c.hidden, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
   fmt::print("schedule     {} (K = KDA, M = MLA; layers 0..{} dense, the rest MoE)\n", sched,
              c.first_k_dense - 1);
-  fmt::print("KDA          {} heads x {}, conv {}, gate lower bound {}, f_a rank {}\n",
-             c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel, c.kda.gate_lower_bound,
-             rep.f_a_rank);
+  fmt::print("KDA          {} heads x {}, conv {}, {}, f_a rank {}{}\n", c.kda.num_heads,
+             c.kda.head_dim, c.kda.conv_kernel,
+             c.kda.decay == KdaDecay::kSoftplus
+                 ? std::string("decay -exp(A_log)*softplus (unbounded)")
+                 : fmt::format("gate lower bound {}", c.kda.gate_lower_bound),
+             rep.f_a_rank, c.kda.low_rank_output_gate ? ", low-rank output gate" : "");
   fmt::print(
       "MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} (unrotated), v {}, output "
       "gate {}\n",
       c.mla.num_heads, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_dim, c.mla.qk_rope_dim,
       c.mla.v_head_dim, c.mla.output_gate ? "on" : "off");
   fmt::print(
-      "MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide latent with "
+      "MoE          {} routed experts, top {}, {} shared; experts work in a {}-wide {} with "
       "intermediate {}; "
       "scaling {}; dense intermediate {}\n",
-      c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts, c.moe.latent_dim,
-      c.moe.intermediate, c.moe.routed_scaling_factor, c.dense_intermediate);
-  fmt::print("AttnRes      block size {}, {} anchors banked\n", c.attn_res_block,
-             (c.num_layers + c.attn_res_block - 1) / c.attn_res_block);
+      c.moe.num_experts, c.moe.top_k, c.moe.num_shared_experts, c.expert_dim(),
+      c.moe.flavour == MoeFlavour::kLatent ? "latent" : "hidden row", c.moe.intermediate,
+      c.moe.routed_scaling_factor, c.dense_intermediate);
+  if (c.residual == ResidualForm::kAttnRes) {
+    fmt::print("AttnRes      block size {}, {} anchors banked\n", c.attn_res_block,
+               (c.num_layers + c.attn_res_block - 1) / c.attn_res_block);
+  } else {
+    fmt::print("residual     pre-norm (no Attention Residuals)\n");
+  }
   fmt::print("experts      {} ({} per expert, {} params each)\n",
              c.quantized_experts ? "MXFP4 (compressed-tensors)" : "BF16",
              human_bytes(static_cast<double>(one_expert_bytes)), one_expert_params);

@@ -1,5 +1,6 @@
 // `deltafin make-model`: writes a synthetic checkpoint in the exact release layout (random
-// weights, real K3 architecture) for tests, benchmarks and the demo.
+// weights, a real architecture: K3, or Kimi-Linear with --preset kimi-linear) for tests,
+// benchmarks and the demo.
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -84,6 +85,12 @@ void run_make_model(const MakeModelArgs& a) {
   if (a.block > 0) s.attn_res_block = a.block;
   if (!a.mla_layers.empty()) s.mla_layers = a.mla_layers;
   if (a.scaling > 0) s.routed_scaling = a.scaling;
+  if (!a.format.empty() && s.family == Family::kKimiLinear && a.format != "bf16")
+    fail_arg("--experts-format {}: Kimi-Linear's experts are BF16", a.format);
+  if (a.block > 0 && s.family == Family::kKimiLinear)
+    fail_arg("--attn-res-block: Kimi-Linear has no Attention Residuals");
+  if (s.vision && s.family == Family::kKimiLinear)
+    fail_arg("--vision: Kimi-Linear is a text model (only --preset tiny or k3 take a tower)");
   if (!a.format.empty()) {
     if (a.format == "mxfp4")
       s.expert_format = ExpertFormat::kMXFP4;
@@ -122,12 +129,14 @@ void run_make_model(const MakeModelArgs& a) {
 
 void register_make_model(CLI::App& app) {
   auto a = std::make_shared<MakeModelArgs>();
-  auto* cmd =
-      app.add_subcommand("make-model", "Write a synthetic checkpoint (random weights, K3 layout)");
+  auto* cmd = app.add_subcommand("make-model",
+                                 "Write a synthetic checkpoint (random weights, release layout)");
   cmd->add_option("OUT", a->out, "Output folder (created; must not hold anything)")->required();
   cmd->add_option("--preset", a->preset,
-                  "tiny (the golden tiny shape) or k3 (real K3 dimensions, 4 layers, "
-                  "32 experts, vocab 32768 unless overridden)")
+                  "tiny (the golden tiny shape), k3 (real K3 dimensions, 4 layers, "
+                  "32 experts, vocab 32768 unless overridden) or kimi-linear (Kimi-Linear-48B's "
+                  "dimensions, BF16: 4 layers — KDA + dense, 2 KDA + MoE, MLA + MoE — 32 experts "
+                  "top-8, vocab 32768 unless overridden)")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers,
                   "Number of layers (MLA at every 4th and the last unless --mla-layers)")

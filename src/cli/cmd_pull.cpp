@@ -4,11 +4,16 @@
 // several connections in chunks, resumably, checked against the listing's hashes and renamed
 // into place (cli/fetch.h); a manifest of what was published (DIR/.deltafin-pull/manifest.json)
 // lets a later run skip what it already has and lets `doctor --verify` check the hashes.
+// Folders it creates are 0700 and files 0600; pull's state folder is reached only through
+// PullState (no symbolic link followed), and after a successful run the partial files of files
+// the revision no longer lists are removed.
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -19,7 +24,6 @@
 #include "cli/hub.h"
 #include "core/error.h"
 #include "core/json_parse.h"
-#include "core/mapped_file.h"
 #include "model/inventory.h"
 
 namespace deltafin::cli {
@@ -34,11 +38,8 @@ struct PullArgs {
   int connections = 8;
 };
 
-std::string manifest_path(const std::string& dir) {
-  return (fs::path(dir) / ".deltafin-pull" / "manifest.json").string();
-}
-
-// The folder to pull into: created if missing; refused if it exists and is not a folder.
+// The folder to pull into: created (0700, with any missing parents) if missing; refused if it
+// exists and is not a folder.
 void prepare_dir(const std::string& dir) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);  // follows a symlink to a folder, which is fine
@@ -47,8 +48,13 @@ void prepare_dir(const std::string& dir) {
       fail_arg("--dir {} exists and is not a folder: refusing to use it", dir);
     return;
   }
-  fs::create_directories(dir, ec);
-  if (ec) fail("--dir {}: cannot create it: {}", dir, ec.message());
+  fs::path at;
+  for (const auto& part : fs::path(dir)) {
+    at /= part;
+    if (::mkdir(at.c_str(), 0700) != 0 && errno != EEXIST)
+      fail("--dir {}: cannot create {}: {}", dir, at.string(), std::strerror(errno));
+  }
+  if (!fs::is_directory(dir, ec)) fail("--dir {}: cannot create it: not a folder", dir);
 }
 
 // Refuses to write where a listed path would land on something other than a regular file (or
@@ -78,9 +84,9 @@ std::vector<HubFile> select_files(HttpClient& http, const HubRepo& r, const std:
   std::map<std::string, std::pair<bool, bool>> holds;  // shard -> (trunk, experts)
   for (const auto& f : r.files) {
     if (f.path != "model.safetensors.index.json") continue;
-    const HttpResult res = http.get(resolve_url(r, f.path));
-    if (res.status != 200) fail("{}", http_failure(res, f.path, have_token));
-    const auto j = parse_json(res.body, f.path);
+    const Deadline deadline = std::chrono::steady_clock::now() + listing_timeout();
+    const auto j = parse_json(
+        get_hub_json(http, resolve_url(r, f.path), f.path, deadline, have_token), f.path);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       fail("{}: no weight_map: cannot tell trunk shards from expert shards", f.path);
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
@@ -108,16 +114,17 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   check_repo_name(repo_name);
   prepare_dir(dir);
   const std::string token = hub_token(), endpoint = hub_endpoint();
-  HttpClient http(token);
+  HttpClient http(token, endpoint);
   const HubRepo repo = list_repo(http, endpoint, repo_name, revision, !token.empty());
   const std::vector<HubFile> files = select_files(http, repo, a.include, !token.empty());
   for (const auto& f : files) check_target(dir, f.path);
+  PullState state(dir);
   // What an earlier pull published (and verified): skipped when the listing agrees.
   std::map<std::string, ojson> published;
   std::error_code ec;
-  if (fs::exists(manifest_path(dir), ec)) {
+  if (const std::string text = state.read_manifest(); !text.empty()) {
     try {
-      const auto m = parse_json(read_file(manifest_path(dir)), manifest_path(dir));
+      const auto m = parse_json(text, "manifest.json");
       for (const auto& f : m.at("files")) published[f.at("path").get<std::string>()] = f;
     } catch (const std::exception&) {
       // An unreadable manifest only costs re-checking the files.
@@ -144,7 +151,7 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   }
   uint64_t need = 0;
   for (const auto& f : todo) need += f.size;
-  const uint64_t have = partial_bytes(dir, todo);
+  const uint64_t have = state.partial_bytes(todo);
   need -= std::min(need, have);
   const uint64_t free = free_space(dir);
   if (need > free) {
@@ -164,7 +171,7 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   fo.connections = a.connections;
   fo.chunk_bytes = parse_size(a.chunk_size, "--chunk-size");
   FetchResult fr;
-  if (!todo.empty()) fr = fetch_files(repo, todo, dir, token, fo);
+  if (!todo.empty()) fr = fetch_files(repo, todo, state, token, fo);
   // The manifest: every file of this selection, as listed (doctor --verify checks against it).
   ojson m{{"endpoint", endpoint},
           {"repo", repo_name},
@@ -180,8 +187,10 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   for (const auto& [path, f] : published)  // files of an earlier --include stay listed
     if (!listed.count(path) && f.value("oid", "") != "" && fs::exists(fs::path(dir) / path, ec))
       m["files"].push_back(f);
-  write_file_atomic(manifest_path(dir), m.dump(1) + "\n");
-  fs::remove(partial_dir(dir), ec);  // only when empty
+  state.write_manifest(m.dump(1) + "\n");
+  // Partial files of files this revision no longer lists (an older revision's, a stopped run's).
+  if (const int removed = state.remove_stale_partials(repo.files); removed > 0)
+    fmt::print(stderr, "pull: removed {} partial files of files no longer listed\n", removed);
   fmt::print(stderr, "pull: {} ready: {} files, {} fetched in {:.1f} s{}\n", dir, files.size(),
              disk_bytes(static_cast<double>(fr.bytes_fetched)), fr.seconds,
              fr.refetched > 0

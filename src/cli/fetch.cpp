@@ -1,5 +1,10 @@
+// The download engine (fetch.h). All file system work below DIR goes through descriptors
+// (openat/renameat/unlinkat with O_NOFOLLOW) rather than paths, so a symbolic link planted in
+// DIR/.deltafin-pull or along a target's folders is never followed; the hub's strings only ever
+// reach file names through check_repo_path (targets) or not at all (partial files).
 #include "cli/fetch.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
@@ -15,6 +20,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "cli/common.h"
@@ -37,26 +43,36 @@ std::string hex_of(const unsigned char* d, unsigned n) {
   return s;
 }
 
+// The hash of an open file's bytes (from offset 0 to its end); `path` names it in errors.
+std::string digest_fd(int fd, bool git_blob, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    fail("{}: cannot read it to check its hash: {}", path, std::strerror(errno));
+  FileHasher h(git_blob, static_cast<uint64_t>(st.st_size));
+  std::vector<unsigned char> buf(4u << 20);
+  off_t at = 0;
+  for (;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("{}: read failed while checking its hash: {}", path, std::strerror(errno));
+    if (n == 0) break;
+    h.update(buf.data(), static_cast<size_t>(n));
+    at += n;
+  }
+  return h.hex();
+}
+
 std::string digest_file(const std::string& path, bool git_blob) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot read it to check its hash: {}", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  FileHasher h(git_blob, static_cast<uint64_t>(st.st_size));
-  std::vector<unsigned char> buf(4u << 20);
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail("{}: read failed while checking its hash: {}", path, std::strerror(err));
-    }
-    if (n == 0) break;
-    h.update(buf.data(), static_cast<size_t>(n));
+  try {
+    std::string h = digest_fd(fd, git_blob, path);
+    ::close(fd);
+    return h;
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
-  ::close(fd);
-  return h.hex();
 }
 
 std::string duration(double s) {
@@ -71,22 +87,84 @@ bool is_disk_full(int err) {
   return err == ENOSPC || err == EDQUOT || err == EFBIG;
 }
 
-std::string key_of(const HubFile& f) {
-  if (!f.sha256.empty()) return f.sha256;
-  if (!f.oid.empty()) return f.oid;
-  std::string k;  // no hash listed: a name from the path
-  for (char ch : f.path) k += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-  return k;
+// One file's chunk size: the option's, raised (in 4 KiB steps) so a file has at most 2^20 chunks
+// and its map stays small whatever --chunk-size and the listed size.
+uint64_t chunk_for(uint64_t size, uint64_t chunk_bytes) {
+  constexpr uint64_t kMaxChunks = uint64_t{1} << 20;
+  if (size / chunk_bytes < kMaxChunks) return chunk_bytes;
+  return (size / kMaxChunks + 1 + 4095) / 4096 * 4096;
 }
 
-std::string done_header(const HubFile& f, uint64_t chunk) {
-  return fmt::format("deltafin-pull 1 {} {} {}\n", f.size, chunk, key_of(f));
+std::string done_header(const HubFile& f, uint64_t chunk, const std::string& key) {
+  return fmt::format("deltafin-pull 2 {} {} {}\n", f.size, chunk, key);
+}
+
+// True when `name` in folder `fd` is a regular file of this user with one link (not a link,
+// device or folder; not a second name of a file elsewhere).
+bool own_regular_file(int fd, const std::string& name) {
+  struct stat st {};
+  return ::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+         st.st_uid == ::geteuid() && st.st_nlink == 1;
+}
+
+// Opens `name` in the partial folder for reading and writing: the existing file when it is a
+// regular file of ours with one link, else a new one (O_EXCL, 0600). Never follows a link.
+int open_partial_file(int pfd, const std::string& name, const std::string& shown, bool* created) {
+  *created = false;
+  int fd = ::openat(pfd, name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    fd = ::openat(pfd, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    *created = fd >= 0;
+  }
+  if (fd < 0) {
+    if (errno == ELOOP)
+      fail(
+          "{}: is a symbolic link, not a partial file pull made: refusing to follow it (remove it)",
+          shown);
+    fail("{}: cannot open or create the partial file: {}", shown, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+      st.st_nlink != 1) {
+    ::close(fd);
+    fail(
+        "{}: is not a partial file pull made (expected a regular file of this user with one "
+        "link): refusing to write to it (remove it)",
+        shown);
+  }
+  return fd;
+}
+
+// The folder of DIR/`path`'s file, created (0700) where missing, every step opened with
+// O_NOFOLLOW: a link along the way stops the publish instead of being followed.
+int open_target_folder(int dir_fd, const std::string& dir, const std::string& path) {
+  int fd = ::dup(dir_fd);
+  if (fd < 0) fail("{}: {}", dir, std::strerror(errno));
+  size_t b = 0;
+  for (size_t e = path.find('/'); e != std::string::npos; b = e + 1, e = path.find('/', b)) {
+    const std::string part = path.substr(b, e - b);
+    if (::mkdirat(fd, part.c_str(), 0700) != 0 && errno != EEXIST) {
+      const int err = errno;
+      ::close(fd);
+      fail("{}: cannot create the folder: {}", (fs::path(dir) / path.substr(0, e)).string(),
+           std::strerror(err));
+    }
+    const int next = ::openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int err = errno;
+    ::close(fd);
+    if (next < 0)
+      fail("{}: cannot open it as a folder ({}): refusing to write through a link or a file",
+           (fs::path(dir) / path.substr(0, e)).string(), std::strerror(err));
+    fd = next;
+  }
+  return fd;
 }
 
 struct FileState {
   HubFile f;
-  std::string target, part, done_path;
-  int fd = -1, done_fd = -1;
+  std::string key, target, part_name, done_name;
+  uint64_t chunk = 0;
+  int fd = -1, done_fd = -1;  // open while chunks of the file are in flight
   size_t chunks = 0;
   std::vector<uint8_t> done;
   size_t remaining = 0;
@@ -95,41 +173,28 @@ struct FileState {
   std::mutex mu;
 };
 
-// Opens (or creates) the partial file and its map; a map that does not match is reset.
-void open_partial(FileState& s, uint64_t chunk) {
-  s.chunks = std::max<size_t>(1, static_cast<size_t>((s.f.size + chunk - 1) / chunk));
-  s.fd = ::open(s.part.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (s.fd < 0) fail("{}: cannot create the partial file: {}", s.part, std::strerror(errno));
-  s.done_fd = ::open(s.done_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (s.done_fd < 0) fail("{}: cannot create it: {}", s.done_path, std::strerror(errno));
-  const std::string header = done_header(s.f, chunk);
-  std::string have(header.size() + s.chunks, '\0');
-  const ssize_t n = ::pread(s.done_fd, have.data(), have.size(), 0);
-  s.done.assign(s.chunks, 0);
-  if (n == static_cast<ssize_t>(have.size()) && have.compare(0, header.size(), header) == 0) {
-    for (size_t k = 0; k < s.chunks; ++k) s.done[k] = have[header.size() + k] == '1';
-  } else if (::ftruncate(s.done_fd, 0) != 0 || ::pwrite(s.done_fd, header.data(), header.size(),
-                                                        0) != static_cast<ssize_t>(header.size())) {
-    fail("{}: cannot write it: {}", s.done_path, std::strerror(errno));
-  }
-  s.remaining = static_cast<size_t>(std::count(s.done.begin(), s.done.end(), 0));
-}
-
 class Fetcher {
  public:
-  Fetcher(const HubRepo& repo, const std::string& dir, const std::string& token,
-          const FetchOptions& o)
-      : repo_(repo), dir_(dir), token_(token), o_(o), tty_(::isatty(STDERR_FILENO) != 0) {}
+  Fetcher(const HubRepo& repo, PullState& state, const std::string& token, const FetchOptions& o)
+      : repo_(repo),
+        state_(state),
+        dir_(state.dir()),
+        token_(token),
+        o_(o),
+        tty_(::isatty(STDERR_FILENO) != 0) {}
 
   FetchResult run(const std::vector<HubFile>& files) {
-    const std::string pdir = partial_dir(dir_);
+    pfd_ = state_.partial_fd(true);
     for (const auto& f : files) {
       auto s = std::make_unique<FileState>();
       s->f = f;
+      s->key = partial_key(f);
       s->target = (fs::path(dir_) / f.path).string();
-      s->part = (fs::path(pdir) / (key_of(f) + ".part")).string();
-      s->done_path = (fs::path(pdir) / (key_of(f) + ".done")).string();
-      open_partial(*s, o_.chunk_bytes);
+      s->part_name = s->key + ".part";
+      s->done_name = s->key + ".done";
+      s->chunk = chunk_for(f.size, o_.chunk_bytes);
+      s->chunks = std::max<size_t>(1, static_cast<size_t>((f.size + s->chunk - 1) / s->chunk));
+      load_map(*s);
       total_ += f.size;
       for (size_t k = 0; k < s->chunks; ++k) {
         if (s->done[k]) {
@@ -141,8 +206,15 @@ class Fetcher {
       files_.push_back(std::move(s));
     }
     // A file whose chunks were all done before this run (stopped while hashing) is finished here.
-    for (size_t i = 0; i < files_.size(); ++i)
-      if (files_[i]->remaining == 0) finish(i);
+    for (size_t i = 0; i < files_.size() && !stop_; ++i) {
+      if (files_[i]->remaining != 0) continue;
+      bool opened = false;
+      {
+        std::lock_guard<std::mutex> l(files_[i]->mu);
+        opened = open_files(*files_[i]);
+      }
+      if (opened) finish(i);
+    }
     std::vector<std::thread> workers;
     const int n = std::max(1, std::min<int>(o_.connections, static_cast<int>(queue_.size())));
     for (int w = 0; w < n && !stop_; ++w) workers.emplace_back([this] { work(); });
@@ -154,10 +226,7 @@ class Fetcher {
     }
     cv_.notify_all();
     progress.join();
-    for (auto& s : files_) {
-      if (s->fd >= 0) ::close(s->fd);
-      if (s->done_fd >= 0) ::close(s->done_fd);
-    }
+    for (auto& s : files_) close_files(*s);
     FetchResult r;
     r.bytes_fetched = fetched_;
     r.files_published = published_;
@@ -173,8 +242,72 @@ class Fetcher {
   };
 
   uint64_t chunk_len(const FileState& s, size_t k) const {
-    const uint64_t b = k * o_.chunk_bytes;
-    return std::min(o_.chunk_bytes, s.f.size - std::min(s.f.size, b));
+    const uint64_t b = k * s.chunk;
+    return std::min(s.chunk, s.f.size - std::min(s.f.size, b));
+  }
+
+  std::string shown(const std::string& name) const {
+    return (fs::path(state_.partial_path()) / name).string();
+  }
+
+  // The chunks an earlier run finished, from the map, when both partial files are regular files
+  // of ours and the map's header matches this file and chunk size; none otherwise. Opens nothing
+  // for writing and keeps nothing open.
+  void load_map(FileState& s) {
+    s.done.assign(s.chunks, 0);
+    s.remaining = s.chunks;
+    if (!own_regular_file(pfd_, s.part_name) || !own_regular_file(pfd_, s.done_name)) return;
+    const int fd = ::openat(pfd_, s.done_name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    const std::string header = done_header(s.f, s.chunk, s.key);
+    std::string have(header.size() + s.chunks, '\0');
+    const ssize_t n = ::pread(fd, have.data(), have.size(), 0);
+    ::close(fd);
+    if (n != static_cast<ssize_t>(have.size()) || have.compare(0, header.size(), header) != 0)
+      return;
+    for (size_t k = 0; k < s.chunks; ++k) s.done[k] = have[header.size() + k] == '1';
+    s.remaining = static_cast<size_t>(std::count(s.done.begin(), s.done.end(), 0));
+  }
+
+  // Opens the file's map (first, so every partial file has one) and partial file, writing the
+  // map as this run knows it. Called with s.mu held; false after a fatal error.
+  bool open_files(FileState& s) {
+    if (s.fd >= 0) return true;
+    const auto failed = [&](const std::string& message) {
+      close_files(s);
+      fatal(message);
+      return false;
+    };
+    try {
+      bool created = false;
+      s.done_fd = open_partial_file(pfd_, s.done_name, shown(s.done_name), &created);
+      std::string map = done_header(s.f, s.chunk, s.key);
+      for (uint8_t d : s.done) map += d ? '1' : '\0';
+      if (::pwrite(s.done_fd, map.data(), map.size(), 0) != static_cast<ssize_t>(map.size()) ||
+          ::ftruncate(s.done_fd, static_cast<off_t>(map.size())) != 0) {
+        return failed(disk_message(errno, shown(s.done_name)));
+      }
+      s.fd = open_partial_file(pfd_, s.part_name, shown(s.part_name), &created);
+      if (created && s.remaining != s.chunks) {
+        return failed(fmt::format("{}: the partial file vanished while pull ran: run it again",
+                                  shown(s.part_name)));
+      }
+      // Never longer than the file (the hash covers every byte of it).
+      struct stat st {};
+      if (::fstat(s.fd, &st) != 0 || (static_cast<uint64_t>(st.st_size) > s.f.size &&
+                                      ::ftruncate(s.fd, static_cast<off_t>(s.f.size)) != 0)) {
+        return failed(disk_message(errno, shown(s.part_name)));
+      }
+    } catch (const std::exception& e) {
+      return failed(e.what());
+    }
+    return true;
+  }
+
+  static void close_files(FileState& s) {
+    if (s.fd >= 0) ::close(s.fd);
+    if (s.done_fd >= 0) ::close(s.done_fd);
+    s.fd = s.done_fd = -1;
   }
 
   void fatal(const std::string& message) {
@@ -206,12 +339,13 @@ class Fetcher {
   }
 
   void work() {
-    HttpClient http(token_);
+    HttpClient http(token_, repo_.endpoint);
     Task t{};
     while (take(t)) {
       FileState& s = *files_[t.file];
       {
         std::lock_guard<std::mutex> l(s.mu);
+        if (!open_files(s)) return;
         if (!s.allocated && s.f.size > 0) {
           // Reserve the file's space now, so a full disk stops the run here, between chunks.
           const int err = ::posix_fallocate(s.fd, 0, static_cast<off_t>(s.f.size));
@@ -227,10 +361,10 @@ class Fetcher {
       {
         std::lock_guard<std::mutex> l(s.mu);
         const char one = '1';
-        const off_t at = static_cast<off_t>(done_header(s.f, o_.chunk_bytes).size() + t.chunk);
+        const off_t at = static_cast<off_t>(done_header(s.f, s.chunk, s.key).size() + t.chunk);
         // The chunk's bytes reach the disk before the map says so.
         if (::fdatasync(s.fd) != 0 || ::pwrite(s.done_fd, &one, 1, at) != 1) {
-          fatal(disk_message(errno, s.part));
+          fatal(disk_message(errno, shown(s.part_name)));
           return;
         }
         s.done[t.chunk] = 1;
@@ -242,7 +376,7 @@ class Fetcher {
 
   // Fetches one chunk with retries; false on a fatal error or a stop.
   bool fetch_chunk(HttpClient& http, FileState& s, size_t k) {
-    const uint64_t begin = k * o_.chunk_bytes, len = chunk_len(s, k);
+    const uint64_t begin = k * s.chunk, len = chunk_len(s, k);
     const std::string url = resolve_url(repo_, s.f.path);
     uint64_t got = 0;
     int failures = 0;
@@ -322,15 +456,10 @@ class Fetcher {
   // All chunks of a file are on disk: check its hash, then publish it or fetch it again.
   void finish(size_t i) {
     FileState& s = *files_[i];
-    std::string got, want;
+    const std::string want = !s.f.sha256.empty() ? s.f.sha256 : s.f.oid;
+    std::string got;
     try {
-      if (!s.f.sha256.empty()) {
-        want = s.f.sha256;
-        got = file_sha256(s.part);
-      } else if (!s.f.oid.empty()) {
-        want = s.f.oid;
-        got = file_git_oid(s.part);
-      }
+      got = digest_fd(s.fd, s.f.sha256.empty(), shown(s.part_name));
     } catch (const std::exception& e) {
       fatal(e.what());
       return;
@@ -346,34 +475,45 @@ class Fetcher {
       }
       log_line(fmt::format("{}: hash mismatch (got {}, the hub lists {}): fetching it again",
                            s.f.path, got.substr(0, 16), want.substr(0, 16)));
-      const std::string header = done_header(s.f, o_.chunk_bytes);
+      const std::string header = done_header(s.f, s.chunk, s.key);
       std::string zeros(s.chunks, '\0');
       if (::pwrite(s.done_fd, zeros.data(), zeros.size(), static_cast<off_t>(header.size())) < 0) {
-        fatal(disk_message(errno, s.done_path));
+        fatal(disk_message(errno, shown(s.done_name)));
         return;
       }
       std::fill(s.done.begin(), s.done.end(), 0);
       s.remaining = s.chunks;
       have_ -= s.f.size;
       ++refetched_;
+      close_files(s);  // reopened when its first chunk is taken again
       std::lock_guard<std::mutex> q(mu_);
       for (size_t k = 0; k < s.chunks; ++k) queue_.push_back({i, k});
       return;
     }
-    std::error_code ec;
-    fs::create_directories(fs::path(s.target).parent_path(), ec);
-    if (::fsync(s.fd) != 0 || ::rename(s.part.c_str(), s.target.c_str()) != 0) {
-      fatal(fmt::format("{}: cannot move the finished file into place: {}", s.target,
-                        std::strerror(errno)));
+    // Into place: the target's folders are created (0700) and opened without following a link;
+    // the rename replaces at most a regular file (check_target refused anything else).
+    int folder = -1;
+    try {
+      folder = open_target_folder(state_.dir_fd(), dir_, s.f.path);
+    } catch (const std::exception& e) {
+      fatal(e.what());
       return;
     }
-    const int dfd =
-        ::open(fs::path(s.target).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
+    const std::string name = fs::path(s.f.path).filename().string();
+    if (::fsync(s.fd) != 0 || ::renameat(pfd_, s.part_name.c_str(), folder, name.c_str()) != 0) {
+      const int err = errno;
+      ::close(folder);
+      fatal(fmt::format("{}: cannot move the finished file into place: {}", s.target,
+                        std::strerror(err)));
+      return;
     }
-    ::unlink(s.done_path.c_str());
+    ::fsync(folder);
+    ::close(folder);
+    ::unlinkat(pfd_, s.done_name.c_str(), 0);
+    {
+      std::lock_guard<std::mutex> l(s.mu);
+      close_files(s);
+    }
     ++published_;
     log_line(fmt::format("{} ({}) verified{}", s.f.path, disk_bytes(static_cast<double>(s.f.size)),
                          s.f.sha256.empty() ? " (git blob id)" : " (sha256)"));
@@ -413,8 +553,10 @@ class Fetcher {
   }
 
   const HubRepo& repo_;
+  PullState& state_;
   std::string dir_, token_;
   FetchOptions o_;
+  int pfd_ = -1;  // the partial folder (state_'s)
   bool tty_;
   std::vector<std::unique_ptr<FileState>> files_;
   std::deque<Task> queue_;
@@ -431,27 +573,181 @@ class Fetcher {
 
 }  // namespace
 
-std::string partial_dir(const std::string& dir) {
-  return (fs::path(dir) / ".deltafin-pull" / "partial").string();
+std::string partial_key(const HubFile& f) {
+  // check_repo_path keeps newlines out of paths, and the ids are hex: the text is unambiguous.
+  const std::string text =
+      fmt::format("deltafin-pull partial\n{}\n{}\n{}\n{}\n", f.path, f.oid, f.sha256, f.size);
+  FileHasher h(false, 0);
+  h.update(text.data(), text.size());
+  return h.hex();
 }
 
-uint64_t partial_bytes(const std::string& dir, const std::vector<HubFile>& files) {
+namespace {
+
+// Opens (creating, 0700, when `create`) the folder `name` in `parent`, refusing a link or
+// anything but a folder; -1 when absent and not created.
+int open_state_folder(int parent, const std::string& name, const std::string& shown, bool create) {
+  struct stat st {};
+  if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno != ENOENT) fail("{}: {}", shown, std::strerror(errno));
+    if (!create) return -1;
+    if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST)
+      fail("{}: cannot create it: {}", shown, std::strerror(errno));
+  } else if (S_ISLNK(st.st_mode)) {
+    fail(
+        "{} is a symbolic link: pull keeps its own state there and does not follow a link out "
+        "of --dir (remove it)",
+        shown);
+  } else if (!S_ISDIR(st.st_mode)) {
+    fail("{} exists and is not a folder: pull keeps its own state there (remove it)", shown);
+  }
+  const int fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    fail("{}: cannot open it as a folder ({}): refusing to follow a link", shown,
+         std::strerror(errno));
+  return fd;
+}
+
+// True for KEY.done names pull makes: KEY 64 hex digits (or 40/64 from the previous format,
+// which named partial files by the listed hash).
+bool done_name_stem(const std::string& name, std::string* stem) {
+  if (!name.ends_with(".done")) return false;
+  *stem = name.substr(0, name.size() - 5);
+  if (stem->size() != 64 && stem->size() != 40) return false;
+  return std::all_of(stem->begin(), stem->end(),
+                     [](char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); });
+}
+
+}  // namespace
+
+PullState::PullState(const std::string& dir) : dir_(dir) {
+  dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd_ < 0) fail("--dir {}: cannot open it as a folder: {}", dir, std::strerror(errno));
+  try {
+    state_fd_ = open_state_folder(dir_fd_, ".deltafin-pull",
+                                  (fs::path(dir) / ".deltafin-pull").string(), true);
+  } catch (...) {
+    ::close(dir_fd_);
+    throw;
+  }
+}
+
+PullState::~PullState() {
+  for (int fd : {partial_fd_, state_fd_, dir_fd_})
+    if (fd >= 0) ::close(fd);
+}
+
+std::string PullState::partial_path() const {
+  return (fs::path(dir_) / ".deltafin-pull" / "partial").string();
+}
+
+int PullState::partial_fd(bool create) {
+  if (partial_fd_ < 0)
+    partial_fd_ = open_state_folder(state_fd_, "partial", partial_path(), create);
+  return partial_fd_;
+}
+
+std::string PullState::read_manifest() const {
+  const int fd =
+      ::openat(state_fd_, "manifest.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (off_t{1} << 30)) {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  return text;
+}
+
+void PullState::write_manifest(const std::string& text) const {
+  const std::string shown = (fs::path(dir_) / ".deltafin-pull" / "manifest.json").string();
+  const std::string tmp = fmt::format("manifest.json.tmp.{}", ::getpid());
+  ::unlinkat(state_fd_, tmp.c_str(), 0);  // a leftover of a run that had our process id
+  const int fd =
+      ::openat(state_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) fail("{}: cannot write it: {}", shown, std::strerror(errno));
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+  const int err = off < text.size() ? (errno != 0 ? errno : EIO) : 0;
+  if (err != 0 || ::fsync(fd) != 0 ||
+      ::renameat(state_fd_, tmp.c_str(), state_fd_, "manifest.json") != 0) {
+    const int e = err != 0 ? err : errno;
+    ::close(fd);
+    ::unlinkat(state_fd_, tmp.c_str(), 0);
+    fail("{}: cannot write it: {}", shown, std::strerror(e));
+  }
+  ::close(fd);
+  ::fsync(state_fd_);
+}
+
+uint64_t PullState::partial_bytes(const std::vector<HubFile>& files) {
+  const int pfd = partial_fd(false);
+  if (pfd < 0) return 0;
   uint64_t n = 0;
   for (const auto& f : files) {
-    const std::string base = (fs::path(partial_dir(dir)) / key_of(f)).string();
     struct stat st {};
-    if (::stat((base + ".part").c_str(), &st) == 0)
+    const std::string name = partial_key(f) + ".part";
+    if (::fstatat(pfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
       n += std::min<uint64_t>(f.size, static_cast<uint64_t>(st.st_blocks) * 512);
   }
   return n;
 }
 
-FetchResult fetch_files(const HubRepo& repo, const std::vector<HubFile>& files,
-                        const std::string& dir, const std::string& token, const FetchOptions& o) {
-  std::error_code ec;
-  fs::create_directories(partial_dir(dir), ec);
-  if (ec) fail("{}: cannot create it: {}", partial_dir(dir), ec.message());
-  Fetcher f(repo, dir, token, o);
+int PullState::remove_stale_partials(const std::vector<HubFile>& keep) {
+  const int pfd = partial_fd(false);
+  if (pfd < 0) return 0;
+  std::set<std::string> kept;
+  for (const auto& f : keep) kept.insert(partial_key(f));
+  std::vector<std::string> stems;
+  const int list_fd = ::openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr) {
+    while (const dirent* e = ::readdir(d)) {
+      std::string stem;
+      if (done_name_stem(e->d_name, &stem) && kept.count(stem) == 0) stems.push_back(stem);
+    }
+    ::closedir(d);
+  } else if (list_fd >= 0) {
+    ::close(list_fd);
+  }
+  int removed = 0;
+  for (const auto& stem : stems) {
+    // Ours: a regular file of this user whose first bytes are the map's header.
+    const std::string done = stem + ".done", part = stem + ".part";
+    if (!own_regular_file(pfd, done)) continue;
+    const int fd = ::openat(pfd, done.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    char head[16] = {};
+    const ssize_t n = ::pread(fd, head, sizeof head, 0);
+    ::close(fd);
+    const std::string_view h(head, n > 0 ? static_cast<size_t>(n) : 0);
+    if (h != "deltafin-pull 1 " && h != "deltafin-pull 2 ") continue;
+    if (own_regular_file(pfd, part) && ::unlinkat(pfd, part.c_str(), 0) == 0) ++removed;
+    if (::unlinkat(pfd, done.c_str(), 0) == 0) ++removed;
+  }
+  if (::unlinkat(state_fd_, "partial", AT_REMOVEDIR) == 0) {  // only when empty
+    ::close(partial_fd_);
+    partial_fd_ = -1;
+  }
+  return removed;
+}
+
+FetchResult fetch_files(const HubRepo& repo, const std::vector<HubFile>& files, PullState& state,
+                        const std::string& token, const FetchOptions& o) {
+  Fetcher f(repo, state, token, o);
   return f.run(files);
 }
 

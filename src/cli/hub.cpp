@@ -1,12 +1,19 @@
+// The hub client (hub.h). One libcurl easy handle per HttpClient, reused for keep-alive; the
+// bearer token is set or cleared before each request by comparing the request's origin with
+// the endpoint's, so neither a redirect (libcurl drops it for another host) nor a listing page's
+// Link header (our code follows those) can carry it to another host.
 #include "cli/hub.h"
 
 #include <curl/curl.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "core/json_parse.h"
@@ -61,12 +68,12 @@ std::string url_escape_path(const std::string& path) {
 
 struct HttpClient::Impl {
   CURL* curl = nullptr;
-  std::string token;
+  std::string token, token_origin;
   HttpResult* result = nullptr;
   const std::function<bool(const char*, size_t)>* sink = nullptr;
   const std::function<bool()>* stop = nullptr;
   size_t max_body = 0;
-  bool sink_failed = false;
+  bool sink_failed = false, too_large = false;
 
   static size_t on_header(char* data, size_t size, size_t n, void* self) {
     auto* me = static_cast<Impl*>(self);
@@ -98,7 +105,11 @@ struct HttpClient::Impl {
       return size * n;
     }
     std::string& body = me->result->body;
-    body.append(data, std::min(size * n, me->max_body - std::min(me->max_body, body.size())));
+    if (size * n > me->max_body - std::min(me->max_body, body.size())) {
+      me->too_large = true;  // an answer larger than any we expect: stop reading it
+      return 0;
+    }
+    body.append(data, size * n);
     return size * n;
   }
 
@@ -107,14 +118,24 @@ struct HttpClient::Impl {
     return me->stop != nullptr && *me->stop && (*me->stop)() ? 1 : 0;
   }
 
-  HttpResult perform(const std::string& url, const std::string& range) {
+  // `timeout_ms` 0: no deadline.
+  HttpResult perform(const std::string& url, const std::string& range, long timeout_ms) {
     HttpResult r;
     result = &r;
-    sink_failed = false;
+    sink_failed = too_large = false;
     curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
     curl_easy_setopt(curl, CURLOPT_RANGE, range.empty() ? nullptr : range.c_str());
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, timeout_ms);
+    // Bearer authentication goes to the endpoint's origin only. libcurl itself never sends it to
+    // a host a redirect leads to (the CDN's URLs are signed); a URL we were handed (a listing
+    // page's Link) is checked here.
+    const bool send_token = !token.empty() && url_origin(url) == token_origin;
+    curl_easy_setopt(curl, CURLOPT_HTTPAUTH, send_token ? CURLAUTH_BEARER : CURLAUTH_BASIC);
+    curl_easy_setopt(curl, CURLOPT_XOAUTH2_BEARER, send_token ? token.c_str() : nullptr);
     const CURLcode code = curl_easy_perform(curl);
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r.status);
+    r.too_large = too_large;
+    r.timed_out = code == CURLE_OPERATION_TIMEDOUT && timeout_ms > 0;
     if (code != CURLE_OK) {
       r.error = sink_failed ? "write failed" : curl_easy_strerror(code);
       if (code == CURLE_ABORTED_BY_CALLBACK) r.error = "stopped";
@@ -125,9 +146,11 @@ struct HttpClient::Impl {
   }
 };
 
-HttpClient::HttpClient(std::string token) : impl_(std::make_unique<Impl>()) {
+HttpClient::HttpClient(std::string token, const std::string& token_origin)
+    : impl_(std::make_unique<Impl>()) {
   global_init();
   impl_->token = std::move(token);
+  impl_->token_origin = url_origin(token_origin);
   CURL* c = impl_->curl = curl_easy_init();
   if (c == nullptr) fail("cannot initialise libcurl");
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
@@ -147,23 +170,25 @@ HttpClient::HttpClient(std::string token) : impl_(std::make_unique<Impl>()) {
   curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &Impl::on_progress);
   curl_easy_setopt(c, CURLOPT_XFERINFODATA, impl_.get());
   curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-  if (!impl_->token.empty()) {
-    // Bearer authentication goes to the host asked, never to a host a redirect leads to (the
-    // CDN's URLs are signed).
-    curl_easy_setopt(c, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
-    curl_easy_setopt(c, CURLOPT_XOAUTH2_BEARER, impl_->token.c_str());
-  }
 }
 
 HttpClient::~HttpClient() {
   if (impl_->curl != nullptr) curl_easy_cleanup(impl_->curl);
 }
 
-HttpResult HttpClient::get(const std::string& url, size_t max_body) {
+HttpResult HttpClient::get(const std::string& url, size_t max_body, Deadline deadline) {
   impl_->sink = nullptr;
   impl_->stop = nullptr;
   impl_->max_body = max_body;
-  return impl_->perform(url, "");
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) {
+    HttpResult r;
+    r.timed_out = true;
+    r.error = "the deadline passed";
+    return r;
+  }
+  return impl_->perform(url, "", static_cast<long>(left.count()));
 }
 
 HttpResult HttpClient::get_range(const std::string& url, uint64_t begin, uint64_t end,
@@ -172,7 +197,7 @@ HttpResult HttpClient::get_range(const std::string& url, uint64_t begin, uint64_
   impl_->sink = &sink;
   impl_->stop = &stop;
   impl_->max_body = 64 << 10;
-  HttpResult r = impl_->perform(url, fmt::format("{}-{}", begin, end - 1));
+  HttpResult r = impl_->perform(url, fmt::format("{}-{}", begin, end - 1), 0);
   impl_->sink = nullptr;
   impl_->stop = nullptr;
   return r;
@@ -195,6 +220,41 @@ std::string hub_token() {
   return trim(token);
 }
 
+std::string url_origin(const std::string& url) {
+  CURLU* u = curl_url();
+  if (u == nullptr) return "";
+  std::string out;
+  char *scheme = nullptr, *host = nullptr, *port = nullptr;
+  if (curl_url_set(u, CURLUPART_URL, url.c_str(), 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+    out = fmt::format("{}://{}:{}", scheme, host, port);
+    for (auto& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (!out.starts_with("http://") && !out.starts_with("https://")) out.clear();
+  }
+  curl_free(scheme);
+  curl_free(host);
+  curl_free(port);
+  curl_url_cleanup(u);
+  return out;
+}
+
+std::chrono::seconds listing_timeout() {
+  const char* v = std::getenv("DELTAFIN_PULL_LISTING_TIMEOUT");
+  if (v == nullptr || *v == 0) return std::chrono::seconds(600);
+  const std::string s = v;
+  long n = 0;
+  bool ok = s.size() <= 5 && std::all_of(s.begin(), s.end(), [](char ch) {
+              return std::isdigit(static_cast<unsigned char>(ch));
+            });
+  if (ok) n = std::stol(s);
+  if (!ok || n < 1 || n > 86400)
+    fail_arg("DELTAFIN_PULL_LISTING_TIMEOUT={}: expected a whole number of seconds from 1 to 86400",
+             hub_quote(s));
+  return std::chrono::seconds(n);
+}
+
 std::string hub_endpoint() {
   std::string e = "https://huggingface.co";
   if (const char* v = std::getenv("HF_ENDPOINT"); v != nullptr && *v) e = v;
@@ -215,20 +275,6 @@ void check_repo_name(const std::string& repo) {
     fail_arg("repository \"{}\": expected ORG/NAME, as on huggingface.co (e.g. moonshotai/Kimi-K3)",
              repo);
   }
-}
-
-void check_repo_path(const std::string& path) {
-  bool ok = !path.empty() && path.front() != '/' && path.find('\\') == std::string::npos &&
-            path.find('\0') == std::string::npos && path.size() < 4096;
-  size_t b = 0;
-  while (ok && b <= path.size()) {
-    const size_t e = std::min(path.find('/', b), path.size());
-    const std::string part = path.substr(b, e - b);
-    ok = !part.empty() && part != "." && part != "..";
-    b = e + 1;
-  }
-  if (!ok)
-    fail("the hub listed a file path \"{}\" that is not a plain relative path: refusing it", path);
 }
 
 std::string http_failure(const HttpResult& r, const std::string& what, bool have_token) {
@@ -255,54 +301,64 @@ std::string http_failure(const HttpResult& r, const std::string& what, bool have
   return fmt::format("{}: HTTP {}{}", what, r.status, detail.empty() ? "" : " (" + detail + ")");
 }
 
+namespace {
+
+// A JSON GET with get_hub_json's retries and checks; the result keeps the answer's headers.
+HttpResult get_hub_answer(HttpClient& http, const std::string& url, const std::string& what,
+                          Deadline deadline, bool have_token) {
+  HttpResult res;
+  for (int attempt = 0;; ++attempt) {
+    res = http.get(url, kMaxHubJsonBytes, deadline);
+    const bool transient = res.status == 0 || res.status == 429 || res.status >= 500;
+    if (res.status == 200 || res.too_large || res.timed_out || !transient || attempt >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250 << attempt));
+  }
+  if (res.too_large)
+    fail(
+        "{}: the hub's answer is larger than {} MiB, far more than such an answer holds: "
+        "refusing to read on",
+        what, kMaxHubJsonBytes >> 20);
+  if (res.timed_out)
+    fail(
+        "{}: no complete answer within the listing's deadline of {} s (a body that does not "
+        "end, or a very slow link: DELTAFIN_PULL_LISTING_TIMEOUT sets the deadline)",
+        what, listing_timeout().count());
+  if (res.status != 200) fail("{}", http_failure(res, what, have_token));
+  return res;
+}
+
+}  // namespace
+
+std::string get_hub_json(HttpClient& http, const std::string& url, const std::string& what,
+                         Deadline deadline, bool have_token) {
+  return get_hub_answer(http, url, what, deadline, have_token).body;
+}
+
 HubRepo list_repo(HttpClient& http, const std::string& endpoint, const std::string& repo,
                   const std::string& revision, bool have_token) {
   check_repo_name(repo);
+  const Deadline deadline = std::chrono::steady_clock::now() + listing_timeout();
   HubRepo out;
   out.endpoint = endpoint;
   out.repo = repo;
   out.revision = revision;
-  auto get_json = [&](const std::string& url, const std::string& what, HttpResult& res) {
-    for (int attempt = 0;; ++attempt) {
-      res = http.get(url);
-      const bool transient = res.status == 0 || res.status == 429 || res.status >= 500;
-      if (res.status == 200 || !transient || attempt >= 4) break;
-    }
-    if (res.status != 200) fail("{}", http_failure(res, what, have_token));
-    return parse_json(res.body, what);
-  };
-  HttpResult res;
+  const std::string rev_what = fmt::format("{} at revision {}", repo, revision);
   const std::string rev_url =
       fmt::format("{}/api/models/{}/revision/{}", endpoint, repo, url_escape_path(revision));
-  const auto info = get_json(rev_url, fmt::format("{} at revision {}", repo, revision), res);
-  out.commit = info.is_object() && info.contains("sha") && info["sha"].is_string()
-                   ? info["sha"].get<std::string>()
-                   : revision;
+  out.commit =
+      parse_revision_commit(get_hub_json(http, rev_url, rev_what, deadline, have_token), rev_what);
+  HubListing listing(repo);
+  const std::string what = fmt::format("listing the files of {}", repo);
   std::string url = fmt::format("{}/api/models/{}/tree/{}?recursive=true", endpoint, repo,
                                 url_escape_path(out.commit));
   for (int page = 0; !url.empty(); ++page) {
-    if (page > 100000) fail("{}: the file listing does not end (over 100000 pages)", repo);
-    const auto items = get_json(url, fmt::format("listing the files of {}", repo), res);
-    if (!items.is_array()) fail("listing the files of {}: expected a JSON list", repo);
-    for (const auto& e : items) {
-      if (!e.is_object() || e.value("type", "") != "file") continue;
-      HubFile f;
-      f.path = e.value("path", "");
-      check_repo_path(f.path);
-      if (!e.contains("size") || !e["size"].is_number_unsigned())
-        fail("listing the files of {}: {} has no size", repo, f.path);
-      f.size = e["size"].get<uint64_t>();
-      f.oid = e.value("oid", "");
-      if (e.contains("lfs") && e["lfs"].is_object()) {
-        f.sha256 = e["lfs"].value("oid", "");
-        if (e["lfs"].contains("size") && e["lfs"]["size"].is_number_unsigned())
-          f.size = e["lfs"]["size"].get<uint64_t>();
-      }
-      out.files.push_back(std::move(f));
-    }
+    if (page >= 100000) fail("{}: the listing does not end (over 100000 pages)", what);
+    const HttpResult res = get_hub_answer(http, url, what, deadline, have_token);
+    listing.add_page(res.body);
     url = res.link_next;
     if (!url.empty() && url.front() == '/') url = endpoint + url;
   }
+  out.files = listing.take();
   return out;
 }
 

@@ -6,15 +6,22 @@
 //  * GET {endpoint}/{repo}/resolve/{commit}/{path} serves a file, usually by a redirect to a CDN
 //    that answers HTTP ranges.
 // HF_ENDPOINT replaces the endpoint (mirrors); HF_TOKEN (else the token file huggingface_hub
-// writes, $HF_HOME/token) is sent as a bearer token to the hub and never to a host it redirects
-// to. The same code runs against the real hub and against the tests' mock (tests/pull/).
+// writes, $HF_HOME/token) is sent as a bearer token only to the endpoint's own origin (scheme,
+// host and port): never to a host a redirect or a listing page's Link leads to. The answers are
+// checked by hub_listing.* before anything uses them. The listing (revision, every page) must
+// finish within a deadline and every JSON answer within a size, so an endless or dripping body
+// stops the run with a message instead of hanging it. The same code runs against the real hub
+// and against the tests' mock (tests/pull/).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "cli/hub_listing.h"
 
 namespace deltafin::cli {
 
@@ -27,18 +34,24 @@ struct HttpResult {
   std::string link_next;  // the Link header's rel="next" URL, if any
   std::string content_range;
   std::string retry_after;
+  bool too_large = false;  // the body passed get()'s max_body: the transfer was stopped
+  bool timed_out = false;  // the deadline passed: the transfer was stopped
 };
 
-// A reusable connection (one per worker thread: keep-alive to the hub and the CDN).
+using Deadline = std::chrono::steady_clock::time_point;
+
+// A reusable connection (one per worker thread: keep-alive to the hub and the CDN). The token
+// goes only with requests to `token_origin` (an endpoint URL; its scheme, host and port count).
 class HttpClient {
  public:
-  explicit HttpClient(std::string token);
+  HttpClient(std::string token, const std::string& token_origin);
   ~HttpClient();
   HttpClient(const HttpClient&) = delete;
   HttpClient& operator=(const HttpClient&) = delete;
 
-  // GET `url` into result.body (at most `max_body` bytes kept).
-  HttpResult get(const std::string& url, size_t max_body = 64ull << 20);
+  // GET `url` into result.body. A body over `max_body` bytes stops the transfer (too_large); so
+  // does `deadline` passing (timed_out).
+  HttpResult get(const std::string& url, size_t max_body, Deadline deadline);
   // GET bytes [begin, end) of `url`; 200/206 bodies go to `sink(data, n)`, which returns false to
   // abort (a write error); other statuses' bodies go to result.body. `stop` is polled during the
   // transfer; returning true aborts it.
@@ -51,13 +64,6 @@ class HttpClient {
   std::unique_ptr<Impl> impl_;
 };
 
-struct HubFile {
-  std::string path;  // in the repository, '/'-separated
-  uint64_t size = 0;
-  std::string oid;     // git blob SHA-1 (of the bytes, or of the LFS pointer)
-  std::string sha256;  // LFS files: SHA-256 of the bytes; "" otherwise
-};
-
 struct HubRepo {
   std::string endpoint, repo, revision, commit;
   std::vector<HubFile> files;
@@ -68,18 +74,31 @@ struct HubRepo {
 std::string hub_token();
 // $HF_ENDPOINT (without a trailing '/'), else https://huggingface.co.
 std::string hub_endpoint();
+// "scheme://host:port" of a URL (lowercase, the scheme's default port filled in); "" when it is
+// not an http(s) URL libcurl can parse.
+std::string url_origin(const std::string& url);
 
-// Pins `revision` to a commit and lists every file. Throws Error with one line for what the
-// hub refused (a 401 names HF_TOKEN; a 404 names the repository or revision).
+// The most a JSON answer of the hub may hold (a listing page, the revision, the shard index).
+inline constexpr size_t kMaxHubJsonBytes = size_t{64} << 20;
+// How long the listing (the revision and every page) may take, and so does the shard index of
+// --include: $DELTAFIN_PULL_LISTING_TIMEOUT seconds, else 600. Throws Error on a value that is
+// not a whole number of seconds from 1 to 86400.
+std::chrono::seconds listing_timeout();
+
+// Pins `revision` to a commit and lists every file (checked by HubListing). Throws Error with one
+// line for what the hub refused (a 401 names HF_TOKEN; a 404 names the repository or revision),
+// for a listing that is not as expected, and for one that does not end by listing_timeout().
 HubRepo list_repo(HttpClient& http, const std::string& endpoint, const std::string& repo,
                   const std::string& revision, bool have_token);
 // The URL that serves one file at the pinned commit.
 std::string resolve_url(const HubRepo& r, const std::string& path);
 // Throws Error unless `repo` looks like ORG/NAME (letters, digits, '.', '_', '-').
 void check_repo_name(const std::string& repo);
-// Throws Error unless a listed path is safe to create under the target folder: relative, no
-// "." or ".." component, no backslash or NUL.
-void check_repo_path(const std::string& path);
+// GETs a JSON answer of the hub: transient failures (no response, 429, 5xx) are retried up to
+// five times until `deadline`; anything but a 200 with a body within kMaxHubJsonBytes throws
+// Error (`what` names the request).
+std::string get_hub_json(HttpClient& http, const std::string& url, const std::string& what,
+                         Deadline deadline, bool have_token);
 // One line for a refused request ("401 Unauthorized: ..."), naming what to do.
 std::string http_failure(const HttpResult& r, const std::string& what, bool have_token);
 

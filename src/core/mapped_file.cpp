@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace deltafin {
 
@@ -184,8 +185,9 @@ void check_output_target(const std::string& path) {
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
   check_output_target(path);
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // An unpredictable name, created exclusively: nothing planted in the folder is written through.
+  const std::string tmp = with_random_suffix(path + ".tmp-");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) fail_io("cannot write {}: {}", path, std::strerror(errno));
   const char* p = contents.data();
   size_t left = contents.size();

@@ -64,8 +64,10 @@ void require_regular_file(const std::string& path);
 // file: writers replace or truncate their target, and only a regular file may be replaced, so a
 // folder, a device node, a FIFO, a socket or a symbolic link is left as it is.
 void check_output_target(const std::string& path);
-// Writes a file atomically: check_output_target, then write to a temporary in the same folder,
-// fsync, rename. Errors name `path` (the file asked for), not the temporary.
+// Writes a file atomically: check_output_target, then write to a temporary in the same folder
+// (an unpredictable name, created with O_EXCL | O_NOFOLLOW), fsync, rename. The file is 0600
+// (core/file_io.h: what Deltafin writes is private). Errors name `path` (the file asked for), not
+// the temporary.
 void write_file_atomic(const std::string& path, std::string_view contents);
 
 }  // namespace deltafin

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
 #include "core/thread_pool.h"
@@ -214,8 +215,11 @@ std::string heat_file_for(const std::string& model_dir) {
     return "";
   }
   fs::path dir = fs::path(cache_dir()) / "heat";
-  fs::create_directories(dir, ec);
-  if (ec) return "";
+  try {
+    make_private_dirs(dir.string());  // 0700, like every folder Deltafin makes
+  } catch (const Error&) {
+    return "";
+  }
   return (dir / fmt::format("{:016x}.bin", h)).string();
 }
 

@@ -202,7 +202,7 @@ Unit unit_of(const TensorTable& tensors, const std::vector<std::string>& names, 
   Unit u;
   for (const auto& n : names) {
     const TensorInfo& t = tensors.at(n);
-    if (!is_product(t) || n == "language_model.model.embed_tokens.weight") continue;
+    if (!is_product(t) || n.ends_with("model.embed_tokens.weight")) continue;
     const WeightFormat f = trunk_format(t, int8);
     const double b = f == WeightFormat::kInt8
                          ? static_cast<double>(int8_bytes(t.shape[0], t.shape[1]))
@@ -302,9 +302,9 @@ KernelSpeeds measure_kernel_speeds(const ModelConfig& c, const TensorTable& tens
         make_matrix(WeightFormat::kF32, 1024, std::max<int64_t>(64, c.mla.cache_width()), fill));
     s.f32_gemm = gemm_rate(m, std::min<int64_t>(s.trunk_rows, 32), pool);
   }
-  if (c.moe.num_experts > 0 && c.moe.intermediate > 0 && c.moe.latent_dim > 0) {
+  if (c.moe.num_experts > 0 && c.moe.intermediate > 0 && c.expert_dim() > 0) {
     // Routed experts: gate, up [I, D] and down [D, I] in MXFP4, as many experts as make ~150 MB.
-    const int64_t I = c.moe.intermediate, D = c.moe.latent_dim;
+    const int64_t I = c.moe.intermediate, D = c.expert_dim();
     const double expert = 3.0 * static_cast<double>(I * D) * (0.5 + 1.0 / 32);
     const int n = static_cast<int>(std::clamp(150e6 / expert, 2.0, 64.0));
     std::vector<OwnedMatrix> m;
@@ -450,7 +450,7 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
   const double slot = static_cast<double>(plan.expert_slot_bytes);
   // An expert's weight bytes and FLOPs per row (gate, up and down).
   const double expert_bytes =
-      3.0 * static_cast<double>(c.moe.intermediate * c.moe.latent_dim) * (0.5 + 1.0 / 32);
+      3.0 * static_cast<double>(c.moe.intermediate * c.expert_dim()) * (0.5 + 1.0 / 32);
   const double kda_state =
       static_cast<double>(c.kda.num_heads * c.kda.head_dim * c.kda.head_dim) * 4;
   const double mem = std::max(s.memory_bandwidth, 1.0);

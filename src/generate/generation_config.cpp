@@ -92,8 +92,13 @@ std::vector<int32_t> stop_ids_for(const ModelConfig& c, const Tokenizer* tok,
       fail("{}: eos_token_id {} is outside the vocabulary ({})", g.path, id, c.vocab);
     add(id);
   }
+  // The end-of-turn token by the name the model's own tokenizer gives it: K3's <|end_of_msg|>,
+  // the K2 family's (Kimi-Linear, K2) <|im_end|> — the same slot under two names, so only the
+  // tokenizer can say which it is.
   if (tok != nullptr) {
-    if (auto eom = tok->special_id("<|end_of_msg|>")) add(*eom);
+    for (const char* name : {"<|end_of_msg|>", "<|im_end|>"}) {
+      if (auto eom = tok->special_id(name)) add(*eom);
+    }
   }
   return ids;
 }

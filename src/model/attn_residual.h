@@ -6,15 +6,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/residual.h"
+
 namespace deltafin {
 
 class ThreadPool;
 
-class AttnResidual {
+class AttnResidual : public ResidualStream {
  public:
   AttnResidual(int64_t rows, int64_t hidden, float eps, ThreadPool& pool);
 
-  float* partial() { return partial_.data(); }
+  float* partial() override { return partial_.data(); }
   const float* partial() const { return partial_.data(); }
 
   // MIX(anchors ++ [p]) for rows [first, first + n) into out[n][hidden]: softmax over candidates
@@ -22,15 +24,16 @@ class AttnResidual {
   // banked, nothing added yet) is no candidate: it is the last anchor now, so mixing right after
   // a bank is the spec's mix right before it. A single candidate is the value itself (the spec's
   // "nothing to mix with" before the first bank; a softmax over one is 1 exactly anyway).
-  void mix(const std::vector<float>& score, int64_t first, int64_t n_rows, float* out) const;
+  void mix(const std::vector<float>& score, int64_t first, int64_t n_rows,
+           float* out) const override;
 
   // Banks the raw incoming partial as an anchor and resets the partial to empty.
-  void bank();
+  void bank() override;
 
   // p = (p empty) ? y : p + y for rows [first, first + n); end_add() closes the sub-layer once
   // all its rows have landed.
-  void add(int64_t first, int64_t n, const float* y);
-  void end_add() { empty_ = false; }
+  void add(int64_t first, int64_t n, const float* y) override;
+  void end_add() override { empty_ = false; }
 
  private:
   int64_t R_, H_;

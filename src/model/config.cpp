@@ -1,3 +1,5 @@
+// The K3 parser, the routing on `architectures`, and what every family shares (the layer
+// schedule of linear_attn_config). Kimi-Linear's parser is config_kimi_linear.cpp.
 #include "model/config.h"
 
 #include <fmt/ranges.h>
@@ -10,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "model/config_parse.h"
 #include "model/field_reader.h"
 
 namespace deltafin {
@@ -17,17 +20,6 @@ namespace deltafin {
 using nlohmann::json;
 
 namespace {
-
-// "invalid K3 config" with at most 20 problems listed (a config listing a million bad layers
-// must not print a million lines).
-[[noreturn]] void fail_config(const std::string& path, const std::vector<std::string>& problems) {
-  constexpr size_t kShown = 20;
-  std::vector<std::string> shown(problems.begin(),
-                                 problems.begin() + std::min(problems.size(), kShown));
-  if (problems.size() > kShown)
-    shown.push_back(fmt::format("... and {} more problems", problems.size() - kShown));
-  fail("{}: invalid K3 config:\n  {}", path, fmt::join(shown, "\n  "));
-}
 
 void check_quantization(const json& q, std::vector<std::string>& problems) {
   const std::string p = "text_config.quantization_config.";
@@ -84,6 +76,64 @@ void check_quantization(const json& q, std::vector<std::string>& problems) {
 
 }  // namespace
 
+[[noreturn]] void fail_config(const std::string& path, Family family,
+                              const std::vector<std::string>& problems) {
+  constexpr size_t kShown = 20;
+  std::vector<std::string> shown(problems.begin(),
+                                 problems.begin() + std::min(problems.size(), kShown));
+  if (problems.size() > kShown)
+    shown.push_back(fmt::format("... and {} more problems", problems.size() - kShown));
+  fail("{}: invalid {} config:\n  {}", path, family_name(family), fmt::join(shown, "\n  "));
+}
+
+void parse_layer_schedule(const nlohmann::json& lin, const std::string& prefix, bool layers_ok,
+                          ModelConfig& c, std::vector<std::string>& problems) {
+  FieldReader l(lin, prefix, problems);
+  auto full = layers_ok ? l.int_list("full_attn_layers") : std::vector<int64_t>{};
+  auto kda = layers_ok ? l.int_list("kda_layers") : std::vector<int64_t>{};
+  c.layer_kinds.assign(static_cast<size_t>(c.num_layers), LayerKind::kKDA);
+  std::vector<int> seen(static_cast<size_t>(c.num_layers), 0);
+  auto mark = [&](const std::vector<int64_t>& list, LayerKind kind, const char* key) {
+    for (int64_t one_based : list) {
+      if (one_based < 1 || one_based > c.num_layers) {
+        l.problem(
+            fmt::format("{}{}: layer {} is outside 1..{}", prefix, key, one_based, c.num_layers));
+        continue;
+      }
+      c.layer_kinds[one_based - 1] = kind;
+      seen[one_based - 1]++;
+    }
+  };
+  mark(full, LayerKind::kMLA, "full_attn_layers");
+  mark(kda, LayerKind::kKDA, "kda_layers");
+  for (int64_t i = 0; i < c.num_layers && layers_ok; ++i) {
+    if (seen[i] != 1) {
+      l.problem(fmt::format(
+          "{}: layer {} (1-based) must appear in exactly one of full_attn_layers and kda_layers, "
+          "found {} times",
+          prefix.substr(0, prefix.size() - 1), i + 1, seen[i]));
+    }
+  }
+}
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::kK3:
+      return "K3";
+    case Family::kKimiLinear:
+      return "Kimi-Linear";
+  }
+  return "?";
+}
+
+std::string TensorNames::layer(int64_t i) const {
+  return fmt::format("{}model.layers.{}.", prefix, i);
+}
+
+std::string TensorNames::expert(int64_t i, int64_t e) const {
+  return fmt::format("{}experts.{}.", moe(i), e);
+}
+
 int64_t ModelConfig::num_kda_layers() const {
   return std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kKDA);
 }
@@ -91,30 +141,24 @@ int64_t ModelConfig::num_mla_layers() const {
   return std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kMLA);
 }
 
-ModelConfig parse_config(const std::string& json_text, const std::string& path) {
-  const json root = parse_json(json_text, path);
-  if (!root.is_object()) fail("{}: expected a JSON object at the top level", path);
+namespace {
 
+// K3: KimiK3ForConditionalGeneration, the text model under text_config (docs/MODEL.md §2.1).
+ModelConfig parse_k3_config(const json& root, const std::string& path) {
   std::vector<std::string> problems;
   ModelConfig c;
   c.path = path;
+  c.family = Family::kK3;
+  c.activation = Activation::kSiTU;
+  c.residual = ResidualForm::kAttnRes;
+  c.names.prefix = "language_model.";
+  c.moe.flavour = MoeFlavour::kLatent;
+  c.kda.decay = KdaDecay::kBoundedSigmoid;
 
-  // Route on the top-level architecture: the text config calls itself kimi_linear.
-  bool arch_ok = false;
-  if (auto a = root.find("architectures"); a != root.end() && a->is_array()) {
-    for (const auto& s : *a)
-      arch_ok |= s.is_string() && s.get<std::string>() == "KimiK3ForConditionalGeneration";
-  }
-  if (!arch_ok) {
-    problems.push_back(
-        fmt::format("architectures: expected [\"KimiK3ForConditionalGeneration\"], "
-                    "found {}",
-                    root.contains("architectures") ? root["architectures"].dump() : "nothing"));
-  }
   auto tc_it = root.find("text_config");
   if (tc_it == root.end() || !tc_it->is_object()) {
     problems.push_back("text_config: missing (expected the text model's configuration object)");
-    fail_config(path, problems);
+    fail_config(path, c.family, problems);
   }
   const json& tc = *tc_it;
   FieldReader t(tc, "text_config.", problems);
@@ -235,31 +279,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
           "text_config.linear_attn_config.use_full_rank_gate: expected true (K3's single g_proj "
           "output gate)");
     }
-    auto full = layers_ok ? l.int_list("full_attn_layers") : std::vector<int64_t>{};
-    auto kda = layers_ok ? l.int_list("kda_layers") : std::vector<int64_t>{};
-    c.layer_kinds.assign(static_cast<size_t>(c.num_layers), LayerKind::kKDA);
-    std::vector<int> seen(static_cast<size_t>(c.num_layers), 0);
-    auto mark = [&](const std::vector<int64_t>& list, LayerKind kind, const char* key) {
-      for (int64_t one_based : list) {
-        if (one_based < 1 || one_based > c.num_layers) {
-          l.problem(fmt::format("text_config.linear_attn_config.{}: layer {} is outside 1..{}", key,
-                                one_based, c.num_layers));
-          continue;
-        }
-        c.layer_kinds[one_based - 1] = kind;
-        seen[one_based - 1]++;
-      }
-    };
-    mark(full, LayerKind::kMLA, "full_attn_layers");
-    mark(kda, LayerKind::kKDA, "kda_layers");
-    for (int64_t i = 0; i < c.num_layers && layers_ok; ++i) {
-      if (seen[i] != 1) {
-        l.problem(fmt::format(
-            "text_config.linear_attn_config: layer {} (1-based) must appear in exactly one of "
-            "full_attn_layers and kda_layers, found {} times",
-            i + 1, seen[i]));
-      }
-    }
+    parse_layer_schedule(*lin_it, "text_config.linear_attn_config.", layers_ok, c, problems);
   }
 
   if (auto v = root.find("vision_config"); v != root.end()) c.vision_config_json = v->dump();
@@ -270,9 +290,31 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   }
 
   if (!problems.empty()) {
-    fail_config(path, problems);
+    fail_config(path, c.family, problems);
   }
   return c;
+}
+
+}  // namespace
+
+ModelConfig parse_config(const std::string& json_text, const std::string& path) {
+  const json root = parse_json(json_text, path);
+  if (!root.is_object()) fail("{}: expected a JSON object at the top level", path);
+  // Route on the top-level architecture; each family's parser checks the rest.
+  std::vector<std::string> archs;
+  if (auto a = root.find("architectures"); a != root.end() && a->is_array()) {
+    for (const auto& s : *a) {
+      if (s.is_string()) archs.push_back(s.get<std::string>());
+    }
+  }
+  for (const auto& a : archs) {
+    if (a == "KimiK3ForConditionalGeneration") return parse_k3_config(root, path);
+    if (a == "KimiLinearForCausalLM") return parse_kimi_linear_config(root, path);
+  }
+  fail(
+      "{}: architectures: expected [\"KimiK3ForConditionalGeneration\"] (Kimi K3) or "
+      "[\"KimiLinearForCausalLM\"] (Kimi-Linear), found {} (this architecture is not supported)",
+      path, root.contains("architectures") ? root["architectures"].dump() : "nothing");
 }
 
 }  // namespace deltafin

@@ -1,8 +1,14 @@
-// The K3 model configuration, read from the checkpoint's config.json (top-level
-// KimiK3ForConditionalGeneration with the text model under text_config). Every field the forward
-// pass uses is validated here, with errors naming the field, what was expected and what was
-// found. Nothing is hard-coded to K3's sizes: the layer schedule and all dimensions come from
-// the file (ranks that only the tensors know, such as f_a_proj's, are read from the shapes).
+// The model configuration, read from the checkpoint's config.json. `architectures` chooses the
+// family (K3: KimiK3ForConditionalGeneration with the text model under text_config; Kimi-Linear:
+// KimiLinearForCausalLM, the file is the text config), and the family's parser turns its fields
+// into one ModelConfig whose component choices (Activation, ResidualForm, MoeFlavour, KdaDecay,
+// the MLA query form, the tensor names) are all the forward pass and the loader ever look at:
+// nothing below the parser asks which family it runs. Every field the forward pass uses is
+// validated, with errors naming the field, what was expected and what was found. Nothing is
+// hard-coded to a release's sizes: the layer schedule and all dimensions come from the file
+// (ranks that only the tensors know, such as f_a_proj's, are read from the shapes).
+// docs/ARCHITECTURE.md ("Model families") says where each difference lives; docs/FAMILY.md is
+// the math of each family as differences from docs/MODEL.md.
 #pragma once
 
 #include <cstdint>
@@ -13,35 +19,70 @@ namespace deltafin {
 
 enum class LayerKind { kKDA, kMLA };
 
+// Which model a checkpoint is (chosen by `architectures`). Only the parser and the tensor
+// inventory look at it; everything else reads the component choices below.
+enum class Family { kK3, kKimiLinear };
+const char* family_name(Family f);
+
+// The activation of every gated MLP (dense, shared and routed experts):
+// SiTU (K3, docs/MODEL.md §3.7) or SiLU (Kimi-Linear, DeepSeek-V3/K2: down(silu(gate) ⊙ up)).
+enum class Activation { kSiTU, kSiLU };
+
+// The residual stream of the decoder loop: K3's Attention Residuals (banked anchors mixed before
+// every sub-layer, §3.3) or the plain pre-norm stream h += f(RMSNorm(h)) (Kimi-Linear, DeepSeek).
+enum class ResidualForm { kAttnRes, kPreNorm };
+
+// How the routed experts sit in an MoE layer: K3's latent MoE (experts work in a latent space
+// entered by routed_expert_down_proj and left by a norm and routed_expert_up_proj, §3.8) or the
+// plain MoE (experts read and write the hidden row; Kimi-Linear, DeepSeek-V3/K2).
+enum class MoeFlavour { kLatent, kPlain };
+
+// KDA's per-channel decay g (α = exp(g)): K3's lb·σ(exp(A_log)·z), bounded below by lb, or
+// Kimi-Linear's −exp(A_log)·softplus(z), unbounded (docs/FAMILY.md KL.5).
+enum class KdaDecay { kBoundedSigmoid, kSoftplus };
+
 struct KdaConfig {
   int64_t num_heads = 0;
   int64_t head_dim = 0;  // key and value
   int64_t conv_kernel = 0;
-  float gate_lower_bound = -5.0f;
+  KdaDecay decay = KdaDecay::kBoundedSigmoid;
+  float gate_lower_bound = -5.0f;  // kBoundedSigmoid only
+  // The output gate: K3's one full-rank g_proj, or Kimi-Linear's g_b_proj · g_a_proj.
+  bool low_rank_output_gate = false;
   int64_t proj_dim() const { return num_heads * head_dim; }
-  // A_log is stored padded to max(head_dim, num_heads) entries; only the first num_heads are real.
+  // K3 stores A_log padded to max(head_dim, num_heads) entries; only the first num_heads are
+  // real (Kimi-Linear stores exactly num_heads, as [1, 1, heads, 1]).
   int64_t a_log_len() const { return head_dim > num_heads ? head_dim : num_heads; }
 };
 
 struct MlaConfig {
   int64_t num_heads = 0;
+  // > 0: the query goes through q_a_proj, q_a_layernorm, q_b_proj (K3, DeepSeek-V3/K2);
+  // 0: one q_proj (Kimi-Linear's q_lora_rank null).
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_dim = 0;
-  int64_t qk_rope_dim = 0;  // present but never rotated (NoPE)
+  int64_t qk_rope_dim = 0;  // present but never rotated (NoPE; DeepSeek-V3's YaRN goes here)
   int64_t v_head_dim = 0;
   bool output_gate = true;
+  // ε of q_a_layernorm and kv_a_layernorm: the modeling code's class default in every family.
+  float latent_eps = 1e-6f;
   int64_t q_head_dim() const { return qk_nope_dim + qk_rope_dim; }
   int64_t cache_width() const { return kv_lora_rank + qk_rope_dim; }
 };
 
 struct MoeConfig {
+  MoeFlavour flavour = MoeFlavour::kLatent;
   int64_t num_experts = 0;
   int64_t top_k = 0;
   int64_t num_shared_experts = 0;
   int64_t intermediate = 0;  // per routed expert
-  int64_t latent_dim = 0;    // routed_expert_hidden_size
-  bool latent_norm = true;
+  int64_t latent_dim = 0;    // routed_expert_hidden_size (kLatent only)
+  bool latent_norm = true;   // kLatent only
+  // The router (sigmoid scores, correction bias for selection only, weights from the unbiased
+  // scores): renormalise the k weights, then multiply them by the scaling factor. The parser
+  // folds each family's rule into `renormalize` (Kimi-Linear: moe_renormalize and k > 1).
+  // Group-limited selection (DeepSeek-V3's n_group / topk_group) is refused until implemented.
   bool renormalize = true;
   float routed_scaling_factor = 1.0f;
   int64_t shared_intermediate() const { return num_shared_experts * intermediate; }
@@ -49,14 +90,31 @@ struct MoeConfig {
 
 enum class ExpertFormat { kMXFP4, kBF16 };
 
+// Where a family's tensors are named differently (docs/FAMILY.md: K3 `language_model.model.…`,
+// Kimi-Linear `model.…` and `lm_head.…`).
+struct TensorNames {
+  std::string prefix = "language_model.";  // before `model.` and `lm_head.`
+  std::string embed() const { return prefix + "model.embed_tokens.weight"; }
+  std::string final_norm() const { return prefix + "model.norm.weight"; }
+  std::string lm_head() const { return prefix + "lm_head.weight"; }
+  std::string layer(int64_t i) const;
+  // The MoE block of a layer (`…block_sparse_moe.`) and a routed expert in it.
+  std::string moe(int64_t i) const { return layer(i) + "block_sparse_moe."; }
+  std::string expert(int64_t i, int64_t e) const;
+};
+
 struct ModelConfig {
   std::string path;  // the config.json read
+  Family family = Family::kK3;
+  Activation activation = Activation::kSiTU;
+  ResidualForm residual = ResidualForm::kAttnRes;
+  TensorNames names;
   int64_t hidden = 0;
   int64_t num_layers = 0;
   int64_t vocab = 0;
   int64_t dense_intermediate = 0;
   int64_t first_k_dense = 0;
-  int64_t attn_res_block = 0;
+  int64_t attn_res_block = 0;  // kAttnRes only
   int64_t max_positions = 0;
   float rms_eps = 1e-5f;
   float situ_beta = 4.0f;
@@ -83,6 +141,13 @@ struct ModelConfig {
   int64_t num_kda_layers() const;
   int64_t num_mla_layers() const;
   int64_t num_moe_layers() const { return num_layers - first_k_dense; }
+  // The width routed experts read and write: the latent width, or the hidden width.
+  int64_t expert_dim() const {
+    return moe.flavour == MoeFlavour::kLatent ? moe.latent_dim : hidden;
+  }
+  ExpertFormat expert_format() const {
+    return quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16;
+  }
 };
 
 // Parses and validates config.json text. `path` is used in error messages. (Reading it from a

@@ -28,6 +28,7 @@ inline int64_t config_field_bound(const char* key) {
       {"pad_token_id", int64_t{1} << 24},
       {"mask_token_id", int64_t{1} << 24},
       {"max_position_embeddings", int64_t{1} << 26},
+      {"model_max_length", int64_t{1} << 26},
       {"short_conv_kernel_size", 64},
       {"num_attention_heads", 4096},
       {"num_heads", 4096},

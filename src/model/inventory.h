@@ -1,7 +1,7 @@
-// The tensors a K3 checkpoint must hold, derived from its config: names, shapes and dtypes as in
-// the release (docs/MODEL.md §2.2). The loader checks a checkpoint against this list before any
-// compute and reports every missing, extra, wrongly-shaped or wrongly-typed tensor in one
-// error; make-model writes exactly this list.
+// The tensors a checkpoint must hold, derived from its config: names, shapes and dtypes as in
+// the release (K3: docs/MODEL.md §2.2; Kimi-Linear: docs/FAMILY.md KL.3). The loader checks a
+// checkpoint against this list before any compute and reports every missing, extra, wrongly-shaped
+// or wrongly-typed tensor in one error; make-model writes exactly this list.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +23,17 @@ struct ExpectedTensor {
   int expert = -1;  // routed expert id, -1 for trunk tensors
 };
 
-// Names (the release's `language_model.` prefix included).
-std::string layer_prefix(int64_t layer);
-std::string expert_prefix(int64_t layer, int64_t expert);
+// Names (the family's prefix included: K3 `language_model.model.layers.N.`, Kimi-Linear
+// `model.layers.N.`): c.names.layer / c.names.expert.
+std::string layer_prefix(const ModelConfig& c, int64_t layer);
+std::string expert_prefix(const ModelConfig& c, int64_t layer, int64_t expert);
 // Whether a tensor name is a routed expert's (`...block_sparse_moe.experts.E.`), not the trunk's.
 bool is_routed_expert_tensor(const std::string& name);
 
 struct InventoryOptions {
   ExpertFormat expert_format = ExpertFormat::kMXFP4;
   int64_t f_a_rank = 0;  // KDA f_a_proj rank; 0 = head_dim
+  int64_t g_a_rank = 0;  // KDA g_a_proj rank (low-rank output gate); 0 = head_dim
 };
 
 // Everything the config implies, in release order (per layer: trunk tensors, then experts).

@@ -4,7 +4,9 @@
 // bit-identical KDA state whether its rows come in one pass or many, and the deferred-commit
 // replay reproduces it exactly. Passes with many rows of one sequence (prompt prefill) use the
 // chunked form instead (kda_chunk.cpp), which agrees to fp32 rounding and touches each head's
-// state once per 16 rows instead of twice per row.
+// state once per 16 rows instead of twice per row. The family's variants come from the config:
+// the decay (K3's bounded lb·σ(exp(A_log)·z), Kimi-Linear's unbounded −exp(A_log)·softplus(z),
+// docs/FAMILY.md KL.5) and the output gate (one g_proj, or g_b_proj · g_a_proj).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -61,7 +63,13 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   kernels::matmul(w.k, u, R, H, qkv + Pk, W3, pool);
   kernels::matmul(w.v, u, R, H, qkv + 2 * Pk, W3, pool);
   float* gate = arena.take(R * Pk);
-  kernels::matmul(w.g, u, R, H, gate, Pk, pool);
+  if (w.g_a.valid()) {  // the low-rank output gate
+    float* ga = arena.take(R * w.g_a.rows);
+    kernels::matmul(w.g_a, u, R, H, ga, w.g_a.rows, pool);
+    kernels::matmul(w.g, ga, R, w.g_a.rows, gate, Pk, pool);
+  } else {
+    kernels::matmul(w.g, u, R, H, gate, Pk, pool);
+  }
   float* fa = arena.take(R * rank);
   kernels::matmul(w.f_a, u, R, H, fa, rank, pool);
   float* z = arena.take(R * Pk);
@@ -110,6 +118,7 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
   float* beta = arena.take(R * nh);
   const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
   const float lb = c.kda.gate_lower_bound;
+  const bool softplus_decay = c.kda.decay == KdaDecay::kSoftplus;
   pool.parallel_for(R * nh, 16, [&](int64_t b, int64_t e, int) {
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t r = idx / nh, h = idx % nh;
@@ -128,11 +137,20 @@ void kda_forward(const LayerContext& ctx, const KdaWeights& w, int layer, const 
         k[d] *= ik;
       }
       const float ae = w.a_exp[static_cast<size_t>(h)];
-      for (int64_t d = 0; d < dk; ++d) {
-        const int64_t ch = h * dk + d;
-        const float zz = z[r * Pk + ch] + w.dt_bias[static_cast<size_t>(ch)];
-        // The lower bound scales the sigmoid (g ∈ (lb, 0)); it is not a clamp on g.
-        alpha[r * Pk + ch] = std::exp(lb * ops::sigmoid(ae * zz));
+      if (softplus_decay) {
+        // g = −exp(A_log)·softplus(z): no lower bound, α may underflow to 0 (it just forgets).
+        for (int64_t d = 0; d < dk; ++d) {
+          const int64_t ch = h * dk + d;
+          const float zz = z[r * Pk + ch] + w.dt_bias[static_cast<size_t>(ch)];
+          alpha[r * Pk + ch] = std::exp(-ae * ops::softplus(zz));
+        }
+      } else {
+        for (int64_t d = 0; d < dk; ++d) {
+          const int64_t ch = h * dk + d;
+          const float zz = z[r * Pk + ch] + w.dt_bias[static_cast<size_t>(ch)];
+          // The lower bound scales the sigmoid (g ∈ (lb, 0)); it is not a clamp on g.
+          alpha[r * Pk + ch] = std::exp(lb * ops::sigmoid(ae * zz));
+        }
       }
       beta[r * nh + h] = ops::sigmoid(bl[r * nh + h]);
     }

@@ -6,9 +6,17 @@
 //   S_C    = diag(exp(G_C)) S₀ + Σ_i (exp(G_C − G_i) ⊙ k_i) δ_iᵀ
 // with G the cumulative log decay. exp(G_r − G_i) factors through the chunk's first row as
 // e_r / e_i with e_r = α_1 ⋯ α_r (a running product of the decays the caller already has, so no
-// exponentials are needed); the gate's lower bound keeps e_r ≥ exp(−5·15) and 1/e_r inside fp32
-// range for chunks of C ≤ 16 rows.
+// exponentials are needed). That factoring is exact only while 1/e_r stays far inside fp32
+// range, so a chunk ends before the row whose running product would fall below kMinProduct
+// (2^-110) in any channel, and the next chunk starts there with its own products: every factor
+// is then ≤ 1 or ≤ 2^110, nothing overflows, and a decay that underflows to 0 (Kimi-Linear's
+// unbounded decay, docs/FAMILY.md KL.5) just starts a chunk whose first row's α multiplies S₀
+// (the state forgets, as in the stepwise form). K3's gate lower bound keeps
+// e_r ≥ exp(−5·15) ≈ 2.7e-33 > 2^-110 for the 16-row windows, so its chunks are always whole
+// windows, exactly as before the cut existed. Chunks are cut within fixed 16-row windows from
+// the first row, so where a pass is split into blocks (multiples of 16) never shows.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +29,7 @@ void kda_chunk_head(float* S, int64_t dk, int64_t dv, int64_t T, const float* q,
                     const float* v, const float* alpha, const float* beta, int64_t row_stride,
                     int64_t alpha_stride, int64_t beta_stride, float* o, int64_t o_stride) {
   constexpr int64_t kC = 16;
+  const float kMinProduct = std::ldexp(1.0f, -110);
   const auto& K = kernels::active();
   std::vector<float> e(static_cast<size_t>(kC * dk));
   std::vector<float> kp(static_cast<size_t>(kC * dk)), km(static_cast<size_t>(kC * dk));
@@ -34,12 +43,29 @@ void kda_chunk_head(float* S, int64_t dk, int64_t dv, int64_t T, const float* q,
   s0.cols = dv;
   s0.data = S;
   std::vector<float> A(static_cast<size_t>(kC * kC)), QK(static_cast<size_t>(kC * kC));
-  for (int64_t c0 = 0; c0 < T; c0 += kC) {
-    const int64_t C = std::min(kC, T - c0);
+  int64_t C = 0;
+  for (int64_t c0 = 0; c0 < T; c0 += C) {
+    // The chunk: rows c0 .. c0 + C − 1, inside c0's 16-row window, while every running product
+    // stays >= kMinProduct.
+    const int64_t window_end = std::min(T, (c0 / kC + 1) * kC);
     const float* a0 = alpha + c0 * alpha_stride;  // exp(G_0): the first row's own decay
+    C = window_end - c0;
     for (int64_t r = 0; r < C; ++r) {
       const float* ar = alpha + (c0 + r) * alpha_stride;
       for (int64_t d = 0; d < dk; ++d) e[r * dk + d] = r == 0 ? 1.0f : e[(r - 1) * dk + d] * ar[d];
+    }
+    // Decays are ≤ 1 (g ≤ 0 in every family), so each channel's product only falls: the last
+    // row holds the smallest. Only when it is below the bound is the first such row looked for.
+    auto below = [&](int64_t r) {
+      for (int64_t d = 0; d < dk; ++d) {
+        if (!(e[r * dk + d] >= kMinProduct)) return true;
+      }
+      return false;
+    };
+    if (below(C - 1)) {
+      int64_t r = 1;
+      while (!below(r)) ++r;
+      C = r;  // row r starts the next chunk
     }
     const float* elast = e.data() + (C - 1) * dk;
     for (int64_t r = 0; r < C; ++r) {

@@ -1,4 +1,6 @@
-// The K3 layer computations over a batch of rows (internal to the model). Each function reads
+// The layer computations over a batch of rows (internal to the model), each with the family's
+// variants chosen from the config (KDA's decay and output gate, MLA's query form and gate, the
+// MLP activation, the MoE flavour). Each function reads
 // the normed input rows and writes the layer's output rows; recurrent parts run per sequence.
 #pragma once
 
@@ -52,12 +54,13 @@ void kda_begin_pending(const ModelConfig& c, int64_t base, int64_t rows, Pending
 // Replays the first `accepted` recorded rows of one KDA layer into its state (deferred commit).
 void kda_commit(const ModelConfig& c, const KdaLayerRecord& rec, int64_t rows, int64_t accepted,
                 KdaLayerState& st);
-// y[R][hidden] = gated NoPE MLA(u), appending each sequence's rows to its latent cache.
+// y[R][hidden] = NoPE MLA(u) (gated when the config says so; the query through q_a/q_b or one
+// q_proj), appending each sequence's rows to its latent cache.
 void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const float* u, float* y);
-// y (=|+=) W_down · SiTU(W_gate x, W_up x)
+// y (=|+=) W_down · act(W_gate x, W_up x), act the config's SiTU or SiLU
 void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y,
                  bool accumulate);
-// y = latent MoE(x) + shared experts(x); returns the number of distinct experts fetched.
+// y = MoE(x) (latent or plain) + shared experts(x); returns the number of distinct experts fetched.
 // `issued` runs once this layer's expert reads are issued (ExpertStep::issued). One block:
 // MoePass below with the whole pass as its block.
 int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,

@@ -1,8 +1,11 @@
-// Gated NoPE multi-head latent attention (docs/MODEL.md §3.6) in the absorbed form: the cache holds
+// NoPE multi-head latent attention (docs/MODEL.md §3.6) in the absorbed form: the cache holds
 // one latent row per position (the normed kv_lora latent c and the shared k_pe slice, never
 // rotated); each head's query is mapped into latent space (q̃ = Wk_hᵀ q_nope), scored against
 // [c | k_pe] with scale 1/sqrt(nope + rope), the softmax-weighted latent is mapped out by Wv_h,
-// gated by sigmoid(g_proj u) and projected. Prefill and decode share this path.
+// gated by sigmoid(g_proj u) where the config has K3's output gate, and projected. The query is
+// K3's low-rank q_b(norm(q_a u)) or Kimi-Linear's one q_proj (FAMILY.md KL.6); DeepSeek-V3's
+// RoPE on the pe slices would enter where q and the cache rows are formed. Prefill and decode
+// share this path.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,15 +28,19 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
   const int64_t dn = m.qk_nope_dim, dr = m.qk_rope_dim, dv = m.v_head_dim;
   const int64_t qw = nH * (dn + dr), cw = dc + dr, kvb_stride = dn + dv;
   ThreadPool& pool = ctx.pool;
-  constexpr float kLatentEps = 1e-6f;  // q_a_layernorm / kv_a_layernorm use the class default
+  const float kLatentEps = m.latent_eps;  // q_a_layernorm / kv_a_layernorm: the class default
 
-  std::vector<float> cq(static_cast<size_t>(R * dq));
-  kernels::matmul(w.q_a, u, R, H, cq.data(), dq, pool);
-  for (int64_t r = 0; r < R; ++r) {
-    ops::rmsnorm(cq.data() + r * dq, w.q_a_norm.data(), kLatentEps, dq, cq.data() + r * dq);
-  }
   std::vector<float> q(static_cast<size_t>(R * qw));
-  kernels::matmul(w.q_b, cq.data(), R, dq, q.data(), qw, pool);
+  if (dq > 0) {
+    std::vector<float> cq(static_cast<size_t>(R * dq));
+    kernels::matmul(w.q_a, u, R, H, cq.data(), dq, pool);
+    for (int64_t r = 0; r < R; ++r) {
+      ops::rmsnorm(cq.data() + r * dq, w.q_a_norm.data(), kLatentEps, dq, cq.data() + r * dq);
+    }
+    kernels::matmul(w.q_b, cq.data(), R, dq, q.data(), qw, pool);
+  } else {
+    kernels::matmul(w.q, u, R, H, q.data(), qw, pool);
+  }
   std::vector<float> ckv(static_cast<size_t>(R * cw));
   kernels::matmul(w.kv_a, u, R, H, ckv.data(), cw, pool);
   for (int64_t r = 0; r < R; ++r) {

@@ -1,5 +1,10 @@
-// The K3 decoder (docs/MODEL.md §3) over a batch of rows. Model::forward is the spec's loop,
-// one named step per line; the Pass below carries each step out over the pass's rows — in
+// The decoder (docs/MODEL.md §3) over a batch of rows. Model::forward is the spec's loop,
+// one named step per line, for every family: what differs between K3 and Kimi-Linear (docs/
+// FAMILY.md) is which component each step calls, chosen from the config — the residual stream
+// (residual.h: Attention Residuals or pre-norm), the attention variants inside kda_forward /
+// mla_forward, the activation and MoE flavour inside mlp_forward / MoePass. A pre-norm stream
+// never banks, so its loop is the same loop with no bank steps. The Pass below carries each step
+// out over the pass's rows — in
 // blocks for long prompts (pass_plan.h), copying the target taps drafters read (taps.h), and
 // handing the expert provider its routing prediction (a hint for reads; the router decides).
 // How the routed experts of a step are scheduled, and on which device the products run, is not
@@ -15,10 +20,10 @@
 #include "core/thread_pool.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
-#include "model/attn_residual.h"
 #include "model/layers.h"
 #include "model/ops.h"
 #include "model/pass_rows.h"
+#include "model/residual.h"
 
 namespace deltafin {
 
@@ -64,7 +69,7 @@ std::vector<AttnResStep> attn_res_plan(const ModelConfig& c) {
   for (int64_t i = 0; i < c.num_layers; ++i) {
     AttnResStep s;
     s.anchors_before = anchors;
-    s.bank = i % c.attn_res_block == 0;
+    s.bank = c.residual == ResidualForm::kAttnRes && i % c.attn_res_block == 0;
     if (s.bank) ++anchors;
     s.anchors_after = anchors;
     plan.push_back(s);
@@ -84,7 +89,7 @@ class Model::Pass {
         ctx_{c_, m.pool(), rows_.seqs, rows_.count(), &arena_},
         predict_(m.experts_->wants_prefetch() && rows_.count() <= kMaxPredictRows) {
     for (auto& s : rows_.seqs) s.state->set_consistent(false);  // until the pass completes
-    res_.emplace(rows_.count(), c_.hidden, c_.rms_eps, ctx_.pool);
+    res_ = make_residual(c_, rows_.count(), ctx_.pool);
     taps_.emplace(rows_.seqs, c_.hidden);
     blocks_ = split_blocks(rows_, m.pass_plan_.block_rows);
     int64_t most = 0;
@@ -123,7 +128,7 @@ class Model::Pass {
   }
 
   // m = MIX(anchors ++ [p], MLP score); p += FFN_i(RMSNorm(m; post_attention_layernorm)), with
-  // FFN the dense SiTU MLP (§3.7) or the latent MoE (§3.8).
+  // FFN the dense MLP (§3.7; SiTU or SiLU) or the MoE (§3.8: latent, or plain with shared experts).
   void ffn(int i, const LayerWeights& w) {
     if (c_.is_dense(i)) {
       for (size_t j = 0; j < blocks_.size(); ++j) {
@@ -215,7 +220,7 @@ class Model::Pass {
   PassArena arena_;
   LayerContext ctx_;
   bool predict_;
-  std::optional<AttnResidual> res_;
+  std::unique_ptr<ResidualStream> res_;
   std::optional<TapCapture> taps_;
   std::vector<PassBlock> blocks_;
   std::vector<LayerContext> bctx_;

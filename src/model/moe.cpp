@@ -1,5 +1,9 @@
-// Dense SiTU MLP (layer 0 and the shared experts) and the latent MoE with its router
-// (docs/MODEL.md §3.7–3.8). Routing is per row; then the pass's routed-expert step — every
+// The dense MLP (layer 0 and the shared experts) and the MoE with its router (docs/MODEL.md
+// §3.7–3.8), with the family's components from the config: the activation (K3's SiTU, SiLU for
+// Kimi-Linear and DeepSeek-V3/K2) and the MoE flavour — K3's latent MoE (experts in a latent
+// space entered by routed_expert_down_proj, left by the norm and routed_expert_up_proj) or the
+// plain MoE (experts read the normed hidden row and their weighted sum is the output; FAMILY.md
+// KL.8). Routing is per row; then the pass's routed-expert step — every
 // selected expert applied once to all the rows that chose it, whichever sequences (and blocks of
 // a long pass, pass_plan.h) they belong to — goes to the expert provider, which carries it out
 // (model/experts.h: ExpertStep; when and where each expert runs is the provider's). Each row's
@@ -26,6 +30,17 @@ void situ_parallel(ThreadPool& pool, const float* g, const float* u, int64_t n, 
   });
 }
 
+// The config's activation of a gated MLP, h = act(g, u), split over the pool (element-wise).
+void activate_parallel(ThreadPool& pool, const ModelConfig& c, const float* g, const float* u,
+                       int64_t n, float* out) {
+  if (c.activation == Activation::kSiTU) {
+    situ_parallel(pool, g, u, n, c.situ_beta, c.situ_linear_beta, out);
+    return;
+  }
+  pool.parallel_for(
+      n, 4096, [&](int64_t b, int64_t e, int) { ops::silu_rows(g + b, u + b, e - b, out + b); });
+}
+
 }  // namespace
 
 void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, float* y,
@@ -34,8 +49,7 @@ void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, f
   std::vector<float> g(static_cast<size_t>(R * I)), u(static_cast<size_t>(R * I));
   kernels::matmul(w.gate, x, R, H, g.data(), I, ctx.pool);
   kernels::matmul(w.up, x, R, H, u.data(), I, ctx.pool);
-  situ_parallel(ctx.pool, g.data(), u.data(), R * I, ctx.c.situ_beta, ctx.c.situ_linear_beta,
-                g.data());
+  activate_parallel(ctx.pool, ctx.c, g.data(), u.data(), R * I, g.data());
   kernels::matmul(w.down, g.data(), R, I, y, H, ctx.pool, accumulate);
 }
 
@@ -90,7 +104,7 @@ MoePass::MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t blo
     : pass_(pass), w_(w), block_rows_(block_rows > 0 ? block_rows : pass.rows) {
   const ModelConfig& c = pass.c;
   const auto R = static_cast<size_t>(pass.rows), k = static_cast<size_t>(c.moe.top_k);
-  const auto Hl = static_cast<size_t>(c.moe.latent_dim);
+  const auto Hl = static_cast<size_t>(c.expert_dim());
   ids_.resize(R * k);
   wts_.resize(R * k);
   // Every row's latent input is written by route(), every (row, slot) by its expert.
@@ -103,19 +117,23 @@ MoePass::MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t blo
 
 void MoePass::route(const LayerContext& block, int64_t first_row, const float* x) {
   const ModelConfig& c = pass_.c;
-  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim;
+  const int64_t k = c.moe.top_k, Hl = c.expert_dim();
   const Routing r = route_rows(block, w_.router, w_.score_bias, x);
   std::copy(r.ids.begin(), r.ids.end(), ids_.begin() + first_row * k);
   std::copy(r.weights.begin(), r.weights.end(), wts_.begin() + first_row * k);
   for (int e : r.experts) chosen_[static_cast<size_t>(e)] = true;
-  kernels::matmul(w_.down, x, block.rows, c.hidden, xi_ + first_row * Hl, Hl, block.pool);
+  if (c.moe.flavour == MoeFlavour::kLatent) {
+    kernels::matmul(w_.down, x, block.rows, c.hidden, xi_ + first_row * Hl, Hl, block.pool);
+  } else {
+    std::copy_n(x, block.rows * Hl, xi_ + first_row * Hl);  // experts read the normed rows
+  }
 }
 
 // One expert over its (row, slot) users, at most a block of rows at a time (a row's result does
 // not depend on how many rows run beside it); outputs land in their (row, slot).
 void MoePass::apply_expert(const ExpertWeights& w, std::span<const int64_t> list) {
   const ModelConfig& c = pass_.c;
-  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim, I = c.moe.intermediate;
+  const int64_t k = c.moe.top_k, Hl = c.expert_dim(), I = c.moe.intermediate;
   ThreadPool& pool = pass_.pool;
   const auto total = static_cast<int64_t>(list.size());
   for (int64_t b = 0; b < total; b += block_rows_) {
@@ -130,7 +148,7 @@ void MoePass::apply_expert(const ExpertWeights& w, std::span<const int64_t> list
     ye_.resize(static_cast<size_t>(n * Hl));
     kernels::matmul(w.w1, xe_.data(), n, Hl, ge_.data(), I, pool);
     kernels::matmul(w.w3, xe_.data(), n, Hl, ue_.data(), I, pool);
-    situ_parallel(pool, ge_.data(), ue_.data(), n * I, c.situ_beta, c.situ_linear_beta, ge_.data());
+    activate_parallel(pool, c, ge_.data(), ue_.data(), n * I, ge_.data());
     kernels::matmul(w.w2, ge_.data(), n, I, ye_.data(), Hl, pool);
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(ye_.data() + i * Hl, Hl, slot_ + list[static_cast<size_t>(b + i)] * Hl);
@@ -158,14 +176,14 @@ int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
   step.rows = R;
   step.top_k = k;
   step.in = xi_;
-  step.in_dim = c.moe.latent_dim;
+  step.in_dim = c.expert_dim();
   step.inner_dim = c.moe.intermediate;
   step.out = slot_;
   step.apply = [this](const ExpertWeights& w, std::span<const int64_t> list) {
     apply_expert(w, list);
   };
   step.activate = [&](const float* g, const float* u, int64_t n, float* h) {
-    situ_parallel(pass_.pool, g, u, n, c.situ_beta, c.situ_linear_beta, h);
+    activate_parallel(pass_.pool, c, g, u, n, h);
   };
   step.issued = issued;
   experts.run(step);
@@ -174,7 +192,20 @@ int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
 
 void MoePass::finish(const LayerContext& block, int64_t first_row, const float* x, float* y) {
   const ModelConfig& c = pass_.c;
-  const int64_t n = block.rows, k = c.moe.top_k, Hl = c.moe.latent_dim;
+  const int64_t n = block.rows, k = c.moe.top_k, Hl = c.expert_dim();
+  if (c.moe.flavour == MoeFlavour::kPlain) {
+    // y = Σ w_e · expert_e(x) per row in ascending expert order, + the shared experts.
+    std::fill(y, y + n * Hl, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = first_row + i;
+      for (int64_t s = 0; s < k; ++s) {
+        kernels::active().axpy(wts_[static_cast<size_t>(r * k + s)], slot_ + (r * k + s) * Hl,
+                               y + i * Hl, Hl);
+      }
+    }
+    if (c.moe.num_shared_experts > 0) mlp_forward(block, w_.shared, x, y, /*accumulate=*/true);
+    return;
+  }
   // Weighted sum per row in ascending expert order (slots are sorted by id), latent norm, up.
   std::vector<float> ybar(static_cast<size_t>(n * Hl), 0.0f);
   for (int64_t i = 0; i < n; ++i) {

@@ -1,3 +1,4 @@
+// The element-wise activations over rows, their exp and tanh from the active kernel table.
 #include "model/ops.h"
 
 #include <algorithm>
@@ -25,6 +26,19 @@ void situ_rows(const float* g, const float* u, int64_t n, float beta, float lbet
     for (int64_t i = 0; i < m; ++i) {
       out[b + i] = beta * tg[i] * (1.0f / (1.0f + eg[i])) * (lbeta * tu[i]);
     }
+  }
+}
+
+void silu_rows(const float* g, const float* u, int64_t n, float* out) {
+  const kernels::KernelTable& k = kernels::active();
+  constexpr int64_t kBlock = 256;
+  float eg[kBlock];
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    for (int64_t i = 0; i < m; ++i) eg[i] = -g[b + i];
+    k.exp(eg, eg, m);
+    // silu(g) * u = g * sigmoid(g) * u, sigmoid(g) being 1 / (1 + exp(-g)).
+    for (int64_t i = 0; i < m; ++i) out[b + i] = g[b + i] * (1.0f / (1.0f + eg[i])) * u[b + i];
   }
 }
 

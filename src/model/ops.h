@@ -1,4 +1,4 @@
-// Small element-wise operations of the K3 layers, in fp32 (statistics of norms in double).
+// Small element-wise operations of the layers, in fp32 (statistics of norms in double).
 #pragma once
 
 #include <cmath>
@@ -37,5 +37,15 @@ inline void rmsnorm(const float* x, const float* w, float eps, int64_t n, float*
 // were ~7% of a prefill); out may alias g or u. Element-wise: a value's result depends on the
 // value only, whatever n, the thread split or the batch (ops.cpp).
 void situ_rows(const float* g, const float* u, int64_t n, float beta, float lbeta, float* out);
+
+// out[i] = silu(g[i]) · u[i] (the SiLU-gated MLP of Kimi-Linear and DeepSeek-V3/K2), exp from
+// the active kernel table; element-wise like situ_rows; out may alias g or u.
+void silu_rows(const float* g, const float* u, int64_t n, float* out);
+
+// softplus(x) = ln(1 + eˣ), the identity above 20 as FLA's and vLLM's gate kernels (the two
+// differ by < 2.1e-9 there), computed without overflow for large x.
+inline float softplus(float x) {
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
 
 }  // namespace deltafin::ops

@@ -22,9 +22,11 @@ int64_t pass_block_rows(int64_t pass_rows) {
 
 PassRowBytes pass_row_bytes(const ModelConfig& c) {
   const int64_t H = c.hidden;
-  const int64_t anchors = (c.num_layers + c.attn_res_block - 1) / c.attn_res_block;
+  const int64_t anchors = c.residual == ResidualForm::kAttnRes
+                              ? (c.num_layers + c.attn_res_block - 1) / c.attn_res_block
+                              : 0;
   const bool moe = c.num_moe_layers() > 0;
-  const int64_t k = c.moe.top_k, Hl = c.moe.latent_dim, I = c.moe.intermediate;
+  const int64_t k = c.moe.top_k, Hl = c.expert_dim(), I = c.moe.intermediate;
   // Whole pass: anchors + partial sum, the token; the MoE's latent inputs, routing and the
   // per-(row, slot) expert outputs summed in id order once every expert has run.
   int64_t held = H * (anchors + 1) + 1;

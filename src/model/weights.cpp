@@ -83,18 +83,24 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
   Binder b{lookup};
   LayerWeights w;
   w.layer = layer;
-  const std::string P = layer_prefix(layer);
+  const std::string P = c.names.layer(layer);
   w.input_norm = b.floats(P + "input_layernorm.weight");
   w.post_norm = b.floats(P + "post_attention_layernorm.weight");
-  w.attn_res_score =
-      b.score(P + "self_attention_res_norm.weight", P + "self_attention_res_proj.weight");
-  w.mlp_res_score = b.score(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight");
+  if (c.residual == ResidualForm::kAttnRes) {
+    w.attn_res_score =
+        b.score(P + "self_attention_res_norm.weight", P + "self_attention_res_proj.weight");
+    w.mlp_res_score = b.score(P + "mlp_res_norm.weight", P + "mlp_res_proj.weight");
+  }
   const std::string A = P + "self_attn.";
   if (c.is_mla(layer)) {
     auto& m = w.mla;
-    m.q_a = b.matrix(A + "q_a_proj.weight");
-    m.q_a_norm = b.floats(A + "q_a_layernorm.weight");
-    m.q_b = b.matrix(A + "q_b_proj.weight");
+    if (c.mla.q_lora_rank > 0) {
+      m.q_a = b.matrix(A + "q_a_proj.weight");
+      m.q_a_norm = b.floats(A + "q_a_layernorm.weight");
+      m.q_b = b.matrix(A + "q_b_proj.weight");
+    } else {
+      m.q = b.matrix(A + "q_proj.weight");
+    }
     m.kv_a = b.matrix(A + "kv_a_proj_with_mqa.weight");
     m.kv_a_norm = b.floats(A + "kv_a_layernorm.weight");
     m.kv_b = b.matrix(A + "kv_b_proj.weight");
@@ -120,7 +126,12 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
     k.a_exp.resize(static_cast<size_t>(c.kda.num_heads));
     for (int64_t h = 0; h < c.kda.num_heads; ++h) k.a_exp[h] = std::exp(a_log[h]);
     k.b = b.matrix(A + "b_proj.weight");
-    k.g = b.matrix(A + "g_proj.weight");
+    if (c.kda.low_rank_output_gate) {
+      k.g_a = b.matrix(A + "g_a_proj.weight");
+      k.g = b.matrix(A + "g_b_proj.weight");
+    } else {
+      k.g = b.matrix(A + "g_proj.weight");
+    }
     k.o_norm = b.floats(A + "o_norm.weight");
     k.o = b.matrix(A + "o_proj.weight");
   }
@@ -130,12 +141,14 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
     w.dense.down = b.matrix(P + "mlp.down_proj.weight");
   } else {
     auto& m = w.moe;
-    const std::string M = P + "block_sparse_moe.";
+    const std::string M = c.names.moe(layer);
     m.router = b.matrix(M + "gate.weight");
     m.score_bias = b.floats(M + "gate.e_score_correction_bias");
-    m.down = b.matrix(M + "routed_expert_down_proj.weight");
-    if (c.moe.latent_norm) m.latent_norm = b.floats(M + "routed_expert_norm.weight");
-    m.up = b.matrix(M + "routed_expert_up_proj.weight");
+    if (c.moe.flavour == MoeFlavour::kLatent) {
+      m.down = b.matrix(M + "routed_expert_down_proj.weight");
+      if (c.moe.latent_norm) m.latent_norm = b.floats(M + "routed_expert_norm.weight");
+      m.up = b.matrix(M + "routed_expert_up_proj.weight");
+    }
     if (c.moe.num_shared_experts > 0) {
       m.shared.gate = b.matrix(M + "shared_experts.gate_proj.weight");
       m.shared.up = b.matrix(M + "shared_experts.up_proj.weight");
@@ -148,31 +161,34 @@ LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& loo
 HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup) {
   Binder b{lookup};
   HeadWeights h;
-  h.lm_head = b.matrix(c.tie_embeddings ? "language_model.model.embed_tokens.weight"
-                                        : "language_model.lm_head.weight");
-  h.final_norm = b.floats("language_model.model.norm.weight");
-  h.out_res_score = b.score("language_model.model.output_attn_res_norm.weight",
-                            "language_model.model.output_attn_res_proj.weight");
+  h.lm_head = b.matrix(c.tie_embeddings ? c.names.embed() : c.names.lm_head());
+  h.final_norm = b.floats(c.names.final_norm());
+  if (c.residual == ResidualForm::kAttnRes) {
+    h.out_res_score = b.score("language_model.model.output_attn_res_norm.weight",
+                              "language_model.model.output_attn_res_proj.weight");
+  }
   return h;
 }
 
 std::vector<std::string> head_tensors(const ModelConfig& c) {
-  return {c.tie_embeddings ? "language_model.model.embed_tokens.weight"
-                           : "language_model.lm_head.weight",
-          "language_model.model.norm.weight", "language_model.model.output_attn_res_norm.weight",
-          "language_model.model.output_attn_res_proj.weight"};
+  std::vector<std::string> names = {c.tie_embeddings ? c.names.embed() : c.names.lm_head(),
+                                    c.names.final_norm()};
+  if (c.residual == ResidualForm::kAttnRes) {
+    names.push_back("language_model.model.output_attn_res_norm.weight");
+    names.push_back("language_model.model.output_attn_res_proj.weight");
+  }
+  return names;
 }
 
-std::vector<std::string> router_tensors(int layer) {
-  const std::string P = layer_prefix(layer);
-  return {P + "block_sparse_moe.gate.weight", P + "post_attention_layernorm.weight",
-          P + "block_sparse_moe.gate.e_score_correction_bias"};
+std::vector<std::string> router_tensors(const ModelConfig& c, int layer) {
+  return {c.names.moe(layer) + "gate.weight",
+          c.names.layer(layer) + "post_attention_layernorm.weight",
+          c.names.moe(layer) + "gate.e_score_correction_bias"};
 }
 
 RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& lookup) {
-  (void)c;
   Binder b{lookup};
-  auto names = router_tensors(layer);
+  auto names = router_tensors(c, layer);
   RouterWeights r;
   r.router = b.matrix(names[0]);
   r.post_norm = b.floats(names[1]);
@@ -223,11 +239,11 @@ void quantize_into(Matrix& m, std::vector<std::vector<uint8_t>>& storage) {
 
 void quantize_layer_int8(LayerWeights& w, std::vector<std::vector<uint8_t>>& st) {
   for (Matrix* m :
-       {&w.kda.q,           &w.kda.k,         &w.kda.v,          &w.kda.f_a,  &w.kda.f_b,
-        &w.kda.b,           &w.kda.g,         &w.kda.o,          &w.mla.q_a,  &w.mla.q_b,
-        &w.mla.kv_a,        &w.mla.kv_b,      &w.mla.g,          &w.mla.o,    &w.dense.gate,
-        &w.dense.up,        &w.dense.down,    &w.moe.router,     &w.moe.down, &w.moe.up,
-        &w.moe.shared.gate, &w.moe.shared.up, &w.moe.shared.down}) {
+       {&w.kda.q,    &w.kda.k,      &w.kda.v,           &w.kda.f_a,       &w.kda.f_b,
+        &w.kda.b,    &w.kda.g,      &w.kda.g_a,         &w.kda.o,         &w.mla.q,
+        &w.mla.q_a,  &w.mla.q_b,    &w.mla.kv_a,        &w.mla.kv_b,      &w.mla.g,
+        &w.mla.o,    &w.dense.gate, &w.dense.up,        &w.dense.down,    &w.moe.router,
+        &w.moe.down, &w.moe.up,     &w.moe.shared.gate, &w.moe.shared.up, &w.moe.shared.down}) {
     quantize_into(*m, st);
   }
 }

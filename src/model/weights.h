@@ -24,7 +24,9 @@ namespace deltafin {
 struct TensorInfo;
 
 struct KdaWeights {
-  Matrix q, k, v, f_a, f_b, b, g, o;
+  // g: the output gate's full-rank g_proj (K3) or the up half g_b_proj of the low-rank gate,
+  // whose down half is g_a (Kimi-Linear; invalid for K3).
+  Matrix q, k, v, f_a, f_b, b, g, g_a, o;
   std::vector<float> q_conv, k_conv, v_conv;  // [proj_dim][conv_kernel], tap 0 = oldest
   std::vector<float> dt_bias;                 // [proj_dim]
   std::vector<float> a_exp;                   // exp(A_log[h]) for the num_heads real entries
@@ -32,7 +34,8 @@ struct KdaWeights {
 };
 
 struct MlaWeights {
-  Matrix q_a, q_b, kv_a, kv_b, g, o;  // g invalid when the config has no output gate
+  // The query: q_a, its norm and q_b (q_lora_rank > 0), or the one q (q_lora_rank 0).
+  Matrix q, q_a, q_b, kv_a, kv_b, g, o;  // g invalid when the config has no output gate
   std::vector<float> q_a_norm, kv_a_norm;
 };
 
@@ -43,7 +46,7 @@ struct MlpWeights {
 struct MoeTrunkWeights {
   Matrix router;                   // [num_experts, hidden]
   std::vector<float> score_bias;   // e_score_correction_bias, selection only
-  Matrix down, up;                 // routed_expert_down_proj / up_proj
+  Matrix down, up;                 // routed_expert_down_proj / up_proj (latent MoE only)
   std::vector<float> latent_norm;  // routed_expert_norm (empty when latent_moe_use_norm = false)
   MlpWeights shared;               // invalid when there are no shared experts
 };
@@ -51,14 +54,14 @@ struct MoeTrunkWeights {
 struct LayerWeights {
   int layer = 0;
   std::vector<float> input_norm, post_norm;
-  std::vector<float> attn_res_score, mlp_res_score;  // res_norm ⊙ res_proj
+  std::vector<float> attn_res_score, mlp_res_score;  // res_norm ⊙ res_proj (AttnRes only)
   KdaWeights kda;
   MlaWeights mla;
   MlpWeights dense;
   MoeTrunkWeights moe;
 };
 
-// The tail of the model: output AttnRes mix, final norm, LM head.
+// The tail of the model: output AttnRes mix (AttnRes only), final norm, LM head.
 struct HeadWeights {
   Matrix lm_head;  // [vocab, hidden] (the embedding when tied)
   std::vector<float> final_norm, out_res_score;
@@ -85,7 +88,7 @@ RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& l
 // The tensor names of the head unit (lm_head, or the embedding when tied, and the output norms).
 std::vector<std::string> head_tensors(const ModelConfig& c);
 // The tensors a RouterWeights binds.
-std::vector<std::string> router_tensors(int layer);
+std::vector<std::string> router_tensors(const ModelConfig& c, int layer);
 
 // Lossy, opt-in (--trunk int8): every BF16 matrix of the trunk (not the embedding, not the
 // routed experts) as per-row int8 with an f16 scale (absmax / 127, round to nearest even).

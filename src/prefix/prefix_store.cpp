@@ -1,13 +1,20 @@
 // The prefix store (see prefix_store.h).
 #include "prefix/prefix_store.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/timer.h"
 
@@ -78,7 +85,9 @@ PrefixStore::PrefixStore(const ModelConfig& config, PrefixStoreOptions options)
   if (!o_.dir.empty()) index_disk();
 }
 
-PrefixStore::~PrefixStore() = default;
+PrefixStore::~PrefixStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the folder for the next process
+}
 
 std::string PrefixStore::file_for(std::span<const int32_t> ids) const {
   return (fs::path(o_.dir) /
@@ -90,23 +99,95 @@ void PrefixStore::disk_warning_locked(const std::string& line) {
   if (warned_.insert(line).second) log_warn("state cache: {}", line);
 }
 
+namespace {
+
+// What a folder entry that is not a regular file is, for the warning that skips it.
+const char* entry_kind(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::directory:
+      return "a folder";
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::symlink:
+      return "a symbolic link";
+    case fs::file_type::block:
+    case fs::file_type::character:
+      return "a device";
+    case fs::file_type::socket:
+      return "a socket";
+    default:
+      return "not a regular file";
+  }
+}
+
+}  // namespace
+
+bool PrefixStore::lock_folder() {
+  const std::string path = (fs::path(o_.dir) / kStateCacheLock).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string why = fd < 0 ? std::strerror(errno) : "it is not a regular file";
+    if (fd >= 0) ::close(fd);
+    disk_warning_locked(fmt::format(
+        "cannot use {}: its lock file {} cannot be opened ({}); snapshots stay in RAM only and "
+        "do not outlive this process",
+        o_.dir, path, why));
+    return false;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+      const std::string_view pid(buf, n > 0 ? static_cast<size_t>(n) : 0);
+      const bool named = !pid.empty() && pid.find_first_not_of("0123456789") == pid.npos;
+      ::close(fd);
+      disk_warning_locked(fmt::format(
+          "{} is in use by another deltafin process (pid {}): snapshots stay in RAM only and do "
+          "not outlive this process (give each process its own --state-cache folder)",
+          o_.dir, named ? pid : std::string_view("?")));
+      return false;
+    }
+    // A file system without locks (some network mounts): nothing to coordinate with.
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) == 0) {
+    [[maybe_unused]] const ssize_t w = ::pwrite(fd, pid.data(), pid.size(), 0);
+  }
+  lock_fd_ = fd;
+  return true;
+}
+
 void PrefixStore::index_disk() {
   std::error_code ec;
-  fs::create_directories(o_.dir, ec);
-  if (ec || !fs::is_directory(o_.dir, ec)) {
+  try {
+    make_private_dirs(o_.dir);
+  } catch (const Error& e) {
     disk_warning_locked(fmt::format(
         "cannot use {} ({}): snapshots stay in RAM only and do not outlive this process", o_.dir,
-        ec ? ec.message() : "not a folder"));
+        e.what()));
     return;
   }
+  if (!lock_folder()) return;
   disk_ = true;
   for (const auto& e : fs::directory_iterator(o_.dir, ec)) {
     const std::string path = e.path().string();
-    if (e.path().extension() == ".tmp") {  // a write that did not finish
+    const std::string name = e.path().filename().string();
+    const bool snap = e.path().extension() == ".dfsnap";
+    if (!snap && !is_snapshot_temp(name)) continue;
+    // Only regular files are ours: a FIFO would block the open, a link would lead elsewhere, and
+    // neither is removed (we delete only what we made).
+    const fs::file_type type = e.symlink_status(ec).type();
+    if (type != fs::file_type::regular) {
+      disk_warning_locked(fmt::format("ignoring {}: it is {}, not a snapshot file; left as it is",
+                                      path, entry_kind(type)));
+      continue;
+    }
+    if (!snap) {  // a write that did not finish
       fs::remove(e.path(), ec);
       continue;
     }
-    if (e.path().extension() != ".dfsnap") continue;
     std::string why;
     auto f = read_snapshot_header(path, o_.model_id, shape_, &why);
     if (!f) {
@@ -114,6 +195,10 @@ void PrefixStore::index_disk() {
       fs::remove(e.path(), ec);
       continue;
     }
+    // An older build wrote snapshots readable by everyone: they hold conversations.
+    if ((e.symlink_status(ec).permissions() & (fs::perms::group_all | fs::perms::others_all)) !=
+        fs::perms::none)
+      ::chmod(path.c_str(), 0600);
     disk_used_ += f->bytes;
     files_.push_back(std::move(*f));
   }
@@ -371,9 +456,12 @@ Restored PrefixStore::restore(std::span<const int32_t> ids, int64_t limit, State
       ++stats_.disk_errors;
       std::string why = e.what();  // most reasons start with the path: name it once
       if (why.starts_with(f->path + ": ")) why.erase(0, f->path.size() + 2);
-      disk_warning_locked(fmt::format("ignoring {}: {}; removed", f->path, why));
       std::error_code ec;
-      fs::remove(f->path, ec);
+      // Replaced since it was indexed by something that is not a file of ours: left as it is.
+      const bool ours = fs::symlink_status(f->path, ec).type() == fs::file_type::regular;
+      disk_warning_locked(
+          fmt::format("ignoring {}: {}; {}", f->path, why, ours ? "removed" : "left as it is"));
+      if (ours) fs::remove(f->path, ec);
       disk_used_ -= f->bytes;
       files_.erase(files_.begin() + (f - files_.data()));
       rows.reset();

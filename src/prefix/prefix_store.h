@@ -22,6 +22,14 @@
 // fails (a full disk, an unwritable folder) says so in one line and the snapshot stays in RAM.
 // Nothing here changes what a sequence computes: a miss only costs prefill.
 //
+// The folder (made 0700 when it is made here; files 0600, snapshot_file.h) belongs to one
+// process at a time: an advisory lock (flock on `.deltafin-lock`, which names the holder's pid)
+// is taken when the store opens it and held until the store is destroyed. A second process
+// given the same folder keeps its snapshots in RAM only, with one warning line naming the
+// holder: two writers would each keep `disk_bytes` of files (twice the cap) and each remove
+// the other's temporaries. In the folder only regular files are read or removed: a FIFO, a link
+// or a folder named like a snapshot is skipped with one warning line and left as it is.
+//
 // Thread-safe (one mutex): the engine thread restores and saves, /metrics reads stats().
 #pragma once
 
@@ -41,6 +49,9 @@
 #include "prefix/snapshot_file.h"
 
 namespace deltafin {
+
+// The lock file in a state-cache folder: one process at a time uses the folder.
+inline constexpr const char* kStateCacheLock = ".deltafin-lock";
 
 struct PrefixStoreOptions {
   uint64_t ram_bytes = 0;  // RAM for the tree (0: disk only)
@@ -94,6 +105,7 @@ class PrefixStore {
   void drop_node_locked(Node* n);
   uint64_t node_bytes(const Node& n) const;
   void index_disk();
+  bool lock_folder();
   void write_through_locked(std::span<const int32_t> ids, const State& state, const DraftRows* rows,
                             const std::string& draft_id);
   void disk_warning_locked(const std::string& line);
@@ -110,6 +122,7 @@ class PrefixStore {
   std::string draft_id_;
   int64_t draft_width_ = 0, draft_lag_ = 0;
   bool disk_ = false;
+  int lock_fd_ = -1;  // the folder's lock, held while this store uses it
   std::vector<SnapshotFile> files_;
   uint64_t disk_used_ = 0;
   std::set<std::string> warned_;

@@ -133,15 +133,24 @@ struct Fd {
 
 using namespace snapshot_file_impl;
 
+bool is_snapshot_temp(const std::string& name) {
+  const std::string infix = std::string(".dfsnap") + kSnapshotTempInfix;
+  const size_t at = name.rfind(infix);
+  if (at == std::string::npos) return name.ends_with(".dfsnap.tmp");  // an older build's name
+  const std::string rest = name.substr(at + infix.size());
+  return rest.size() == 16 && rest.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 void write_snapshot_file(const std::string& path, const std::string& model_id,
                          std::span<const int32_t> ids, const State& state, const DraftRows* draft,
                          const std::string& draft_id) {
-  const std::string tmp = path + ".tmp";
+  // A private file under a name nobody can plant in advance (the state holds the conversation).
+  const std::string tmp = with_random_suffix(path + kSnapshotTempInfix);
   const std::vector<Section> sections = sections_of(ids, state, draft);
   uint64_t payload = 0;
   for (const auto& s : sections) payload += s.bytes;
   Fd out;
-  out.fd = open_for_writing(tmp, true);
+  out.fd = create_new_file(tmp, true);
   struct Cleanup {
     const std::string& tmp;
     bool done = false;
@@ -209,7 +218,7 @@ std::optional<SnapshotFile> read_snapshot_header(const std::string& path,
                                                  const StateShape& shape, std::string* why) {
   try {
     Fd in;
-    in.fd = open_for_reading(path, true);
+    in.fd = open_regular_for_reading(path, true);
     struct stat st {};
     if (::fstat(in.fd, &st) != 0) fail_io("cannot stat {}: {}", path, std::strerror(errno));
     AlignedBuffer head = aligned_buffer(kHeaderBytes);
@@ -250,7 +259,7 @@ std::optional<SnapshotFile> read_snapshot_header(const std::string& path,
 void read_snapshot_file(const SnapshotFile& f, const std::string& model_id, State& state,
                         const std::string& draft_id, std::optional<DraftRows>* draft) {
   Fd in;
-  in.fd = open_for_reading(f.path, true);
+  in.fd = open_regular_for_reading(f.path, true);
   AlignedBuffer head = aligned_buffer(kHeaderBytes);
   read_exactly(in.fd, f.path, head.get(), kHeaderBytes, 0);
   const char* text = reinterpret_cast<const char*>(head.get());
@@ -316,7 +325,7 @@ void read_snapshot_file(const SnapshotFile& f, const std::string& model_id, Stat
     draft->reset();
     if (rows && h["draft"].value("id", "") == draft_id) *draft = std::move(rows);
   }
-  ::utimensat(AT_FDCWD, f.path.c_str(), nullptr, 0);  // last use, for the LRU order
+  ::futimens(in.fd, nullptr);  // last use, for the LRU order (the file read, not a name)
 }
 
 }  // namespace deltafin

@@ -11,6 +11,10 @@
 // The file is written under a temporary name, synced and renamed, so a crash leaves either the
 // old set of files or the new one. A file whose header does not parse, whose model id or shape
 // differs, whose size is short or whose checksum fails is never used.
+// A snapshot begins with the prompt's token ids, so it is the conversation: files are 0600 and
+// the temporary is created exclusively (O_EXCL | O_NOFOLLOW) under a random name
+// (`NAME.dfsnap.tmp-` and 16 hex digits); reads open only regular files, never through a link,
+// and never block on a FIFO (core/file_io.h).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +29,11 @@
 
 namespace deltafin {
 
+// The infix of a snapshot's temporary name: PATH + kSnapshotTempInfix + 16 random hex digits.
+inline constexpr const char* kSnapshotTempInfix = ".tmp-";
+// Whether a folder entry's name is a snapshot's temporary (an unfinished write to remove).
+bool is_snapshot_temp(const std::string& name);
+
 struct SnapshotFile {
   std::string path;
   std::vector<int32_t> ids;  // the prefix the snapshot continues
@@ -35,14 +44,15 @@ struct SnapshotFile {
 };
 
 // Writes the snapshot of `state` (which consumed `ids`) and the draft rows [0, n - lag) with their
-// tail, if given, to `path` atomically. Throws IoError naming the file and the reason (ENOSPC:
-// "the disk is full"); nothing is left behind on failure.
+// tail, if given, to `path` atomically (mode 0600). Throws IoError naming the file and the
+// reason (ENOSPC: "the disk is full"); nothing is left behind on failure.
 void write_snapshot_file(const std::string& path, const std::string& model_id,
                          std::span<const int32_t> ids, const State& state, const DraftRows* draft,
                          const std::string& draft_id);
 
 // The header and prefix of a snapshot file, checked against the model (id and state shape) and
-// the file's size; nullopt with `*why` set when the file cannot be used.
+// the file's size; nullopt with `*why` set when the file cannot be used (not a regular file
+// included: "... is a FIFO (expected a regular file)").
 std::optional<SnapshotFile> read_snapshot_header(const std::string& path,
                                                  const std::string& model_id,
                                                  const StateShape& shape, std::string* why);

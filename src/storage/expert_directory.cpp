@@ -70,7 +70,7 @@ void lay_out_image(ExpertLocation& loc) {
 ExpertDirectory::ExpertDirectory(const ModelConfig& c, const Checkpoint& ck, ExpertFormat format)
     : format_(format),
       intermediate_(c.moe.intermediate),
-      latent_(c.moe.latent_dim),
+      latent_(c.expert_dim()),
       first_moe_(static_cast<int>(c.first_k_dense)),
       num_layers_(static_cast<int>(c.num_layers)),
       num_experts_(static_cast<int>(c.moe.num_experts)) {
@@ -79,7 +79,7 @@ ExpertDirectory::ExpertDirectory(const ModelConfig& c, const Checkpoint& ck, Exp
   for (int l = first_moe_; l < num_layers_; ++l) {
     for (int e = 0; e < num_experts_; ++e) {
       ExpertLocation& loc = locations_[static_cast<size_t>((l - first_moe_) * num_experts_ + e)];
-      const std::string prefix = expert_prefix(l, e);
+      const std::string prefix = expert_prefix(c, l, e);
       // Order ranges by file offset within the tensor order so a contiguous expert is detected
       // whatever order its tensors were written in; keep tensor order for weights_from().
       for (const auto& s : suffixes) {

@@ -56,6 +56,7 @@ std::string HomeManifest::to_json() const {
   for (const auto& e : experts)
     list.push_back({e.layer, e.expert, e.offset, e.bytes, checksum_hex(e.checksum)});
   j["experts"] = std::move(list);
+  j["superseded"] = superseded;
   return j.dump(1) + "\n";
 }
 
@@ -101,7 +102,47 @@ HomeManifest HomeManifest::parse(const std::string& text, const std::string& wha
     h.bytes = e[3].get<uint64_t>();
     m.experts.push_back(h);
   }
+  if (j.contains("superseded")) {  // absent in manifests written before it was recorded
+    if (!j["superseded"].is_array())
+      fail_arg("{}: \"superseded\" is not a list of folder names", what);
+    for (const auto& n : j["superseded"]) {
+      if (!n.is_string() || !is_place_folder_name(n.get<std::string>()))
+        fail_arg("{}: \"superseded\" holds {} (expected names like data-ID or data-ID.partial)",
+                 what, n.dump());
+      m.superseded.push_back(n.get<std::string>());
+    }
+  }
   return m;
+}
+
+bool is_place_folder_name(const std::string& name) {
+  std::string id = name;
+  if (!id.starts_with("data-")) return false;
+  id.erase(0, 5);
+  if (id.ends_with(".partial")) id.resize(id.size() - 8);
+  return !id.empty() && id.size() <= 32 &&
+         id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+std::vector<std::string> home_folders_made(const std::string& home) {
+  std::vector<std::string> out;
+  try {
+    const std::string path = home + "/" + kHomeManifestName;
+    const nlohmann::json j = parse_json(read_regular_file(path), path);
+    if (!j.is_object()) return out;
+    if (j.contains("placement") && j["placement"].is_string() &&
+        is_place_folder_name("data-" + j["placement"].get<std::string>()))
+      out.push_back("data-" + j["placement"].get<std::string>());
+    if (j.contains("superseded") && j["superseded"].is_array()) {
+      for (const auto& n : j["superseded"]) {
+        if (n.is_string() && is_place_folder_name(n.get<std::string>()))
+          out.push_back(n.get<std::string>());
+      }
+    }
+  } catch (const std::exception&) {
+    out.clear();  // no manifest, or not one we can read: nothing is known to be ours
+  }
+  return out;
 }
 
 HomeManifest read_home_manifest(const std::string& home) {
@@ -110,7 +151,7 @@ HomeManifest read_home_manifest(const std::string& home) {
   const std::string path = home + "/" + kHomeManifestName;
   if (!fs::exists(path, ec))
     fail_io("{} has no {} (run deltafin place to fill it)", home, kHomeManifestName);
-  return HomeManifest::parse(read_file(path), path);
+  return HomeManifest::parse(read_regular_file(path), path);
 }
 
 std::vector<std::string> home_data_files(const std::string& home) {

@@ -18,6 +18,12 @@
 //  * The data folder is named by the placement's ID, and the manifest is the commit point: a new
 //    placement is written beside the old one and published by renaming the manifest, so a home
 //    is always either the old placement or the new one.
+//  * A home may hold the user's own files, and `place` deletes only folders it made, by the exact
+//    names it recorded: the manifest names its data folder and the earlier placements' folders it
+//    replaced (`superseded`, removed once it is published; kept in the manifest so a run stopped
+//    before removing them finishes the job next time), the place record (.deltafin-place.json)
+//    the folder a copy in progress goes to. A `data-backup/` of the user's is never touched.
+//  * Private: folders place makes are 0700 and its files 0600, created without following links.
 #pragma once
 
 #include <cstdint>
@@ -54,12 +60,23 @@ struct HomeManifest {
   double probe_bytes_per_s = 0;        // this home's read bandwidth when placed
   double model_probe_bytes_per_s = 0;  // the model folder's
   std::vector<HomeEntry> experts;
+  // Folders of earlier placements `place` made here and removes after publishing this one (names
+  // checked by is_place_folder_name).
+  std::vector<std::string> superseded;
 
   std::string data_dir() const { return "data-" + placement; }
   std::string to_json() const;
   // Throws InvalidArgument naming `what` and the field at fault.
   static HomeManifest parse(const std::string& text, const std::string& what);
 };
+
+// Whether `name` is a name `place` gives a folder in a home: "data-" and a placement ID (hex
+// digits), with or without ".partial". Names read back from a record must pass it before
+// anything is removed.
+bool is_place_folder_name(const std::string& name);
+// The folders `place` made in `home` by its manifest, of any format: the published placement's
+// data folder and the ones it superseded. Empty without a readable manifest.
+std::vector<std::string> home_folders_made(const std::string& home);
 
 // "layer-007.bin": the data file of one MoE layer inside a home's data folder.
 std::string home_layer_file(int layer);

@@ -43,7 +43,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPlaceRecord = ".deltafin-place.json";
-constexpr const char* kProbeFile = ".deltafin-probe";
+constexpr const char* kProbePrefix = ".deltafin-probe-";  // and 16 random hex digits
 constexpr const char* kJournal = "journal";
 
 // An aligned buffer freed on scope exit.
@@ -79,16 +79,43 @@ void write_all_at(int fd, const uint8_t* p, uint64_t n, uint64_t offset, const s
   }
 }
 
-// Opens for writing with O_DIRECT where the file system takes it (the copy should not fill the
-// page cache with a drive's worth of experts).
-int open_for_writing(const std::string& path, bool direct) {
+// Opens a layer's data file in a copy's folder for writing (created 0600; an interrupted copy
+// reopens it), with O_DIRECT where the file system takes it (the copy should not fill the page
+// cache with a drive's worth of experts). Never through a link, and only a regular file.
+int open_copy_file(const std::string& path, bool direct) {
+  const int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
   int fd = -1;
 #ifdef O_DIRECT
-  if (direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  if (direct) fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
 #endif
-  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fd = ::open(path.c_str(), flags, 0600);
   if (fd < 0) fail_io("cannot create {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail_io("{} is not a regular file (expected the copy place writes there)", path);
+  }
   return fd;
+}
+
+// Makes a folder of place's in a home (0700), or checks that the one an interrupted run made is
+// a folder and not a link to elsewhere.
+void make_place_folder(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == 0) return;
+  if (errno != EEXIST) fail_io("cannot create {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail_io("{} exists and is not a folder (expected the folder place copies into)", path);
+}
+
+// Removes a folder place made in `home` (by a name it recorded), never through a link.
+void remove_place_folder(const std::string& home, const std::string& name) {
+  if (!is_place_folder_name(name)) return;
+  const std::string path = home + "/" + name;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
+  std::error_code ec;
+  fs::remove_all(path, ec);
 }
 
 uint64_t free_bytes(const std::string& dir) {
@@ -153,21 +180,38 @@ void parallel_for(size_t n, int threads, const std::function<void(size_t)>& fn) 
   if (error) std::rethrow_exception(error);
 }
 
-// Writes a probe file of `bytes` on the home's drive and reads it back with O_DIRECT.
+// Writes a probe file of `bytes` on the home's drive and reads it back with O_DIRECT. The file
+// (a new one under a random name, 0600) is removed however the probe ends: a drive too full for
+// it must not be left fuller.
 double probe_home(const std::string& home, uint64_t bytes, int threads) {
-  const std::string path = home + "/" + kProbeFile;
+  const std::string path = with_random_suffix(home + "/" + kProbePrefix);
   bytes = std::max<uint64_t>(io_align_up(bytes), 1 << 20);
+  struct Remove {
+    const std::string& path;
+    ~Remove() { ::unlink(path.c_str()); }
+  } remove{path};
   {
-    FdCloser f{open_for_writing(path, true)};
+    FdCloser f{create_new_file(path, true)};
     constexpr uint64_t kChunk = 4 << 20;
     Buffer buf(kChunk);
     for (uint64_t i = 0; i < kChunk / 8; ++i) {
       const uint64_t v = (i + 1) * 0x9E3779B97F4A7C15ull;
       std::memcpy(buf.p + i * 8, &v, 8);
     }
-    for (uint64_t at = 0; at < bytes; at += kChunk)
-      write_all_at(f.fd, buf.p, std::min(kChunk, bytes - at), at, path);
-    if (::fdatasync(f.fd) != 0) fail_io("cannot sync {}: {}", path, std::strerror(errno));
+    for (uint64_t at = 0; at < bytes; at += kChunk) {
+      const int err = write_at(f.fd, buf.p, std::min(kChunk, bytes - at), at);
+      if (err == ENOSPC)
+        fail_io(
+            "cannot probe the home {}: its drive is full (the probe file {} needs {}; it was "
+            "removed)",
+            home, path, gib(bytes));
+      if (err != 0)
+        fail_io("cannot probe the home {}: writing {} failed: {} (it was removed)", home, path,
+                std::strerror(err));
+    }
+    if (::fdatasync(f.fd) != 0)
+      fail_io("cannot probe the home {}: syncing {} failed: {} (it was removed)", home, path,
+              std::strerror(errno));
 #if defined(POSIX_FADV_DONTNEED)
     ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
 #endif
@@ -175,7 +219,6 @@ double probe_home(const std::string& home, uint64_t bytes, int threads) {
   double best = 0;
   for (int i = 0; i < 2; ++i)
     best = std::max(best, measure_disk_bandwidth({path}, threads, bytes, 4ull << 20));
-  ::unlink(path.c_str());
   if (!(best > 0)) fail_io("could not read the probe file back from {}", home);
   return best;
 }
@@ -189,6 +232,7 @@ struct Decision {
     std::string dir;
     double probe = 0, share = 0;
     std::vector<std::pair<int, int>> experts;  // (layer, expert), ascending
+    std::string folder;  // "data-ID": where its copy goes (FOLDER.partial until it is verified)
   };
   std::vector<Home> homes;
 
@@ -201,8 +245,11 @@ struct Decision {
     for (const auto& h : homes) {
       nlohmann::json list = nlohmann::json::array();
       for (const auto& [l, e] : h.experts) list.push_back({l, e});
-      j["homes"].push_back(
-          {{"dir", h.dir}, {"probe_bytes_per_s", h.probe}, {"share", h.share}, {"experts", list}});
+      j["homes"].push_back({{"dir", h.dir},
+                            {"probe_bytes_per_s", h.probe},
+                            {"share", h.share},
+                            {"experts", list},
+                            {"folder", h.folder}});
     }
     return j.dump() + "\n";
   }
@@ -212,7 +259,7 @@ struct Decision {
     const std::string path = home + "/" + kPlaceRecord;
     if (!fs::exists(path, ec)) return std::nullopt;
     try {
-      const nlohmann::json j = parse_json(read_file(path), path);
+      const nlohmann::json j = parse_json(read_regular_file(path), path);
       if (j.at("args").get<std::string>() != args) return std::nullopt;
       Decision d;
       d.args = args;
@@ -226,12 +273,29 @@ struct Decision {
         x.share = h.at("share").get<double>();
         for (const auto& p : h.at("experts"))
           x.experts.emplace_back(p.at(0).get<int>(), p.at(1).get<int>());
+        x.folder = h.at("folder").get<std::string>();
         d.homes.push_back(std::move(x));
       }
       return d;
     } catch (const std::exception&) {
       return std::nullopt;  // a torn or foreign record: decide again
     }
+  }
+  // The folder the record in `home` (of any request) names for that home's copy; "" when there
+  // is no such record or the name is not one place gives.
+  static std::string folder_in(const std::string& home) {
+    try {
+      const std::string path = home + "/" + kPlaceRecord;
+      const nlohmann::json j = parse_json(read_regular_file(path), path);
+      for (const auto& h : j.at("homes")) {
+        const std::string f = h.at("folder").get<std::string>();
+        if (h.at("dir").get<std::string>() == home && is_place_folder_name(f) &&
+            !f.ends_with(".partial"))
+          return f;
+      }
+    } catch (const std::exception&) {
+    }
+    return "";
   }
 };
 
@@ -273,26 +337,18 @@ std::map<std::pair<int, int>, uint64_t> read_journal(const std::string& path) {
   return done;
 }
 
-// Removes what earlier placements left in `home` (old data folders, unfinished ones), keeping
-// `keep` ("" = keep none).
-void remove_stale(const std::string& home, const std::string& keep) {
-  std::error_code ec;
-  for (const auto& d : fs::directory_iterator(home, ec)) {
-    const std::string name = d.path().filename().string();
-    if (name.rfind("data-", 0) != 0 || name == keep) continue;
-    fs::remove_all(d.path(), ec);
-  }
-}
-
 // Copies one home's experts into data-ID.partial, verifies them and publishes the home.
 class HomeWriter {
  public:
   HomeWriter(const Source& src, const PlaceOptions& o, const Decision& d, const Decision::Home& h)
       : src_(src), o_(o), d_(d), h_(h), entries_(lay_out(src, h.experts)) {
     id_ = placement_id(src.fingerprint, entries_);
-    partial_ = h.dir + "/data-" + id_ + ".partial";
-    final_ = h.dir + "/data-" + id_;
+    partial_ = h.dir + "/" + folder() + ".partial";
+    final_ = h.dir + "/" + folder();
   }
+
+  // "data-ID": the folder this placement's copies go to in the home.
+  std::string folder() const { return "data-" + id_; }
 
   bool published() const {
     try {
@@ -320,15 +376,14 @@ class HomeWriter {
     return n;
   }
   size_t experts() const { return entries_.size(); }
-  // Removes unfinished copies of other placements (a changed request decides anew).
-  void clear_other_partials() const {
-    std::error_code ec;
-    for (const auto& d : fs::directory_iterator(h_.dir, ec)) {
-      const std::string name = d.path().filename().string();
-      if (name.rfind("data-", 0) == 0 && name.ends_with(".partial") &&
-          d.path().string() != partial_)
-        fs::remove_all(d.path(), ec);
-    }
+  // Removes the copy an earlier request of place was making here, by the name its record gives
+  // (a changed request decides anew), unless it is this request's or the published placement.
+  void clear_earlier_copy() const {
+    const std::string earlier = Decision::folder_in(h_.dir);
+    if (earlier.empty() || earlier == folder()) return;
+    remove_place_folder(h_.dir, earlier + ".partial");
+    const auto made = home_folders_made(h_.dir);
+    if (made.empty() || made.front() != earlier) remove_place_folder(h_.dir, earlier);
   }
 
   // Returns the bytes written by this run.
@@ -336,8 +391,7 @@ class HomeWriter {
     std::error_code ec;
     uint64_t written = 0;
     if (!fs::is_directory(final_, ec)) {
-      fs::create_directories(partial_, ec);
-      if (ec) fail_io("cannot create {}: {}", partial_, ec.message());
+      make_place_folder(partial_);
       written = copy();
       verify();
       sync_dir(partial_);
@@ -357,9 +411,16 @@ class HomeWriter {
       e.checksum = journal.at({e.layer, e.expert});
       m.experts.push_back(e);
     }
+    // What the manifest being replaced names (its data folder, what it had yet to remove) is
+    // superseded: recorded first, removed once the new manifest is published.
+    for (const auto& name : home_folders_made(h_.dir)) {
+      if (name != folder() && fs::exists(h_.dir + "/" + name, ec) &&
+          std::find(m.superseded.begin(), m.superseded.end(), name) == m.superseded.end())
+        m.superseded.push_back(name);
+    }
     write_file_atomic(h_.dir + "/" + kHomeManifestName, m.to_json());
     sync_dir(h_.dir);
-    remove_stale(h_.dir, "data-" + id_);
+    for (const auto& name : m.superseded) remove_place_folder(h_.dir, name);
     return written;
   }
 
@@ -381,12 +442,11 @@ class HomeWriter {
     std::map<int, int> fds;
     for (size_t i : todo) {
       const int l = entries_[i].layer;
-      if (!fds.count(l))
-        fds[l] = open_for_writing(partial_ + "/" + home_layer_file(l), o_.direct_io);
+      if (!fds.count(l)) fds[l] = open_copy_file(partial_ + "/" + home_layer_file(l), o_.direct_io);
     }
     const std::string journal_path = partial_ + "/" + kJournal;
     const int journal =
-        ::open(journal_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        ::open(journal_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (journal < 0) fail_io("cannot open {}: {}", journal_path, std::strerror(errno));
 
     std::mutex mu;
@@ -529,8 +589,8 @@ std::string canonical_home(const std::string& home) {
   if (!fs::exists(p, ec)) {
     if (!fs::is_directory(p.parent_path(), ec))
       fail_setting("home", home, "neither it nor its parent folder exists (is the drive mounted?)");
-    fs::create_directory(p, ec);
-    if (ec) fail_io("cannot create the home {}: {}", home, ec.message());
+    if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST)
+      fail_io("cannot create the home {}: {}", home, std::strerror(errno));
   }
   if (!fs::is_directory(p, ec)) fail_setting("home", home, "not a folder");
   return fs::canonical(p, ec).string();
@@ -661,10 +721,13 @@ PlaceResult place_experts(const PlaceOptions& o) {
     return res;
   }
 
-  const Decision d = decide(src, o, homes, args);
+  Decision d = decide(src, o, homes, args);
   std::vector<std::unique_ptr<HomeWriter>> writers;
-  for (const auto& h : d.homes) writers.push_back(std::make_unique<HomeWriter>(src, o, d, h));
-  for (const auto& w : writers) w->clear_other_partials();
+  for (auto& h : d.homes) {
+    writers.push_back(std::make_unique<HomeWriter>(src, o, d, h));
+    h.folder = writers.back()->folder();
+  }
+  for (const auto& w : writers) w->clear_earlier_copy();
   // Room: every drive must hold what its homes still need, before anything is written.
   std::map<uint64_t, std::pair<uint64_t, std::vector<std::string>>> need;  // device -> bytes
   for (size_t i = 0; i < homes.size(); ++i) {

@@ -12,6 +12,11 @@
 //  * Atomic. The finished data folder is renamed into place and the manifest written with a
 //    rename; the old placement's files are deleted only after that, so a home is never half old,
 //    half new.
+//  * Deletes only what it made. A home may hold other files: place removes folders by the names
+//    it recorded (the record names the folder a copy goes to, the manifest its data folder and
+//    the ones it superseded), never by a pattern. What it writes is private (folders 0700, files
+//    0600, never through a link), and its probe file (a random name, created exclusively) is
+//    removed however the probe ends.
 //  * Refuses early. The room every home needs is checked against its free space before
 //    anything is written anywhere.
 #pragma once

@@ -32,7 +32,7 @@ uint64_t unit_ram(const TensorTable& ck, const std::vector<std::string>& names, 
   for (const auto& name : names) {
     const TensorInfo& t = get(ck, name);
     const bool matrix = t.shape.size() == 2 && t.dtype == DType::kBF16 && t.shape[0] > 1;
-    if (f == TrunkFormat::kInt8 && matrix && name != "language_model.model.embed_tokens.weight") {
+    if (f == TrunkFormat::kInt8 && matrix && !name.ends_with("model.embed_tokens.weight")) {
       n += int8_bytes(t.shape[0], t.shape[1]);
       any_int8 = true;
     } else {
@@ -145,15 +145,14 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOp
   }
   if (p.prefetch) {
     for (int i = static_cast<int>(c.first_k_dense); i < L; ++i) {
-      for (const auto& n : router_tensors(i)) p.router_bytes += get(ck, n).nbytes;
+      for (const auto& n : router_tensors(c, i)) p.router_bytes += get(ck, n).nbytes;
     }
   }
   // Experts.
   if (c.num_moe_layers() > 0) {
-    const std::string e0 = expert_prefix(c.first_k_dense, 0);
+    const std::string e0 = expert_prefix(c, c.first_k_dense, 0);
     uint64_t eb = 0;
-    for (const auto& s :
-         expert_tensor_suffixes(c.quantized_experts ? ExpertFormat::kMXFP4 : ExpertFormat::kBF16)) {
+    for (const auto& s : expert_tensor_suffixes(c.expert_format())) {
       if (auto it = ck.find(e0 + s); it != ck.end()) eb += it->second.nbytes;
     }
     p.expert_slot_bytes = o.expert_slot_bytes > 0 ? o.expert_slot_bytes : align_up(eb + 2 * kAlign);

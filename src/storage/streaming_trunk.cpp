@@ -33,7 +33,7 @@ TensorLookup lookup_in(const std::vector<std::string>& names,
 StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan,
                                int readers, bool direct_io)
     : c_(c), ck_(ck), plan_(plan), files_(ck, direct_io), pool_(readers) {
-  embed_info_ = &ck.get("language_model.model.embed_tokens.weight");
+  embed_info_ = &ck.get(c.names.embed());
   if (embed_info_->dtype != DType::kBF16) fail("{}: the embedding must be BF16", embed_info_->name);
   for (int u = 0; u <= c.num_layers; ++u) layouts_.push_back(layout_for(u));
   read_resident_units();
@@ -96,7 +96,7 @@ void StreamingTrunk::read_routers() {
   routers_.resize(static_cast<size_t>(L));
   router_mem_.resize(static_cast<size_t>(L));
   for (int i = static_cast<int>(c_.first_k_dense); i < L; ++i) {
-    const auto names = router_tensors(i);
+    const auto names = router_tensors(c_, i);
     std::vector<const TensorInfo*> infos;
     std::vector<uint64_t> offsets;
     uint64_t total = 0;

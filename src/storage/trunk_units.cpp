@@ -12,10 +12,9 @@ std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
 
 std::vector<std::string> layer_trunk_tensors(const ModelConfig& c, int layer,
                                              const TensorTable& all) {
-  (void)c;
   std::vector<std::string> names;
-  const std::string P = layer_prefix(layer);
-  const std::string E = P + "block_sparse_moe.experts.";
+  const std::string P = c.names.layer(layer);
+  const std::string E = c.names.moe(layer) + "experts.";
   for (auto it = all.lower_bound(P); it != all.end() && it->first.rfind(P, 0) == 0; ++it) {
     if (it->first.rfind(E, 0) != 0) names.push_back(it->first);
   }
@@ -45,7 +44,7 @@ void ResidentTrunk::embed(std::span<const int32_t> tokens, float* out) {
 
 ResidentTrunk::ResidentTrunk(const ModelConfig& c, const Checkpoint& ck) {
   auto lookup = checkpoint_lookup(ck);
-  auto [t, b] = lookup("language_model.model.embed_tokens.weight");
+  auto [t, b] = lookup(c.names.embed());
   embed_ = weight_matrix(*t, b);
   hidden_ = c.hidden;
   head_ = bind_head(c, lookup);

@@ -23,12 +23,27 @@ GET /_stats, so a test can change them between runs:
   slow_ms MS                         sleep MS before each 64 KiB of every body (a slow link)
   corrupt_path P, corrupt_count K    the next K responses for file P have one byte flipped
   error_status S, error_count K      the next K /cdn or resolve requests get status S (Retry-After 0)
+A hostile hub, for the tests of what pull refuses or withstands:
+  patch_entries {PATH: {...}}        merged into PATH's listed entry (its "lfs" object merged too),
+                                     e.g. an oid that is a file name or a size of 2^63; what is
+                                     served stays the real file
+  extra_entries [{...}]              appended to the first page of the listing as they are
+  endless_listing "fast" | "drip"    listing pages whose body never ends: as fast as possible, or
+                                     2 KB/s (above libcurl's low-speed limit, so only a deadline
+                                     stops it)
+  endless_body true                  file bodies (200 or 206) that never end, past the range asked
+  next_other_host true               each page's Link points at the other host (below)
+  cdn_other_host true                resolve redirects LFS files to the other host's /cdn
+The "other host" is a second listener on another port (another origin), serving the same
+routes without asking for the token, as a host that only wants to see one would; it counts
+other_requests and other_authorization (requests that carried an Authorization header).
 Stats: requests, body_bytes (bytes of file content sent), per-kind counts.
 
 Usage: mock_hub.py --repo ORG/NAME=DIR [--repo ...] --port-file FILE [--token T] [--page-size N]
 The port it listens on (127.0.0.1, chosen by the OS) is written to --port-file once it serves.
 """
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -68,6 +83,7 @@ class State:
     def __init__(self):
         self.lock = threading.Lock()
         self.faults = {}
+        self.other_port = 0
         self.stats = {"requests": 0, "body_bytes": 0, "tree": 0, "revision": 0, "resolve": 0,
                       "cdn": 0, "unauthorized": 0, "dropped": 0, "corrupted": 0, "errors": 0}
 
@@ -83,6 +99,16 @@ class State:
     def count(self, key, n=1):
         with self.lock:
             self.stats[key] = self.stats.get(key, 0) + n
+
+
+def merged(entry, patch):
+    out = copy.deepcopy(entry)
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k].update(v)
+        else:
+            out[k] = v
+    return out
 
 
 def make_handler(repos, state, token, page_size):
@@ -105,6 +131,8 @@ def make_handler(repos, state, token, page_size):
             self.wfile.write(body)
 
         def authorized(self):
+            if getattr(self.server, "is_other", False):
+                return True  # the other host asks for nothing: it only records what it is sent
             if token is None or self.headers.get("Authorization") == "Bearer " + token:
                 return True
             state.count("unauthorized")
@@ -130,6 +158,10 @@ def make_handler(repos, state, token, page_size):
 
         def do_GET(self):
             state.count("requests")
+            if getattr(self.server, "is_other", False):
+                state.count("other_requests")
+                if "Authorization" in self.headers:
+                    state.count("other_authorization")
             url = urllib.parse.urlsplit(self.path)
             path = urllib.parse.unquote(url.path)
             if path == "/_stats":
@@ -159,13 +191,23 @@ def make_handler(repos, state, token, page_size):
                 repo = repos[m.group(1)]
                 if m.group(2) not in ("main", COMMIT):
                     return self.send_json(404, {"error": "Invalid rev id: " + m.group(2)})
+                endless = state.faults.get("endless_listing")
+                if endless:
+                    return self.send_endless(endless)
                 query = urllib.parse.parse_qs(url.query)
                 start = int(query.get("cursor", ["0"])[0])
                 paths = sorted(repo.files)
-                page = [repo.files[n][0] for n in paths[start:start + page_size]]
+                patches = state.faults.get("patch_entries", {})
+                page = [merged(repo.files[n][0], patches.get(n, {}))
+                        for n in paths[start:start + page_size]]
+                if start == 0:
+                    page += state.faults.get("extra_entries", [])
                 extra = []
                 if start + page_size < len(paths):
-                    nxt = "http://%s%s?recursive=true&cursor=%d" % (self.headers["Host"], url.path,
+                    host = self.headers["Host"]
+                    if state.faults.get("next_other_host"):
+                        host = "127.0.0.1:%d" % state.other_port
+                    nxt = "http://%s%s?recursive=true&cursor=%d" % (host, url.path,
                                                                     start + page_size)
                     extra.append(("Link", '<%s>; rel="next"' % nxt))
                 return self.send_json(200, page, extra)
@@ -184,7 +226,10 @@ def make_handler(repos, state, token, page_size):
                 if "lfs" in entry:
                     sha = entry["lfs"]["oid"]
                     self.send_response(302)
-                    self.send_header("Location", "/cdn/%s?sig=%d" % (sha, time.time_ns()))
+                    where = "/cdn/%s?sig=%d" % (sha, time.time_ns())
+                    if state.faults.get("cdn_other_host"):
+                        where = "http://127.0.0.1:%d%s" % (state.other_port, where)
+                    self.send_header("Location", where)
                     self.send_header("X-Repo-Commit", COMMIT)
                     self.send_header("X-Linked-Etag", '"%s"' % sha)
                     self.send_header("X-Linked-Size", str(entry["size"]))
@@ -204,6 +249,24 @@ def make_handler(repos, state, token, page_size):
                 return self.send_file(rel, full, entry["size"])
             self.send_json(404, {"error": "not found: " + path})
 
+        def send_endless(self, how):
+            """A 200 listing whose body never ends (no length, the connection held open)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            block = b"[" + b" " * 65535 if how == "fast" else b" " * 512
+            try:
+                while True:
+                    self.wfile.write(block)
+                    block = block.replace(b"[", b" ")
+                    if how != "fast":
+                        self.wfile.flush()
+                        time.sleep(0.25)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
         def send_file(self, rel, full, size):
             begin, end, status = 0, size - 1, 200
             rng = self.headers.get("Range")
@@ -219,6 +282,18 @@ def make_handler(repos, state, token, page_size):
                 end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
                 status = 206
             length = end - begin + 1
+            if state.faults.get("endless_body"):
+                self.send_response(status)
+                if status == 206:
+                    self.send_header("Content-Range", "bytes %d-%d/%d" % (begin, end, size))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    while True:
+                        self.wfile.write(b"\0" * 65536)
+                except (BrokenPipeError, ConnectionResetError):
+                    return
             with open(full, "rb") as f:
                 f.seek(begin)
                 data = bytearray(f.read(length))
@@ -271,7 +346,13 @@ def main():
         name, root = spec.split("=", 1)
         repos[name] = Repo(root, name)
     state = State()
-    server = QuietServer(("127.0.0.1", 0), make_handler(repos, state, a.token, a.page_size))
+    handler = make_handler(repos, state, a.token, a.page_size)
+    other = QuietServer(("127.0.0.1", 0), handler)
+    other.daemon_threads = True
+    other.is_other = True
+    state.other_port = other.server_address[1]
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    server = QuietServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     tmp = a.port_file + ".tmp"
     with open(tmp, "w") as f:
