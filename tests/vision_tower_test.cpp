@@ -3,7 +3,9 @@
 // every test image through the real binary (`deltafin embed-image`), two frames and the bicubic
 // position interpolation through the library; the same bits on 1 and 2 threads; vision_config
 // errors naming the field; a full checkpoint (the golden text model plus the tiny tower) whose
-// text logits are unchanged and whose inventory checks the vision tensors; make-model --vision.
+// text logits are unchanged and whose inventory checks the vision tensors; make-model --vision;
+// images in a prompt: rows given to the model replace the placeholders' embedding rows exactly,
+// and `deltafin logits --image` agrees with itself in every mode and respects the images' order.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/engine.h"
 #include "engine/vision_encoder.h"
 #include "model/vision_config.h"
 #include "storage/checkpoint.h"
@@ -211,6 +214,11 @@ TEST(VisionTower, VisionConfigErrorsNameTheField) {
   }
 }
 
+// The tiny text model's specials sit at the release offsets from vocab - 256 (512 - 256): these
+// are <|media_begin|>, <|media_content|>, <|media_end|> and <|media_pad|>.
+constexpr int32_t kMediaBegin = 256 + 18, kMediaContent = 256 + 19, kMediaEnd = 256 + 20,
+                  kPad = 256 + 21;
+
 // The golden text model (tests/data/k3-tiny-bf16) with the tiny tower added, as one checkpoint.
 std::string text_and_vision() {
   static const std::string dir = [] {
@@ -232,6 +240,7 @@ std::string text_and_vision() {
     test::spit(d + "/model.safetensors.index.json", index.dump(1));
     json cfg = json::parse(test::slurp(text + "/config.json"));
     cfg["vision_config"] = json::parse(test::slurp(tiny_model() + "/config.json"))["vision_config"];
+    cfg["media_placeholder_token_id"] = kPad;
     test::spit(d + "/config.json", cfg.dump(1));
     fs::copy(tiny_model() + "/preprocessor_config.json", d + "/preprocessor_config.json");
     return d;
@@ -367,6 +376,171 @@ TEST(EmbedImage, MakeModelWithAVisionTower) {
   for (float v : rows) ASSERT_TRUE(std::isfinite(v));
   r = test::run_deltafin({"run", "--model", dir, "--prompt", "hi", "--max-new", "3"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Rows given to a pass replace those tokens' embedding rows exactly: a sequence whose rows 3..6
+// are placeholders given the embedding rows of other tokens has, bit for bit, those tokens'
+// logits — in one pass and across a pass boundary inside the given rows. Bad given rows are
+// refused before the state is touched.
+TEST(VisionPrompt, GivenRowsReplaceTheEmbeddingRowsExactly) {
+  auto model = load_model(test::data_dir() + "/k3-tiny-bf16/model");
+  const json g = json::parse(test::slurp(test::data_dir() + "/k3-tiny-bf16/case.json"));
+  const auto text = g["tokens"].get<std::vector<int32_t>>();
+  const int64_t hidden = model->config().hidden;
+  std::vector<int32_t> with_pads = text;
+  const std::vector<int64_t> rows = {3, 4, 5, 6};
+  for (int64_t r : rows) with_pads[static_cast<size_t>(r)] = kPad;
+  std::vector<float> given(rows.size() * static_cast<size_t>(hidden));
+  const std::vector<int32_t> replaced(text.begin() + 3, text.begin() + 7);
+  model->embed(replaced, given.data());
+
+  State a = model->new_state();
+  const auto want = model->forward(a, text, /*all_logits=*/true);
+  auto run = [&](State& st, size_t b, size_t e) {
+    std::vector<int64_t> r;
+    size_t first = rows.size();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] >= static_cast<int64_t>(b) && rows[i] < static_cast<int64_t>(e)) {
+        first = std::min(first, i);
+        r.push_back(rows[i] - static_cast<int64_t>(b));
+      }
+    }
+    SequenceInput in;
+    in.state = &st;
+    in.tokens = std::span<const int32_t>(with_pads).subspan(b, e - b);
+    in.all_logits = true;
+    in.embed_rows = r;
+    in.embed_values = std::span<const float>(given).subspan(
+        std::min(first, rows.size()) * static_cast<size_t>(hidden),
+        r.size() * static_cast<size_t>(hidden));
+    return model->forward(std::span<SequenceInput>(&in, 1));
+  };
+  State b = model->new_state();
+  const auto got = run(b, 0, with_pads.size());
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+  // Without the given rows the placeholders embed as themselves: different logits from row 3 on.
+  State c = model->new_state();
+  const auto plain = model->forward(c, with_pads, true);
+  const size_t vocab = static_cast<size_t>(model->config().vocab);
+  EXPECT_NE(std::memcmp(plain.data() + 3 * vocab, want.data() + 3 * vocab, vocab * 4), 0);
+  // Split inside the given rows: the same logits as the text in the same split.
+  State d = model->new_state(), e = model->new_state();
+  auto split = run(d, 0, 5);
+  const auto rest = run(d, 5, with_pads.size());
+  split.insert(split.end(), rest.begin(), rest.end());
+  auto want_split = model->forward(e, std::span<const int32_t>(text).subspan(0, 5), true);
+  const auto want_rest = model->forward(e, std::span<const int32_t>(text).subspan(5), true);
+  want_split.insert(want_split.end(), want_rest.begin(), want_rest.end());
+  ASSERT_EQ(split.size(), want_split.size());
+  EXPECT_EQ(std::memcmp(split.data(), want_split.data(), split.size() * 4), 0);
+
+  // Refused: rows out of order, past the tokens, values of the wrong size. The state stays usable.
+  State f = model->new_state();
+  const std::vector<int64_t> unordered = {4, 3}, past = {40};
+  for (const auto* bad : {&unordered, &past}) {
+    SequenceInput in;
+    in.state = &f;
+    in.tokens = with_pads;
+    in.embed_rows = *bad;
+    in.embed_values =
+        std::span<const float>(given).subspan(0, bad->size() * static_cast<size_t>(hidden));
+    EXPECT_THROW(model->forward(std::span<SequenceInput>(&in, 1)), Error);
+  }
+  SequenceInput in;
+  in.state = &f;
+  in.tokens = with_pads;
+  in.embed_rows = rows;
+  in.embed_values = std::span<const float>(given).subspan(1);
+  EXPECT_THROW(model->forward(std::span<SequenceInput>(&in, 1)), Error);
+  EXPECT_EQ(f.position(), 0);
+  const auto again = model->forward(f, text, true);
+  EXPECT_EQ(std::memcmp(again.data(), want.data(), want.size() * 4), 0);
+}
+
+// One image's prompt segment (docs/VISION.md §6) with `n` placeholders; "image WxH" is written
+// with the tiny tokenizer's byte tokens (any ids: the test compares the engine with itself).
+void append_segment(std::vector<int32_t>& ids, int64_t n) {
+  ids.push_back(kMediaBegin);
+  for (int32_t t : {105, 109, 97, 103, 101}) ids.push_back(t);
+  ids.push_back(kMediaContent);
+  for (int64_t i = 0; i < n; ++i) ids.push_back(kPad);
+  ids.push_back(kMediaEnd);
+}
+
+std::string id_list(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t t : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(t);
+  }
+  return s;
+}
+
+// `logits --image` with two images (la_gray.png: 4 tokens, tiny_20x9.png: 1): prefill, split
+// inside the first image and decode agree within the golden tolerance; without the images, or
+// with their order swapped, the logits after the first placeholder differ; a count that does not
+// add up, and a checkpoint without a tower, are refused with one clear error.
+TEST(VisionPrompt, LogitsWithTwoImagesAgreeInEveryMode) {
+  const std::string dir = text_and_vision();
+  std::vector<int32_t> ids = {5, 17, 200};
+  append_segment(ids, 4);
+  ids.push_back(42);
+  append_segment(ids, 1);
+  for (int32_t t : {7, 300, 64}) ids.push_back(t);
+  const std::string la = test::data_dir() + "/vision/la_gray.png";
+  const std::string tiny = test::data_dir() + "/vision/tiny_20x9.png";
+  const std::string tmp = test::temp_dir("vision-prompt");
+  auto logits = [&](const std::string& mode, const std::vector<std::string>& images,
+                    const std::string& name) {
+    std::vector<std::string> args = {"logits", "--model", dir,     "--tokens",      id_list(ids),
+                                     "--mode", mode,      "--out", tmp + "/" + name};
+    for (const auto& im : images) {
+      args.push_back("--image");
+      args.push_back(im);
+    }
+    auto r = test::run_deltafin(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return floats_of(tmp + "/" + name);
+  };
+  const auto prefill = logits("prefill", {la, tiny}, "prefill.f32");
+  ASSERT_EQ(prefill.size(), ids.size() * 512);
+  const size_t first_pad = 3 + 1 + 5 + 1;  // rows before it: text, begin, "image", content
+  double worst = 0;
+  for (const std::string mode : {"split:12", "decode"}) {
+    const auto other = logits(mode, {la, tiny}, "other.f32");
+    ASSERT_EQ(other.size(), prefill.size()) << mode;
+    double mx = 0;
+    for (size_t i = 0; i < other.size(); ++i)
+      mx = std::max(mx, static_cast<double>(std::fabs(other[i] - prefill[i])));
+    EXPECT_LT(mx, 2e-3) << mode;  // the golden tolerance of tests/golden_test.cpp
+    worst = std::max(worst, mx);
+  }
+  std::printf("[ vision ] logits with two images: prefill vs split/decode max |diff| %.3g\n",
+              worst);
+  auto differs_from = [&](const std::vector<float>& other) {
+    double mx = 0;
+    for (size_t i = first_pad * 512; i < other.size(); ++i)
+      mx = std::max(mx, static_cast<double>(std::fabs(other[i] - prefill[i])));
+    return mx;
+  };
+  const auto text_only = logits("prefill", {}, "text.f32");
+  EXPECT_EQ(std::memcmp(text_only.data(), prefill.data(), first_pad * 512 * 4), 0);
+  EXPECT_GT(differs_from(text_only), 0.1);
+  // Swapped: tiny_20x9 takes the first placeholder and la_gray the next four.
+  EXPECT_GT(differs_from(logits("prefill", {tiny, la}, "swapped.f32")), 0.1);
+
+  auto r = test::run_deltafin({"logits", "--model", dir, "--tokens", id_list(ids), "--image", la,
+                               "--out", tmp + "/one.f32"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("take 4 media placeholder tokens (id 277), but --tokens holds 5"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(tmp + "/one.f32"));
+  r = test::run_deltafin({"logits", "--model", test::data_dir() + "/k3-tiny-bf16/model", "--tokens",
+                          id_list(ids), "--image", la, "--out", tmp + "/none.f32"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("holds no vision tower"), std::string::npos) << r.err;
 }
 
 }  // namespace

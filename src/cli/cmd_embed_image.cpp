@@ -4,13 +4,8 @@
 // patch grid, so the command is also how an image's token count and the whole vision path are
 // checked from the command line (tests/vision_tower_test.cpp runs it against the float64
 // reference's goldens).
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -31,34 +26,6 @@ struct EmbedImageArgs {
   bool count_only = false;
 };
 
-// The image file's bytes: a regular file of at most `max_bytes` (checked before reading).
-std::vector<uint8_t> read_image_file(const std::string& path, uint64_t max_bytes) {
-  require_regular_file(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_arg("{}: cannot open the image: {}", path, std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) fail_arg("{}: cannot read the image: {}", path, std::strerror(errno));
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    fail_arg("{}: {} bytes, over the {}-byte image limit", path, static_cast<uint64_t>(st.st_size),
-             max_bytes);
-  }
-  std::vector<uint8_t> data(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  while (got < data.size()) {
-    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail_arg("{}: cannot read the image: {}", path, std::strerror(errno));
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  data.resize(got);
-  return data;
-}
-
 void run_embed_image(const EmbedImageArgs& a) {
   if (a.model.empty()) fail_usage("--model DIR is required (a K3 checkpoint with a vision tower)");
   if (!a.count_only && a.out.empty()) fail_usage("--out FILE is required (or --count-only)");
@@ -69,7 +36,7 @@ void run_embed_image(const EmbedImageArgs& a) {
   apply_engine_options(e);
   require_model_folder(a.model);
   const auto enc = VisionEncoder::open(a.model);
-  const std::vector<uint8_t> bytes = read_image_file(a.image, enc->limits().max_bytes);
+  const std::vector<uint8_t> bytes = vision::read_image_file(a.image, enc->limits());
   ImageEmbedding emb;
   if (a.count_only) {
     emb.plan = enc->plan(bytes, a.image, &emb.info);

@@ -163,7 +163,15 @@ VisionConfig parse_vision_config_text(const std::string& config_json, const std:
     if (auto h = tc->find("hidden_size"); h != tc->end() && h->is_number_integer())
       text_hidden = h->get<int64_t>();
   }
-  return parse_vision_config(*vc, text_hidden, path);
+  VisionConfig v = parse_vision_config(*vc, text_hidden, path);
+  if (auto p = root.find("media_placeholder_token_id"); p != root.end()) {
+    if (!p->is_number_integer() || p->get<int64_t>() < 0 || p->get<int64_t>() > INT32_MAX) {
+      fail_arg("{}: media_placeholder_token_id: expected a token id, found {}", path,
+               p->dump().substr(0, 80));
+    }
+    v.placeholder_id = p->get<int64_t>();
+  }
+  return v;
 }
 
 VisionConfig vision_config_of(const ModelConfig& c) {

@@ -44,6 +44,9 @@ struct VisionConfig {
   bool attn_bias = false, linear_bias = false, patch_bias = false;
   float projector_eps = 1e-5f;
   float tower_norm_eps = kVisionTowerNormEps;
+  // config.json's media_placeholder_token_id (top level; release 163605, <|media_pad|>): the
+  // prompt token whose embedding rows an image's projector rows replace (§6).
+  int64_t placeholder_id = 163605;
 
   int64_t head_dim() const { return qkv / heads; }
   int64_t patch_dim() const { return 3 * patch * patch; }

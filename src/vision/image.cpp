@@ -2,12 +2,45 @@
 // and RGBA (docs/VISION.md §3.1–3.2). The decoders themselves are decode_*.cpp.
 #include "vision/image.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
 #include "vision/decoders.h"
 
 namespace deltafin::vision {
+
+std::vector<uint8_t> read_image_file(const std::string& path, const ImageLimits& limits) {
+  // O_NONBLOCK: a FIFO or device named as an image must not block the open; fstat refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail_arg("{}: cannot open the image: {}", path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail_arg("{}: cannot read the image: {}", path, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail_arg("{}: not a regular file (expected an image file)", path);
+  if (static_cast<uint64_t>(st.st_size) > limits.max_bytes) {
+    fail_arg("{}: {} bytes, over the {}-byte image limit", path, static_cast<uint64_t>(st.st_size),
+             limits.max_bytes);
+  }
+  std::vector<uint8_t> data(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_arg("{}: cannot read the image: {}", path, std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  data.resize(got);
+  return data;
+}
 
 const char* format_name(ImageFormat f) {
   switch (f) {

@@ -95,6 +95,10 @@ ImageFormat sniff_format(std::span<const uint8_t> bytes, const std::string& name
 ImageInfo probe_image(std::span<const uint8_t> bytes, const std::string& name,
                       const ImageLimits& limits = {});
 
+// The bytes of the image file `path`: a regular file of at most limits.max_bytes (checked
+// before reading). Throws InvalidArgument naming the path.
+std::vector<uint8_t> read_image_file(const std::string& path, const ImageLimits& limits = {});
+
 // Decodes frame 0. Throws InvalidArgument naming `name` and what was expected.
 Image decode_image(std::span<const uint8_t> bytes, const std::string& name,
                    const ImageLimits& limits = {});
