@@ -192,6 +192,24 @@ TEST(VisionTower, VisionConfigErrorsNameTheField) {
       EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
     }
   }
+  // The placeholder id sits at config.json's top level (the tiny tower's: the release's 163605).
+  EXPECT_EQ(VisionEncoder::open(tiny_model())->config().placeholder_id, 163605);
+  {
+    json bad_id = json::parse(test::slurp(tiny_model() + "/config.json"));
+    bad_id["media_placeholder_token_id"] = "pad";
+    const std::string dir = test::temp_dir("badpad") + "/model";
+    fs::copy(tiny_model(), dir, fs::copy_options::recursive);
+    fs::remove(dir + "/config.json");
+    test::spit(dir + "/config.json", bad_id.dump());
+    try {
+      VisionEncoder::open(dir);
+      ADD_FAILURE() << "accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("media_placeholder_token_id: expected a token id"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Absent fields take the release defaults: with vt_num_hidden_layers gone the config says 27
   // layers, and the tensors (2 blocks) are found wanting, by name.
   json cfg = json::parse(test::slurp(tiny_model() + "/config.json"));
@@ -332,6 +350,12 @@ TEST(EmbedImage, ClearErrors) {
                           test::data_dir() + "/vision/missing.png", "--out", out});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("missing.png"), std::string::npos) << r.err;
+  // A folder named as the image: refused by name, never read.
+  r = test::run_deltafin({"embed-image", "--model", tiny_model(), "--image",
+                          test::data_dir() + "/vision/decode", "--out", out});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("decode: not a regular file"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
   r = test::run_deltafin(
       {"embed-image", "--model", tiny_model(), "--image", test::data_dir() + "/vision/photo.jpg"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -359,6 +383,7 @@ TEST(EmbedImage, MakeModelWithAVisionTower) {
   auto r = test::run_deltafin({"make-model", dir, "--vision", "tiny", "--quiet"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json cfg = json::parse(test::slurp(dir + "/config.json"));
+  EXPECT_EQ(cfg["media_placeholder_token_id"], 512 - 256 + 21);  // the tokenizer's <|media_pad|>
   for (const char* k : {"vt_hidden_size", "qkv_hidden_size", "pos_emb_interpolation_mode",
                         "mm_projector_type", "text_hidden_size", "projector_ln_eps"}) {
     EXPECT_TRUE(cfg["vision_config"].contains(k)) << k;
@@ -376,6 +401,11 @@ TEST(EmbedImage, MakeModelWithAVisionTower) {
   for (float v : rows) ASSERT_TRUE(std::isfinite(v));
   r = test::run_deltafin({"run", "--model", dir, "--prompt", "hi", "--max-new", "3"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Kimi-Linear is a text model: no tower for it.
+  r = test::run_deltafin({"make-model", test::temp_dir("mm-kl") + "/model", "--preset",
+                          "kimi-linear", "--vision", "tiny", "--quiet"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--vision: Kimi-Linear is a text model"), std::string::npos) << r.err;
 }
 
 // Rows given to a pass replace those tokens' embedding rows exactly: a sequence whose rows 3..6
