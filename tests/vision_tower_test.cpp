@@ -508,7 +508,8 @@ std::string id_list(const std::vector<int32_t>& ids) {
 }
 
 // `logits --image` with two images (la_gray.png: 4 tokens, tiny_20x9.png: 1): prefill, split
-// inside the first image and decode agree within the golden tolerance; without the images, or
+// inside the first image and decode equal the float64 reference (the reference tower's rows in
+// the PyTorch text model) within the golden tolerance, and each other; without the images, or
 // with their order swapped, the logits after the first placeholder differ; a count that does not
 // add up, and a checkpoint without a tower, are refused with one clear error.
 TEST(VisionPrompt, LogitsWithTwoImagesAgreeInEveryMode) {
@@ -535,6 +536,16 @@ TEST(VisionPrompt, LogitsWithTwoImagesAgreeInEveryMode) {
   };
   const auto prefill = logits("prefill", {la, tiny}, "prefill.f32");
   ASSERT_EQ(prefill.size(), ids.size() * 512);
+  // The reference: the float64 tower's rows in the float64 PyTorch text model
+  // (tools/vision/make_prompt_golden.py), for this very prompt.
+  const json meta = json::parse(test::slurp(tiny_dir() + "/expected/prompt_two_images.json"));
+  ASSERT_EQ(meta["tokens"].get<std::vector<int32_t>>(), ids);
+  const auto golden = floats_of(tiny_dir() + "/expected/prompt_two_images.f32");
+  ASSERT_EQ(golden.size(), prefill.size());
+  double vs_ref = 0;
+  for (size_t i = 0; i < golden.size(); ++i)
+    vs_ref = std::max(vs_ref, static_cast<double>(std::fabs(prefill[i] - golden[i])));
+  EXPECT_LT(vs_ref, 2e-3);                 // the golden tolerance of tests/golden_test.cpp
   const size_t first_pad = 3 + 1 + 5 + 1;  // rows before it: text, begin, "image", content
   double worst = 0;
   for (const std::string mode : {"split:12", "decode"}) {
@@ -545,9 +556,16 @@ TEST(VisionPrompt, LogitsWithTwoImagesAgreeInEveryMode) {
       mx = std::max(mx, static_cast<double>(std::fabs(other[i] - prefill[i])));
     EXPECT_LT(mx, 2e-3) << mode;  // the golden tolerance of tests/golden_test.cpp
     worst = std::max(worst, mx);
+    double mr = 0;
+    for (size_t i = 0; i < golden.size(); ++i)
+      mr = std::max(mr, static_cast<double>(std::fabs(other[i] - golden[i])));
+    EXPECT_LT(mr, 2e-3) << mode;
+    vs_ref = std::max(vs_ref, mr);
   }
-  std::printf("[ vision ] logits with two images: prefill vs split/decode max |diff| %.3g\n",
-              worst);
+  std::printf(
+      "[ vision ] logits with two images: vs the float64 reference %.3g, prefill vs split/decode "
+      "%.3g (max |diff|)\n",
+      vs_ref, worst);
   auto differs_from = [&](const std::vector<float>& other) {
     double mx = 0;
     for (size_t i = first_pad * 512; i < other.size(); ++i)
