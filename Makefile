@@ -12,7 +12,8 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # uses) ...
 BUILD_PACKAGES = build-essential cmake ninja-build pkg-config file libfmt-dev nlohmann-json3-dev \
   libcli11-dev libpcre2-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev libxxhash-dev \
-  libcurl4-openssl-dev libedit-dev libsleef-dev libvulkan-dev glslc
+  libcurl4-openssl-dev libedit-dev libsleef-dev libvulkan-dev glslc libpng-dev libjpeg62-turbo-dev \
+  libwebp-dev libgif-dev
 # ... and everything the tests, the sanitizer builds and the GPU tests need on top (`make deps`).
 DEB_PACKAGES = $(BUILD_PACKAGES) libgtest-dev libgmock-dev libbenchmark-dev clang-format \
   python3-venv python3-numpy python3-pytest python3-wheel clang libclang-rt-14-dev \
@@ -109,7 +110,7 @@ test-tsan: configure-tsan test-deps
 # kept in $(ASAN_BUILD)/fuzz-corpus and seeded from tests/data/fuzz; see tools/fuzz.sh.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors config tokenizer_files tokenizer chat request http gbnf json_schema \
-  schema_merge hub_listing
+  schema_merge hub_listing image
 fuzz: configure-asan
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target deltafin_fuzzers
 	bash tools/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)

@@ -20,6 +20,7 @@ void gbnf(const uint8_t* data, size_t size);
 void json_schema(const uint8_t* data, size_t size);
 void schema_merge(const uint8_t* data, size_t size);
 void hub_listing(const uint8_t* data, size_t size);
+void image(const uint8_t* data, size_t size);
 
 namespace {
 const Target kTargets[] = {
@@ -34,6 +35,7 @@ const Target kTargets[] = {
     {"json_schema", json_schema},
     {"schema_merge", schema_merge},
     {"hub_listing", hub_listing},
+    {"image", image},
 };
 }  // namespace
 

@@ -34,7 +34,7 @@ void run_inspect(InspectArgs& a) {
 
   // Parameters and bytes from the tensors actually present.
   uint64_t trunk_params = 0, trunk_bytes = 0, expert_params = 0, expert_bytes = 0;
-  uint64_t embed_params = 0, head_params = 0, head_bytes = 0, embed_row_bytes = 0, ignored = 0;
+  uint64_t embed_params = 0, head_params = 0, head_bytes = 0, embed_row_bytes = 0, vision_count = 0;
   uint64_t one_expert_bytes = 0, one_expert_params = 0;
   for (const auto& [name, t] : ck->tensors()) {
     const uint64_t n = static_cast<uint64_t>(t.numel());
@@ -59,7 +59,7 @@ void run_inspect(InspectArgs& a) {
       trunk_params += n;
       trunk_bytes += t.nbytes;
     } else {
-      ++ignored;
+      ++vision_count;
     }
   }
   if (c.tie_embeddings) head_bytes = embed_params * 2;
@@ -125,10 +125,14 @@ void run_inspect(InspectArgs& a) {
   fmt::print(
       "per token    {} read per decoded token with nothing cached (trunk + head + {} experts)\n",
       human_bytes(static_cast<double>(per_token)), active_experts);
-  fmt::print("shards       {} files, {} tensors ({} vision/projector tensors ignored)\n",
-             ck->shards().size(), ck->tensors().size(), ignored);
+  fmt::print("shards       {} files, {} tensors ({} of them vision tower / projector)\n",
+             ck->shards().size(), ck->tensors().size(), vision_count);
   if (inventory_error.empty()) {
-    fmt::print("inventory    OK: {} tensors match the config\n", rep.checked);
+    fmt::print("inventory    OK: {} tensors match the config{}\n", rep.checked,
+               rep.vision ? fmt::format(" ({} of the vision tower and projector, checked against "
+                                        "vision_config)",
+                                        rep.vision_tensors)
+                          : std::string());
   } else {
     fmt::print("inventory    FAILED\n{}\n", inventory_error);
     throw Error("the checkpoint's tensors do not match its config (see above)");

@@ -31,6 +31,7 @@ struct MakeModelArgs {
   bool quiet = false;
   int threads = 0;
   std::string drafter, target, draft_stream;
+  std::string vision;
   std::vector<int> draft_taps;
 };
 
@@ -73,6 +74,7 @@ void run_make_model(const MakeModelArgs& a) {
   if (!a.drafter.empty()) return run_make_draft(a);
   if (!a.target.empty()) fail_arg("--target is only for --drafter");
   SyntheticSpec s = synthetic_preset(a.preset);
+  if (!a.vision.empty()) s.vision = synthetic_vision_preset(a.vision);
   if (a.layers > 0) s.layers = a.layers;
   if (a.experts > 0) s.experts = a.experts;
   if (a.top_k > 0) s.top_k = a.top_k;
@@ -87,6 +89,8 @@ void run_make_model(const MakeModelArgs& a) {
     fail_arg("--experts-format {}: Kimi-Linear's experts are BF16", a.format);
   if (a.block > 0 && s.family == Family::kKimiLinear)
     fail_arg("--attn-res-block: Kimi-Linear has no Attention Residuals");
+  if (s.vision && s.family == Family::kKimiLinear)
+    fail_arg("--vision: Kimi-Linear is a text model (only --preset tiny or k3 take a tower)");
   if (!a.format.empty()) {
     if (a.format == "mxfp4")
       s.expert_format = ExpertFormat::kMXFP4;
@@ -162,6 +166,10 @@ void register_make_model(CLI::App& app) {
                 "Do not write tiktoken.model / tokenizer_config.json");
   cmd->add_flag("--quiet", a->quiet, "No progress output");
   cmd->add_option("--threads", a->threads, "Generator threads (default: one per physical core)");
+  cmd->add_option("--vision", a->vision,
+                  "Add a vision tower + projector of the released structure: tiny (D 64, 2 layers) "
+                  "or release (D 1024, 27 layers), random weights, with preprocessor_config.json")
+      ->check(CLI::IsMember({"tiny", "release"}));
   cmd->add_option("--drafter", a->drafter,
                   "Write a synthetic draft model for --target instead: eagle3.1, eagle3 or dspark");
   cmd->add_option("--target", a->target, "The model folder a --drafter is made for");

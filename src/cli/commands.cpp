@@ -17,6 +17,7 @@ void register_all(CLI::App& app) {
   register_perplexity(app);
   register_tokenize(app);
   register_render(app);
+  register_embed_image(app);
 }
 
 }  // namespace deltafin::cli

@@ -25,5 +25,7 @@ void register_pull(CLI::App& app);    // cmd_pull.cpp (+ hub.cpp, fetch.cpp)
 // `deltafin tokenize` (cmd_tokenize.cpp) and `deltafin render` (cmd_render.cpp).
 void register_tokenize(CLI::App& app);
 void register_render(CLI::App& app);
+// `deltafin embed-image` (cmd_embed_image.cpp): the vision tower over one image.
+void register_embed_image(CLI::App& app);
 
 }  // namespace deltafin::cli

@@ -282,6 +282,8 @@ ModelConfig parse_k3_config(const json& root, const std::string& path) {
     parse_layer_schedule(*lin_it, "text_config.linear_attn_config.", layers_ok, c, problems);
   }
 
+  if (auto v = root.find("vision_config"); v != root.end()) c.vision_config_json = v->dump();
+
   if (auto q = tc.find("quantization_config"); q != tc.end() && !q->is_null()) {
     check_quantization(*q, problems);
     c.quantized_experts = true;

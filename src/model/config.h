@@ -131,6 +131,10 @@ struct ModelConfig {
   // decide in the end: a checkpoint with a quantization_config must hold weight_packed experts.
   bool quantized_experts = false;
   std::vector<LayerKind> layer_kinds;  // 0-based, one per layer
+  // The top-level vision_config object as text ("" when absent). It is parsed only for a
+  // checkpoint that holds vision tensors (model/vision_config.h: vision_config_of), so a
+  // text-only checkpoint's placeholder object is never judged.
+  std::string vision_config_json;
 
   bool is_dense(int64_t layer) const { return layer < first_k_dense; }
   bool is_mla(int64_t layer) const { return layer_kinds[layer] == LayerKind::kMLA; }

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "model/vision_config.h"
 
 namespace deltafin {
 
@@ -204,8 +205,7 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const Invento
 
 namespace {
 bool ignored_name(const std::string& n) {
-  for (const char* p : {"vision_tower.", "mm_projector.", "language_model.vision_tower.",
-                        "language_model.mm_projector."}) {
+  for (const char* p : {"language_model.vision_tower.", "language_model.mm_projector."}) {
     if (n.rfind(p, 0) == 0) return true;
   }
   return false;
@@ -245,6 +245,25 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
   InventoryOptions opt{rep.expert_format, rep.f_a_rank};
   if (c.kda.low_rank_output_gate) opt.g_a_rank = rank_of("g_a_proj.weight");
   auto expected = expected_tensors(c, opt);
+  // A vision checkpoint: its tower and projector are part of the inventory.
+  for (const auto& [name, t] : tensors) {
+    if (is_vision_tensor(name)) {
+      rep.vision = true;
+      break;
+    }
+  }
+  // A vision_config that cannot describe them leaves every vision tensor unexpected, and its
+  // problems join the one error.
+  std::string vision_problem;
+  if (rep.vision) {
+    try {
+      const auto vision = expected_vision_tensors(vision_config_of(c));
+      rep.vision_tensors = vision.size();
+      expected.insert(expected.end(), vision.begin(), vision.end());
+    } catch (const InvalidArgument& e) {
+      vision_problem = e.what();
+    }
+  }
 
   std::vector<std::string> missing, extra, shape_bad, dtype_bad;
   std::set<std::string> expected_names;
@@ -280,7 +299,8 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
     }
     extra.push_back(fmt::format("{} ({} {})", name, dtype_name(t.dtype), t.shape_string()));
   }
-  if (!missing.empty() || !extra.empty() || !shape_bad.empty() || !dtype_bad.empty()) {
+  if (!missing.empty() || !extra.empty() || !shape_bad.empty() || !dtype_bad.empty() ||
+      !vision_problem.empty()) {
     std::string msg = fmt::format(
         "{}: the tensors do not match {} (a {} checkpoint; {} routed experts expected, as "
         "the config {} a quantization_config)",
@@ -291,6 +311,7 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
     append_limited(msg, "extra", extra);
     append_limited(msg, "wrong shape", shape_bad);
     append_limited(msg, "wrong dtype", dtype_bad);
+    if (!vision_problem.empty()) msg += "\n  the vision tensors are unexpected: " + vision_problem;
     throw Error(msg);
   }
   return rep;

@@ -46,14 +46,19 @@ struct InventoryReport {
   ExpertFormat expert_format = ExpertFormat::kMXFP4;
   int64_t f_a_rank = 0;
   size_t checked = 0;
-  size_t ignored = 0;  // vision_tower.* / mm_projector.*
+  // The vision tower and projector (model/vision_config.h): present when the checkpoint holds
+  // vision_tower.* / mm_projector.* tensors, which are then checked against vision_config.
+  bool vision = false;
+  size_t vision_tensors = 0;
+  size_t ignored = 0;  // language_model.vision_tower.* / language_model.mm_projector.*
 };
 
 // A checkpoint's tensors by name.
 using TensorTable = std::map<std::string, TensorInfo>;
 
 // Checks the tensors of the checkpoint in `dir` against the config; throws one Error listing
-// every problem (grouped, with counts).
+// every problem (grouped, with counts). Vision tensors, when there are any, are checked against
+// the config's vision_config (an invalid vision_config is an error then).
 InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors,
                                 const std::string& dir);
 

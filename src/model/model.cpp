@@ -104,8 +104,14 @@ class Model::Pass {
 
   int64_t rows() const { return rows_.count(); }
 
-  // §3.2: p = h0, the tokens' embedding rows decoded from BF16 exactly.
-  void embed() { m_.trunk_->embed(rows_.tokens, res_->partial()); }
+  // §3.2: p = h0, the tokens' embedding rows decoded from BF16 exactly; rows the caller gives
+  // (an image's projector rows, docs/VISION.md §6) replace theirs.
+  void embed() {
+    float* p = res_->partial();
+    m_.trunk_->embed(rows_.tokens, p);
+    for (const auto& [row, values] : rows_.given_rows)
+      std::copy_n(values, c_.hidden, p + row * c_.hidden);
+  }
 
   // anchors.append(p); p = EMPTY — the raw incoming partial.
   void bank() { res_->bank(); }

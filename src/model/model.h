@@ -41,6 +41,12 @@ struct SequenceInput {
   // records what Model::commit needs to advance it by the accepted prefix only. The MLA cache
   // and the position advance by all rows (commit truncates them).
   PendingCommit* pending = nullptr;
+  // Rows that take the place of some tokens' embedding rows (K3's image input: an image's
+  // projector rows at its <|media_pad|> positions, docs/VISION.md §6). Row embed_rows[i] of this
+  // sequence (strictly increasing, each < tokens.size()) starts the pass as
+  // embed_values[i·hidden, (i+1)·hidden); every other row embeds its token. Empty: none.
+  std::span<const int64_t> embed_rows;
+  std::span<const float> embed_values;
 };
 
 struct PassStats {

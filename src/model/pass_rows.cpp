@@ -30,6 +30,19 @@ void check_input(const ModelConfig& c, const SequenceInput& s, const std::vector
     if (t < 0 || t >= c.vocab)
       fail("token id {} is outside the vocabulary (0..{})", t, c.vocab - 1);
   }
+  if (s.embed_values.size() != s.embed_rows.size() * static_cast<size_t>(c.hidden)) {
+    fail("forward: {} given embedding rows need {} values of width {}, found {}",
+         s.embed_rows.size(), s.embed_rows.size() * static_cast<size_t>(c.hidden), c.hidden,
+         s.embed_values.size());
+  }
+  for (size_t i = 0; i < s.embed_rows.size(); ++i) {
+    const int64_t r = s.embed_rows[i];
+    if (r < 0 || r >= static_cast<int64_t>(s.tokens.size()) ||
+        (i > 0 && r <= s.embed_rows[i - 1])) {
+      fail("forward: given embedding row {} is not an increasing row of the {} tokens", r,
+           s.tokens.size());
+    }
+  }
 }
 
 }  // namespace
@@ -46,6 +59,10 @@ PassRows group_rows(const ModelConfig& c, std::span<SequenceInput> inputs) {
     r.base = s.state->position();
     r.pass_count = r.count;
     p.tokens.insert(p.tokens.end(), s.tokens.begin(), s.tokens.end());
+    for (size_t i = 0; i < s.embed_rows.size(); ++i) {
+      p.given_rows.emplace_back(r.begin + s.embed_rows[i],
+                                s.embed_values.data() + i * static_cast<size_t>(c.hidden));
+    }
     if (s.pending != nullptr) kda_begin_pending(c, r.base, r.count, *s.pending);
     if (s.all_logits) {
       for (int64_t t = 0; t < r.count; ++t) p.logit_rows.push_back(r.begin + t);

@@ -21,6 +21,8 @@ struct PassRows {
   std::vector<SeqRows> seqs;
   std::vector<int32_t> tokens;
   std::vector<int64_t> logit_rows;  // rows whose logits are returned, in output order
+  // Pass rows whose embedding is given (SequenceInput::embed_rows): the row, then its values.
+  std::vector<std::pair<int64_t, const float*>> given_rows;
   int64_t count() const { return static_cast<int64_t>(tokens.size()); }
 };
 

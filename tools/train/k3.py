@@ -286,13 +286,15 @@ class K3(torch.nn.Module):
             stats.append((L, s.detach(), sel.detach()))
         return routed + self.mlp(x, pre + "shared_experts.")
 
-    def forward(self, tokens, stats=None, taps=None):
+    def forward(self, tokens, stats=None, taps=None, h0=None):
         """Logits [B,T,V]; with `taps` (0-based layers), also the raw within-block Attention-Residual
         partial sum after each of those layers, [B,T,len(taps),H] (the vector EAGLE-3 drafters read,
-        docs/DRAFT-MODELS.md §2)."""
+        docs/DRAFT-MODELS.md §2). `h0` [B,T,H], when given, is the input embedding rows instead of
+        the tokens' (K3's image rows in place of <|media_pad|>, docs/VISION.md §6)."""
         c = self.cfg
         tapped = {}
-        h0 = self.w("model.embed_tokens.weight")[tokens]
+        if h0 is None:
+            h0 = self.w("model.embed_tokens.weight")[tokens]
         anchors, p = [], h0
         for i in range(c.layers):
             pre = f"model.layers.{i}."
