@@ -413,7 +413,7 @@ TEST(EmbedImage, MakeModelWithAVisionTower) {
 // logits — in one pass and across a pass boundary inside the given rows. Bad given rows are
 // refused before the state is touched.
 TEST(VisionPrompt, GivenRowsReplaceTheEmbeddingRowsExactly) {
-  auto model = load_model(test::data_dir() + "/k3-tiny-bf16/model");
+  auto model = open_model(test::data_dir() + "/k3-tiny-bf16/model");
   const json g = json::parse(test::slurp(test::data_dir() + "/k3-tiny-bf16/case.json"));
   const auto text = g["tokens"].get<std::vector<int32_t>>();
   const int64_t hidden = model->config().hidden;

@@ -140,6 +140,13 @@ class PdaBuilder {
   Pda run();
 
  private:
+  std::vector<char> reachable_rules();
+  std::vector<uint32_t> build_rules(const std::vector<char>& used);
+  std::vector<char> prune_dead(const std::vector<char>& used, const std::vector<uint32_t>& start);
+  std::vector<char> refuse_left_recursion(const std::vector<char>& productive,
+                                          const std::vector<uint32_t>& start);
+  Pda renumber(const std::vector<uint32_t>& start);
+  void first_and_follow(Pda& p, const std::vector<char>& nullable);
   Frag build(Nfa& nfa, const ExprPtr& e);
   Frag build_repeat(Nfa& nfa, const ExprPtr& x, uint32_t min, uint32_t max);
   ByteDfa byte_dfa(const ExprPtr& e);
@@ -441,10 +448,9 @@ uint32_t PdaBuilder::determinize(const Nfa& nfa, uint32_t start, uint32_t accept
   return first;
 }
 
-Pda PdaBuilder::run() {
-  const size_t n_rules = g_.rules.size();
-  // Rules reachable from the root.
-  std::vector<char> used(n_rules, 0);
+// The rules reachable from the root (1 each); a reference to a rule never defined is refused.
+std::vector<char> PdaBuilder::reachable_rules() {
+  std::vector<char> used(g_.rules.size(), 0);
   std::vector<uint32_t> todo{g_.root};
   used[g_.root] = 1;
   std::vector<const Expr*> stack;
@@ -467,6 +473,12 @@ Pda PdaBuilder::run() {
       for (const auto& it : e->items) stack.push_back(it.get());
     }
   }
+  return used;
+}
+
+// Each used rule as a deterministic automaton in nodes_; its start node (kNone when unused).
+std::vector<uint32_t> PdaBuilder::build_rules(const std::vector<char>& used) {
+  const size_t n_rules = g_.rules.size();
   std::vector<uint32_t> start(n_rules, Pda::kNone);
   for (uint32_t r = 0; r < n_rules; ++r) {
     if (!used[r]) continue;
@@ -481,9 +493,15 @@ Pda PdaBuilder::run() {
       throw BudgetExceeded(fmt::format("{} (it ran out in rule `{}`)", e.what(), g_.names[r]));
     }
   }
+  return start;
+}
 
-  // Liveness: a node is live when it can reach the end of its rule; a rule is productive when
-  // its start is live. Worklist over reverse edges.
+// Liveness: a node is live when it can reach the end of its rule; a rule is productive when its
+// start is live (worklist over reverse edges). A root that can never end is refused, naming the
+// rule with no way to end; dead edges are dropped. Returns which rules are productive.
+std::vector<char> PdaBuilder::prune_dead(const std::vector<char>& used,
+                                         const std::vector<uint32_t>& start) {
+  const size_t n_rules = g_.rules.size();
   const size_t n = nodes_.size();
   std::vector<char> live(n, 0), productive(n_rules, 0);
   std::vector<std::vector<uint32_t>> rev(n), callers(n_rules);
@@ -532,15 +550,20 @@ Pda PdaBuilder::run() {
     }
     fail_arg("grammar: can never be completed (rule `{}` has no way to end)", culprit);
   }
-  // Drop dead edges.
   for (auto& d : nodes_) {
     budget_.spend(1 + d.bytes.size() + d.tokens.size() + d.calls.size());
     std::erase_if(d.bytes, [&](const auto& e) { return !live[e.to]; });
     std::erase_if(d.tokens, [&](const auto& e) { return !live[e.to]; });
     std::erase_if(d.calls, [&](const auto& e) { return !productive[e.rule] || !live[e.ret]; });
   }
+  return productive;
+}
 
-  // Left recursion: a rule reaching a call of itself without consuming input.
+// Left recursion: a rule reaching a call of itself without consuming input is refused. Returns
+// which rules can end without consuming input (nullable), which FIRST needs.
+std::vector<char> PdaBuilder::refuse_left_recursion(const std::vector<char>& productive,
+                                                    const std::vector<uint32_t>& start) {
+  const size_t n_rules = g_.rules.size();
   std::vector<char> nullable(n_rules, 0);
   for (bool changed = true; changed;) {
     changed = false;
@@ -607,7 +630,13 @@ Pda PdaBuilder::run() {
     }
   }
 
-  // Keep what is reachable from the root's start; renumber.
+  return nullable;
+}
+
+// The automaton reachable from the root's start, renumbered into the compact Pda.
+Pda PdaBuilder::renumber(const std::vector<uint32_t>& start) {
+  const size_t n_rules = g_.rules.size();
+  const size_t n = nodes_.size();
   std::vector<uint32_t> id(n, Pda::kNone);
   std::vector<uint32_t> order;
   auto visit = [&](uint32_t m) {
@@ -652,8 +681,13 @@ Pda PdaBuilder::run() {
     nd.tail = d.final && d.bytes.empty() && d.tokens.empty() && d.calls.empty();
     p.nodes_.push_back(nd);
   }
-  // FIRST (bytes that can be consumed first from a node, the rule's FOLLOW where it may end)
-  // and FOLLOW per rule, to a fixpoint.
+  return p;
+}
+
+// FIRST (bytes that can be consumed first from a node, the rule's FOLLOW where it may end) and
+// FOLLOW per rule, to a fixpoint.
+void PdaBuilder::first_and_follow(Pda& p, const std::vector<char>& nullable) {
+  const size_t n_rules = g_.rules.size();
   std::vector<std::bitset<256>> first(p.nodes_.size());
   p.follow_.assign(n_rules, {});
   for (bool changed = true; changed;) {
@@ -682,6 +716,16 @@ Pda PdaBuilder::run() {
       }
     }
   }
+}
+
+// The steps of a compile, in order; each spends from the one budget.
+Pda PdaBuilder::run() {
+  const std::vector<char> used = reachable_rules();
+  const std::vector<uint32_t> start = build_rules(used);
+  const std::vector<char> productive = prune_dead(used, start);
+  const std::vector<char> nullable = refuse_left_recursion(productive, start);
+  Pda p = renumber(start);
+  first_and_follow(p, nullable);
   return p;
 }
 
