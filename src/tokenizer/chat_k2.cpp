@@ -267,7 +267,8 @@ class K2Renderer {
       } else {
         b_.text("functions.");
         b_.text(call.name);
-        b_.text(":" + std::to_string(calls_seen_));
+        b_.text(":");  // piecewise: g++ 12 warns falsely (-Wrestrict) on ":" + std::string
+        b_.text(std::to_string(calls_seen_));
       }
       b_.special(kArgBegin);
       b_.text(arguments_text(call));
