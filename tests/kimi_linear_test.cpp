@@ -320,6 +320,11 @@ TEST(KimiLinearPreset, TokenizerHasK2NamesAndTheStopIdsAreTheModels) {
   EXPECT_EQ(*tok.special_id("<|im_middle|>"), tok.n_ranks() + 17);
   EXPECT_FALSE(tok.special_id("<|end_of_msg|>").has_value());
   EXPECT_EQ(stop_ids_for(c, &tok, {}), std::vector<int32_t>{static_cast<int32_t>(c.eos_token_id)});
+  // The folder speaks Kimi-Linear's chat format (config.json's architecture decides it), whose
+  // turns end at <|im_end|> (and [EOS]).
+  EXPECT_EQ(tok.chat_format(), ChatFormat::kimi_linear);
+  EXPECT_EQ(chat_stop_ids(tok),
+            (std::vector<int32_t>{*tok.special_id("<|im_end|>"), *tok.special_id("[EOS]")}));
 }
 
 }  // namespace

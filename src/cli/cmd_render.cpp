@@ -1,4 +1,6 @@
-// `deltafin render`: an OpenAI-style chat request body -> the exact K3 prompt.
+// `deltafin render`: an OpenAI-style chat request body -> the exact prompt, in the model's chat
+// format (K3's XTML, or the K2 family's; decided from the model folder as the server decides it,
+// tokenizer/chat_format.h; --chat-format overrides the rule).
 //
 // For checking prompts byte for byte against the reference and for debugging what the server
 // feeds the model. The text is printed as is (no newline added, so it can be compared with a
@@ -11,6 +13,7 @@
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
@@ -19,6 +22,7 @@
 #include "core/json_parse.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/chat_check.h"
+#include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin::cli {
@@ -28,6 +32,7 @@ namespace {
 struct RenderOptions {
   std::string model;
   std::string request;
+  std::string format = "auto";
   bool json = false;
 };
 
@@ -43,6 +48,12 @@ std::string read_request(const std::string& path) {
 }
 
 void run_render(const RenderOptions& o) {
+  std::optional<ChatFormat> format;
+  if (o.format != "auto") {
+    format = parse_chat_format(o.format);
+    if (!format)
+      fail_usage("--chat-format {}: unknown (expected auto, {})", o.format, chat_format_names());
+  }
   const std::string text = read_request(o.request);
   nlohmann::ordered_json body;
   check_json_depth(text, kMaxJsonDepth, "--request " + o.request);
@@ -51,9 +62,11 @@ void run_render(const RenderOptions& o) {
   } catch (const nlohmann::json::exception& e) {
     fail_arg("--request {}: invalid JSON: {}", o.request, json_error_text(e));
   }
-  check_chat_body(body);  // the server's checks: what it refuses, render refuses too
+  Tokenizer tok = Tokenizer::load(resolve_model_dir(o.model));
+  if (format) tok = tok.with_chat_format(*format);
+  // The server's checks: what it refuses, render refuses too.
+  check_chat_body(body, tok.chat_format());
   const ChatRequest request = ChatRequest::from_json(body);
-  const Tokenizer tok = Tokenizer::load(resolve_model_dir(o.model));
   const RenderedPrompt prompt = render(request, tok);
   std::string out;
   if (o.json) {
@@ -74,8 +87,9 @@ void register_render(CLI::App& app) {
   auto opts = std::make_shared<RenderOptions>();
   CLI::App* sub = app.add_subcommand(
       "render",
-      "Render an OpenAI-style chat request into the exact K3 prompt and print it (the text as is, "
-      "or with --json the text and its token ids)");
+      "Render an OpenAI-style chat request into the exact prompt in the model's chat format (K3, "
+      "or the K2 family's) and print it (the text as is, or with --json the text and its token "
+      "ids)");
   sub->add_option("--model", opts->model,
                   "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
                   "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
@@ -84,6 +98,10 @@ void register_render(CLI::App& app) {
                   "tool_choice, response_format, reasoning_effort (low|high|max, default max), "
                   "thinking (default true), add_generation_prompt (default true)")
       ->required();
+  sub->add_option("--chat-format", opts->format,
+                  "The chat format to render in: auto (default: decided from the model folder's "
+                  "special-token names, chat template and config.json), or one of " +
+                      chat_format_names());
   sub->add_flag("--json", opts->json,
                 "Print one JSON object {\"text\": ..., \"ids\": [...]} and a newline instead of "
                 "the bare prompt text");

@@ -1,4 +1,5 @@
-// `deltafin tokenize`: text -> token ids, or ids -> text, with the model's own tokenizer.
+// `deltafin tokenize`: text -> token ids, or ids -> text, with the model's own tokenizer (its
+// special-token names are the model's own: K3's and the K2 family's differ at the same ids).
 //
 // Meant for scripts and for checking ids against a reference, so the output is exact and
 // machine-readable: one compact JSON array and a newline when encoding; exactly the decoded
@@ -102,9 +103,10 @@ void register_tokenize(CLI::App& app) {
                   "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
                   "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
   sub->add_flag("--special", opts->special,
-                "Recognise special-token strings such as <|open|> or [EOS] as their special ids "
-                "(trusted text only); without it they are ordinary text, as user content always "
-                "is. No effect with --decode");
+                "Recognise the model's special-token strings (names from its "
+                "tokenizer_config.json: <|open|> in K3, <|im_end|> in the K2 family, [EOS] in "
+                "both) as their special ids (trusted text only); without it they are ordinary "
+                "text, as user content always is. No effect with --decode");
   sub->add_flag("--decode", opts->decode,
                 "Read a JSON array of token ids instead of text and print the decoded bytes "
                 "exactly, nothing added (special ids print as their names)");

@@ -378,4 +378,23 @@ std::string to_gbnf(const Grammar& g) {
   return out;
 }
 
+namespace {
+
+ExprPtr remap(const ExprPtr& e, const std::vector<uint32_t>& map) {
+  if (e->kind == ExprKind::ref) return ref(map[e->rule]);
+  if (e->items.empty()) return e;
+  auto copy = std::make_shared<Expr>(*e);
+  for (auto& it : copy->items) it = remap(it, map);
+  return copy;
+}
+
+}  // namespace
+
+uint32_t import_rules(Grammar& dst, const Grammar& src, const std::string& prefix) {
+  std::vector<uint32_t> map(src.size());
+  for (size_t i = 0; i < src.size(); ++i) map[i] = dst.fresh_rule(prefix + src.names[i]);
+  for (size_t i = 0; i < src.size(); ++i) dst.define(map[i], remap(src.rules[i], map));
+  return map[src.root];
+}
+
 }  // namespace deltafin::grammar

@@ -99,6 +99,10 @@ struct Grammar {
   size_t size() const { return rules.size(); }
 };
 
+// Copies `src`'s rules into `dst` (renamed under `prefix`); returns its root there (how a turn
+// grammar embeds a user's GBNF grammar).
+uint32_t import_rules(Grammar& dst, const Grammar& src, const std::string& prefix);
+
 // The grammar in GBNF (for diagnostics and tests; byte classes print as `\xHH` ranges inside
 // `[...]`, which GBNF would read as code points, so only grammars without them round-trip).
 std::string to_gbnf(const Grammar& g);

@@ -1,3 +1,5 @@
+// K3's turn constraint (k3_turn.h has the grammar) and the dispatch to the K2 family's
+// (k2_turn.cpp) by the tokenizer's chat format.
 #include "grammar/k3_turn.h"
 
 #include <fmt/format.h>
@@ -28,22 +30,6 @@ std::string attr_escape(std::string_view s) {
     }
   }
   return out;
-}
-
-ExprPtr remap(const ExprPtr& e, const std::vector<uint32_t>& map) {
-  if (e->kind == ExprKind::ref) return ref(map[e->rule]);
-  if (e->items.empty()) return e;
-  auto copy = std::make_shared<Expr>(*e);
-  for (auto& it : copy->items) it = remap(it, map);
-  return copy;
-}
-
-// Copies `src`'s rules into `dst` (renamed under `prefix`); returns its root there.
-uint32_t import_rules(Grammar& dst, const Grammar& src, const std::string& prefix) {
-  std::vector<uint32_t> map(src.size());
-  for (size_t i = 0; i < src.size(); ++i) map[i] = dst.fresh_rule(prefix + src.names[i]);
-  for (size_t i = 0; i < src.size(); ++i) dst.define(map[i], remap(src.rules[i], map));
-  return map[src.root];
 }
 
 class TurnBuilder {
@@ -95,28 +81,7 @@ class TurnBuilder {
   }
   static ExprPtr free_text() { return star(bytes_of({{0, 255}})); }
 
-  std::string description() const {
-    std::vector<std::string> parts;
-    switch (spec_.content) {
-      case TurnSpec::Content::json_schema:
-        parts.push_back("json_schema");
-        break;
-      case TurnSpec::Content::json_object:
-        parts.push_back("json_object");
-        break;
-      case TurnSpec::Content::gbnf:
-        parts.push_back("grammar");
-        break;
-      case TurnSpec::Content::free:
-        break;
-    }
-    if (spec_.calls == TurnSpec::Calls::required) parts.push_back("tool call required");
-    if (spec_.named) parts.push_back("tool " + *spec_.named);
-    if (spec_.lazy) parts.push_back("tool calls (lazy)");
-    std::string out;
-    for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
-    return out.empty() ? "turn structure" : out;
-  }
+  std::string description() const { return turn_description(spec_); }
 
   // One argument tag for property `key` with `schema`: an alternative per JSON type it allows.
   ExprPtr argument(SchemaCompiler& sc, const ExprPtr& key, const json& schema,
@@ -274,7 +239,35 @@ class TurnBuilder {
 
 }  // namespace
 
+std::string turn_description(const TurnSpec& spec) {
+  std::vector<std::string> parts;
+  switch (spec.content) {
+    case TurnSpec::Content::json_schema:
+      parts.push_back("json_schema");
+      break;
+    case TurnSpec::Content::json_object:
+      parts.push_back("json_object");
+      break;
+    case TurnSpec::Content::gbnf:
+      parts.push_back("grammar");
+      break;
+    case TurnSpec::Content::free:
+      break;
+  }
+  if (spec.calls == TurnSpec::Calls::required) parts.push_back("tool call required");
+  if (spec.named) parts.push_back("tool " + *spec.named);
+  if (spec.lazy) parts.push_back("tool calls (lazy)");
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out.empty() ? "turn structure" : out;
+}
+
 Constraint k3_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer) {
+  return turn_constraint(spec, tokenizer);
+}
+
+Constraint turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer) {
+  if (is_k2_family(tokenizer.chat_format())) return k2_turn_constraint(spec, tokenizer);
   if (spec.lazy && spec.content != TurnSpec::Content::free)
     fail_arg("{}: a lazy grammar needs free content", spec.field);
   const BudgetScope scope;  // one budget for the turn's schemas, grammar and automaton

@@ -155,6 +155,7 @@ ChatToolCall parse_tool_call(const json& tc, const std::string& path) {
     // OpenAI clients send arguments as a JSON string; a JSON object string becomes typed
     // arguments (key order kept), as the reference encoder does.
     json parsed = json::parse(s, nullptr, /*allow_exceptions=*/false);
+    call.arguments_text = s;
     if (parsed.is_object()) {
       call.args_kind = ChatToolCall::Args::object;
       call.arguments = std::move(parsed);
@@ -220,6 +221,7 @@ ChatMessage parse_message(const json& m, const std::string& path) {
       if (alt) rc = alt;
     }
     msg.reasoning = rc;
+    msg.reasoning_content = optional_text(m, "reasoning_content", path);
     if (const json* tcs = find(m, "tool_calls"); tcs != nullptr && !tcs->is_null()) {
       if (!tcs->is_array())
         fail_arg("{}.tool_calls: expected an array, got {}", path, type_name(*tcs));
@@ -642,10 +644,17 @@ ChatRequest ChatRequest::from_json(const json& body) {
 }
 
 RenderedPrompt render(const ChatRequest& request, const Tokenizer& tokenizer) {
+  if (is_k2_family(tokenizer.chat_format()))
+    return render_k2(request, &tokenizer, tokenizer.chat_format());
   return render_with(request, &tokenizer);
 }
 
 std::string render_text(const ChatRequest& request) {
+  return render_with(request, nullptr).text;
+}
+
+std::string render_text(const ChatRequest& request, ChatFormat format) {
+  if (is_k2_family(format)) return render_k2(request, nullptr, format).text;
   return render_with(request, nullptr).text;
 }
 

@@ -1,5 +1,6 @@
 // The shared chat request validator (see chat_check.h). Each check names the field by its path,
-// as the server's 400 responses carry it in `param`.
+// as the server's 400 responses carry it in `param`; the few rules that differ by chat format
+// take the format.
 #include "tokenizer/chat_check.h"
 
 #include <fmt/format.h>
@@ -79,7 +80,7 @@ void check_response_format(const json& body) {
              json_type_name(s->type()));
 }
 
-void check_messages(const json& body) {
+void check_messages(const json& body, ChatFormat format) {
   static const std::set<std::string> known = {
       "role",  "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
       "tools", "tool",    "id",   "refusal",    "audio",        "function_call",     "annotations"};
@@ -108,6 +109,12 @@ void check_messages(const json& body) {
     // dynamic tool declaration, rendered from `tools` alone) may leave their content out.
     const bool calls = present(m, "tool_calls") != nullptr;
     const json* tools = present(m, "tools");
+    if (tools != nullptr && is_k2_family(format)) {
+      fail_arg(
+          "{}.tools: not supported by the {} chat format (a system message declaring tools is "
+          "K3's; declare the tools in the request's tools)",
+          path, chat_format_name(format));
+    }
     const bool declares = tools != nullptr && tools->is_array() && !tools->empty();
     if (c == nullptr && role != nullptr && role->is_string() && !(is(role, "assistant") && calls) &&
         !(is(role, "system") && declares))
@@ -121,6 +128,10 @@ void check_messages(const json& body) {
         fail_arg("{}: expected a content part object, got {}", pp, json_type_name(part.type()));
       const json* t = present(part, "type");
       if (t != nullptr && !is(t, "text")) {
+        if (is_k2_family(format)) {
+          fail_arg("{}: only text content is supported (the {} text model), got a {} part", pp,
+                   chat_format_name(format), t->dump());
+        }
         fail_arg("{}: only text content is supported (this is the K3 text model), got a {} part",
                  pp, t->dump());
       }
@@ -130,13 +141,17 @@ void check_messages(const json& body) {
 
 }  // namespace
 
-void check_chat_body(const json& body) {
+void check_chat_body(const json& body, ChatFormat format) {
   if (!body.is_object())
     fail_arg("request: expected a JSON object, got {}", json_type_name(body.type()));
   check_tools(body);
   check_tool_choice(body);
   check_response_format(body);
-  check_messages(body);
+  check_messages(body, format);
+}
+
+void check_chat_body(const json& body) {
+  check_chat_body(body, ChatFormat::k3);
 }
 
 }  // namespace deltafin

@@ -8,10 +8,16 @@
 // object), tool_choice "required" only with tools, response_format json_schema with its
 // json_schema object, messages (objects with known fields, text-only content parts, content
 // present where the role needs it) and the limits on their counts.
+//
+// Per chat format: the K2 formats have no tool declaration inside a system message (K3's dynamic
+// declaration), so `messages[i].tools` is refused there, and a system message always needs its
+// content.
 #pragma once
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+
+#include "tokenizer/chat_format.h"
 
 namespace deltafin {
 
@@ -19,7 +25,9 @@ namespace deltafin {
 inline constexpr size_t kMaxMessages = 4096;
 inline constexpr size_t kMaxTools = 256;
 
-// Throws InvalidArgument "PATH: what is wrong (expected ...)" for the first problem.
+// Throws InvalidArgument "PATH: what is wrong (expected ...)" for the first problem, by the
+// rules of `format` (the model's: tok.chat_format()); without one, K3's.
+void check_chat_body(const nlohmann::ordered_json& body, ChatFormat format);
 void check_chat_body(const nlohmann::ordered_json& body);
 
 }  // namespace deltafin

@@ -1,6 +1,8 @@
-// Incremental parser of a generated K3 assistant turn.
+// Incremental parser of a generated assistant turn, in the tokenizer's chat format: K3's XTML
+// (below) or the K2 family's (OutputParser, further down, says how it is chosen). Both give the
+// same events, which the server turns into every API's shapes.
 //
-// The model writes the same XTML structure the renderer produces for past assistant turns:
+// The K3 model writes the same XTML structure the renderer produces for past assistant turns:
 //   [reasoning] <|close|>think<|sep|> <|open|>response<|sep|> [content] <|close|>response<|sep|>
 //   [<|open|>tools<|sep|> (<|open|>call tool="NAME" index="k"<|sep|>
 //        (<|open|>argument key="K" type="T"<|sep|> VALUE <|close|>argument<|sep|>)*
@@ -31,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -56,13 +59,17 @@ struct ParserEvent {
                      // tool_call_end: the complete arguments JSON
   int index = -1;    // tool calls: 0-based position of the call in this turn
   std::string name;  // tool_call_begin / tool_call_end: the tool name
+  // tool_call_begin / tool_call_end: the id the model wrote (K2: `functions.NAME:IDX`, which
+  // clients must send back as tool_call.id); empty for K3, whose calls carry no id.
+  std::string id;
   bool malformed = false;
 };
 
 struct ParsedToolCall {
   std::string name;
-  std::string arguments;  // compact JSON object text
+  std::string arguments;  // K3: compact JSON object text; K2: the arguments text as written
   bool malformed = false;
+  std::string id;  // K2: the call's id as written (trimmed); K3: empty
 };
 
 struct ParsedTurn {
@@ -75,10 +82,12 @@ struct ParsedTurn {
 
 // Raw (not chat) output as text: what `run` without --chat, /v1/completions and plain
 // generation through the C API show. Ordinary tokens are decoded (a character split across
-// tokens comes out whole); special tokens are never text; a K3 tag (<|open|>NAME<|sep|>,
-// <|close|>NAME<|sep|>) is structure and is left out whole, and one cut off by the end of the
-// output is dropped. A "tag" whose header grows past 1 KiB or meets another special token was
-// not one: its header text is shown.
+// tokens comes out whole); special tokens are never text (K2's tool-call tokens included, though
+// its tokenizer_config flags them non-special: they are structure here); a tag of the tokenizer's
+// chat format is structure and is left out whole — K3: <|open|>NAME<|sep|>, <|close|>NAME<|sep|>;
+// K2: a message header ROLE_TOKEN NAME <|im_middle|> — and one cut off by the end of the output
+// is dropped. A "tag" whose header grows past 1 KiB or meets another special token was not one:
+// its header text is shown.
 class PlainTextFilter {
  public:
   explicit PlainTextFilter(const Tokenizer& tokenizer);
@@ -91,16 +100,29 @@ class PlainTextFilter {
 
   const Tokenizer* tok_;
   IncrementalDecoder dec_;
-  std::optional<int32_t> open_, close_, sep_;
+  std::vector<int32_t> openers_;  // ids that open a tag header
+  std::optional<int32_t> sep_;    // the id that ends one
   bool in_tag_ = false;
   std::vector<int32_t> header_;
   size_t header_bytes_ = 0;
 };
 
+class TurnParser;
+
+// The parser of the tokenizer's chat format (tok.chat_format()): K3's XTML reader above, or the
+// K2 family's (output_parser_k2.cpp: <think>…</think>, content, the tool-call section with
+// `functions.NAME:IDX` ids, <|im_end|>; docs/FAMILY.md "Parsing model output"). `start` says
+// whether the turn thinks: for K3 the channel the generation prompt opened; for K2.5 whether
+// the prompt opened <think> (then the parser starts in reasoning); K2-Thinking's prompt opens
+// nothing (the model writes <think> itself) and K2-Instruct and Kimi-Linear do not think, so
+// those start in content and ignore it.
 class OutputParser {
  public:
-  // The Tokenizer must outlive the parser; it must have the four K3 markers (else Error).
+  // The Tokenizer must outlive the parser; it must have its format's markers (else Error).
   OutputParser(const Tokenizer& tokenizer, Channel start);
+  ~OutputParser();
+  OutputParser(OutputParser&&) noexcept;
+  OutputParser& operator=(OutputParser&&) noexcept;
 
   // Feeds one generated id; appends the events it completes to `out`.
   void push(int32_t id, std::vector<ParserEvent>& out);
@@ -112,62 +134,11 @@ class OutputParser {
   void finish(std::vector<ParserEvent>& out);
   std::vector<ParserEvent> finish();
 
-  bool ended() const { return state_ == State::ended; }
-  bool malformed() const { return malformed_; }
+  bool ended() const;
+  bool malformed() const;
 
  private:
-  enum class State {
-    think,
-    response,
-    between,
-    tools,
-    call,
-    argument,
-    json_block,
-    after_message,
-    degraded,
-    ended,
-  };
-  enum class TagKind { open, close };
-
-  void handle_text(int32_t id, std::vector<ParserEvent>& out);
-  void handle_tag(std::vector<ParserEvent>& out);
-  void handle_end_of_msg(std::vector<ParserEvent>& out);
-  void unexpected(std::string raw, std::vector<ParserEvent>& out);
-  void abandon_pending(std::vector<ParserEvent>& out);
-  void emit_text(std::string_view bytes, bool malformed, std::vector<ParserEvent>& out);
-  void flush_text(std::vector<ParserEvent>& out);
-  void set_state(State s, std::vector<ParserEvent>& out);
-  void begin_call(std::string name, std::vector<ParserEvent>& out);
-  void add_member(std::string fragment_without_separator, std::vector<ParserEvent>& out);
-  void finish_argument(std::vector<ParserEvent>& out);
-  void end_call(bool malformed, std::vector<ParserEvent>& out);
-  void delta(std::string fragment, std::vector<ParserEvent>& out);
-  void degrade(std::string raw, std::vector<ParserEvent>& out);
-  void close_open_call(std::vector<ParserEvent>& out);
-  bool in_call_states() const;
-
-  const Tokenizer* tok_;
-  int32_t open_id_, close_id_, sep_id_, eom_id_;
-  State state_;
-  bool malformed_ = false;
-
-  // A tag being read: <|open|> or <|close|>, then header text until <|sep|>.
-  bool pending_ = false;
-  TagKind pending_kind_ = TagKind::open;
-  std::vector<int32_t> pending_ids_;
-  std::string pending_header_;
-
-  IncrementalDecoder reasoning_dec_, content_dec_, arg_dec_;
-
-  // The tool call being parsed.
-  int call_index_ = -1;
-  std::string call_name_;
-  std::string call_args_;  // arguments text so far
-  bool call_has_members_ = false;
-  bool call_malformed_ = false;
-  std::string arg_key_, arg_type_, arg_value_;
-  bool arg_streaming_ = false;  // string argument: value fragments already emitted
+  std::unique_ptr<TurnParser> impl_;
 };
 
 // Parses a whole generated sequence (push every id, then finish) into one result.

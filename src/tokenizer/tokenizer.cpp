@@ -306,8 +306,10 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   const auto first_special = static_cast<int32_t>(
       std::min<std::size_t>(ranks.size(), std::numeric_limits<int32_t>::max()));
   const auto names = parse_config(read_file(cfg_path), cfg_path.string(), first_special);
-  return Tokenizer(
+  Tokenizer tok(
       build_impl(std::move(ranks), line_of_rank, names, rank_path.string(), cfg_path.string()));
+  tok.format_ = chat_format_for(tok, read_chat_format_evidence(dir));
+  return tok;
 }
 
 Tokenizer Tokenizer::from_ranks(std::vector<std::string> ranks,
@@ -318,7 +320,9 @@ Tokenizer Tokenizer::from_ranks(std::vector<std::string> ranks,
       fail("{}: special token offset {} is outside [0, {})", origin, offset, kNumSpecial);
     }
   }
-  return Tokenizer(build_impl(std::move(ranks), {}, special_names, origin, origin));
+  Tokenizer tok(build_impl(std::move(ranks), {}, special_names, origin, origin));
+  tok.format_ = chat_format_for(tok, {});
+  return tok;
 }
 
 std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {

@@ -8,7 +8,9 @@
 // tool writes goes through `encode_ordinary`, where `<|open|>` is just eight characters.
 //
 // A Tokenizer is an immutable value with shared state: copying is cheap and every const method
-// may be called from several threads at once.
+// may be called from several threads at once. It also carries the model's chat format
+// (chat_format.h), decided when it is loaded from the folder's files, because the same ids mean
+// different things in K3 and in the K2 family and every reader of a turn needs to know which.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/chat_format.h"
+
 namespace deltafin {
 
 class Tokenizer {
@@ -28,13 +32,16 @@ class Tokenizer {
   static constexpr const char* kRankFile = "tiktoken.model";
   static constexpr const char* kConfigFile = "tokenizer_config.json";
 
-  // Reads `dir`/tiktoken.model and `dir`/tokenizer_config.json. Throws deltafin::Error naming
-  // the file (and line) for unreadable or malformed input.
+  // Reads `dir`/tiktoken.model and `dir`/tokenizer_config.json, and decides the chat format
+  // from the special names and the folder's evidence (chat_format.h: the chat template,
+  // config.json). Throws deltafin::Error naming the file (and line) for unreadable or malformed
+  // input.
   static Tokenizer load(const std::string& dir);
 
   // Builds a tokenizer from memory: `ranks[i]` holds the bytes of rank i; `special_names` maps
   // an offset in [0, 256) from the first special id to its name (others get
-  // `<|reserved_token_N|>`). `origin` names the source in error messages.
+  // `<|reserved_token_N|>`). `origin` names the source in error messages. The chat format is
+  // decided from the names alone.
   static Tokenizer from_ranks(std::vector<std::string> ranks,
                               const std::map<int32_t, std::string>& special_names,
                               const std::string& origin = "<memory>");
@@ -61,14 +68,24 @@ class Tokenizer {
   // Throws deltafin::Error unless 0 <= id < vocab_size(); the message names the id and the size.
   void check_id(int32_t id) const;
 
-  // Equal for copies of one loaded tokenizer (what caches of per-vocabulary data key on).
+  // Equal for copies of one loaded tokenizer (what caches of per-vocabulary data key on; the
+  // chat format is not part of it, so caches that depend on the format key on it too).
   const void* identity() const { return impl_.get(); }
+
+  ChatFormat chat_format() const { return format_; }
+  // A copy that speaks `format` (an explicit choice that overrides the folder's rule).
+  Tokenizer with_chat_format(ChatFormat format) const {
+    Tokenizer t = *this;
+    t.format_ = format;
+    return t;
+  }
 
   struct Impl;
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
+  ChatFormat format_ = ChatFormat::k3;
 };
 
 // Streams text out of generated ids without ever showing a broken character.
