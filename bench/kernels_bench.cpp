@@ -6,6 +6,7 @@
 // (gate/up) and [3584 x 3072] (down), and the MLA absorbed product matmul_t over [128 x 512]
 // (one head of kv_b). A single expert fits in L3, so the MXFP4 decode benchmarks rotate over
 // enough distinct experts (>= 160 MB) that every product streams from DRAM, as in real decoding.
+// QuantProduct: Kimi K2 / DeepSeek-V3's FP8 and INT4 weights at K2's expert and dense shapes.
 // Each benchmark takes a second or so; arguments are (threads). FmaPeak and GemmEfficiency state
 // prefill GEMM speed as a share of the FMA peak measured on the same threads.
 #include <benchmark/benchmark.h>
@@ -69,6 +70,24 @@ std::unique_ptr<OwnedMatrix> make(WeightFormat f, int64_t rows, int64_t cols) {
     for (auto& s : o->scales) s = static_cast<uint8_t>(120 + next_rand() % 10);
     o->m.scales = o->scales.data();
   }
+  if (f == WeightFormat::kFP8) {  // every finite code; F32 block scales ~ amax / 448
+    for (auto& b : o->data)
+      if ((b & 0x7F) == 0x7F) b ^= 1;
+    o->scales.resize(static_cast<size_t>(o->m.scale_bytes()));
+    for (size_t i = 0; i < o->scales.size(); i += 4) {
+      const float sc = static_cast<float>(1 + next_rand() % 64) / (448.0f * 64);
+      std::memcpy(o->scales.data() + i, &sc, 4);
+    }
+    o->m.scales = o->scales.data();
+  }
+  if (f == WeightFormat::kInt4) {  // every nibble; BF16 group scales ~ amax / 7.5
+    o->scales.resize(static_cast<size_t>(o->m.scale_bytes()));
+    for (size_t i = 0; i < o->scales.size(); i += 2) {
+      const uint16_t sc = static_cast<uint16_t>(0x3C00 + next_rand() % 128);  // 2^-7 .. 2^-6
+      std::memcpy(o->scales.data() + i, &sc, 2);
+    }
+    o->m.scales = o->scales.data();
+  }
   o->m.data = o->data.data();
   return o;
 }
@@ -110,10 +129,11 @@ ThreadPool& pool_of(int threads) {
 // Times `product(w, x, y, pool)` over the matrices of a set (round robin, so the weights come
 // from RAM unless the set is `hot`); x holds M rows of x_len, y M rows of y_len. Reports weight
 // GB/s and GFLOP/s.
+// `threads` < 0: the benchmark's first argument.
 template <class Product>
 void run_products(benchmark::State& state, MatrixSet& set, int64_t rows, int64_t cols, int64_t M,
-                  int64_t x_len, int64_t y_len, Product product) {
-  ThreadPool& pool = pool_of(static_cast<int>(state.range(0)));
+                  int64_t x_len, int64_t y_len, Product product, int threads = -1) {
+  ThreadPool& pool = pool_of(threads < 0 ? static_cast<int>(state.range(0)) : threads);
   std::vector<float> x = activations(M * x_len);
   std::vector<float> y(static_cast<size_t>(M * y_len));
   size_t i = 0;
@@ -137,11 +157,13 @@ void run_products(benchmark::State& state, MatrixSet& set, int64_t rows, int64_t
 }
 
 void run_matmul(benchmark::State& state, WeightFormat f, int64_t rows, int64_t cols, int64_t M,
-                bool hot = false) {
-  run_products(state, matrices(f, rows, cols, hot), rows, cols, M, cols, rows,
-               [&](const Matrix& w, const float* x, float* y, ThreadPool& pool) {
-                 kernels::matmul(w, x, M, cols, y, rows, pool, false);
-               });
+                bool hot = false, int threads = -1) {
+  run_products(
+      state, matrices(f, rows, cols, hot), rows, cols, M, cols, rows,
+      [&](const Matrix& w, const float* x, float* y, ThreadPool& pool) {
+        kernels::matmul(w, x, M, cols, y, rows, pool, false);
+      },
+      threads);
 }
 
 void run_matmul_t(benchmark::State& state, int64_t rows, int64_t cols, int64_t M) {
@@ -223,6 +245,27 @@ void MatmulTBf16_128x512_M64(benchmark::State& s) {
   run_matmul_t(s, 128, 512, 64);
 }
 
+// Kimi K2 / DeepSeek-V3's quantised products at K2's shapes (hidden 7168, expert width 2048,
+// dense width 18432), weights streamed from RAM (rotating over >= 160 MB of matrices), as a
+// decoding pass reads them: GB/s of weight bytes (codes + scales) against MemoryBandwidth.
+// Args: (format: 0 = FP8 E4M3 with 128x128 F32 block scales, 1 = INT4 pack-quantized with BF16
+// group scales; shape: 0 = expert gate/up [2048 x 7168], 1 = expert down [7168 x 2048], 2 = dense
+// gate/up [18432 x 7168], 3 = dense down [7168 x 18432]; M rows; threads).
+void QuantProduct(benchmark::State& state) {
+  const WeightFormat f = state.range(0) == 0 ? WeightFormat::kFP8 : WeightFormat::kInt4;
+  static constexpr int64_t kShapes[4][2] = {
+      {2048, 7168}, {7168, 2048}, {18432, 7168}, {7168, 18432}};
+  const int64_t rows = kShapes[state.range(1)][0], cols = kShapes[state.range(1)][1];
+  run_matmul(state, f, rows, cols, state.range(2), false, static_cast<int>(state.range(3)));
+}
+
+// The same decoders without DRAM: one K2 expert gate/up matrix [2048 x 7168] over and over (in
+// L3), one thread. Args: (format as above; M).
+void QuantProductL3(benchmark::State& state) {
+  const WeightFormat f = state.range(0) == 0 ? WeightFormat::kFP8 : WeightFormat::kInt4;
+  run_matmul(state, f, 2048, 7168, state.range(1), true, 1);
+}
+
 // The FMA peak of the active table on `threads` threads (kernels::fma_peak_flops): independent
 // FMA chains without memory traffic, the yardstick of GEMM efficiency below.
 double fma_peak(int threads) {
@@ -272,6 +315,18 @@ BENCHMARK(FmaPeak)->Arg(1)->Arg(2)->Iterations(3)->UseRealTime()->Unit(benchmark
 BENCHMARK(GemmEfficiency)
     ->ArgsProduct({{0, 1, 2}, {4, 8, 16, 32, 64, 256}, {1, 2}})
     ->ArgNames({"format", "M", "threads"})
+    ->UseRealTime()
+    ->MinTime(0.5)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(QuantProduct)
+    ->ArgsProduct({{0, 1}, {0, 1, 2, 3}, {1, 4, 8, 16}, {1, 2}})
+    ->ArgNames({"format", "shape", "M", "threads"})
+    ->UseRealTime()
+    ->MinTime(0.5)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(QuantProductL3)
+    ->ArgsProduct({{0, 1}, {1, 4, 8, 16}})
+    ->ArgNames({"format", "M"})
     ->UseRealTime()
     ->MinTime(0.5)
     ->Unit(benchmark::kMillisecond);

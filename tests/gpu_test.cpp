@@ -20,6 +20,7 @@
 #include "core/thread_pool.h"
 #include "engine/device_experts.h"
 #include "engine/gpu_plan.h"
+#include "gpu_util.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "storage/checkpoint.h"
@@ -30,20 +31,6 @@
 
 namespace deltafin {
 namespace {
-
-// The first Vulkan device (lavapipe here), or a skip naming why there is none.
-#define DELTAFIN_GPU_OR_SKIP(var, ...)                                                \
-  std::unique_ptr<gpu::Backend> var;                                                  \
-  {                                                                                   \
-    gpu::Probe probe_ = gpu::probe();                                                 \
-    if (!gpu::compiled_in()) GTEST_SKIP() << "built without the Vulkan backend";      \
-    if (probe_.devices.empty()) GTEST_SKIP() << "no Vulkan device: " << probe_.error; \
-    gpu::Options o_{"0", 0, 1, 0};                                                    \
-    __VA_ARGS__;                                                                      \
-    std::string line_;                                                                \
-    var = gpu::Backend::open(o_, line_);                                              \
-    ASSERT_TRUE(var) << line_;                                                        \
-  }
 
 // A random matrix of `f` with its bytes.
 struct TestMatrix {

@@ -1,5 +1,6 @@
 // Kernel tests: every SIMD table (avx2, avx512, neon — each skipped where this CPU lacks it)
-// against the scalar reference on odd sizes, every weight format, accumulate on and off, output
+// against the scalar reference on odd sizes, every weight format (FP8 and INT4 included; their
+// exact decoding is checked code by code in kernels_quant_test.cpp), accumulate on and off, output
 // sub-ranges, strided x and y; exact MXFP4 decoding (E8M0 edge bytes, every nibble code, nibble
 // order) checked bit for bit; and the reproducibility promises of simd_impl.h checked bit for bit:
 // the n0/n1 split, the thread count of the front end, and the batch size M do not change any
@@ -96,6 +97,27 @@ TestMatrix make_matrix(WeightFormat f, int64_t rows, int64_t cols, std::mt19937&
       }
       break;
     }
+    case WeightFormat::kFP8: {  // every finite code (NaN codes: KernelsQuant), F32 block scales
+      for (auto& b : t.data) {
+        b = static_cast<uint8_t>(rng());
+        if ((b & 0x7F) == 0x7F) b ^= 1;
+      }
+      t.scales.resize(static_cast<size_t>(v.scale_bytes()));
+      for (size_t i = 0; i < t.scales.size(); i += 4) {
+        const float s = (0.5f + 0.25f * (u(rng) + 1.0f)) / 448;
+        std::memcpy(t.scales.data() + i, &s, 4);
+      }
+      break;
+    }
+    case WeightFormat::kInt4: {  // every nibble, BF16 group scales
+      for (auto& b : t.data) b = static_cast<uint8_t>(rng());
+      t.scales.resize(static_cast<size_t>(v.scale_bytes()));
+      for (size_t i = 0; i < t.scales.size(); i += 2) {
+        const uint16_t s = f32_to_bf16((0.5f + 0.25f * (u(rng) + 1.0f)) / 7.5f);
+        std::memcpy(t.scales.data() + i, &s, 2);
+      }
+      break;
+    }
   }
   return t;
 }
@@ -115,8 +137,8 @@ const char* fmt_name(WeightFormat f) {
   return weight_format_name(f);
 }
 
-constexpr WeightFormat kFormats[] = {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kMXFP4,
-                                     WeightFormat::kInt8};
+constexpr WeightFormat kFormats[] = {WeightFormat::kF32,  WeightFormat::kBF16, WeightFormat::kMXFP4,
+                                     WeightFormat::kInt8, WeightFormat::kFP8,  WeightFormat::kInt4};
 
 std::vector<int64_t> test_ks(WeightFormat f) {
   if (f == WeightFormat::kMXFP4) return {32, 64, 96, 160, 4128, 7168};
@@ -625,7 +647,7 @@ TEST(KernelsDispatch, ActiveTableIsTheBestAvailable) {
   }
   const KernelTable& a = kernels::active();
   EXPECT_NE(a.name, nullptr);
-  for (int f = 0; f < 4; ++f) EXPECT_NE(a.matmul[f], nullptr);
+  for (int f = 0; f < kWeightFormats; ++f) EXPECT_NE(a.matmul[f], nullptr);
   EXPECT_NE(a.dot, nullptr);
   EXPECT_NE(a.axpy, nullptr);
   if (kernels::avx512_table() != nullptr) {

@@ -2,7 +2,8 @@
 # Cross-builds the kernel tests for AArch64 and runs them under user-mode QEMU, so the NEON table
 # is tested on an x86 machine. The whole library needs aarch64 builds of every dependency, which
 # a plain x86 box lacks, so this builds only what the kernels need: tensor/, kernels/ (scalar,
-# dispatch, arm/neon), core/sysinfo + thread_pool, tests/kernels_test.cpp, and GoogleTest from its
+# dispatch, arm/neon), core/sysinfo + thread_pool (+ file_io, weight_buffer, which sysinfo's
+# probes use), tests/kernels_test.cpp and kernels_quant_test.cpp, and GoogleTest from its
 # Debian source package (fmt is used header-only). Everything is linked statically.
 #
 # Needs (Debian/Ubuntu): g++-aarch64-linux-gnu qemu-user libgtest-dev libfmt-dev
@@ -39,7 +40,8 @@ sources=(
   "$root/src/tensor/dtype.cpp" "$root/src/tensor/matrix.cpp"
   "$root/src/kernels/scalar.cpp" "$root/src/kernels/dispatch.cpp" "$root/src/kernels/arm/neon.cpp"
   "$root/src/core/sysinfo.cpp" "$root/src/core/thread_pool.cpp"
-  "$root/tests/kernels_test.cpp"
+  "$root/src/core/file_io.cpp" "$root/src/core/weight_buffer.cpp"
+  "$root/tests/kernels_test.cpp" "$root/tests/kernels_quant_test.cpp"
 )
 
 objs=()

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <vector>
@@ -102,6 +103,26 @@ OwnedMatrix make_matrix(WeightFormat f, int64_t rows, int64_t cols, Fill& fill) 
       o.f32.resize(n);
       fill.f32(o.f32);
       o.m.data = o.f32.data();
+      break;
+    case WeightFormat::kFP8:  // E4M3 codes of exponent 4..11 (no subnormal, no NaN)
+    case WeightFormat::kInt4:
+      o.bytes.resize(static_cast<size_t>(rows * o.m.row_bytes()));
+      fill.bytes(o.bytes);
+      if (f == WeightFormat::kFP8) {
+        for (auto& b : o.bytes) b = static_cast<uint8_t>((b & 0x87u) | (0x20u + (b & 0x38u)));
+      }
+      o.scales.resize(static_cast<size_t>(o.m.scale_bytes()));
+      for (size_t i = 0; i < o.scales.size(); i += f == WeightFormat::kFP8 ? 4 : 2) {
+        if (f == WeightFormat::kFP8) {
+          const float s = 1.0f / 512;  // F32 block scales
+          std::memcpy(&o.scales[i], &s, 4);
+        } else {  // BF16 group scales 2^-7
+          o.scales[i] = 0x00;
+          o.scales[i + 1] = 0x3C;
+        }
+      }
+      o.m.data = o.bytes.data();
+      o.m.scales = o.scales.data();
       break;
   }
   return o;

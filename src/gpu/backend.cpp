@@ -29,6 +29,10 @@ const char* module_for(WeightFormat f, bool grouped) {
       return grouped ? "grouped_bf16" : "matmul_bf16";
     case WeightFormat::kMXFP4:
       return grouped ? "grouped_mxfp4" : "matmul_mxfp4";
+    case WeightFormat::kFP8:
+      return grouped ? "grouped_fp8" : "matmul_fp8";
+    case WeightFormat::kInt4:
+      return grouped ? "grouped_int4" : "matmul_int4";
     default:
       return nullptr;
   }
@@ -37,6 +41,8 @@ const char* module_for(WeightFormat f, bool grouped) {
 bool supported(const Matrix& w) {
   if (module_for(w.format, false) == nullptr || !w.valid()) return false;
   if (w.format == WeightFormat::kMXFP4 && (w.cols % 32 != 0 || w.scales == nullptr)) return false;
+  if ((w.format == WeightFormat::kFP8 || w.format == WeightFormat::kInt4) && w.scales == nullptr)
+    return false;
   // f32 rows are read as whole words
   if (w.format == WeightFormat::kF32 && reinterpret_cast<uintptr_t>(w.data) % 4 != 0) return false;
   return true;
@@ -68,17 +74,22 @@ uint64_t round_up16(uint64_t b) {
   return (b + 15) & ~uint64_t{15};
 }
 
+// Whether the format has a scale buffer (binding 1).
+bool scaled_format(WeightFormat f) {
+  return f == WeightFormat::kMXFP4 || f == WeightFormat::kFP8 || f == WeightFormat::kInt4;
+}
+
 // Puts the bytes of `w`'s pieces on the device: imported (zero-copy) when the device shares
 // host memory and the driver allows, else copied into `slots` (reused buffers, grown as needed)
 // or, when `slots` is null, into buffers of their own (resident weights).
 void place(Device& dev, const Matrix& w, std::vector<Piece>& pieces,
            std::vector<std::shared_ptr<Buffer>>* slots, Stats& stats) {
-  const bool scaled = w.format == WeightFormat::kMXFP4;
+  const bool scaled = scaled_format(w.format);
   for (size_t i = 0; i < pieces.size(); ++i) {
     Piece& p = pieces[i];
     const Matrix sub = w.row_slice(p.row0, p.row0 + p.rows);
     const uint64_t db = static_cast<uint64_t>(sub.rows * sub.row_bytes());
-    const uint64_t sb = scaled ? static_cast<uint64_t>(sub.rows * sub.scale_row_bytes()) : 0;
+    const uint64_t sb = scaled ? static_cast<uint64_t>(sub.scale_bytes()) : 0;
     if (dev.info().unified && dev.info().host_import) {
       p.data = dev.import(sub.data, db, p.data_off);
       if (p.data && scaled) p.scales = dev.import(sub.scales, sb, p.scales_off);
@@ -153,7 +164,8 @@ const std::vector<Piece>* find_resident(const Backend::State& s, const Matrix& w
   auto it = s.resident_shape.find(w.data);
   if (it == s.resident_shape.end()) return nullptr;
   const Matrix& r = it->second;
-  if (r.rows != w.rows || r.cols != w.cols || r.format != w.format || r.scales != w.scales)
+  if (r.rows != w.rows || r.cols != w.cols || r.format != w.format || r.scales != w.scales ||
+      r.row_phase != w.row_phase)
     return nullptr;
   return &s.resident.at(w.data);
 }
@@ -382,6 +394,7 @@ std::vector<float> Backend::product(const Matrix& w, const float* x, int64_t M, 
       d.push[5] = static_cast<uint32_t>(K);
       d.push[6] = static_cast<uint32_t>(N);
       d.push[7] = static_cast<uint32_t>(p.row0);
+      d.push[10] = static_cast<uint32_t>(w.row_slice(p.row0, p.row0 + p.rows).row_phase);
       set_groups(d, p.rows, (mc + tm - 1) / tm, dev.max_groups_x());
       ds.push_back(d);
     }
@@ -401,7 +414,7 @@ bool groupable(std::span<const Group> groups) {
   const Matrix& w0 = groups[0].w;
   for (const Group& g : groups) {
     if (!supported(g.w) || g.w.rows != w0.rows || g.w.cols != w0.cols || g.w.format != w0.format ||
-        (g.w.scales == nullptr) != (w0.scales == nullptr))
+        (g.w.scales == nullptr) != (w0.scales == nullptr) || g.w.row_phase != w0.row_phase)
       return false;
   }
   return true;
@@ -451,9 +464,9 @@ void Backend::grouped_product(std::span<const Group> groups, const float* x, int
   const Matrix& w0 = groups[0].w;
   const int64_t N = w0.rows, K = w0.cols;
   const uint64_t range = range_limit();
-  const bool scaled = w0.format == WeightFormat::kMXFP4;
+  const bool scaled = scaled_format(w0.format);
   const uint64_t wb = round_up16(static_cast<uint64_t>(N * w0.row_bytes()));
-  const uint64_t sb = scaled ? round_up16(static_cast<uint64_t>(N * w0.scale_row_bytes())) : 0;
+  const uint64_t sb = scaled ? round_up16(static_cast<uint64_t>(w0.scale_bytes())) : 0;
   if (wb > range) fail("one expert's {}x{} weights exceed a device buffer", N, K);
   const int64_t max_rows = static_cast<int64_t>(
       std::min(range / static_cast<uint64_t>(K * 4), range / static_cast<uint64_t>(N * 4)));
@@ -521,8 +534,7 @@ void Backend::grouped_product(std::span<const Group> groups, const float* x, int
         const Matrix& w = parts[g].w;
         const uint64_t e = g - b.first;
         dev.upload(wbuf, e * wb, w.data, static_cast<uint64_t>(N * w.row_bytes()));
-        if (scaled)
-          dev.upload(sbuf, e * sb, w.scales, static_cast<uint64_t>(N * w.scale_row_bytes()));
+        if (scaled) dev.upload(sbuf, e * sb, w.scales, static_cast<uint64_t>(w.scale_bytes()));
         bytes += static_cast<uint64_t>(w.bytes());
         const auto n = static_cast<int64_t>(parts[g].rows.size());
         for (int64_t i = 0; i < n; i += kMaxTm) {
@@ -560,6 +572,7 @@ void Backend::grouped_product(std::span<const Group> groups, const float* x, int
       d.push[6] = static_cast<uint32_t>(N);
       d.push[8] = static_cast<uint32_t>(wb);
       d.push[9] = static_cast<uint32_t>(sb);
+      d.push[10] = static_cast<uint32_t>(w0.row_phase);
       set_groups(d, N, static_cast<int64_t>(tiles.size() / 3), dev.max_groups_x());
       flight[slot] = {dev.submit(std::span<const Dispatch>(&d, 1)), &b};
       s.stats.products += 1;

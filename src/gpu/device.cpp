@@ -579,7 +579,7 @@ std::unique_ptr<Device> Device::open(int index, bool staged) {
   li.pBindings = bindings;
   check(d.vkCreateDescriptorSetLayout(d.dev, &li, nullptr, &d.set_layout),
         "vkCreateDescriptorSetLayout");
-  VkPushConstantRange pc{VK_SHADER_STAGE_COMPUTE_BIT, 0, 10 * sizeof(uint32_t)};
+  VkPushConstantRange pc{VK_SHADER_STAGE_COMPUTE_BIT, 0, 11 * sizeof(uint32_t)};
   VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
   pli.setLayoutCount = 1;
   pli.pSetLayouts = &d.set_layout;

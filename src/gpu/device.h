@@ -18,13 +18,13 @@ namespace deltafin::gpu {
 struct Buffer;  // a VkBuffer with its memory (device.cpp)
 
 // One compute dispatch: a pipeline (embedded module name and TM), up to six storage buffers
-// (null: a small dummy), ten push-constant words and the workgroup counts.
+// (null: a small dummy), eleven push-constant words and the workgroup counts.
 struct Dispatch {
   std::string module;
   uint32_t tm = 1;
   Buffer* buffers[6] = {};
   uint64_t offsets[6] = {};  // byte offsets of each binding
-  uint32_t push[10] = {};
+  uint32_t push[11] = {};
   uint32_t groups[3] = {1, 1, 1};
 };
 

@@ -4,7 +4,8 @@
 // a GPU. The loader (libvulkan.so.1) is opened at run time: a binary built with Vulkan runs on
 // machines without it, on the CPU.
 //
-// What runs here: y = x·Wᵀ for f32, bf16 and MXFP4 weights (the model's projections, through
+// What runs here: y = x·Wᵀ for f32, bf16, MXFP4, FP8 (128x128 block scales) and INT4
+// (pack-quantized) weights (the model's projections, through
 // kernels/offload.h) and the expert-grouped product (several experts' W, each over its own
 // rows: the MoE's routed experts in prefill passes, uploaded once per pass in double-buffered
 // batches that overlap the copy of one batch with the compute of the one before).

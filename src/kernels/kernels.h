@@ -3,8 +3,9 @@
 // SIMD implementation is tested against on odd sizes. Kernels know nothing about models.
 //
 // Matrix products use the HF layout: W[n, k] with n = output, k = input; activations are fp32.
-// MXFP4 and BF16 weights are decoded inside the kernel (a small panel at a time at most, never
-// a whole float copy of a matrix).
+// MXFP4, BF16, FP8 (block-scaled E4M3) and INT4 (pack-quantized) weights are decoded inside the
+// kernel, exactly, to fp32 (a small panel at a time at most, never a whole float copy of a
+// matrix).
 //
 // Reproducibility: for a given table, every output element of matmul / matmul_t is computed by
 // the same float32 operations in the same order whatever the thread count, the n0/n1 (c0/c1)
@@ -49,8 +50,8 @@ using FmaLoopFn = float (*)(int64_t iters);
 
 struct KernelTable {
   const char* name;
-  MatmulFn matmul[4];     // indexed by WeightFormat
-  MatmulTFn matmul_t[4];  // indexed by WeightFormat (nullptr where unsupported)
+  MatmulFn matmul[kWeightFormats];     // indexed by WeightFormat
+  MatmulTFn matmul_t[kWeightFormats];  // indexed by WeightFormat (nullptr where unsupported)
   DotFn dot;
   AxpyFn axpy;
   UnaryFn exp;   // e^x, within 1 ULP

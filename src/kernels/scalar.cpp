@@ -23,7 +23,7 @@ void decode_row(const Matrix& w, int64_t n, float* out) {
       break;
     }
     case WeightFormat::kMXFP4: {
-      const uint8_t* sc = w.scales + n * w.scale_row_bytes();
+      const uint8_t* sc = w.scale_row(n);
       for (int64_t k = 0; k < w.cols; k += 2) {
         uint8_t b = row[k / 2];
         float s = e8m0_to_float(sc[k / 32]);
@@ -38,6 +38,27 @@ void decode_row(const Matrix& w, int64_t n, float* out) {
       std::memcpy(&sbits, w.scales + n * 2, 2);
       float s = f16_to_f32(sbits);
       for (int64_t k = 0; k < w.cols; ++k) out[k] = static_cast<float>(q[k]) * s;
+      break;
+    }
+    case WeightFormat::kFP8: {
+      // The exact code times the block's F32 scale, rounded once (docs/FAMILY.md).
+      const uint8_t* sc = w.scale_row(n);
+      for (int64_t k = 0; k < w.cols; ++k) {
+        float s;
+        std::memcpy(&s, sc + k / kFp8Block * 4, 4);
+        out[k] = e4m3_to_float(row[k]) * s;
+      }
+      break;
+    }
+    case WeightFormat::kInt4: {
+      // (nibble - 8) times the group's BF16 scale: exact in float32.
+      const uint8_t* sc = w.scale_row(n);
+      for (int64_t k = 0; k < w.cols; ++k) {
+        uint16_t s;
+        std::memcpy(&s, sc + k / kInt4Group * 2, 2);
+        const int q = static_cast<int>((row[k / 2] >> (k % 2 * 4)) & 0xF) - 8;
+        out[k] = static_cast<float>(q) * bf16_to_f32(s);
+      }
       break;
     }
   }
@@ -107,8 +128,9 @@ float fma_loop_scalar(int64_t iters) {
 const KernelTable& scalar_table() {
   static const KernelTable t = {
       "scalar",
-      {matmul_scalar, matmul_scalar, matmul_scalar, matmul_scalar},
-      {matmul_t_scalar, matmul_t_scalar, matmul_t_scalar, matmul_t_scalar},
+      {matmul_scalar, matmul_scalar, matmul_scalar, matmul_scalar, matmul_scalar, matmul_scalar},
+      {matmul_t_scalar, matmul_t_scalar, matmul_t_scalar, matmul_t_scalar, matmul_t_scalar,
+       matmul_t_scalar},
       dot_scalar,
       axpy_scalar,
       exp_scalar,

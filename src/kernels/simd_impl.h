@@ -17,6 +17,12 @@
 //     acc = fma(ga + gb, s, acc), where each lane of s is its group's 2^(e - 128); then hsum.
 //     Scaling by a power of two commutes with rounding, so this is the exact decoded weight
 //     W = E2M1 * 2^(e - 127) up to overflow/underflow, which behave like the reference's.
+//   FP8 (block-scaled E4M3) and INT4 (pack-quantized) are plain formats: each vector of weights is
+//     first decoded exactly to the float32 weight the reference defines (FP8: the code's exact
+//     value, from the f16 whose bits are the code's shifted by 7, times 2^8, then one multiply
+//     by the block's F32 scale; INT4: nibble - 8 times the group's BF16 scale, exact), then
+//     summed like f32 weights. No scale is factored out of a sum: these scales are not powers of
+//     two, so that would change the rounding.
 // The small-M path (M <= 4: each weight row streamed once, decoded in registers) and the large-M
 // path (register-blocked micro-kernel over K blocks; f32 and bf16 read W in place and widen it
 // in registers, MXFP4 and int8 first decode a panel of W into a per-thread f32 buffer)
@@ -53,6 +59,8 @@
 // their accumulators live in registers, not in a stack array (GCC keeps such loops rolled when
 // the body is large).
 #define DF_UNROLL _Pragma("GCC unroll 16")
+// The same for a lambda the loops call.
+#define DF_ALWAYS_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace deltafin::kernels {
 namespace {
@@ -108,6 +116,26 @@ constexpr HalfScaleTable kHalfScale{};
 alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                             0, -1, -2, -3, -4, -6, -8, -12};
 
+// FP8 E4M3FN code -> value (matrix.h: e4m3_to_float), for the lanes of a tail.
+constexpr float e4m3_value(int c) {
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  float a = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9
+                   : std::bit_cast<float>(static_cast<uint32_t>(e + 120) << 23 |
+                                          static_cast<uint32_t>(m) << 20);
+  if (e == 15 && m == 7) a = std::bit_cast<float>(0x7fc00000u);
+  return (c & 0x80) ? -a : a;
+}
+struct E4M3Table {
+  float v[256];
+  constexpr E4M3Table() : v{} {
+    for (int c = 0; c < 256; ++c) v[c] = e4m3_value(c);
+  }
+};
+constexpr E4M3Table kE4M3{};
+
+template <WeightFormat Fmt>
+constexpr bool kQuantized = Fmt == WeightFormat::kFP8 || Fmt == WeightFormat::kInt4;
+
 // A per-thread, 64-byte aligned, growing buffer.
 struct Scratch {
   void* p = nullptr;
@@ -156,7 +184,8 @@ struct Impl {
   template <WeightFormat Fmt>
   struct Row {
     const uint8_t* p = nullptr;
-    float s = 1.0f;  // int8 row scale
+    const uint8_t* sp = nullptr;  // FP8 / INT4: the row's scales
+    float s = 1.0f;               // int8 row scale
     F sv;
     void init(const Matrix& w, int64_t n) {
       p = static_cast<const uint8_t*>(w.data) + n * w.row_bytes();
@@ -164,15 +193,61 @@ struct Impl {
         uint16_t b;
         std::memcpy(&b, w.scales + n * 2, 2);
         s = f16_to_f32(b);
+      } else if constexpr (kQuantized<Fmt>) {
+        sp = w.scale_row(n);
       }
       sv = V::set1(s);
     }
-    // Decoded (exact) weights of columns [k, k + L).
+    // FP8 / INT4: the scale of the block (128 columns) or group (32) that holds column k.
+    DF_ALWAYS_INLINE float block_scale(int64_t k) const {
+      if constexpr (Fmt == WeightFormat::kFP8) {
+        float v;
+        std::memcpy(&v, sp + k / kFp8Block * 4, 4);
+        return v;
+      } else {
+        uint16_t h;
+        std::memcpy(&h, sp + k / kInt4Group * 2, 2);
+        return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+      }
+    }
+    // FP8 / INT4: what load_scaled needs of the block or group that holds column k: FP8 its
+    // scale in every lane; INT4 what the traits' decoder takes (V::int4_group: the scale, or a
+    // table of q * scale).
+    DF_ALWAYS_INLINE F group_vec(int64_t k) const {
+      if constexpr (Fmt == WeightFormat::kFP8) {
+        return V::set1(block_scale(k));
+      } else {
+        return V::int4_group(block_scale(k));
+      }
+    }
+    // FP8 / INT4: the decoded weights of columns [k, k + L), k a multiple of L (so the vector
+    // lies in one block or group), given group_vec of that block.
+    DF_ALWAYS_INLINE F load_scaled(int64_t k, F g) const {
+      if constexpr (Fmt == WeightFormat::kFP8) {
+        return V::mul(V::load_fp8(p + k), g);
+      } else {
+        return V::load_int4_scaled(p + k / 2, g);
+      }
+    }
+    // FP8, the fast path of a whole block at column k (a multiple of 128) with scale s: when the
+    // block holds no NaN code and s * 2^8 does not overflow, each vector is the f16-decoded code *
+    // 2^-8 (V::load_fp8_half) times s * 2^8 — the same exact product, rounded once, as
+    // load_scaled's code * s, without its NaN fix-up and its multiply by 2^8.
+    DF_ALWAYS_INLINE bool fast_block(int64_t k, float s) const {
+      return !V::fp8_block_has_nan(p + k) &&
+             (__builtin_fabsf(s) < 0x1p120f || !__builtin_isfinite(s));
+    }
+    DF_ALWAYS_INLINE F load_fast(int64_t k, F s256) const {
+      return V::mul(V::load_fp8_half(p + k), s256);
+    }
+    // Decoded (exact) weights of columns [k, k + L); k a multiple of L.
     DF_ALWAYS_INLINE F load(int64_t k) const {
       if constexpr (Fmt == WeightFormat::kF32) {
         return V::load(reinterpret_cast<const float*>(p) + k);
       } else if constexpr (Fmt == WeightFormat::kBF16) {
         return V::load_bf16(reinterpret_cast<const uint16_t*>(p) + k);
+      } else if constexpr (kQuantized<Fmt>) {
+        return load_scaled(k, group_vec(k));
       } else {
         return V::load_i8(reinterpret_cast<const int8_t*>(p) + k, sv);
       }
@@ -187,6 +262,11 @@ struct Impl {
         uint16_t h;
         std::memcpy(&h, p + k * 2, 2);
         return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+      } else if constexpr (Fmt == WeightFormat::kFP8) {
+        return kE4M3.v[p[k]] * block_scale(k);
+      } else if constexpr (Fmt == WeightFormat::kInt4) {
+        const int q = static_cast<int>((p[k / 2] >> (k % 2 * 4)) & 0xF) - 8;
+        return static_cast<float>(q) * block_scale(k);
       } else {
         return static_cast<float>(static_cast<int8_t>(p[k])) * s;
       }
@@ -200,6 +280,22 @@ struct Impl {
     // Decodes columns [k0, k0 + len) into out[0, round_up(len, L)), zero-padded.
     void decode(int64_t k0, int64_t len, float* out) const {
       int64_t k = 0;
+      if constexpr (Fmt == WeightFormat::kFP8) {  // whole blocks: one scale, the fast path
+        if (k0 % kFp8Block == 0) {
+          for (; k + kFp8Block <= len; k += kFp8Block) {
+            const float sc = block_scale(k0 + k);
+            if (fast_block(k0 + k, sc)) {
+              const F s256 = V::set1(sc * 256.0f);
+              for (int64_t u = 0; u < kFp8Block; u += L)
+                V::store(out + k + u, load_fast(k0 + k + u, s256));
+            } else {
+              const F sv = V::set1(sc);
+              for (int64_t u = 0; u < kFp8Block; u += L)
+                V::store(out + k + u, load_scaled(k0 + k + u, sv));
+            }
+          }
+        }
+      }
       for (; k + L <= len; k += L) V::store(out + k, load(k0 + k));
       if (k < len) V::store(out + k, load_tail(k0 + k, static_cast<int>(len - k)));
     }
@@ -401,6 +497,130 @@ struct Impl {
     store_sums<M, R>(acc, y + n, ldy, accumulate);
   }
 
+  // FP8 / INT4 for small M: gemv_plain's operations in its order (lane j of each output sums
+  // x[k] * W(n, k) over k = j, j + L, ... ascending), with the weights decoded a block (FP8: 128
+  // columns, one F32 scale) or group (INT4: 32 columns, one BF16 scale) at a time, so a scale is
+  // read and broadcast once per block and row instead of once per vector. Per vector of weights:
+  // the decoder, one multiply by the scale, M FMAs.
+  template <WeightFormat Fmt, int M, int R>
+  static void gemv_q(const Matrix& w, int64_t n, const float* x, int64_t ldx, float* y, int64_t ldy,
+                     bool accumulate) {
+    constexpr int64_t B = Fmt == WeightFormat::kFP8 ? kFp8Block : kInt4Group;
+    static_assert(B % L == 0);
+    const int64_t K = w.cols;
+    Row<Fmt> row[R];
+    DF_UNROLL
+    for (int r = 0; r < R; ++r) row[r].init(w, n + r);
+    F acc[M][R];
+    DF_UNROLL
+    for (int m = 0; m < M; ++m) DF_UNROLL
+    for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
+    // Short rows (INT4 experts: 1-4 KB): prefetch the next R rows at the pace these are consumed,
+    // as gemv_plain does; long rows are streams the hardware prefetchers follow.
+    constexpr int64_t kBlockBytes = Fmt == WeightFormat::kFP8 ? B : B / 2;
+    const bool short_rows = w.row_bytes() <= 4096;
+    const uint8_t* pf = static_cast<const uint8_t*>(w.data) + (n + R) * w.row_bytes();
+    const int64_t blocks = K / B;
+    constexpr int64_t kScaleRun = 16;
+    alignas(64) float run[R][kScaleRun];  // INT4: the scales of groups b - b % 16 ... on
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t k0 = b * B;
+      if (short_rows) {
+        DF_UNROLL
+        for (int64_t o = 0; o < R * kBlockBytes; o += 64) V::prefetch(pf + b * R * kBlockBytes + o);
+      }
+      // FMAs of the block's vectors, the weights from `decode(r, k)`
+      auto block = [&](auto decode) DF_ALWAYS_INLINE_LAMBDA {
+        for (int64_t u = 0; u < B; u += L) {
+          F wv[R];
+          DF_UNROLL
+          for (int r = 0; r < R; ++r) wv[r] = decode(r, k0 + u);
+          DF_UNROLL
+          for (int m = 0; m < M; ++m) {
+            const F xv = V::load(x + m * ldx + k0 + u);
+            DF_UNROLL
+            for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
+          }
+        }
+      };
+      F g[R];
+      if constexpr (Fmt == WeightFormat::kFP8) {
+        float sc[R];
+        bool fast = true;
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) {
+          sc[r] = row[r].block_scale(k0);
+          fast = row[r].fast_block(k0, sc[r]) && fast;
+        }
+        if (fast) {
+          DF_UNROLL
+          for (int r = 0; r < R; ++r) g[r] = V::set1(sc[r] * 256.0f);
+          block([&](int r, int64_t k)
+                    DF_ALWAYS_INLINE_LAMBDA { return row[r].load_fast(k, g[r]); });
+          continue;
+        }
+      }
+      if constexpr (Fmt == WeightFormat::kInt4) {
+        // The rows' BF16 scales, widened 16 groups (512 columns) at a time into `run` (a loop
+        // the compiler vectorises), so a group costs one multiply by a scale from memory
+        // (V::int4_group) instead of a scalar load, shift and broadcast.
+        const int64_t j = b % kScaleRun;
+        if (j == 0) {
+          DF_UNROLL
+          for (int r = 0; r < R; ++r)
+            widen_bf16(row[r].sp + b * 2, imin(kScaleRun, blocks - b), run[r]);
+        }
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) g[r] = V::int4_group(run[r][j]);
+      } else {
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) g[r] = row[r].group_vec(k0);
+      }
+      block([&](int r, int64_t k) DF_ALWAYS_INLINE_LAMBDA { return row[r].load_scaled(k, g[r]); });
+    }
+    int64_t k = blocks * B;
+    for (; k + L <= K; k += L) {  // the whole vectors of a last, partial block
+      F wv[R];
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) wv[r] = row[r].load(k);
+      DF_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const F xv = V::load(x + m * ldx + k);
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
+      }
+    }
+    if (k < K) {
+      const int rem = static_cast<int>(K - k);
+      F wv[R];
+      DF_UNROLL
+      for (int r = 0; r < R; ++r) wv[r] = row[r].load_tail(k, rem);
+      DF_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const F xv = V::load_partial(x + m * ldx + k, rem);
+        DF_UNROLL
+        for (int r = 0; r < R; ++r) acc[m][r] = V::fma(xv, wv[r], acc[m][r]);
+      }
+    }
+    store_sums<M, R>(acc, y + n, ldy, accumulate);
+  }
+
+  // n (<= 16) BF16 values at p (any alignment) as floats; the full run as one fixed-length loop.
+  DF_ALWAYS_INLINE static void widen_bf16(const uint8_t* p, int64_t n, float* out) {
+    if (n == 16) {
+      uint16_t h[16];
+      std::memcpy(h, p, sizeof h);
+      DF_UNROLL
+      for (int i = 0; i < 16; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(h[i]) << 16);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+      }
+    }
+  }
+
   // Rows [n0, n1) for a fixed small M, R rows at a time (fewer at the end).
   template <WeightFormat Fmt, int M>
   static void gemv(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t ldx, float* y,
@@ -445,6 +665,26 @@ struct Impl {
     }
   }
 
+  // FP8 / INT4 for M up to V::kQuantGemvMaxM rows: as gemv_mx_groups, the GEMV over groups of
+  // four activation rows, a band of weight rows at a time (still in L2 for the next group).
+  // Between 5 and 16 rows this beats the panel GEMM, which decodes a panel for too few rows
+  // (K2 expert 2048x7168 on one Zen 5 core, INT4 at M = 8: the GEMM took twice as long as two
+  // four-row GEMVs); each row's result is the GEMV's, which the GEMM reproduces bit for bit.
+  template <WeightFormat Fmt>
+  static void gemv_q_groups(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t M,
+                            int64_t ldx, float* y, int64_t ldy, bool accumulate) {
+    constexpr int64_t kBand = 32;
+    for (int64_t nb = n0; nb < n1; nb += kBand) {
+      const int64_t ne = imin(n1, nb + kBand);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        with_tile<4, 1>(static_cast<int>(imin(4, M - m0)), 1, [&](auto mm, auto) {
+          gemv_rows<Fmt, decltype(mm)::value>(w, nb, ne, x + m0 * ldx, ldx, y + m0 * ldy, ldy,
+                                              accumulate);
+        });
+      }
+    }
+  }
+
   // gemv's row loop over x already in the layout the format needs (see gemv).
   template <WeightFormat Fmt, int M>
   static void gemv_rows(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t ldx,
@@ -455,6 +695,8 @@ struct Impl {
     for (; n + R <= n1; n += R) {
       if constexpr (kMx) {
         gemv_mx<M, R>(w, n, x, ldx, y, ldy, accumulate);
+      } else if constexpr (kQuantized<Fmt>) {
+        gemv_q<Fmt, M, R>(w, n, x, ldx, y, ldy, accumulate);
       } else {
         gemv_plain<Fmt, M, R>(w, n, x, ldx, y, ldy, accumulate);
       }
@@ -464,6 +706,8 @@ struct Impl {
         constexpr int RT = decltype(rr)::value;
         if constexpr (kMx) {
           gemv_mx<M, RT>(w, n, x, ldx, y, ldy, accumulate);
+        } else if constexpr (kQuantized<Fmt>) {
+          gemv_q<Fmt, M, RT>(w, n, x, ldx, y, ldy, accumulate);
         } else {
           gemv_plain<Fmt, M, RT>(w, n, x, ldx, y, ldy, accumulate);
         }
@@ -797,6 +1041,10 @@ struct Impl {
         if constexpr (Fmt == WeightFormat::kMXFP4) {
           if (M <= V::kMxGemvMaxM) return gemv_mx_groups(w, n0, n1, x, M, ldx, y, ldy, accumulate);
         }
+        if constexpr (kQuantized<Fmt>) {
+          if (M <= V::kQuantGemvMaxM)
+            return gemv_q_groups<Fmt>(w, n0, n1, x, M, ldx, y, ldy, accumulate);
+        }
         return gemm<Fmt>(w, n0, n1, x, M, ldx, y, ldy, accumulate);
     }
   }
@@ -887,7 +1135,9 @@ struct Impl {
   static void matmul_t(const Matrix& w, int64_t c0, int64_t c1, const float* x, int64_t M,
                        int64_t ldx, float* y, int64_t ldy) {
     if (c0 >= c1 || M <= 0) return;
-    if constexpr (Fmt != WeightFormat::kMXFP4) {
+    // MXFP4, FP8 and INT4 decode whole blocks / aligned vectors, so they go through the panel,
+    // whose rows are decoded from an aligned column and then cut to the window.
+    if constexpr (Fmt != WeightFormat::kMXFP4 && !kQuantized<Fmt>) {
       switch (M) {
         case 1:
           return matmul_t_rows<Fmt, 1>(w, c0, c1, x, ldx, y, ldy);
@@ -915,6 +1165,12 @@ struct Impl {
             const int64_t g0 = cb0 / kBC * kBC;
             mx_decode_exact(w, rb0 + r, g0, cb0 + cw - g0, row_buf);
             for (int c = 0; c < kTW; ++c) dst[c] = c < cw ? row_buf[cb0 - g0 + c] : 0.0f;
+          } else if constexpr (kQuantized<Fmt>) {
+            Row<Fmt> row;
+            row.init(w, rb0 + r);
+            const int64_t a0 = cb0 / L * L;
+            row.decode(a0, cb0 + cw - a0, row_buf);
+            for (int c = 0; c < kTW; ++c) dst[c] = c < cw ? row_buf[cb0 - a0 + c] : 0.0f;
           } else {
             Row<Fmt> row;
             row.init(w, rb0 + r);
@@ -1024,6 +1280,10 @@ struct Impl {
     t.matmul_t[static_cast<int>(WeightFormat::kBF16)] = &matmul_t<WeightFormat::kBF16>;
     t.matmul_t[static_cast<int>(WeightFormat::kMXFP4)] = &matmul_t<WeightFormat::kMXFP4>;
     t.matmul_t[static_cast<int>(WeightFormat::kInt8)] = &matmul_t<WeightFormat::kInt8>;
+    t.matmul[static_cast<int>(WeightFormat::kFP8)] = &matmul<WeightFormat::kFP8>;
+    t.matmul[static_cast<int>(WeightFormat::kInt4)] = &matmul<WeightFormat::kInt4>;
+    t.matmul_t[static_cast<int>(WeightFormat::kFP8)] = &matmul_t<WeightFormat::kFP8>;
+    t.matmul_t[static_cast<int>(WeightFormat::kInt4)] = &matmul_t<WeightFormat::kInt4>;
     t.dot = &dot;
     t.axpy = &axpy;
     t.exp = &map<&V::exp>;

@@ -18,10 +18,30 @@ struct E8M0Table {
   }
 };
 const E8M0Table kE8M0;
+
+// FP8 E4M3FN: (8 + m) * 2^(e - 10) for e >= 1, m * 2^-9 for e = 0 (ldexp of a small integer:
+// exact), NaN for the two all-ones codes.
+struct E4M3Table {
+  float v[256];
+  E4M3Table() {
+    for (int c = 0; c < 256; ++c) {
+      const int e = (c >> 3) & 0xF, m = c & 7;
+      float a = e == 0 ? std::ldexp(static_cast<float>(m), -9)
+                       : std::ldexp(static_cast<float>(8 + m), e - 10);
+      if (e == 15 && m == 7) a = NAN;
+      v[c] = (c & 0x80) ? -a : a;
+    }
+  }
+};
+const E4M3Table kE4M3;
 }  // namespace
 
 float e8m0_to_float(uint8_t e) {
   return kE8M0.v[e];
+}
+
+float e4m3_to_float(uint8_t code) {
+  return kE4M3.v[code];
 }
 
 const char* weight_format_name(WeightFormat f) {
@@ -34,6 +54,10 @@ const char* weight_format_name(WeightFormat f) {
       return "mxfp4";
     case WeightFormat::kInt8:
       return "int8";
+    case WeightFormat::kFP8:
+      return "fp8";
+    case WeightFormat::kInt4:
+      return "int4";
   }
   return "?";
 }
@@ -54,7 +78,7 @@ float matrix_element(const Matrix& m, int64_t r, int64_t c) {
     case WeightFormat::kMXFP4: {
       uint8_t b = row[c / 2];
       uint8_t code = (c & 1) ? (b >> 4) : (b & 0xF);
-      uint8_t e = m.scales[r * m.scale_row_bytes() + c / 32];
+      uint8_t e = m.scale_row(r)[c / 32];
       return kE2M1Values[code] * e8m0_to_float(e);
     }
     case WeightFormat::kInt8: {
@@ -62,6 +86,17 @@ float matrix_element(const Matrix& m, int64_t r, int64_t c) {
       uint16_t s;
       std::memcpy(&s, m.scales + r * 2, 2);
       return static_cast<float>(q) * f16_to_f32(s);
+    }
+    case WeightFormat::kFP8: {
+      float s;
+      std::memcpy(&s, m.scale_row(r) + c / kFp8Block * 4, 4);
+      return e4m3_to_float(row[c]) * s;  // one float32 rounding of the exact product
+    }
+    case WeightFormat::kInt4: {
+      const int q = static_cast<int>((row[c / 2] >> (c % 2 * 4)) & 0xF) - 8;
+      uint16_t s;
+      std::memcpy(&s, m.scale_row(r) + c / kInt4Group * 2, 2);
+      return static_cast<float>(q) * bf16_to_f32(s);  // exact: 4-bit x 8-bit significands
     }
   }
   return 0.0f;

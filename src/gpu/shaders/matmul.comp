@@ -1,10 +1,13 @@
 // y[m][y_col + n] = sum_k x[m][k] * W(n, k): the one matrix product of the Vulkan backend,
-// compiled by glslc once per weight format (FORMAT 0 = f32, 1 = bf16, 2 = MXFP4) and once more
+// compiled by glslc once per weight format (FORMAT 0 = f32, 1 = bf16, 2 = MXFP4, 3 = FP8 E4M3 with
+// 128x128 F32 block scales, 4 = INT4 pack-quantized with BF16 group scales) and once more
 // per format as the expert-grouped variant (GROUPED: each tile of rows has its own expert's W and
 // its own list of x rows).
 //
 // Exactness: weights are decoded exactly to fp32 (bf16: the high half of a float; MXFP4: the
-// E2M1 value times the E8M0 power of two built from its exponent bits, no exp2), activations
+// E2M1 value times the E8M0 power of two built from its exponent bits, no exp2; FP8: the E4M3
+// value built from its bits times the block's scale, one correctly rounded multiply as on the
+// CPU; INT4: (nibble - 8) times the BF16 group scale, exact), activations
 // are fp32 and every sum is fp32. One workgroup computes one output row n for up to TM rows of
 // x: thread t accumulates k = t, t + 64, ... in ascending order, then a fixed tree over the 64
 // partial sums. So an element's result does not depend on M, TM, the tile or the grouping
@@ -39,6 +42,7 @@ layout(push_constant) uniform Params {
   uint y_col;     // y column of W's row 0
   uint expert_w;  // GROUPED: bytes between experts in w
   uint expert_s;  // GROUPED: bytes between experts in s
+  uint row_phase; // FP8: row 0's row within its 128-row scale block
 } p;
 
 shared float red[16 * 64];
@@ -51,6 +55,26 @@ uint byte_at(uint b) {
   return (w[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu;
 }
 
+// Bytes of the scale buffer, at any byte offset (scales may start anywhere in a file).
+uint s_byte(uint b) {
+  return (s[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu;
+}
+uint s_u16(uint b) {
+  return s_byte(b) | (s_byte(b + 1u) << 8);
+}
+uint s_u32(uint b) {
+  return (b & 3u) == 0u ? s[b >> 2] : s_u16(b) | (s_u16(b + 2u) << 16);
+}
+
+// FP8 E4M3FN code -> value, exact (tensor/matrix.h: e4m3_to_float): (8 + m) 2^(e - 10) from its
+// bits, m 2^-9 for e = 0, NaN for 0x7F and 0xFF.
+float e4m3(uint c) {
+  const uint e = (c >> 3) & 15u, m = c & 7u;
+  float a = e == 0u ? float(m) * (1.0 / 512.0) : uintBitsToFloat(((e + 120u) << 23) | (m << 20));
+  if (e == 15u && m == 7u) a = uintBitsToFloat(0x7FC00000u);
+  return (c & 0x80u) != 0u ? -a : a;
+}
+
 float weight(uint wbase, uint sbase, uint n, uint k) {
 #if FORMAT == 0
   return uintBitsToFloat(w[(wbase + (n * p.K + k) * 4u) >> 2]);
@@ -59,6 +83,15 @@ float weight(uint wbase, uint sbase, uint n, uint k) {
   uint word = w[b >> 2];
   uint h = (b & 2u) != 0u ? (word >> 16) : (word & 0xFFFFu);
   return uintBitsToFloat(h << 16);
+#elif FORMAT == 3
+  const uint code = byte_at(wbase + n * p.K + k);
+  const uint sb = sbase + (((p.row_phase + n) / 128u) * ((p.K + 127u) / 128u) + k / 128u) * 4u;
+  return e4m3(code) * uintBitsToFloat(s_u32(sb));
+#elif FORMAT == 4
+  uint code = byte_at(wbase + n * ((p.K + 7u) / 8u * 4u) + k / 2u);
+  code = (k & 1u) != 0u ? (code >> 4) : (code & 0xFu);
+  const uint sb = sbase + (n * ((p.K + 31u) / 32u) + k / 32u) * 2u;
+  return float(int(code) - 8) * uintBitsToFloat(s_u16(sb) << 16);
 #else
   uint code = byte_at(wbase + n * (p.K / 2u) + k / 2u);
   code = (k & 1u) != 0u ? (code >> 4) : (code & 0xFu);

@@ -3,10 +3,13 @@
 // 8-lane vector traits: bf16 -> f32 by zero-extension and a 16-bit shift, int8 by sign-extension
 // and conversion, MXFP4 by pshufb lookups of the bf16 bytes of doubled E2M1 values, two groups per
 // 256-bit vector in an order that needs no lane-crossing shuffle (x is permuted to match; see
-// mx_decode). The register budget (16 ymm) sets the tiles: 6x2 accumulators for the plain
-// micro-kernel and for the MXFP4 half sums (the MXFP4 accumulators live in L1).
+// mx_decode), FP8 E4M3 through F16C (load_fp8), INT4 by variable shifts of one word. The register
+// budget (16 ymm) sets the tiles: 6x2 accumulators for the plain micro-kernel and for the MXFP4
+// half sums (the MXFP4 accumulators live in L1).
 #include <immintrin.h>
 #include <sleef.h>
+
+#include <cstring>
 
 #include "kernels/kernels.h"
 #include "kernels/simd_impl.h"
@@ -20,11 +23,12 @@ struct Avx2 {
   static constexpr int kMR = 6, kNR = 2;      // plain micro-kernel tile
   static constexpr int kMxMR = 6, kMxNR = 2;  // MXFP4 micro-kernel tile
   static constexpr bool kMxInRegisters = false;
-  static constexpr int kMxGemvMaxM = 16;  // MXFP4: GEMV groups up to this many rows
-  static constexpr int kNB = 32;          // panel rows (decoded weights, in L1/L2)
-  static constexpr int kMB = 96;          // activation rows per block
-  static constexpr int64_t kKB = 512;     // panel columns
-  static constexpr int kTM = 4, kTV = 3;  // matmul_t tile: 4 rows x 24 columns
+  static constexpr int kMxGemvMaxM = 16;     // MXFP4: GEMV groups up to this many rows
+  static constexpr int kQuantGemvMaxM = 16;  // FP8 / INT4: the same
+  static constexpr int kNB = 32;             // panel rows (decoded weights, in L1/L2)
+  static constexpr int kMB = 96;             // activation rows per block
+  static constexpr int64_t kKB = 512;        // panel columns
+  static constexpr int kTM = 4, kTV = 3;     // matmul_t tile: 4 rows x 24 columns
   static constexpr int gemv_rows(int m) { return m <= 2 ? 4 : 3; }
   static constexpr int gemv_rows_mx(int m) { return m <= 2 ? 4 : 2; }
 
@@ -71,6 +75,52 @@ struct Avx2 {
   DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
     __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
+  }
+  // FP8 E4M3FN, 8 codes -> their exact values. Sign-extending a code to 16 bits and shifting it
+  // left by 7 puts its sign at bit 15 (and, masked off, at bit 14) and its exponent and mantissa
+  // at bits 13..7: the f16 of code * 2^-8 for every code, subnormals included (f16's exponent
+  // bias is 8 more than E4M3's). The two NaN codes (magnitude 0x7F) would read 1.875: they get
+  // the f16 exponent 31 instead. F16C widens, and * 2^8 is exact.
+  DF_ALWAYS_INLINE static F load_fp8(const uint8_t* p) {
+    const __m128i mag = _mm_set1_epi16(0x3F80);
+    __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(static_cast<int16_t>(0xBF80)));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, mag), mag);
+    h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x4000)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+  }
+  // The same without the NaN fix-up and the * 2^8: code * 2^-8 (NaN codes read +-1.875), for
+  // blocks fp8_block_has_nan cleared, scaled by scale * 2^8.
+  DF_ALWAYS_INLINE static F load_fp8_half(const uint8_t* p) {
+    const __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtph_ps(
+        _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(static_cast<int16_t>(0xBF80))));
+  }
+  // Whether the 128 codes at p hold a NaN code (0x7F or 0xFF: all seven low bits set).
+  DF_ALWAYS_INLINE static bool fp8_block_has_nan(const uint8_t* p) {
+    const __m256i hi = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi8(-1);
+    __m256i any = _mm256_setzero_si256();
+    DF_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i));
+      any = _mm256_or_si256(any, _mm256_cmpeq_epi8(_mm256_or_si256(b, hi), ones));
+    }
+    return !_mm256_testz_si256(any, any);
+  }
+  // INT4 pack-quantized, 8 columns (one 32-bit word, column i in bits 4i..4i+3, stored as
+  // q + 8) -> q as floats, in column order.
+  DF_ALWAYS_INLINE static F load_int4(const uint8_t* p) {
+    uint32_t word;
+    std::memcpy(&word, p, 4);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_cvtepi32_ps(
+        _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xF)), _mm256_set1_epi32(8)));
+  }
+  // INT4 with its group's scale: q * scale (exact), int4_group being the scale in every lane.
+  DF_ALWAYS_INLINE static F int4_group(float scale) { return _mm256_set1_ps(scale); }
+  DF_ALWAYS_INLINE static F load_int4_scaled(const uint8_t* p, F g) {
+    return _mm256_mul_ps(load_int4(p), g);
   }
   // MXFP4, two groups (64 columns, 32 bytes) at a time, without lane-crossing shuffles: each
   // 128-bit half decodes one group. Two pshufb per nibble half look up the high and the low byte

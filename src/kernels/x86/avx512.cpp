@@ -2,7 +2,8 @@
 // for this file only. The algorithms are those of kernels/simd_impl.h, which the AVX2 and NEON
 // tables run too; only the 16-lane traits below are specific (loads, masked tails via __mmask16, a
 // fixed-order 16 -> 8 -> 4 -> 1 horizontal sum and its four-at-once form, a bf16 widen-and-shift
-// and an int8 decoder mirroring AVX2's, an MXFP4 decoder of its own, four groups per block).
+// and an int8 decoder mirroring AVX2's, an MXFP4 decoder of its own, four groups per block, FP8
+// E4M3 through the f16 converter and INT4 by a shift and a vpermps lookup).
 // With 32 zmm registers the plain tile is 6x4 (24 accumulators) and the MXFP4 tile 4x2 with its
 // even and odd half sums and its accumulators all in registers (24 vectors). The sizes were tuned
 // on a Zen 5 core (docs/PERFORMANCE.md, "On a Zen 5 core with AVX-512");
@@ -33,6 +34,8 @@ struct Avx512 {
   static constexpr bool kMxInRegisters = true;
   // MXFP4: GEMV groups up to this many rows (Zen 5, M = 8: 45% of peak, the 6x4 GEMM 37%).
   static constexpr int kMxGemvMaxM = 16;
+  // FP8 / INT4: GEMV groups up to this many rows (K2 expert on Zen 5: see simd_impl.h).
+  static constexpr int kQuantGemvMaxM = 16;
   static constexpr int kNB = 32;  // panel rows (decoded weights)
   static constexpr int kMB = 96;
   static constexpr int64_t kKB = 512;
@@ -99,6 +102,48 @@ struct Avx512 {
   DF_ALWAYS_INLINE static F load_i8(const int8_t* p, F scale) {
     __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
+  }
+  // FP8 E4M3FN, 16 codes -> their exact values, as Avx2::load_fp8 (the f16 of code * 2^-8 from
+  // the sign-extended code shifted left by 7, NaN codes given the exponent 31, widened, * 2^8).
+  DF_ALWAYS_INLINE static F load_fp8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                 _mm256_set1_epi16(static_cast<int16_t>(0xBF80)));
+    const __mmask16 nan =
+        _mm_cmpeq_epi8_mask(_mm_and_si128(b, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F));
+    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7E00));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+  }
+  // The same without the NaN fix-up and the * 2^8 (code * 2^-8; NaN codes read +-1.875), for
+  // blocks fp8_block_has_nan cleared, scaled by scale * 2^8.
+  DF_ALWAYS_INLINE static F load_fp8_half(const uint8_t* p) {
+    const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtph_ps(
+        _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBF80))));
+  }
+  // Whether the 128 codes at p hold a NaN code (0x7F or 0xFF: all seven low bits set).
+  DF_ALWAYS_INLINE static bool fp8_block_has_nan(const uint8_t* p) {
+    const __m512i hi = _mm512_set1_epi8(static_cast<char>(0x80)), ones = _mm512_set1_epi8(-1);
+    const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+    return (_mm512_cmpeq_epi8_mask(_mm512_or_si512(a, hi), ones) |
+            _mm512_cmpeq_epi8_mask(_mm512_or_si512(b, hi), ones)) != 0;
+  }
+  // INT4 pack-quantized, 16 columns (two 32-bit words; column i of a word in bits 4i..4i+3,
+  // stored as q + 8): each word to 8 lanes, shifted, and looked up with vpermps (which reads only
+  // an index's low 4 bits: no mask needed) in the group's table int4_group, q * scale for
+  // q = -8..7 (each product exact), so no multiply is left per vector.
+  DF_ALWAYS_INLINE static F int4_group(float scale) {
+    return _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
+                         _mm512_set1_ps(scale));
+  }
+  DF_ALWAYS_INLINE static F load_int4_scaled(const uint8_t* p, F table) {
+    const __m512i words = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    return _mm512_permutexvar_ps(
+        _mm512_srlv_epi32(
+            words, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28)),
+        table);
   }
   // MXFP4, four groups (128 columns, 64 bytes) at a time. The block's 4 x 4 dwords (group g,
   // dword u) are transposed so that 128-bit lane u holds dword u of every group; each lane's 16
