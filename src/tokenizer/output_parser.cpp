@@ -75,13 +75,6 @@ std::optional<TagHeader> parse_header(std::string_view h) {
   return t;
 }
 
-bool is_blank(std::string_view s) {
-  for (const char c : s) {
-    if (c != ' ' && c != '\n' && c != '\r' && c != '\t') return false;
-  }
-  return true;
-}
-
 std::string json_string(std::string_view s) {
   std::string out;
   append_json_string(out, utf8::sanitize(s));
@@ -117,6 +110,13 @@ int32_t marker_id(const Tokenizer& tok, const char* name) {
 }
 
 }  // namespace
+
+bool is_blank(std::string_view s) {
+  for (const char c : s) {
+    if (c != ' ' && c != '\n' && c != '\r' && c != '\t') return false;
+  }
+  return true;
+}
 
 K3TurnParser::K3TurnParser(const Tokenizer& tokenizer, Channel start)
     : tok_(&tokenizer),

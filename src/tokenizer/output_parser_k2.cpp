@@ -40,13 +40,6 @@ bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\r' || c == '\t';
 }
 
-bool is_blank(std::string_view s) {
-  for (const char c : s) {
-    if (!is_space(c)) return false;
-  }
-  return true;
-}
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);

@@ -136,4 +136,8 @@ class K2TurnParser final : public TurnParser {
   bool call_malformed_ = false;
 };
 
+// Whether text between two markers is only spaces, tabs and newlines (both parsers let such text
+// pass where the format allows none).
+bool is_blank(std::string_view s);
+
 }  // namespace deltafin
