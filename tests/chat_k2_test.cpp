@@ -262,7 +262,7 @@ TEST(ChatK2Render, MarksSitWhereK3sDo) {
 const std::string kGen = "<|im_assistant|>assistant<|im_middle|>";
 
 TEST(ChatK2Render, ThinkingSwitchPerFormat) {
-  const json hi = {msg("user", "Hi")};
+  const json hi = json::array({msg("user", "Hi")});  // not {msg(...)}: clang reads that as a copy
   const auto text = [&](ChatFormat f, bool thinking) {
     return render_json({{"messages", hi}, {"thinking", thinking}}, k2(f)).text;
   };
