@@ -111,6 +111,23 @@ int32_t marker_id(const Tokenizer& tok, const char* name) {
 
 }  // namespace
 
+void TextStreams::emit(std::string_view bytes, bool reasoning, bool malformed,
+                       std::vector<ParserEvent>& out) {
+  std::string s = (reasoning ? reasoning_ : content_).push_bytes(bytes);
+  if (s.empty()) return;
+  ParserEvent ev{reasoning ? ParserEvent::Kind::reasoning : ParserEvent::Kind::content};
+  ev.text = std::move(s);
+  ev.malformed = malformed;
+  out.push_back(std::move(ev));
+}
+
+void TextStreams::flush(std::vector<ParserEvent>& out) {
+  if (std::string s = reasoning_.flush(); !s.empty())
+    out.push_back({ParserEvent::Kind::reasoning, std::move(s)});
+  if (std::string s = content_.flush(); !s.empty())
+    out.push_back({ParserEvent::Kind::content, std::move(s)});
+}
+
 bool is_blank(std::string_view s) {
   for (const char c : s) {
     if (c != ' ' && c != '\n' && c != '\r' && c != '\t') return false;
@@ -125,8 +142,7 @@ K3TurnParser::K3TurnParser(const Tokenizer& tokenizer, Channel start)
       sep_id_(marker_id(tokenizer, kSepMarker)),
       eom_id_(marker_id(tokenizer, kEndOfMsgMarker)),
       state_(start == Channel::think ? State::think : State::response),
-      reasoning_dec_(tokenizer),
-      content_dec_(tokenizer),
+      text_(tokenizer),
       arg_dec_(tokenizer) {}
 
 PlainTextFilter::PlainTextFilter(const Tokenizer& tokenizer) : tok_(&tokenizer), dec_(tokenizer) {
@@ -283,24 +299,12 @@ bool K3TurnParser::in_call_states() const {
 
 void K3TurnParser::emit_text(std::string_view bytes, bool malformed,
                              std::vector<ParserEvent>& out) {
-  const bool reasoning = state_ == State::think;
-  IncrementalDecoder& dec = reasoning ? reasoning_dec_ : content_dec_;
-  std::string s = dec.push_bytes(bytes);
   if (malformed) malformed_ = true;
-  if (s.empty()) return;
-  ParserEvent ev{reasoning ? ParserEvent::Kind::reasoning : ParserEvent::Kind::content};
-  ev.text = std::move(s);
-  ev.malformed = malformed;
-  out.push_back(std::move(ev));
+  text_.emit(bytes, state_ == State::think, malformed, out);
 }
 
 void K3TurnParser::flush_text(std::vector<ParserEvent>& out) {
-  if (std::string s = reasoning_dec_.flush(); !s.empty()) {
-    out.push_back({ParserEvent::Kind::reasoning, std::move(s)});
-  }
-  if (std::string s = content_dec_.flush(); !s.empty()) {
-    out.push_back({ParserEvent::Kind::content, std::move(s)});
-  }
+  text_.flush(out);
 }
 
 void K3TurnParser::set_state(State s, std::vector<ParserEvent>& out) {

@@ -91,8 +91,7 @@ K2TurnParser::K2TurnParser(const Tokenizer& tokenizer, Channel start)
       state_(tokenizer.chat_format() == ChatFormat::k2_5 && start == Channel::think
                  ? State::reasoning
                  : State::content),
-      reasoning_dec_(tokenizer),
-      content_dec_(tokenizer),
+      text_(tokenizer),
       arg_dec_(tokenizer) {}
 
 bool K2TurnParser::in_section() const {
@@ -102,22 +101,12 @@ bool K2TurnParser::in_section() const {
 
 void K2TurnParser::emit_text(std::string_view bytes, bool malformed,
                              std::vector<ParserEvent>& out) {
-  const bool reasoning = state_ == State::reasoning;
-  IncrementalDecoder& dec = reasoning ? reasoning_dec_ : content_dec_;
-  std::string s = dec.push_bytes(bytes);
   if (malformed) malformed_ = true;
-  if (s.empty()) return;
-  ParserEvent ev{reasoning ? ParserEvent::Kind::reasoning : ParserEvent::Kind::content};
-  ev.text = std::move(s);
-  ev.malformed = malformed;
-  out.push_back(std::move(ev));
+  text_.emit(bytes, state_ == State::reasoning, malformed, out);
 }
 
 void K2TurnParser::flush_text(std::vector<ParserEvent>& out) {
-  if (std::string s = reasoning_dec_.flush(); !s.empty())
-    out.push_back({ParserEvent::Kind::reasoning, std::move(s)});
-  if (std::string s = content_dec_.flush(); !s.empty())
-    out.push_back({ParserEvent::Kind::content, std::move(s)});
+  text_.flush(out);
 }
 
 void K2TurnParser::set_state(State s, std::vector<ParserEvent>& out) {

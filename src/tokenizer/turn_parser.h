@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tokenizer/output_parser.h"
@@ -21,6 +22,19 @@ class TurnParser {
   virtual void finish(std::vector<ParserEvent>& out) = 0;
   virtual bool ended() const = 0;
   virtual bool malformed() const = 0;
+};
+
+// A turn's visible text as its two streams, reasoning and content, each decoded incrementally (a
+// character split over tokens comes out whole). Both parsers route their text through one, and
+// flush it whenever their state changes.
+class TextStreams {
+ public:
+  explicit TextStreams(const Tokenizer& tokenizer) : reasoning_(tokenizer), content_(tokenizer) {}
+  void emit(std::string_view bytes, bool reasoning, bool malformed, std::vector<ParserEvent>& out);
+  void flush(std::vector<ParserEvent>& out);
+
+ private:
+  IncrementalDecoder reasoning_, content_;
 };
 
 class K3TurnParser final : public TurnParser {
@@ -77,7 +91,8 @@ class K3TurnParser final : public TurnParser {
   std::vector<int32_t> pending_ids_;
   std::string pending_header_;
 
-  IncrementalDecoder reasoning_dec_, content_dec_, arg_dec_;
+  TextStreams text_;
+  IncrementalDecoder arg_dec_;
 
   // The tool call being parsed.
   int call_index_ = -1;
@@ -127,7 +142,8 @@ class K2TurnParser final : public TurnParser {
   std::optional<int32_t> eos_, think_, think_end_;
   State state_;
   bool malformed_ = false;
-  IncrementalDecoder reasoning_dec_, content_dec_, arg_dec_;
+  TextStreams text_;
+  IncrementalDecoder arg_dec_;
 
   int call_index_ = -1;
   std::string call_id_;    // the id text so far (raw bytes)
