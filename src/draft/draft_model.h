@@ -12,6 +12,7 @@
 #include <string>
 
 #include "draft/draft_config.h"
+#include "draft/draft_layers.h"
 #include "generate/speculative.h"
 #include "model/model.h"
 
@@ -44,6 +45,23 @@ class DraftModel : public std::enable_shared_from_this<DraftModel> {
   }
   DraftModelConfig c_;
   uint64_t weight_bytes_ = 0;
+};
+
+// What EAGLE-3 and DSpark models hold beside their config: the checkpoint their weights point
+// into, the bound weights (`Weights`, each kind's own struct) and the YaRN tables of their
+// rotated dims.
+template <class Weights>
+class TapDraftModel : public DraftModel {
+ public:
+  const Weights& weights() const { return w_; }
+  const Yarn& yarn() const { return yarn_; }
+
+ protected:
+  TapDraftModel(DraftModelConfig c, std::shared_ptr<const Checkpoint> ck)
+      : DraftModel(std::move(c)), ck_(std::move(ck)), yarn_(c_.yarn, c_.mla.qk_rope_dim) {}
+  std::shared_ptr<const Checkpoint> ck_;
+  Weights w_;
+  Yarn yarn_;
 };
 
 // Opens a draft folder for `target`; throws Error with one line naming what does not fit.

@@ -37,20 +37,13 @@ struct DSparkWeights {
   std::vector<float> confidence_w, confidence_b;  // [hidden (+ rank)], [1]; empty without a head
 };
 
-class DSparkModel : public DraftModel {
+class DSparkModel : public TapDraftModel<DSparkWeights> {
  public:
   DSparkModel(DraftModelConfig c, std::shared_ptr<const Checkpoint> ck);
   uint64_t cache_bytes_per_position() const override {
     return static_cast<uint64_t>(c_.mla.cache_width() * c_.num_layers) * sizeof(float);
   }
   std::unique_ptr<TapDrafter> new_drafter(Model& target) const override;
-  const DSparkWeights& weights() const { return w_; }
-  const Yarn& yarn() const { return yarn_; }
-
- private:
-  std::shared_ptr<const Checkpoint> ck_;
-  DSparkWeights w_;
-  Yarn yarn_;
 };
 
 class DSparkDrafter : public TapDrafter {

@@ -11,7 +11,7 @@
 namespace deltafin {
 
 Eagle3Model::Eagle3Model(DraftModelConfig c, std::shared_ptr<const Checkpoint> ck)
-    : DraftModel(std::move(c)), ck_(std::move(ck)), yarn_(c_.yarn, c_.mla.qk_rope_dim) {
+    : TapDraftModel(std::move(c), std::move(ck)) {
   DraftTensors t(ck_, "EAGLE-3");
   const int64_t H = c_.hidden;
   w_.fc = bind_tap_fusion(t, c_, "fc.weight");

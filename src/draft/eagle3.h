@@ -33,7 +33,7 @@ struct Eagle3Weights {
   Matrix lm_head;
 };
 
-class Eagle3Model : public DraftModel {
+class Eagle3Model : public TapDraftModel<Eagle3Weights> {
  public:
   // Binds every tensor (throws naming a missing or mis-shaped one).
   Eagle3Model(DraftModelConfig c, std::shared_ptr<const Checkpoint> ck);
@@ -41,13 +41,6 @@ class Eagle3Model : public DraftModel {
     return static_cast<uint64_t>(c_.mla.cache_width()) * sizeof(float);
   }
   std::unique_ptr<TapDrafter> new_drafter(Model& target) const override;
-  const Eagle3Weights& weights() const { return w_; }
-  const Yarn& yarn() const { return yarn_; }
-
- private:
-  std::shared_ptr<const Checkpoint> ck_;
-  Eagle3Weights w_;
-  Yarn yarn_;
 };
 
 class Eagle3Drafter : public TapDrafter {

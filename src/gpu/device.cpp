@@ -421,6 +421,36 @@ struct Device::Impl {
     submit(cmd, fence);
     check(vkWaitForFences(dev, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
   }
+  // Copies `bytes` between a device buffer at `offset` and host memory: from `from_host` (an
+  // upload) or into `to_host` (a download; the other pointer is null). A mapped buffer is copied
+  // directly, any other through the staging buffer 64 MiB at a time.
+  void transfer(Buffer& buf, uint64_t offset, uint64_t bytes, const uint8_t* from_host,
+                uint8_t* to_host) {
+    if (bytes == 0) return;
+    if (offset + bytes > buf.size) fail("internal: a transfer past the end of a device buffer");
+    if (buf.mapped != nullptr) {
+      if (from_host != nullptr) std::memcpy(buf.mapped + offset, from_host, bytes);
+      if (to_host != nullptr) std::memcpy(to_host, buf.mapped + offset, bytes);
+      return;
+    }
+    const uint64_t chunk = 64ull << 20;
+    if (!staging) staging = make_buffer(chunk, true, nullptr);
+    for (uint64_t done = 0; done < bytes; done += chunk) {
+      const uint64_t n = std::min(chunk, bytes - done);
+      begin();
+      if (from_host != nullptr) {
+        std::memcpy(staging->mapped, from_host + done, n);
+        VkBufferCopy region{0, offset + done, n};
+        vkCmdCopyBuffer(cmd, staging->buffer, buf.buffer, 1, &region);
+      } else {
+        VkBufferCopy region{offset + done, 0, n};
+        vkCmdCopyBuffer(cmd, buf.buffer, staging->buffer, 1, &region);
+      }
+      submit_and_wait();
+      if (to_host != nullptr) std::memcpy(to_host + done, staging->mapped, n);
+    }
+  }
+
   void finish(Slot& sl) {
     if (!sl.busy) return;
     sl.busy = false;  // a failed wait leaves nothing to wait for again
@@ -615,43 +645,11 @@ std::shared_ptr<Buffer> Device::import(const void* p, uint64_t bytes, uint64_t& 
 }
 
 void Device::upload(Buffer& dst, uint64_t offset, const void* src, uint64_t bytes) {
-  if (bytes == 0) return;
-  if (offset + bytes > dst.size) fail("internal: upload past the end of a device buffer");
-  if (dst.mapped != nullptr) {
-    std::memcpy(dst.mapped + offset, src, bytes);
-    return;
-  }
-  Impl& d = *impl_;
-  const uint64_t chunk = 64ull << 20;
-  if (!d.staging) d.staging = d.make_buffer(chunk, true, nullptr);
-  for (uint64_t done = 0; done < bytes; done += chunk) {
-    const uint64_t n = std::min(chunk, bytes - done);
-    std::memcpy(d.staging->mapped, static_cast<const uint8_t*>(src) + done, n);
-    d.begin();
-    VkBufferCopy region{0, offset + done, n};
-    d.vkCmdCopyBuffer(d.cmd, d.staging->buffer, dst.buffer, 1, &region);
-    d.submit_and_wait();
-  }
+  impl_->transfer(dst, offset, bytes, static_cast<const uint8_t*>(src), nullptr);
 }
 
 void Device::download(Buffer& src, uint64_t offset, void* dst, uint64_t bytes) {
-  if (bytes == 0) return;
-  if (offset + bytes > src.size) fail("internal: download past the end of a device buffer");
-  if (src.mapped != nullptr) {
-    std::memcpy(dst, src.mapped + offset, bytes);
-    return;
-  }
-  Impl& d = *impl_;
-  const uint64_t chunk = 64ull << 20;
-  if (!d.staging) d.staging = d.make_buffer(chunk, true, nullptr);
-  for (uint64_t done = 0; done < bytes; done += chunk) {
-    const uint64_t n = std::min(chunk, bytes - done);
-    d.begin();
-    VkBufferCopy region{offset + done, 0, n};
-    d.vkCmdCopyBuffer(d.cmd, src.buffer, d.staging->buffer, 1, &region);
-    d.submit_and_wait();
-    std::memcpy(static_cast<uint8_t*>(dst) + done, d.staging->mapped, n);
-  }
+  impl_->transfer(src, offset, bytes, nullptr, static_cast<uint8_t*>(dst));
 }
 
 uint64_t Device::submit(std::span<const Dispatch> dispatches) {

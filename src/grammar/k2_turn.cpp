@@ -85,27 +85,14 @@ class K2TurnBuilder {
 
   // CALL+ <|tool_calls_section_end|>, after <|tool_calls_section_begin|>.
   ExprPtr calls(Grammar& g) {
-    if (!spec_.tools.is_array() || spec_.tools.empty())
-      fail_arg("{}: tool calls are to be enforced but there are no tools", spec_.field);
     const ExprPtr index = repeat(bytes_of({{'0', '9'}}), 1, kMaxIndexDigits);
     std::vector<ExprPtr> alts;
-    for (size_t i = 0; i < spec_.tools.size(); ++i) {
-      const json& f =
-          spec_.tools[i].contains("function") ? spec_.tools[i]["function"] : spec_.tools[i];
-      if (!f.contains("name") || !f["name"].is_string())
-        fail_arg("{}: tools[{}].function.name is missing", spec_.field, i);
-      const std::string name = f["name"].get<std::string>();
-      if (spec_.named && *spec_.named != name) continue;
-      const bool strict =
-          f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+    for (const CallableTool& t : callable_tools(spec_)) {
       const uint32_t args = g.fresh_rule("args");
-      g.define(args, arguments(g, f, i, strict || spec_.enforce_all_arguments));
-      alts.push_back(seq({token(call_begin_), lit("functions." + name + ":"), index,
+      g.define(args, arguments(g, *t.function, t.index, t.enforce_arguments));
+      alts.push_back(seq({token(call_begin_), lit("functions." + t.name + ":"), index,
                           token(arg_begin_), ref(args), token(call_end_)}));
     }
-    if (alts.empty())
-      fail_arg("{}: tool_choice names function \"{}\", which is not among the tools", spec_.field,
-               spec_.named.value_or(""));
     const uint32_t call = g.fresh_rule("call");
     g.define(call, alt(std::move(alts)));
     return seq({ref(call), repeat(ref(call), 0, kMaxToolCalls - 1), token(section_end_)});

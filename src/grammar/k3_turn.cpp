@@ -144,30 +144,17 @@ class TurnBuilder {
   }
 
   ExprPtr tools_block(Grammar& g) {
-    if (!spec_.tools.is_array() || spec_.tools.empty())
-      fail_arg("{}: tool calls are to be enforced but there are no tools", spec_.field);
     // One rule per callable function: its name in the call header and its arguments.
     struct Callable {
       std::string name;
       uint32_t args;
     };
     std::vector<Callable> callables;
-    for (size_t i = 0; i < spec_.tools.size(); ++i) {
-      const json& f =
-          spec_.tools[i].contains("function") ? spec_.tools[i]["function"] : spec_.tools[i];
-      if (!f.contains("name") || !f["name"].is_string())
-        fail_arg("{}: tools[{}].function.name is missing", spec_.field, i);
-      const std::string name = f["name"].get<std::string>();
-      if (spec_.named && *spec_.named != name) continue;
-      const bool strict =
-          f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+    for (const CallableTool& t : callable_tools(spec_)) {
       const uint32_t id = g.fresh_rule("args");
-      g.define(id, arguments(g, f, i, strict || spec_.enforce_all_arguments));
-      callables.push_back({name, id});
+      g.define(id, arguments(g, *t.function, t.index, t.enforce_arguments));
+      callables.push_back({t.name, id});
     }
-    if (callables.empty())
-      fail_arg("{}: tool_choice names function \"{}\", which is not among the tools", spec_.field,
-               spec_.named.value_or(""));
     auto call = [&](int k) {
       std::vector<ExprPtr> alts;
       for (const auto& c : callables) {
@@ -238,6 +225,25 @@ class TurnBuilder {
 };
 
 }  // namespace
+
+std::vector<CallableTool> callable_tools(const TurnSpec& spec) {
+  if (!spec.tools.is_array() || spec.tools.empty())
+    fail_arg("{}: tool calls are to be enforced but there are no tools", spec.field);
+  std::vector<CallableTool> out;
+  for (size_t i = 0; i < spec.tools.size(); ++i) {
+    const json& f = spec.tools[i].contains("function") ? spec.tools[i]["function"] : spec.tools[i];
+    if (!f.contains("name") || !f["name"].is_string())
+      fail_arg("{}: tools[{}].function.name is missing", spec.field, i);
+    std::string name = f["name"].get<std::string>();
+    if (spec.named && *spec.named != name) continue;
+    const bool strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+    out.push_back({std::move(name), i, &f, strict || spec.enforce_all_arguments});
+  }
+  if (out.empty())
+    fail_arg("{}: tool_choice names function \"{}\", which is not among the tools", spec.field,
+             spec.named.value_or(""));
+  return out;
+}
 
 std::string turn_description(const TurnSpec& spec) {
   std::vector<std::string> parts;

@@ -46,13 +46,11 @@ Matrix fp8_block_matrix(const TensorInfo& weight, const TensorInfo& scale_inv,
   expect(weight, DType::kF8E4M3, {R, C}, "the FP8 codes");
   expect(scale_inv, DType::kF32, {ceil_div(R, kFp8Block), ceil_div(C, kFp8Block)},
          "one F32 scale per 128x128 block of the weight");
-  Matrix m;
-  m.format = WeightFormat::kFP8;
-  m.rows = R;
-  m.cols = C;
-  m.data = weight.data;
-  m.scales = scale_inv.data;
-  return m;
+  return Matrix{.format = WeightFormat::kFP8,
+                .rows = R,
+                .cols = C,
+                .data = weight.data,
+                .scales = scale_inv.data};
 }
 
 std::array<int64_t, 2> int4_weight_shape(const TensorInfo& shape) {
@@ -89,13 +87,11 @@ Matrix int4_packed_matrix(const TensorInfo& packed, const TensorInfo& scale,
   expect(packed, DType::kI32, {R, ceil_div(C, 8)}, "eight 4-bit columns per int32 word");
   expect(scale, DType::kBF16, {R, ceil_div(C, kInt4Group)},
          "one BF16 scale per 32 columns of a row");
-  Matrix m;
-  m.format = WeightFormat::kInt4;
-  m.rows = R;
-  m.cols = C;
-  m.data = packed.data;
-  m.scales = scale.data;
-  return m;
+  return Matrix{.format = WeightFormat::kInt4,
+                .rows = R,
+                .cols = C,
+                .data = packed.data,
+                .scales = scale.data};
 }
 
 void check_quantized_values(const Matrix& w, const std::string& name) {

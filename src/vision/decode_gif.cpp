@@ -22,19 +22,9 @@ namespace deltafin::vision::detail {
 
 namespace {
 
-struct GifSource {
-  const uint8_t* data;
-  size_t size;
-  size_t pos;
-};
-
 int df_gif_read(GifFileType* gif, GifByteType* out, int n) {
-  auto* src = static_cast<GifSource*>(gif->UserData);
   if (n <= 0) return 0;
-  const size_t k = std::min(static_cast<size_t>(n), src->size - src->pos);
-  std::memcpy(out, src->data + src->pos, k);
-  src->pos += k;
-  return static_cast<int>(k);
+  return static_cast<int>(static_cast<ByteSource*>(gif->UserData)->take(out, size_t(n)));
 }
 
 const char* gif_error_text(int code) {
@@ -54,7 +44,7 @@ bool is_grey_ramp(const ColorMapObject* map) {
 class GifReader {
  public:
   GifReader(std::span<const uint8_t> bytes, const std::string& name) : name_(name) {
-    src_ = {bytes.data(), bytes.size(), 0};
+    src_ = {bytes, 0};
     int err = 0;
     gif_ = DGifOpen(&src_, df_gif_read, &err);
     if (gif_ == nullptr) fail_arg("{}: not a valid GIF ({})", name_, gif_error_text(err));
@@ -73,7 +63,7 @@ class GifReader {
   // Reads records up to frame 0's descriptor; fills the canvas size, mode and transparency.
   ImageInfo frame0(const ImageLimits& limits) {
     // Each record consumes at least one byte, so there are at most size() of them.
-    for (size_t records = 0; records <= src_.size; ++records) {
+    for (size_t records = 0; records <= src_.bytes.size(); ++records) {
       GifRecordType type = UNDEFINED_RECORD_TYPE;
       if (DGifGetRecordType(gif_, &type) == GIF_ERROR) fail_gif("record");
       if (type == EXTENSION_RECORD_TYPE) {
@@ -87,7 +77,7 @@ class GifReader {
           if ((ext[1] & 1) != 0) transparent_ = ext[4];
         }
         for (size_t blocks = 0; ext != nullptr; ++blocks) {
-          if (blocks > src_.size) fail_arg("{}: endless GIF extension", name_);
+          if (blocks > src_.bytes.size()) fail_arg("{}: endless GIF extension", name_);
           if (DGifGetExtensionNext(gif_, &ext) == GIF_ERROR) fail_gif("extension");
         }
       } else if (type == IMAGE_DESC_RECORD_TYPE) {
@@ -171,7 +161,7 @@ class GifReader {
   }
 
   std::string name_;
-  GifSource src_{};
+  ByteSource src_{};
   GifFileType* gif_ = nullptr;
   int transparent_ = -1;
   int64_t width_ = 0, height_ = 0;

@@ -25,21 +25,14 @@ namespace deltafin::vision::detail {
 
 namespace {
 
-struct PngSource {
-  const uint8_t* data;
-  size_t size;
-  size_t pos;
-};
-
 struct PngMessage {
   char text[200];
 };
 
 void df_png_read_bytes(png_structp png, png_bytep out, png_size_t n) {
-  auto* src = static_cast<PngSource*>(png_get_io_ptr(png));
-  if (n > src->size - src->pos) png_error(png, "the file ends early (truncated)");
-  std::memcpy(out, src->data + src->pos, n);
-  src->pos += n;
+  auto* src = static_cast<ByteSource*>(png_get_io_ptr(png));
+  if (n > src->left()) png_error(png, "the file ends early (truncated)");
+  src->take(out, n);
 }
 
 void df_png_on_error(png_structp png, png_const_charp msg) {
@@ -117,7 +110,7 @@ bool read_pixels(png_structp png, png_infop info, const PngHeader* h, png_bytepp
 class PngReader {
  public:
   PngReader(std::span<const uint8_t> bytes, const std::string& name) : name_(name) {
-    src_ = {bytes.data(), bytes.size(), 0};
+    src_ = {bytes, 0};
     png_ = png_create_read_struct(PNG_LIBPNG_VER_STRING, &msg_, df_png_on_error, df_png_on_warning);
     if (png_ == nullptr) fail_arg("{}: cannot start the PNG decoder (out of memory)", name);
     info_ = png_create_info_struct(png_);
@@ -148,10 +141,10 @@ class PngReader {
   const PngHeader& header(const ImageLimits& limits) {
     // The size from IHDR (the first chunk) before libpng sees it, so a zero or bomb size gets
     // the same clear error in every format.
-    if (src_.size >= 24 && std::memcmp(src_.data + 12, "IHDR", 4) == 0) {
+    if (src_.bytes.size() >= 24 && std::memcmp(src_.bytes.data() + 12, "IHDR", 4) == 0) {
       auto be32 = [&](size_t at) {
-        return int64_t{src_.data[at]} << 24 | int64_t{src_.data[at + 1]} << 16 |
-               int64_t{src_.data[at + 2]} << 8 | int64_t{src_.data[at + 3]};
+        return int64_t{src_.bytes.data()[at]} << 24 | int64_t{src_.bytes.data()[at + 1]} << 16 |
+               int64_t{src_.bytes.data()[at + 2]} << 8 | int64_t{src_.bytes.data()[at + 3]};
       };
       check_size(be32(16), be32(20), name_, "PNG", limits);
     }
@@ -200,7 +193,7 @@ class PngReader {
   }
 
   std::string name_;
-  PngSource src_{};
+  ByteSource src_{};
   PngMessage msg_{};
   png_structp png_ = nullptr;
   png_infop info_ = nullptr;

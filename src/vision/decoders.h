@@ -3,7 +3,9 @@
 // width, height and mode; both throw InvalidArgument naming the image. Internal to src/vision.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -30,6 +32,21 @@ ImageInfo probe_webp(std::span<const uint8_t> bytes, const std::string& name,
                      const ImageLimits& limits);
 Image decode_webp(std::span<const uint8_t> bytes, const std::string& name,
                   const ImageLimits& limits);
+
+// The undecoded bytes a library's read callback pulls from (libpng, giflib): where it is.
+struct ByteSource {
+  std::span<const uint8_t> bytes;
+  size_t pos = 0;
+
+  size_t left() const { return bytes.size() - pos; }
+  // Copies min(n, left()) bytes to `out` and moves past them; returns how many.
+  size_t take(uint8_t* out, size_t n) {
+    const size_t k = n < left() ? n : left();
+    if (k > 0) std::memcpy(out, bytes.data() + pos, k);
+    pos += k;
+    return k;
+  }
+};
 
 // The palette Pillow gives a P image: the file's `count` RGB entries, then (i, i, i) up to 256.
 std::vector<uint8_t> pillow_palette(const uint8_t* rgb, int count);
