@@ -35,8 +35,20 @@ using json = nlohmann::ordered_json;
 using test::HttpResult;
 using test::ServerProcess;
 
-// Flip when the chat renderer accepts image parts (and the test model has a vision tower).
+// Flip when the chat renderer accepts image parts: the good-image tests then expect answers.
 constexpr bool kRendererTakesImages = false;
+
+// The tiny synthetic model with a tiny vision tower of the released structure (made once): what
+// the good-image tests serve, so they answer images once the renderer places them.
+const std::string& vapi_vision_model() {
+  static const std::string dir = [] {
+    const std::string d = test::temp_dir("vision-api") + "/model";
+    const auto r = test::run_deltafin({"make-model", d, "--preset", "tiny", "--vision", "tiny"});
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return d;
+  }();
+  return dir;
+}
 
 std::string vapi_file(const std::string& rel) {
   return test::slurp(test::data_dir() + "/vision/" + rel);
@@ -335,7 +347,7 @@ void expect_image_taken(const HttpResult& r, const std::string& api) {
 }
 
 TEST(VisionApi, GoodImagesPassEveryApi) {
-  ServerProcess srv({});
+  ServerProcess srv({}, vapi_vision_model());
   ASSERT_TRUE(srv.ready()) << srv.err();
   auto c = srv.client();
   for (const char* file : {"tiny_20x9.png", "photo.jpg", "image.webp", "anim.gif"}) {
@@ -464,7 +476,7 @@ TEST(VisionApi, RemoteImageUrlsAreFetchedOnlyWhenAllowed) {
     EXPECT_EQ(r.status, 400) << r.body;
     EXPECT_NE(error_message(r).find("--allow-image-urls"), std::string::npos) << r.body;
   }
-  ServerProcess srv({"--allow-image-urls", "--max-image-bytes", "64K"});
+  ServerProcess srv({"--allow-image-urls", "--max-image-bytes", "64K"}, vapi_vision_model());
   ASSERT_TRUE(srv.ready()) << srv.err();
   auto c = srv.client();
   expect_image_taken(test::post_json(*c, "/v1/chat/completions", vapi_openai(base + "/ok.png")),
