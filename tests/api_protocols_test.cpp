@@ -257,7 +257,7 @@ TEST(ServerApi, AnthropicRefusals) {
   expect_refused(
       with("messages",
            json::array({{{"role", "user"}, {"content", json::array({{{"type", "image"}}})}}})),
-      "messages[0].content[0].type", "not supported");
+      "messages[0].content[0].source", "required");
   expect_refused(
       with("messages",
            json::array(

@@ -589,7 +589,7 @@ TEST_F(Server, ErrorPaths) {
              json::array({{{"role", "user"},
                            {"content", json::array({{{"type", "image_url"},
                                                      {"image_url", {{"url", "http://x"}}}}})}}})}}),
-      400, "text", "messages[0].content[0]");
+      400, "--allow-image-urls", "messages[0].content[0].image_url");
   expect_error(
       chat({{"messages", json::array({{{"role", "user"},
                                        {"content", json::array({{{"type", "input_audio"}}})}}})}}),

@@ -47,7 +47,7 @@ TEST(WebUi, ChatAndEngineViewInChromium) {
   const std::string env = "DELTAFIN_BINARY='" + std::string(DELTAFIN_BINARY) +
                           "' DELTAFIN_MODEL='" + server_model_dir() + "' DELTAFIN_TMP='" + tmp +
                           "' DELTAFIN_SCREENSHOTS='" + docs + "' DELTAFIN_CHROMIUM='" + chromium +
-                          "'";
+                          "' DELTAFIN_TEST_DATA='" + std::string(DELTAFIN_TEST_DATA) + "'";
   std::string out;
   int code = -1;
   ASSERT_TRUE(run_node_test("webui", "puppeteer-core", env, "webui_test.mjs", out, code)) << out;

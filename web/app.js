@@ -2,7 +2,9 @@
 // fetch(), since EventSource cannot send the API key) and the engine view (a fetch()-read SSE
 // stream of engine snapshots). Written without a framework or build step so the server can embed
 // it as is. Model output is untrusted: it only ever reaches the page as text nodes (textContent),
-// never as markup; the Markdown renderer builds elements itself.
+// never as markup; the Markdown renderer builds elements itself. Images (attached, pasted or
+// dropped in the composer) go out as OpenAI image_url parts holding data URLs: the one form every
+// API of the server turns an image into, so the page needs no other.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -10,6 +12,10 @@ const STORE_KEY = "deltafin.conversations";
 const KEY_KEY = "deltafin.apiKey";
 const SETTINGS_KEY = "deltafin.settings";
 const SETTINGS = ["thinking", "effort", "temperature", "max-tokens"];
+// Images the composer accepts: what the server takes (docs/SERVER.md, "Images"); the server checks
+// again and is the one that decides.
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp", "image/gif"];
+const IMAGE_MAX_BYTES = 20 * 1024 * 1024;
 
 // ---------- API access ----------
 
@@ -196,8 +202,22 @@ function load() {
   if (!Array.isArray(conversations)) conversations = [];
 }
 
+// Conversations with images can outgrow the browser's storage (a few MB): then they are stored
+// without their images (kept in this page until it is closed) rather than not at all.
 function save() {
-  localStorage.setItem(STORE_KEY, JSON.stringify(conversations));
+  try {
+    localStorage.setItem(STORE_KEY, JSON.stringify(conversations));
+  } catch (_) {
+    const light = conversations.map((c) => ({
+      ...c,
+      messages: c.messages.map((m) => (m.images ? { ...m, images: [], imagesDropped: m.images.length } : m)),
+    }));
+    try {
+      localStorage.setItem(STORE_KEY, JSON.stringify(light));
+    } catch (_) {
+      // nothing more to drop: the conversations live until the page closes
+    }
+  }
 }
 
 function newConversation() {
@@ -277,6 +297,23 @@ function messageElement(m, index) {
     if (m.streaming && !m.content) d.open = true;
     div.appendChild(d);
   }
+  if ((m.images && m.images.length) || m.imagesDropped) {
+    const box = document.createElement("div");
+    box.className = "images";
+    for (const url of m.images || []) {
+      const img = document.createElement("img");
+      img.src = url; // a data: URL the user attached (never model output)
+      img.alt = "attached image";
+      box.appendChild(img);
+    }
+    if (m.imagesDropped) {
+      const note = document.createElement("span");
+      note.className = "hint";
+      note.textContent = `${m.imagesDropped} image(s) not kept (browser storage full)`;
+      box.appendChild(note);
+    }
+    div.appendChild(box);
+  }
   const body = document.createElement("div");
   body.className = "content";
   body.appendChild(renderMarkdown(m.content || ""));
@@ -324,12 +361,22 @@ function setRunning(r) {
   $("stop").disabled = !r;
 }
 
+// A message's content on the wire: its text, or with images the text part then one image_url
+// part (a data URL) per image.
+function wireContent(m) {
+  if (!m.images || !m.images.length) return m.content || "";
+  const parts = [];
+  if (m.content) parts.push({ type: "text", text: m.content });
+  for (const url of m.images) parts.push({ type: "image_url", image_url: { url } });
+  return parts;
+}
+
 // The request body for the current conversation (the same messages `chat /save` writes).
 function requestBody(c) {
   const messages = [];
   if (c.system) messages.push({ role: "system", content: c.system });
   for (const m of c.messages) {
-    const out = { role: m.role, content: m.content || "" };
+    const out = { role: m.role, content: wireContent(m) };
     if (m.role === "assistant" && m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
     messages.push(out);
   }
@@ -394,13 +441,15 @@ async function generate(c) {
   if (current === c) renderMessages();
 }
 
-function send(text) {
-  if (running || !text.trim()) return;
+function send(text, images = []) {
+  if (running || (!text.trim() && !images.length)) return;
   if (!current) select(newConversation());
   const c = current;
   c.system = $("system-prompt").value;
-  if (c.messages.length === 0) c.title = text.trim().slice(0, 60);
-  c.messages.push({ role: "user", content: text });
+  if (c.messages.length === 0) c.title = text.trim().slice(0, 60) || "Image";
+  const m = { role: "user", content: text };
+  if (images.length) m.images = images;
+  c.messages.push(m);
   save();
   renderList();
   generate(c);
@@ -417,6 +466,8 @@ function regenerate() {
 function editMessage(index) {
   if (running || !current) return;
   $("prompt").value = current.messages[index].content;
+  pending = (current.messages[index].images || []).slice();
+  renderAttachments();
   current.messages.splice(index);
   save();
   renderMessages();
@@ -429,7 +480,7 @@ function exportCurrent() {
   const messages = [];
   if (current.system) messages.push({ role: "system", content: current.system });
   for (const m of current.messages) {
-    const o = { role: m.role, content: m.content || "" };
+    const o = { role: m.role, content: wireContent(m) };
     if (m.reasoning_content) o.reasoning_content = m.reasoning_content;
     messages.push(o);
   }
@@ -440,6 +491,94 @@ function exportCurrent() {
   a.download = (current.title.replace(/[^\w-]+/g, "_").slice(0, 40) || "conversation") + ".json";
   a.click();
   setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+// ---------- Images in the composer: attach, paste, drop ----------
+
+let pending = []; // data URLs to send with the next message
+
+function renderAttachments(error) {
+  const box = $("attachments");
+  box.replaceChildren();
+  pending.forEach((url, i) => {
+    const t = document.createElement("div");
+    t.className = "thumb";
+    const img = document.createElement("img");
+    img.src = url;
+    img.alt = "image to send";
+    const rm = document.createElement("button");
+    rm.type = "button";
+    rm.textContent = "×";
+    rm.title = "Remove";
+    rm.addEventListener("click", () => {
+      pending.splice(i, 1);
+      renderAttachments();
+    });
+    t.append(img, rm);
+    box.appendChild(t);
+  });
+  if (error) {
+    const e = document.createElement("span");
+    e.className = "attach-error";
+    e.textContent = error;
+    box.appendChild(e);
+  }
+}
+
+function readAsDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(r.result);
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(file);
+  });
+}
+
+async function addImageFiles(files) {
+  let error = "";
+  for (const f of files) {
+    if (!IMAGE_TYPES.includes(f.type)) {
+      error = `${f.name || "file"}: not a PNG, JPEG, WebP or GIF image`;
+      continue;
+    }
+    if (f.size > IMAGE_MAX_BYTES) {
+      error = `${f.name || "image"}: over ${IMAGE_MAX_BYTES / 1048576} MB`;
+      continue;
+    }
+    try {
+      pending.push(await readAsDataUrl(f));
+    } catch (e) {
+      error = `${f.name || "image"}: cannot be read (${e})`;
+    }
+  }
+  renderAttachments(error);
+}
+
+function initAttachments() {
+  $("attach").addEventListener("click", () => $("attach-input").click());
+  $("attach-input").addEventListener("change", async () => {
+    await addImageFiles([...$("attach-input").files]);
+    $("attach-input").value = "";
+  });
+  $("prompt").addEventListener("paste", (e) => {
+    const files = [...(e.clipboardData ? e.clipboardData.files : [])].filter((f) => f.type.startsWith("image/"));
+    if (!files.length) return;
+    e.preventDefault();
+    addImageFiles(files);
+  });
+  const composer = $("composer");
+  composer.addEventListener("dragover", (e) => {
+    if (![...e.dataTransfer.types].includes("Files")) return;
+    e.preventDefault();
+    composer.classList.add("dropping");
+  });
+  composer.addEventListener("dragleave", () => composer.classList.remove("dropping"));
+  composer.addEventListener("drop", (e) => {
+    composer.classList.remove("dropping");
+    if (!e.dataTransfer.files.length) return;
+    e.preventDefault();
+    addImageFiles([...e.dataTransfer.files]);
+  });
 }
 
 // ---------- Engine view ----------
@@ -717,10 +856,14 @@ function init() {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("prompt").value;
-    if (running || !text.trim()) return;
+    if (running || (!text.trim() && !pending.length)) return;
     $("prompt").value = "";
-    send(text);
+    const images = pending;
+    pending = [];
+    renderAttachments();
+    send(text, images);
   });
+  initAttachments();
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) {
       e.preventDefault();

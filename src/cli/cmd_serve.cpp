@@ -48,6 +48,8 @@ struct ServeArgs {
   double timeout = 600;
   int64_t max_tokens = 0;
   std::string max_request_bytes = "16M";
+  std::string max_image_bytes = "20M";
+  bool allow_image_urls = false;
   StateCacheSettings state_cache;
   std::string prefill_chunk = "auto";
   bool no_webui = false;
@@ -103,6 +105,24 @@ std::string read_key_file(const std::string& path) {
   return key;
 }
 
+// A byte size flag: a plain number is bytes (parse_size reads it as GiB, so its message would
+// lie), else a number with K, M or G.
+uint64_t byte_size_flag(const std::string& v, const char* flag, const char* example) {
+  const bool digits =
+      !v.empty() && v.size() < 19 && v.find_first_not_of("0123456789") == std::string::npos;
+  uint64_t n = 0;
+  try {
+    n = digits ? std::stoull(v) : parse_size(v, flag);
+  } catch (const InvalidArgument&) {
+    fail_usage(
+        "{} {}: not a size (expected bytes, e.g. 1048576, or a number with K, M or G, powers of "
+        "1024, e.g. {})",
+        flag, v, example);
+  }
+  if (n == 0) fail_usage("{} must be positive", flag);
+  return n;
+}
+
 void run_serve(ServeArgs& a) {
   if (a.api_key && !a.api_key_file.empty())
     fail_usage("give --api-key or --api-key-file, not both");
@@ -111,20 +131,8 @@ void run_serve(ServeArgs& a) {
   if (!a.api_key_file.empty()) a.api_key = read_key_file(a.api_key_file);
   const std::string api_key = a.api_key.value_or("");
   if (!(a.timeout > 0)) fail_usage("--timeout {}: must be positive (seconds)", a.timeout);
-  // A bare number is bytes here (parse_size reads it as GiB), so parse_size's message would lie.
-  const std::string& mrb = a.max_request_bytes;
-  const bool digits =
-      !mrb.empty() && mrb.size() < 19 && mrb.find_first_not_of("0123456789") == std::string::npos;
-  uint64_t max_body = 0;
-  try {
-    max_body = digits ? std::stoull(mrb) : parse_size(mrb, "max request bytes");
-  } catch (const InvalidArgument&) {
-    fail_usage(
-        "--max-request-bytes {}: not a size (expected bytes, e.g. 1048576, or a number with K, M "
-        "or G, powers of 1024, e.g. 16M)",
-        mrb);
-  }
-  if (max_body == 0) fail_usage("--max-request-bytes must be positive");
+  const uint64_t max_body = byte_size_flag(a.max_request_bytes, "--max-request-bytes", "16M");
+  const uint64_t max_image = byte_size_flag(a.max_image_bytes, "--max-image-bytes", "20M");
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "the server");
   if (a.engine.ctx > 0) {
@@ -219,6 +227,8 @@ void run_serve(ServeArgs& a) {
   generation.apply(limits.sampling);
   limits.stop_ids = stop_ids_for(cfg, &tok, generation);
   limits.prefill_chunk = chunk > 0 ? chunk : pass_rows;
+  limits.images.allow_urls = a.allow_image_urls;
+  limits.images.max_bytes = max_image;
 
   server::SchedulerOptions so;
   so.parallel = a.parallel;
@@ -299,6 +309,12 @@ void register_serve(CLI::App& app) {
                   "shared by the sequences) or N per sequence")
       ->capture_default_str()
       ->check(auto_or_positive());
+  cmd->add_option("--max-image-bytes", a->max_image_bytes,
+                  "Largest image, decoded, in a request (e.g. 20M; beyond: 400 naming the part)")
+      ->capture_default_str();
+  cmd->add_flag("--allow-image-urls", a->allow_image_urls,
+                "Fetch http(s) image URLs that clients send (off: only inline data URLs and "
+                "base64 images; the server fetches nothing a client names)");
   cmd->add_flag("--no-webui", a->no_webui,
                 "Do not serve the browser page (chat and engine view) at /");
   add_draft_options(cmd, a->draft);

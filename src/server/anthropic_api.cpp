@@ -35,6 +35,39 @@ json text_parts(const json& content, const std::string& path) {
   return parts;
 }
 
+// An `image` block -> the internal image_url part (image_parts.h); `document` blocks and file
+// sources are refused with what to send instead.
+json image_part(const json& b, const std::string& p, ImageGate& gate) {
+  only_fields(b, {"type", "source", "cache_control"}, p);
+  const std::string sp = p + ".source";
+  const json& src = object_of(need(b, "source", p), sp);
+  const std::string type = string_of(need(src, "type", sp), sp + ".type");
+  if (type == "base64") {
+    only_fields(src, {"type", "media_type", "data"}, sp);
+    const std::string mime = string_of(need(src, "media_type", sp), sp + ".media_type");
+    const std::string data = string_of(need(src, "data", sp), sp + ".data");
+    return ImageGate::part(gate.from_base64(mime, data, sp, sp + ".media_type"));
+  }
+  if (type == "url") {
+    only_fields(src, {"type", "url"}, sp);
+    return ImageGate::part(gate.from_url(string_of(need(src, "url", sp), sp + ".url"), sp));
+  }
+  if (type == "file") {
+    bad_request(sp + ".type",
+                "{}.type: \"file\" sources need the Files API, which this server does not have; "
+                "send the image as a base64 source",
+                sp);
+  }
+  bad_request(sp + ".type", "{}.type: \"{}\" is not supported (base64, or url)", sp, type);
+}
+
+[[noreturn]] void refuse_document(const std::string& bp) {
+  bad_request(bp + ".type",
+              "{}.type: \"document\" blocks (PDF and text documents) are not supported: send "
+              "the text as a text block, or pages as image blocks",
+              bp);
+}
+
 json convert_tools(const json& tools, const json* choice, json& chat) {
   json out = json::array();
   array_of(tools, "tools");
@@ -82,9 +115,45 @@ json convert_tools(const json& tools, const json* choice, json& chat) {
   return out;
 }
 
+// A tool_result's content: its text (joined; "Error: " first when is_error), or, when it holds
+// image blocks (a screenshot a tool took), text and image parts in order.
+json tool_result_content(const json& b, const std::string& bp, ImageGate& gate) {
+  const bool is_error = bool_field(b, "is_error", bp).value_or(false);
+  const json* c = field(b, "content");
+  std::string text = is_error ? "Error: " : "";
+  if (c == nullptr) return text;
+  if (c->is_string()) return text + c->get<std::string>();
+  const std::string cp = bp + ".content";
+  array_of(*c, cp);
+  json parts = json::array();
+  bool images = false;
+  for (size_t k = 0; k < c->size(); ++k) {
+    const std::string p = fmt::format("{}[{}]", cp, k);
+    const json& blk = object_of((*c)[k], p);
+    const std::string type = string_of(need(blk, "type", p), p + ".type");
+    if (type == "image") {
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+      text.clear();
+      parts.push_back(image_part(blk, p, gate));
+      images = true;
+    } else if (type == "document") {
+      refuse_document(p);
+    } else if (type == "text") {
+      only_fields(blk, {"type", "text", "cache_control", "citations"}, p);
+      text += string_of(need(blk, "text", p), p + ".text");
+    } else {
+      bad_request(p + ".type", "{}.type: \"{}\" blocks are not supported here (text, image)", p,
+                  type);
+    }
+  }
+  if (!images) return text;
+  if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
+}
+
 // One Messages message -> Chat Completions messages (a user turn with tool results becomes tool
 // messages, then a user message for its text).
-void convert_message(const json& m, size_t i, const json* previous, json& out) {
+void convert_message(const json& m, size_t i, const json* previous, json& out, ImageGate& gate) {
   const std::string p = fmt::format("messages[{}]", i);
   object_of(m, p);
   only_fields(m, {"role", "content"}, p);
@@ -149,6 +218,10 @@ void convert_message(const json& m, size_t i, const json* previous, json& out) {
     const std::string type = string_of(need(b, "type", bp), bp + ".type");
     if (type == "text") {
       parts.push_back(text_parts(json::array({b}), cp)[0]);
+    } else if (type == "image") {
+      parts.push_back(image_part(b, bp, gate));
+    } else if (type == "document") {
+      refuse_document(bp);
     } else if (type == "tool_result") {
       only_fields(b, {"type", "tool_use_id", "content", "is_error", "cache_control"}, bp);
       const std::string id = string_of(need(b, "tool_use_id", bp), bp + ".tool_use_id");
@@ -164,21 +237,12 @@ void convert_message(const json& m, size_t i, const json* previous, json& out) {
                     bp, id);
       }
       flush();
-      std::string result;
-      if (const json* c = field(b, "content")) {
-        const json t = text_parts(*c, bp + ".content");
-        if (t.is_string()) {
-          result = t.get<std::string>();
-        } else {
-          for (const auto& part : t) result += part["text"].get<std::string>();
-        }
-      }
-      if (bool_field(b, "is_error", bp).value_or(false)) result = "Error: " + result;
-      out.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", result}});
+      out.push_back(
+          {{"role", "tool"}, {"tool_call_id", id}, {"content", tool_result_content(b, bp, gate)}});
     } else {
       bad_request(bp + ".type",
-                  "{}.type: \"{}\" blocks are not supported (text and tool_result only: K3 reads "
-                  "text)",
+                  "{}.type: \"{}\" blocks are not supported in user turns (text, image, "
+                  "tool_result)",
                   bp, type);
     }
   }
@@ -242,7 +306,8 @@ void convert_thinking(const json& body, json& chat, bool& omit_thinking) {
   if (thinking && effort) chat["reasoning_effort"] = *effort;
 }
 
-json convert(const json& body, bool count_only, bool& omit_thinking, bool& single_tool) {
+json convert(const json& body, bool count_only, bool& omit_thinking, bool& single_tool,
+             const ImagePolicy& images) {
   only_fields(body,
               {"model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream",
                "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
@@ -310,9 +375,10 @@ json convert(const json& body, bool count_only, bool& omit_thinking, bool& singl
   if (msgs.empty()) bad_request("messages", "messages: at least one message is required");
   if (msgs.size() > kMaxMessages)
     bad_request("messages", "messages: at most {} messages, got {}", kMaxMessages, msgs.size());
+  ImageGate gate(images);
   for (size_t i = 0; i < msgs.size(); ++i) {
     const json* prev = messages.empty() ? nullptr : &messages.back();
-    convert_message(msgs[i], i, prev, messages);
+    convert_message(msgs[i], i, prev, messages, gate);
   }
   if (messages.back()["role"] == "assistant") {
     bad_request("messages",
@@ -459,15 +525,15 @@ class AnthropicWire final : public PartsWire {
   bool omit_thinking_;
 };
 
-json anthropic_to_chat_impl(const json& body, bool count_only) {
+json anthropic_to_chat_impl(const json& body, bool count_only, const ImagePolicy& images) {
   bool omit = false, single = false;
-  return convert(body, count_only, omit, single);
+  return convert(body, count_only, omit, single, images);
 }
 
 Translation anthropic_messages_impl(const json& body, const ServeLimits& limits,
                                     const Tokenizer& tok) {
   bool omit = false, single = false;
-  const json chat = convert(body, false, omit, single);
+  const json chat = convert(body, false, omit, single, limits.images);
   ServeRequest r = to_engine(chat, limits, tok);
   const auto prompt = static_cast<int64_t>(r.prompt.size());
   auto wire = std::make_unique<AnthropicWire>(limits.model_id, prompt, omit, single);
@@ -476,7 +542,8 @@ Translation anthropic_messages_impl(const json& body, const ServeLimits& limits,
 
 json anthropic_count_tokens_impl(const json& body, const ServeLimits& limits,
                                  const Tokenizer& tok) {
-  const ServeRequest r = to_engine_uncapped(anthropic_to_chat(body, true), limits, tok);
+  const ServeRequest r =
+      to_engine_uncapped(anthropic_to_chat(body, true, limits.images), limits, tok);
   return {{"input_tokens", static_cast<int64_t>(r.prompt.size())}};
 }
 
@@ -484,8 +551,8 @@ json anthropic_count_tokens_impl(const json& body, const ServeLimits& limits,
 
 using json = nlohmann::ordered_json;
 
-json anthropic_to_chat(const json& body, bool count_only) {
-  return translate::anthropic::anthropic_to_chat_impl(body, count_only);
+json anthropic_to_chat(const json& body, bool count_only, const ImagePolicy& images) {
+  return translate::anthropic::anthropic_to_chat_impl(body, count_only, images);
 }
 
 Translation anthropic_messages(const json& body, const ServeLimits& limits, const Tokenizer& tok) {

@@ -21,8 +21,10 @@ namespace deltafin::server {
 Translation anthropic_messages(const nlohmann::ordered_json& body, const ServeLimits& limits,
                                const Tokenizer& tok);
 
-// The Chat Completions body a Messages body translates to (tests compare its rendering).
-nlohmann::ordered_json anthropic_to_chat(const nlohmann::ordered_json& body, bool count_only);
+// The Chat Completions body a Messages body translates to (tests compare its rendering); its
+// images checked under `images` and written as image_url data-URL parts.
+nlohmann::ordered_json anthropic_to_chat(const nlohmann::ordered_json& body, bool count_only,
+                                         const ImagePolicy& images = ImagePolicy{});
 
 // {"input_tokens": N}: the prompt the same body would have (max_tokens not needed).
 nlohmann::ordered_json anthropic_count_tokens(const nlohmann::ordered_json& body,

@@ -145,12 +145,25 @@ void convert_common(const json& body, json& chat, const ServeLimits& limits) {
   }
 }
 
-void no_images(const json& obj, const std::string& path) {
-  if (const json* im = field(obj, "images"); im != nullptr && !(im->is_array() && im->empty()))
-    bad_request(path + ".images", "{}.images: images are not supported (K3 reads text)", path);
+// `images` (base64 strings, no MIME type: the bytes say which) and the text -> the message's
+// content: the text alone when there are none, else the image_url parts then the text (the
+// order Ollama's own prompt templates use).
+json with_images(const json& obj, const json& text, const std::string& path, ImageGate& gate) {
+  const json* im = field(obj, "images");
+  if (im == nullptr || (im->is_array() && im->empty())) return text;
+  const std::string ip = path.empty() ? std::string("images") : path + ".images";
+  array_of(*im, ip);
+  json parts = json::array();
+  for (size_t k = 0; k < im->size(); ++k) {
+    const std::string p = fmt::format("{}[{}]", ip, k);
+    parts.push_back(ImageGate::part(gate.from_base64("", string_of((*im)[k], p), p, p)));
+  }
+  const std::string t = string_of(text, path.empty() ? "prompt" : path + ".content");
+  if (!t.empty()) parts.push_back({{"type", "text"}, {"text", t}});
+  return parts;
 }
 
-json chat_messages(const json& body) {
+json chat_messages(const json& body, ImageGate& gate) {
   const json& msgs = array_of(need(body, "messages", ""), "messages");
   if (msgs.size() > kMaxMessages)
     bad_request("messages", "messages: at most {} messages, got {}", kMaxMessages, msgs.size());
@@ -159,9 +172,15 @@ json chat_messages(const json& body) {
     const std::string p = fmt::format("messages[{}]", i);
     const json& m = object_of(msgs[i], p);
     only_fields(m, {"role", "content", "thinking", "tool_calls", "tool_name", "images", "name"}, p);
-    no_images(m, p);
     const std::string role = string_of(need(m, "role", p), p + ".role");
     json c = {{"role", role}, {"content", field(m, "content") ? m["content"] : json("")}};
+    if (const json* im = field(m, "images"); im != nullptr && !(im->is_array() && im->empty())) {
+      if (role != "user") {
+        bad_request(p + ".images", "{}.images: images are accepted on user messages only (got {})",
+                    p, role);
+      }
+      c["content"] = with_images(m, c["content"], p, gate);
+    }
     if (const json* t = field(m, "thinking"))
       c["reasoning_content"] = string_of(*t, p + ".thinking");
     if (const json* n = field(m, "tool_name")) c["name"] = string_of(*n, p + ".tool_name");
@@ -388,7 +407,8 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
         "");
     check_model(body, limits);
     convert_common(body, c, limits);
-    c["messages"] = chat_messages(body);
+    ImageGate gate(limits.images);
+    c["messages"] = chat_messages(body, gate);
     if (c["messages"].empty())
       bad_request("messages", "messages: at least one message is required");
     if (const json* t = field(body, "tools"); t != nullptr && !t->empty()) c["tools"] = *t;
@@ -398,7 +418,6 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
                  "format", "options", "keep_alive", "think", "images"},
                 "");
     check_model(body, limits);
-    no_images(body, "");
     for (const char* k : {"suffix", "template", "context"}) {
       const json* v = field(body, k);
       if (v != nullptr && !(v->is_string() && v->get<std::string>().empty()) &&
@@ -408,6 +427,10 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
     convert_common(body, c, limits);
     const std::string prompt = string_of(need(body, "prompt", ""), "prompt");
     if (bool_field(body, "raw", "").value_or(false)) {
+      if (const json* im = field(body, "images"); im != nullptr && !(im->is_array() && im->empty()))
+        bad_request("images",
+                    "images: not available with raw: true (no chat template to place "
+                    "them in)");
       // The prompt text as it is: a plain completion.
       json completion = {{"model", c["model"]},
                          {"prompt", prompt},
@@ -429,7 +452,8 @@ Translation ollama_generate_impl(bool chat, const json& body, const ServeLimits&
     json messages = json::array();
     if (const json* s = field(body, "system"))
       messages.push_back({{"role", "system"}, {"content", string_of(*s, "system")}});
-    messages.push_back({{"role", "user"}, {"content", prompt}});
+    ImageGate gate(limits.images);
+    messages.push_back({{"role", "user"}, {"content", with_images(body, json(prompt), "", gate)}});
     c["messages"] = messages;
   }
   ServeRequest r = to_engine(c, limits, tok);

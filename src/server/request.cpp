@@ -360,14 +360,17 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
         "parallel_tool_calls",
         "parallel_tool_calls: false is not supported (K3 may call several tools in one turn)");
   }
+  // Images first: a bad one is a 400 naming its part, and a good one reaches the renderer as a
+  // checked data URL (a fetched URL's bytes included; image_parts.h).
+  json b = body;
+  check_chat_images(b, limits.images);
   try {
-    check_chat_body(body);  // the structure checks `deltafin render` shares
+    check_chat_body(b);  // the structure checks `deltafin render` shares
   } catch (const InvalidArgument& e) {
     bad_request(param_of(e.what()), "{}", e.what());
   }
 
   // The K3 renderer takes low/high/max; OpenAI's minimal and medium map to low and high.
-  json b = body;
   if (const json* e = field(body, "reasoning_effort")) {
     if (!e->is_string())
       bad_request("reasoning_effort", "reasoning_effort: expected a string, got {}", type_name(*e));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "generate/generation.h"
+#include "server/image_parts.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -43,6 +44,7 @@ struct ServeLimits {
   SamplingParams sampling = openai_sampling_defaults();
   int64_t prefill_chunk = 256;
   size_t max_json_depth = 64;
+  ImagePolicy images;  // what an image part may be (image_parts.h)
 };
 
 struct ServeRequest {

@@ -24,15 +24,61 @@ std::string item_text(const json& content, const std::string& path) {
     const std::string p = fmt::format("{}[{}]", path, i);
     const json& part = object_of(content[i], p);
     const std::string type = string_of(need(part, "type", p), p + ".type");
+    if (type == "input_image") {
+      bad_request(p + ".type", "{}.type: input_image parts are accepted in user messages only", p);
+    }
     if (type != "input_text" && type != "output_text" && type != "text" && type != "summary_text" &&
         type != "reasoning_text") {
-      bad_request(p + ".type", "{}.type: \"{}\" parts are not supported (text only: K3 reads text)",
-                  p, type);
+      bad_request(p + ".type", "{}.type: \"{}\" parts are not supported here (text only)", p, type);
     }
     only_fields(part, {"type", "text", "annotations", "logprobs"}, p);
     out += string_of(need(part, "text", p), p + ".text");
   }
   return out;
+}
+
+// A user message's content: its text (a string, or text parts joined), or, when it holds
+// input_image parts, text and image_url parts in order (image_parts.h).
+json user_content(const json& content, const std::string& path, ImageGate& gate) {
+  if (content.is_string()) return content;
+  array_of(content, path);
+  json parts = json::array();
+  std::string text;
+  bool images = false;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string p = fmt::format("{}[{}]", path, i);
+    const json& part = object_of(content[i], p);
+    const std::string type = string_of(need(part, "type", p), p + ".type");
+    if (type == "input_image") {
+      only_fields(part, {"type", "image_url", "file_id", "detail"}, p);
+      if (field(part, "file_id") != nullptr) {
+        bad_request(p + ".file_id",
+                    "{}.file_id: file ids need the Files API, which this server does not have; "
+                    "send the image as image_url (a data URL)",
+                    p);
+      }
+      if (const json* d = field(part, "detail")) {
+        if (!d->is_string() || (*d != "auto" && *d != "low" && *d != "high"))
+          bad_request(p + ".detail", "{}.detail: expected \"auto\", \"low\" or \"high\"", p);
+      }
+      const std::string ip = p + ".image_url";
+      const std::string url = string_of(need(part, "image_url", p), ip);
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+      text.clear();
+      parts.push_back(ImageGate::part(gate.from_url(url, ip)));
+      images = true;
+    } else if (type == "input_file") {
+      bad_request(p + ".type",
+                  "{}.type: input_file parts are not supported (send text as input_text, or "
+                  "pages as input_image)",
+                  p);
+    } else {
+      text += item_text(json::array({part}), path);
+    }
+  }
+  if (!images) return text;
+  if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
 }
 
 // The assistant turn being assembled from consecutive reasoning, message and function_call
@@ -51,7 +97,7 @@ struct Turn {
   }
 };
 
-void convert_input(const json& body, json& messages) {
+void convert_input(const json& body, json& messages, ImageGate& gate) {
   const json& input = need(body, "input", "");
   if (input.is_string()) {
     messages.push_back({{"role", "user"}, {"content", input}});
@@ -70,6 +116,13 @@ void convert_input(const json& body, json& messages) {
     if (type == "message") {
       only_fields(item, {"type", "id", "role", "content", "status", "phase"}, p);
       const std::string role = string_of(need(item, "role", p), p + ".role");
+      if (role == "user") {
+        turn.flush(messages);
+        messages.push_back(
+            {{"role", "user"},
+             {"content", user_content(need(item, "content", p), p + ".content", gate)}});
+        continue;
+      }
       const std::string text = item_text(need(item, "content", p), p + ".content");
       if (role == "assistant") {
         if (!turn.calls.empty()) turn.flush(messages);
@@ -80,8 +133,6 @@ void convert_input(const json& body, json& messages) {
       turn.flush(messages);
       if (role == "developer" || role == "system") {
         messages.push_back({{"role", "system"}, {"content", text}});
-      } else if (role == "user") {
-        messages.push_back({{"role", "user"}, {"content", text}});
       } else {
         bad_request(p + ".role",
                     "{}.role: \"{}\" is not supported (user, assistant, system or developer)", p,
@@ -200,7 +251,7 @@ void convert_text_format(const json& body, json& chat) {
   }
 }
 
-json convert(const json& body, bool& single_tool) {
+json convert(const json& body, bool& single_tool, const ImagePolicy& images) {
   only_fields(body,
               {"model",
                "input",
@@ -286,7 +337,8 @@ json convert(const json& body, bool& single_tool) {
   json messages = json::array();
   if (const json* ins = field(body, "instructions"))
     messages.push_back({{"role", "system"}, {"content", string_of(*ins, "instructions")}});
-  convert_input(body, messages);
+  ImageGate gate(images);
+  convert_input(body, messages, gate);
   if (messages.empty()) bad_request("input", "input: at least one item is required");
   if (messages.back()["role"] == "assistant") {
     bad_request("input",
@@ -492,15 +544,15 @@ class ResponsesWire final : public PartsWire {
   int64_t seq_ = 0;
 };
 
-json responses_to_chat_impl(const json& body) {
+json responses_to_chat_impl(const json& body, const ImagePolicy& images) {
   bool single = false;
-  return convert(body, single);
+  return convert(body, single, images);
 }
 
 Translation responses_create_impl(const json& body, const ServeLimits& limits,
                                   const Tokenizer& tok) {
   bool single = false;
-  const json chat = convert(body, single);
+  const json chat = convert(body, single, limits.images);
   ServeRequest r = to_engine(chat, limits, tok);
   json echo;
   for (const char* k : {"instructions", "max_output_tokens", "temperature", "top_p", "reasoning",
@@ -516,8 +568,8 @@ Translation responses_create_impl(const json& body, const ServeLimits& limits,
 
 using json = nlohmann::ordered_json;
 
-json responses_to_chat(const json& body) {
-  return translate::responses::responses_to_chat_impl(body);
+json responses_to_chat(const json& body, const ImagePolicy& images) {
+  return translate::responses::responses_to_chat_impl(body, images);
 }
 
 Translation responses_create(const json& body, const ServeLimits& limits, const Tokenizer& tok) {

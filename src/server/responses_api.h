@@ -23,7 +23,9 @@ namespace deltafin::server {
 Translation responses_create(const nlohmann::ordered_json& body, const ServeLimits& limits,
                              const Tokenizer& tok);
 
-// The Chat Completions body a Responses body translates to (tests compare its rendering).
-nlohmann::ordered_json responses_to_chat(const nlohmann::ordered_json& body);
+// The Chat Completions body a Responses body translates to (tests compare its rendering); its
+// input_image parts checked under `images` and written as image_url data-URL parts.
+nlohmann::ordered_json responses_to_chat(const nlohmann::ordered_json& body,
+                                         const ImagePolicy& images = ImagePolicy{});
 
 }  // namespace deltafin::server

@@ -91,11 +91,14 @@ json arguments_object(const std::string& text) {
 }
 
 ServeRequest to_engine(const json& chat, const ServeLimits& limits, const Tokenizer& tok) {
-  return parse_chat_request(chat, limits, tok);
+  ServeLimits l = limits;
+  l.images.checked = true;  // the translator's ImageGate checked each image with its own path
+  return parse_chat_request(chat, l, tok);
 }
 
 ServeRequest to_engine_uncapped(const json& chat, const ServeLimits& limits, const Tokenizer& tok) {
   ServeLimits l = limits;
+  l.images.checked = true;
   l.context = std::numeric_limits<int64_t>::max() / 2;
   l.max_tokens = l.context;
   return parse_chat_request(chat, l, tok);

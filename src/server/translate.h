@@ -10,6 +10,7 @@
 #include <string>
 
 #include "server/api_error.h"
+#include "server/image_parts.h"
 #include "server/request.h"
 #include "server/response.h"
 #include "tokenizer/chat_check.h"
@@ -48,6 +49,7 @@ void force_tool(const std::string& name, json& tools, json& chat, const std::str
 json arguments_object(const std::string& text);
 
 // Runs the Chat Completions validation and rendering on `chat`: the ServeRequest the engine runs.
+// Its image parts are the checked data URLs of the translator's ImageGate (not checked again).
 ServeRequest to_engine(const json& chat, const ServeLimits& limits, const Tokenizer& tok);
 
 // The same with no context or max_tokens ceiling: for counting a prompt's tokens.

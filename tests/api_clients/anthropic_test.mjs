@@ -1,9 +1,10 @@
 // The official Anthropic SDK against `deltafin serve` (started by tests/api_clients_test.cpp with
 // DELTAFIN_BASE_URL and DELTAFIN_API_KEY): messages.create, messages.stream (text and thinking,
 // with the raw event order checked), a tool_result round trip that must prompt the model exactly
-// as the equivalent Chat Completions conversation does, countTokens, and the error envelope.
+// as the equivalent Chat Completions conversation does, countTokens, the error envelope, and a
+// truncated image refused naming its block.
 import Anthropic from "@anthropic-ai/sdk";
-import { base, chat, check, failOnClientWarnings, key } from "./common.mjs";
+import { base, chat, check, failOnClientWarnings, key, truncatedPng } from "./common.mjs";
 
 failOnClientWarnings();
 const client = new Anthropic({ baseURL: base, apiKey: key, maxRetries: 0, timeout: 60000 });
@@ -88,6 +89,15 @@ try {
   check(false, "max_tokens is required");
 } catch (e) {
   check(e instanceof Anthropic.BadRequestError && e.error?.error?.type === "invalid_request_error", `BadRequestError (got ${e})`);
+}
+try {
+  await client.messages.create({ ...ask, messages: [{ role: "user", content: [
+    { type: "image", source: { type: "base64", media_type: "image/png", data: truncatedPng } },
+    { type: "text", text: "What is this?" }] }] });
+  check(false, "a truncated image is refused");
+} catch (e) {
+  check(e instanceof Anthropic.BadRequestError && /^messages\[0\]\.content\[0\]\.source: .*truncated/.test(e.error?.error?.message),
+    `a truncated image: 400 naming the block (got ${e})`);
 }
 if (process.env.DELTAFIN_API_KEY) {
   const wrong = new Anthropic({ baseURL: base, apiKey: "wrong", maxRetries: 0 });

@@ -1,7 +1,8 @@
 // The `ollama` JavaScript library against `deltafin serve` (started by tests/api_clients_test.cpp):
-// version, list, ps, show, chat streamed and not, generate, and the refusal of embed.
+// version, list, ps, show, chat streamed and not, generate, and the refusals of embed and of a
+// truncated image.
 import { Ollama } from "ollama";
-import { base, check, failOnClientWarnings, key } from "./common.mjs";
+import { base, check, failOnClientWarnings, key, truncatedPng } from "./common.mjs";
 
 failOnClientWarnings();
 const ollama = new Ollama({ host: base, headers: { Authorization: `Bearer ${key}` } });
@@ -46,5 +47,11 @@ try {
   check(false, "an unknown model is refused");
 } catch (e) {
   check(e.status_code === 404 && /not found/.test(e.error), `unknown model: 404 (got ${e})`);
+}
+try {
+  await ollama.chat({ ...ask, messages: [{ role: "user", content: "What is this?", images: [truncatedPng] }], stream: false });
+  check(false, "a truncated image is refused");
+} catch (e) {
+  check(e.status_code === 400 && /^messages\[0\]\.images\[0\]: .*truncated/.test(e.error), `a truncated image: 400 naming it (got ${e})`);
 }
 console.log("ollama client: all checks passed");

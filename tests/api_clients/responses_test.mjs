@@ -2,9 +2,9 @@
 // tests/api_clients_test.cpp): responses.create and responses.stream (message and reasoning
 // items, sequence numbers and event order as the SDK's ResponseStream accumulates them), input
 // with function_call / function_call_output items rendered exactly as the equivalent Chat
-// Completions conversation, and the error shape.
+// Completions conversation, the error shape, and a truncated input_image refused naming the part.
 import OpenAI from "openai";
-import { base, chat, check, failOnClientWarnings, key } from "./common.mjs";
+import { base, chat, check, failOnClientWarnings, key, truncatedPng } from "./common.mjs";
 
 failOnClientWarnings();
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 60000 });
@@ -83,5 +83,13 @@ try {
   check(false, "an unknown model is refused");
 } catch (e) {
   check(e instanceof OpenAI.APIError && e.status === 404 && e.code === "model_not_found", `404 model_not_found (got ${e})`);
+}
+try {
+  await client.responses.create({ ...ask, input: [{ role: "user", content: [{ type: "input_text", text: "What is this?" },
+    { type: "input_image", image_url: `data:image/png;base64,${truncatedPng}`, detail: "auto" }] }] });
+  check(false, "a truncated image is refused");
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.param === "input[0].content[1].image_url" && /truncated/.test(e.message),
+    `a truncated image: 400 naming the part (got ${e})`);
 }
 console.log("openai responses client: all checks passed");

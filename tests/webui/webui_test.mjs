@@ -9,7 +9,8 @@
 // while a request runs; model output with <script> and <img onerror> renders as text (the
 // answer is injected by intercepting the chat request, so it travels the page's real streaming
 // and rendering path); and at 0.2 tokens/s (the server slowed by DELTAFIN_DEBUG_STEP_DELAY_MS)
-// a stream is stopped midway, then the server restarts and the page reconnects.
+// a stream is stopped midway, then the server restarts and the page reconnects. Images attached,
+// pasted and dropped in the composer show as thumbnails and go out as image_url data-URL parts.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
@@ -20,6 +21,7 @@ const MODEL = process.env.DELTAFIN_MODEL;
 const TMP = process.env.DELTAFIN_TMP;
 const SHOTS = process.env.DELTAFIN_SCREENSHOTS;
 const CHROMIUM = process.env.DELTAFIN_CHROMIUM || "/usr/bin/chromium";
+const DATA = process.env.DELTAFIN_TEST_DATA; // tests/data
 const KEY = "sk-webui-test";
 
 function check(cond, what) {
@@ -243,6 +245,64 @@ try {
   check(injected.tool === 'tool call: get_weather({"city":"<b>Paris</b>"})', `the tool call is shown (${injected.tool})`);
   check(injected.stats.includes("drafts 7/10 accepted (70%)") && injected.stats.includes("2.25 tok/pass"),
     `draft stats shown when present (${injected.stats})`);
+
+  // 5b. Images: attached with the file picker, pasted and dropped into the composer, shown as
+  // thumbnails there and in the transcript, and sent as image_url parts holding data URLs. The
+  // answer is injected (the page is under test here; the server's image path has its own tests).
+  const png = fs.readFileSync(path.join(DATA, "vision", "tiny_20x9.png"));
+  const pngUrl = "data:image/png;base64," + png.toString("base64");
+  await page.click("#new-chat");
+  const picker = await page.$("#attach-input");
+  await picker.uploadFile(path.join(DATA, "vision", "tiny_20x9.png"));
+  await waitFor(page, () => document.querySelectorAll("#attachments .thumb img").length === 1, "the attached thumbnail");
+  await page.evaluate((url) => {
+    // From base64 by hand: the page's policy (connect-src 'self') refuses fetch() of a data: URL.
+    const bin = atob(url.slice(url.indexOf(",") + 1));
+    const blob = new Blob([Uint8Array.from(bin, (ch) => ch.charCodeAt(0))], { type: "image/png" });
+    const file = (name) => new File([blob], name, { type: "image/png" });
+    const pasted = new DataTransfer();
+    pasted.items.add(file("pasted.png"));
+    document.getElementById("prompt").dispatchEvent(new ClipboardEvent("paste", { clipboardData: pasted, bubbles: true, cancelable: true }));
+    const dropped = new DataTransfer();
+    dropped.items.add(file("dropped.png"));
+    dropped.items.add(new File(["<svg/>"], "vector.svg", { type: "image/svg+xml" }));
+    document.getElementById("composer").dispatchEvent(new DragEvent("drop", { dataTransfer: dropped, bubbles: true, cancelable: true }));
+  }, pngUrl);
+  await waitFor(page, () => document.querySelectorAll("#attachments .thumb img").length === 3, "pasted and dropped thumbnails");
+  check((await text(page, "#attachments .attach-error")).includes("vector.svg"), "an SVG is refused in the composer");
+  let sentBody = null;
+  await page.setRequestInterception(true);
+  const imageInterceptor = (req) => {
+    if (req.method() === "POST" && req.url().endsWith("/v1/chat/completions")) {
+      sentBody = JSON.parse(req.postData());
+      req.respond({
+        status: 200,
+        contentType: "text/event-stream",
+        body: "data: " + JSON.stringify({ choices: [{ index: 0, delta: { role: "assistant", content: "A small picture." }, finish_reason: null }] }) +
+          "\n\ndata: [DONE]\n\n",
+      });
+    } else {
+      req.continue();
+    }
+  };
+  page.on("request", imageInterceptor);
+  await page.type("#prompt", "What is in these?");
+  await page.click("#send");
+  await waitFor(page, () => {
+    const c = document.querySelector(".msg.assistant .content");
+    return c && c.textContent.includes("A small picture.") && document.getElementById("stop").disabled;
+  }, "the answer to the images");
+  page.off("request", imageInterceptor);
+  await page.setRequestInterception(false);
+  const sentUser = sentBody.messages.filter((m) => m.role === "user").pop();
+  check(Array.isArray(sentUser.content) && sentUser.content.length === 4 &&
+    sentUser.content[0].type === "text" && sentUser.content[0].text === "What is in these?" &&
+    sentUser.content.slice(1).every((p) => p.type === "image_url" && p.image_url.url === pngUrl),
+  `the images sent as image_url data-URL parts (${JSON.stringify(sentUser).slice(0, 300)})`);
+  check((await page.$$("#attachments .thumb")).length === 0, "the composer is cleared after sending");
+  check((await page.$$(".msg.user .images img")).length === 3, "thumbnails in the transcript");
+  await page.reload({ waitUntil: "load" });
+  await waitFor(page, () => document.querySelectorAll(".msg.user .images img").length === 3, "the images kept over a reload");
 
   // 6. 0.2 tokens/s: restart the server slowed down; the page notices and reconnects.
   await page.goto(base + "/#engine", { waitUntil: "load" });
