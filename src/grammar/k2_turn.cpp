@@ -10,6 +10,7 @@
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/k3_turn.h"
+#include "grammar/turn_common.h"
 
 namespace deltafin::grammar {
 
@@ -67,8 +68,6 @@ class K2TurnBuilder {
                        spec_.tools.dump());
   }
 
-  static ExprPtr free_text() { return star(bytes_of({{0, 255}})); }
-
   ExprPtr arguments(Grammar& g, const json& function, size_t index, bool enforce) {
     static const json kAnyObject = {{"type", "object"}};
     if (!enforce) {
@@ -98,24 +97,7 @@ class K2TurnBuilder {
     return seq({ref(call), repeat(ref(call), 0, kMaxToolCalls - 1), token(section_end_)});
   }
 
-  ExprPtr content(Grammar& g) {
-    switch (spec_.content) {
-      case TurnSpec::Content::free:
-        return free_text();
-      case TurnSpec::Content::json_schema: {
-        SchemaCompiler sc(g, spec_.schema, spec_.field);
-        return sc.value(spec_.schema, "#");
-      }
-      case TurnSpec::Content::json_object: {
-        static const json kObject = {{"type", "object"}};
-        SchemaCompiler sc(g, kObject, spec_.field);
-        return sc.value(kObject, "#");
-      }
-      case TurnSpec::Content::gbnf:
-        return ref(import_rules(g, parse_gbnf(spec_.gbnf, &vocab_->lookup()), "user-"));
-    }
-    return free_text();
-  }
+  ExprPtr content(Grammar& g) { return turn_content(g, spec_, *vocab_, nullptr); }
 
   Grammar grammar() {
     Grammar g;

@@ -8,6 +8,7 @@
 #include "grammar/constraint.h"
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
+#include "grammar/turn_common.h"
 #include "tokenizer/chat.h"
 
 namespace deltafin::grammar {
@@ -79,7 +80,6 @@ class TurnBuilder {
   ExprPtr close_tag(const std::string& name) const {
     return seq({token(close_), lit(name), token(sep_)});
   }
-  static ExprPtr free_text() { return star(bytes_of({{0, 255}})); }
 
   std::string description() const { return turn_description(spec_); }
 
@@ -170,24 +170,7 @@ class TurnBuilder {
     return seq({calls, close_tag("tools")});
   }
 
-  ExprPtr content(Grammar& g) {
-    switch (spec_.content) {
-      case TurnSpec::Content::free:
-        return free_text();
-      case TurnSpec::Content::json_schema: {
-        SchemaCompiler sc(g, spec_.schema, spec_.field, &strings_);
-        return sc.value(spec_.schema, "#");
-      }
-      case TurnSpec::Content::json_object: {
-        static const json kObject = {{"type", "object"}};
-        SchemaCompiler sc(g, kObject, spec_.field, &strings_);
-        return sc.value(kObject, "#");
-      }
-      case TurnSpec::Content::gbnf:
-        return ref(import_rules(g, parse_gbnf(spec_.gbnf, &vocab_->lookup()), "user-"));
-    }
-    return free_text();
-  }
+  ExprPtr content(Grammar& g) { return turn_content(g, spec_, *vocab_, &strings_); }
 
   Grammar grammar() {
     Grammar g;
@@ -225,6 +208,26 @@ class TurnBuilder {
 };
 
 }  // namespace
+
+ExprPtr turn_content(Grammar& g, const TurnSpec& spec, const TokenVocab& vocab,
+                     std::map<std::string, uint32_t>* strings) {
+  switch (spec.content) {
+    case TurnSpec::Content::free:
+      return free_text();
+    case TurnSpec::Content::json_schema: {
+      SchemaCompiler sc(g, spec.schema, spec.field, strings);
+      return sc.value(spec.schema, "#");
+    }
+    case TurnSpec::Content::json_object: {
+      static const json kObject = {{"type", "object"}};
+      SchemaCompiler sc(g, kObject, spec.field, strings);
+      return sc.value(kObject, "#");
+    }
+    case TurnSpec::Content::gbnf:
+      return ref(import_rules(g, parse_gbnf(spec.gbnf, &vocab.lookup()), "user-"));
+  }
+  return free_text();
+}
 
 std::vector<CallableTool> callable_tools(const TurnSpec& spec) {
   if (!spec.tools.is_array() || spec.tools.empty())

@@ -78,19 +78,6 @@ Constraint k3_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer);
 // The K2-family turn alone (k2_turn.cpp; turn_constraint calls it for the K2 formats).
 Constraint k2_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer);
 
-// A tool the turn may call: its name, its place in spec.tools, its function object and whether
-// its arguments are enforced (its `strict`, or the spec's enforce_all_arguments).
-struct CallableTool {
-  std::string name;
-  size_t index = 0;
-  const nlohmann::ordered_json* function = nullptr;
-  bool enforce_arguments = false;
-};
-// The tools of a turn whose calls are enforced: every one of spec.tools, or only spec.named.
-// Throws InvalidArgument naming spec.field when there are no tools, a tool has no name, or the
-// named function is not among them. Each chat format writes the call around them its own way.
-std::vector<CallableTool> callable_tools(const TurnSpec& spec);
-
 // What a spec enforces, in words ("json_schema, tool call required"; "turn structure").
 std::string turn_description(const TurnSpec& spec);
 
