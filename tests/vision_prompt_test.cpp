@@ -421,13 +421,16 @@ TEST(VisionPrompt, ChatKeepsTheImageAcrossTurns) {
 }
 
 TEST(VisionPrompt, SnapshotsAreKeyedByTheImage) {
-  const std::string la = vision_data("la_gray.png"), tiny = vision_data("tiny_20x9.png");
+  // la_gray_inverted.png is la_gray.png with its grey inverted (Pillow, ImageOps.invert on the L
+  // band): the same size and token count, so the two prompts' ids are the same and only the
+  // key's image hash tells them apart.
+  const std::string la = vision_data("la_gray.png"), other = vision_data("la_gray_inverted.png");
   const std::string cache = test::temp_dir("vp-states");
   const std::vector<std::string> args = {
       "chat", "--model",    vision_model(), "--threads",     "1",  "--max-new",
       "6",    "--no-color", "--stats",      "--state-cache", cache};
   // Three one-turn conversations: an image, another image with the same words, the first again.
-  auto r = test::run_deltafin(args, "/image " + la + "\nWhat is it?\n/reset\n/image " + tiny +
+  auto r = test::run_deltafin(args, "/image " + la + "\nWhat is it?\n/reset\n/image " + other +
                                         "\nWhat is it?\n/reset\n/image " + la + "\nWhat is it?\n");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const int64_t first_prompt = stat_prefilled(r.err, 0) + stat_reused(r.err, 0);
@@ -445,7 +448,7 @@ TEST(VisionPrompt, SnapshotsAreKeyedByTheImage) {
   const int64_t segment_begin = rj["images"][0]["segment"][0];
   const int64_t segment_end = rj["images"][0]["segment"][1];
   EXPECT_EQ(static_cast<int64_t>(rj["ids"].size()), first_prompt);
-  // The other image shares at most what comes before the image.
+  // The other image (the very same ids) shares at most what comes before the image.
   EXPECT_LE(stat_reused(r.err, 1), segment_begin);
   // The same image again continues past it (the snapshot after the messages), with the first
   // conversation's answer.
