@@ -5,7 +5,7 @@
 // through the real binary on a `make-model --vision tiny` checkpoint: render/tokenize spans, `run
 // --image` greedy with and without drafting, `chat /image` across turns with the kept state and
 // with a full prefill, snapshots that two conversations differing only in an image do not share,
-// and a text-only model's refusal.
+// a text-only model's refusal, and `serve` taking an OpenAI image_url part.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "engine/vision_encoder.h"
 #include "runtime/images.h"
+#include "server_util.h"
 #include "test_util.h"
 #include "tokenizer/base64.h"
 #include "tokenizer/chat.h"
@@ -460,6 +461,50 @@ TEST(VisionPrompt, SnapshotsAreKeyedByTheImage) {
   ASSERT_EQ(alone.exit_code, 0) << alone.err;
   ASSERT_GE(r.out.size(), alone.out.size());
   EXPECT_EQ(r.out.substr(r.out.size() - alone.out.size()), alone.out);
+}
+
+// The server's chat path: an image_url part is rendered, encoded and answered as `run --chat
+// --image` answers the same turn (greedy); a text-only server still refuses it with a 400.
+TEST(VisionPrompt, ServeAnswersAnImageAsRunDoes) {
+  const std::string la = vision_data("la_gray.png");
+  auto ran = test::run_deltafin({"run", "--model", vision_model(), "--chat", "--prompt",
+                                 "What is it?", "--image", la, "--max-new", "6", "--json",
+                                 "--threads", "1", "--draft", "none"});
+  ASSERT_EQ(ran.exit_code, 0) << ran.err;
+  const json want = json::parse(ran.out);
+  test::ServerProcess srv({"--threads", "1", "--draft", "none", "--state-cache", "none"},
+                          vision_model());
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  auto c = srv.client();
+  const json body = {
+      {"model", "kimi-k3"},
+      {"temperature", 0},
+      {"max_tokens", 6},
+      {"messages",
+       json::array({{{"role", "user"},
+                     {"content", json::array({image_part(la),
+                                              {{"type", "text"}, {"text", "What is it?"}}})}}})}};
+  const test::HttpResult r = test::post_json(*c, "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"].get<size_t>(), want["prompt_ids"].size());
+  EXPECT_EQ(r.j["usage"]["completion_tokens"].get<size_t>(), want["completion_ids"].size());
+  const json& msg = r.j["choices"][0]["message"];
+  const std::string content = msg["content"].is_string() ? msg["content"].get<std::string>() : "";
+  EXPECT_EQ(content, want["text"].get<std::string>()) << r.body;
+  // A remote URL: one 400 naming the part.
+  json remote = body;
+  remote["messages"][0]["content"][0]["image_url"]["url"] = "https://example.test/a.png";
+  const test::HttpResult bad = test::post_json(*c, "/v1/chat/completions", remote);
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("remote image URLs are not fetched"), std::string::npos) << bad.body;
+  srv.stop();
+  // A text-only model: image parts are refused (400), as before.
+  test::ServerProcess text({"--threads", "1", "--state-cache", "none"}, test::server_model_dir());
+  ASSERT_TRUE(text.ready()) << text.err();
+  auto tc = text.client();
+  const test::HttpResult refused = test::post_json(*tc, "/v1/chat/completions", body);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("messages[0].content[0]"), std::string::npos) << refused.body;
 }
 
 }  // namespace

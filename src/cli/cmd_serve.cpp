@@ -27,6 +27,7 @@
 #include "generate/generation_config.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "runtime/images.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "storage/plan.h"
@@ -219,6 +220,7 @@ void run_serve(ServeArgs& a) {
   generation.apply(limits.sampling);
   limits.stop_ids = stop_ids_for(cfg, &tok, generation);
   limits.prefill_chunk = chunk > 0 ? chunk : pass_rows;
+  if (engine.vision) limits.images = image_measurer(engine.vision.get());
 
   server::SchedulerOptions so;
   so.parallel = a.parallel;
@@ -227,6 +229,7 @@ void run_serve(ServeArgs& a) {
   so.new_drafter = engine.drafter_factory();
   so.draft_max = engine.draft_max;
   so.pass_rows = chunk > 0 ? 0 : pass_rows;
+  so.vision = engine.vision.get();
   metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
   metrics.set_static(context, a.parallel, a.queue, so.pass_rows);

@@ -361,7 +361,9 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
         "parallel_tool_calls: false is not supported (K3 may call several tools in one turn)");
   }
   try {
-    check_chat_body(body);  // the structure checks `deltafin render` shares
+    // The structure checks `deltafin render` shares; image parts pass where the model has a
+    // tower (the renderer checks them).
+    check_chat_body(body, ChatFormat::k3, static_cast<bool>(limits.images));
   } catch (const InvalidArgument& e) {
     bad_request(param_of(e.what()), "{}", e.what());
   }
@@ -399,8 +401,9 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   b.erase("add_generation_prompt");  // not a field clients may set here (refused above anyway)
   try {
     r.chat = ChatRequest::from_json(b);
-    RenderedPrompt rendered = render(*r.chat, tok);
+    RenderedPrompt rendered = render(*r.chat, tok, limits.images);
     r.prompt = std::move(rendered.ids);
+    r.images = std::move(rendered.images);
     r.system_end = rendered.system_end;
     r.messages_end = rendered.messages_end;
     r.last_message = rendered.last_message;
