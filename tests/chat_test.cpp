@@ -550,8 +550,7 @@ TEST(ChatRender, RejectsWhatTheReferenceRejects) {
   EXPECT_EQ(reject({{"messages", {hi, 5}}}),
             "messages[1]: expected a message object, got a number");
   EXPECT_EQ(reject({{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}),
-            "messages[0].content[0]: image parts are not supported (this engine runs the K3 text "
-            "model only)");
+            "messages[0].content[0]: an image part needs image_url.url (a data URL)");
   EXPECT_EQ(
       reject({{"messages", {{{"role", "user"}, {"content", 7}}}}}),
       "messages[0].content: expected a string, an array of content parts or null, got a number");

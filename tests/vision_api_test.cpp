@@ -36,7 +36,7 @@ using test::HttpResult;
 using test::ServerProcess;
 
 // Flip when the chat renderer accepts image parts: the good-image tests then expect answers.
-constexpr bool kRendererTakesImages = false;
+constexpr bool kRendererTakesImages = true;
 
 // The tiny synthetic model with a tiny vision tower of the released structure (made once): what
 // the good-image tests serve, so they answer images once the renderer places them.

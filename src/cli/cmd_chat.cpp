@@ -35,8 +35,8 @@ struct ChatArgs {
 };
 
 const char* kHelp =
-    "commands: /reset  /retry  /stats  /system TEXT  /save FILE  /load FILE  /effort low|high|max  "
-    "/think on|off  /help  /quit";
+    "commands: /reset  /retry  /stats  /system TEXT  /image FILE  /save FILE  /load FILE  "
+    "/effort low|high|max  /think on|off  /help  /quit";
 
 // SIGINT while waiting at the prompt: without SA_RESTART the read returns (EINTR) and the
 // session ends cleanly instead of the process being killed.
@@ -93,6 +93,8 @@ void run_chat(ChatArgs& a) {
   note_demo_drafter(a.engine.model, engine.draft);
   a.gen.prefill_rows = model->pass_plan().pass_rows;
   ChatSession session(*model, tok);
+  session.set_image_measurer(image_measurer(engine.vision.get()));
+  std::vector<ChatImage> attached;  // /image: for the next user message
   // One drafter and one draft-length state for the session: the acceptance it learned and the
   // pass costs it measured carry over from turn to turn.
   std::unique_ptr<Drafter> drafter;
@@ -118,7 +120,10 @@ void run_chat(ChatArgs& a) {
                  {std::vector<int32_t>(history.begin(), history.end()),
                   PromptMarks{turn.system_end, turn.messages_end},
                   params,
-                  {}},
+                  {},
+                  0,
+                  turn.images,
+                  engine.vision.get()},
                  SequenceDrafter(draft), &session.state(), /*record_stats=*/true);
     Printer printer(a.gen, true, false);
     interrupted().store(false);
@@ -157,7 +162,22 @@ void run_chat(ChatArgs& a) {
             run_turn(session.begin_retry());
           } else if (cmd == "/reset") {
             session.reset();
+            attached.clear();
             fmt::print(stderr, "conversation cleared\n");
+          } else if (cmd == "/image") {
+            if (arg.empty()) fail_arg("/image needs a file name");
+            if (!engine.vision)
+              fail_arg("/image {}: this model has no vision tower, so it cannot take images", arg);
+            ChatImage img = read_image_part(arg);
+            // Checked now (headers only), so a bad file is refused before the message is typed.
+            vision::ImageInfo info;
+            const auto plan = engine.vision->plan(
+                std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(img.bytes->data()),
+                                         img.bytes->size()),
+                arg, &info);
+            attached.push_back(std::move(img));
+            fmt::print(stderr, "image {} ({}x{}, {} tokens) attached to the next message\n", arg,
+                       info.width, info.height, plan.num_tokens);
           } else if (cmd == "/system") {
             session.set_system(arg);
             fmt::print(stderr, "system prompt {}\n", arg.empty() ? "cleared" : "set");
@@ -197,7 +217,9 @@ void run_chat(ChatArgs& a) {
         }
         continue;
       }
-      run_turn(session.begin_user_turn(line));
+      const ChatTurn turn = session.begin_user_turn(line, attached);
+      attached.clear();
+      run_turn(turn);
     } catch (const InvalidArgument& e) {
       const bool full = std::string(e.what()).find("context") != std::string::npos;
       fmt::print(

@@ -6,7 +6,8 @@
 // feeds the model. The text is printed as is (no newline added, so it can be compared with a
 // golden string directly); --json adds the ids, which are what the model actually sees (only the
 // renderer's structure is special tokens). A request the reference rejects exits 1 with the
-// reason on stderr.
+// reason on stderr. Image parts (data URLs) need a model folder with a vision tower: its plan
+// gives each image's token count from the headers.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -20,6 +21,8 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "engine/vision_encoder.h"
+#include "runtime/images.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/chat_check.h"
 #include "tokenizer/chat_format.h"
@@ -62,15 +65,23 @@ void run_render(const RenderOptions& o) {
   } catch (const nlohmann::json::exception& e) {
     fail_arg("--request {}: invalid JSON: {}", o.request, json_error_text(e));
   }
-  Tokenizer tok = Tokenizer::load(resolve_model_dir(o.model));
+  const std::string dir = resolve_model_dir(o.model);
+  Tokenizer tok = Tokenizer::load(dir);
   if (format) tok = tok.with_chat_format(*format);
-  // The server's checks: what it refuses, render refuses too.
-  check_chat_body(body, tok.chat_format());
+  // The server's checks: what it refuses, render refuses too (image parts go to the renderer,
+  // which measures them with the model's tower or refuses them when it has none).
+  check_chat_body(body, tok.chat_format(), /*images=*/true);
   const ChatRequest request = ChatRequest::from_json(body);
-  const RenderedPrompt prompt = render(request, tok);
+  // Image parts are measured by the model's tower (headers only), opened only when needed.
+  std::unique_ptr<VisionEncoder> vision;
+  for (const ChatMessage& m : request.messages) {
+    if (!m.images.empty() && !vision) vision = VisionEncoder::open(dir);
+  }
+  const RenderedPrompt prompt = render(request, tok, image_measurer(vision.get()));
   std::string out;
   if (o.json) {
     nlohmann::ordered_json j = {{"text", prompt.text}, {"ids", prompt.ids}};
+    if (!prompt.images.empty()) j["images"] = images_json(prompt.images);
     out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   } else {
     out = prompt.text;
@@ -104,7 +115,9 @@ void register_render(CLI::App& app) {
                       chat_format_names());
   sub->add_flag("--json", opts->json,
                 "Print one JSON object {\"text\": ..., \"ids\": [...]} and a newline instead of "
-                "the bare prompt text");
+                "the bare prompt text; with image parts also \"images\": each image's size, "
+                "SHA-256 and token spans (\"segment\" from <|media_begin|> to after "
+                "<|media_end|>, \"pads\" its <|media_pad|> run)");
   sub->callback([opts] { run_render(*opts); });
 }
 

@@ -27,6 +27,7 @@
 #include "generate/generation_config.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "runtime/images.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "storage/plan.h"
@@ -229,6 +230,7 @@ void run_serve(ServeArgs& a) {
   limits.prefill_chunk = chunk > 0 ? chunk : pass_rows;
   limits.images.allow_urls = a.allow_image_urls;
   limits.images.max_bytes = max_image;
+  if (engine.vision) limits.measure_image = image_measurer(engine.vision.get());
 
   server::SchedulerOptions so;
   so.parallel = a.parallel;
@@ -237,6 +239,7 @@ void run_serve(ServeArgs& a) {
   so.new_drafter = engine.drafter_factory();
   so.draft_max = engine.draft_max;
   so.pass_rows = chunk > 0 ? 0 : pass_rows;
+  so.vision = engine.vision.get();
   metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
   metrics.set_static(context, a.parallel, a.queue, so.pass_rows);

@@ -4,7 +4,8 @@
 // Meant for scripts and for checking ids against a reference, so the output is exact and
 // machine-readable: one compact JSON array and a newline when encoding; exactly the decoded
 // bytes (no newline, no replacement of invalid UTF-8) when decoding. `--file` content is used
-// byte for byte, so texts with trailing newlines, NULs or invalid UTF-8 survive unchanged.
+// byte for byte, so texts with trailing newlines, NULs or invalid UTF-8 survive unchanged. With
+// --image the images' segments (docs/VISION.md §6) are laid into the text and their spans shown.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,9 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/json_parse.h"
+#include "engine/vision_encoder.h"
+#include "runtime/images.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin::cli {
@@ -30,6 +34,7 @@ struct TokenizeOptions {
   std::string file;
   bool special = false;
   bool decode = false;
+  std::vector<std::string> images;
 };
 
 std::string read_input_file(const std::string& path) {
@@ -81,6 +86,20 @@ void run_tokenize(const TokenizeOptions& o, bool have_text, bool have_file) {
     write_stdout(tok.decode(ids));
     return;
   }
+  if (!o.images.empty()) {
+    // The text's ordinary tokens with each image's segment at its placeholder (or before it),
+    // printed with the images' token spans.
+    if (o.special) fail_usage("--image takes ordinary text; it cannot be used with --special");
+    std::vector<ChatImage> images;
+    for (const auto& path : o.images) images.push_back(read_image_part(path));
+    ChatMessage m{ChatMessage::Role::user, "", ""};
+    place_images(input, std::move(images), m);
+    const auto vision = VisionEncoder::open(resolve_model_dir(o.model));
+    const RenderedPrompt p = encode_with_images(tok, m, image_measurer(vision.get()));
+    nlohmann::ordered_json j = {{"ids", p.ids}, {"images", images_json(p.images)}};
+    write_stdout(j.dump() + "\n");
+    return;
+  }
   const auto ids = o.special ? tok.encode_with_special(input) : tok.encode_ordinary(input);
   std::string out = "[";
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -115,7 +134,14 @@ void register_tokenize(CLI::App& app) {
                                "with --decode); may be empty");
   auto* file = sub->add_option("--file", opts->file,
                                "Read the input from this file, byte for byte ('-' reads stdin)");
+  auto* image = sub->add_option(
+      "--image", opts->images,
+      "An image (repeatable; the model folder needs a vision tower): its segment "
+      "<|media_begin|>image WxH<|media_content|> N×<|media_pad|> <|media_end|> goes at the "
+      "text's <|kimi_image_placeholder|>s in order, or before the text; prints one JSON object "
+      "{\"ids\": [...], \"images\": [...]} with each image's token spans");
   text->excludes(file);
+  image->excludes("--decode");
   sub->callback([opts, text, file] { run_tokenize(*opts, text->count() > 0, file->count() > 0); });
 }
 

@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "vision/image.h"
 
 namespace deltafin::cli {
 
@@ -299,6 +300,40 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& w
   if (bracket) fail_arg("{}: missing ']'", what);
   if (ids.empty()) fail_arg("{}: no token ids given", what);
   return ids;
+}
+
+namespace {
+std::string format_name_lower(const char* name) {
+  std::string out(name);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+}  // namespace
+
+ChatImage read_image_part(const std::string& path) {
+  std::vector<uint8_t> bytes = vision::read_image_file(path);
+  const vision::ImageFormat f = vision::sniff_format(bytes, path);
+  std::string type = format_name_lower(vision::format_name(f));
+  ChatImage img;
+  img.media_type = "image/" + type;
+  img.name = path;
+  img.bytes = std::make_shared<const std::string>(bytes.begin(), bytes.end());
+  return img;
+}
+
+nlohmann::ordered_json images_json(std::span<const PromptImage> images) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const PromptImage& img : images) {
+    out.push_back(
+        {{"name", img.name},
+         {"width", img.width},
+         {"height", img.height},
+         {"sha256", image_hash_hex(img.hash)},
+         {"segment", nlohmann::ordered_json::array({img.segment_begin, img.segment_end})},
+         {"pads", nlohmann::ordered_json::array({img.pad_begin, img.pad_begin + img.tokens})},
+         {"tokens", img.tokens}});
+  }
+  return out;
 }
 
 }  // namespace deltafin::cli

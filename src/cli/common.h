@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "generate/driver.h"
 #include "runtime/load.h"
+#include "tokenizer/chat.h"
 
 namespace deltafin::cli {
 
@@ -88,5 +89,11 @@ void require_tokenizer(const std::string& dir, const char* who);
 
 // "3,1,4" or "[3, 1, 4]" -> ids. Throws InvalidArgument naming `what`.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);
+
+// `--image FILE` / `/image FILE`: the file's bytes as an image part named by its path (a regular
+// file within the image limits; its type from its first bytes). Throws InvalidArgument.
+ChatImage read_image_part(const std::string& path);
+// A rendered prompt's images for --json and render/tokenize: name, size, SHA-256, token spans.
+nlohmann::ordered_json images_json(std::span<const PromptImage> images);
 
 }  // namespace deltafin::cli

@@ -21,13 +21,21 @@ ChatRequest ChatSession::request(bool generation_prompt) const {
   return r;
 }
 
-ChatTurn ChatSession::begin_user_turn(const std::string& text) {
+ChatTurn ChatSession::begin_user_turn(const std::string& text, std::vector<ChatImage> images) {
   ChatTurn t;
   t.start = thinking_ ? Channel::think : Channel::response;
   std::vector<int32_t> before;
-  if (history_valid_) before = render(request(false), tok_).ids;
-  messages_.push_back({ChatMessage::Role::user, "", text});
-  const RenderedPrompt rendered = render(request(true), tok_);
+  if (history_valid_) before = render(request(false), tok_, measure_).ids;
+  ChatMessage user{ChatMessage::Role::user, "", ""};
+  place_images(text, std::move(images), user);
+  messages_.push_back(std::move(user));
+  RenderedPrompt rendered;
+  try {
+    rendered = render(request(true), tok_, measure_);
+  } catch (...) {
+    messages_.pop_back();  // a refused image leaves the conversation as it was
+    throw;
+  }
   const std::vector<int32_t>& full = rendered.ids;
   if (history_valid_ && before.size() <= full.size() &&
       std::equal(before.begin(), before.end(), full.begin())) {
@@ -37,13 +45,24 @@ ChatTurn ChatSession::begin_user_turn(const std::string& text) {
     t.input.insert(t.input.end(), tail.begin(), tail.end());
     t.reused = state_.position();
     t.full_prefill = t.reused == 0;  // a loaded conversation: its saved ids, then the turn
+    // The new turn's images, moved to their places in history_ (the earlier ones are kept).
+    const auto shift = static_cast<int64_t>(history_.size()) - static_cast<int64_t>(before.size());
+    for (PromptImage img : rendered.images) {
+      if (img.segment_begin < static_cast<int64_t>(before.size())) continue;
+      img.segment_begin += shift;
+      img.pad_begin += shift;
+      img.segment_end += shift;
+      images_.push_back(std::move(img));
+    }
     history_.insert(history_.end(), tail.begin(), tail.end());
   } else {
     state_.reset();
     history_ = full;
+    images_ = rendered.images;
     t.input = full;
     t.full_prefill = true;
   }
+  t.images = images_;
   to_feed_.clear();
   history_valid_ = false;  // until the generation's result is recorded
   // The marks of the rendering, where they fall in this turn's new ids.
@@ -69,6 +88,7 @@ ChatTurn ChatSession::begin_retry() {
   history_valid_ = false;
   state_.reset();
   ChatTurn t = last_turn_;
+  t.images = images_;
   t.input = history_;
   t.reused = 0;
   t.full_prefill = true;
@@ -119,6 +139,7 @@ void ChatSession::end_turn(const Generation& g) {
 void ChatSession::reset() {
   messages_.clear();
   history_.clear();
+  images_.clear();
   history_valid_ = false;
   to_feed_.clear();
   state_.reset();
@@ -149,7 +170,7 @@ nlohmann::ordered_json ChatSession::to_json() const {
     j["role"] = m.role == ChatMessage::Role::user        ? "user"
                 : m.role == ChatMessage::Role::assistant ? "assistant"
                                                          : "system";
-    j["content"] = m.content;
+    j["content"] = content_json(m);
     if (m.reasoning) j["reasoning_content"] = *m.reasoning;
     msgs.push_back(j);
   }
@@ -157,7 +178,9 @@ nlohmann::ordered_json ChatSession::to_json() const {
       {"messages", msgs}, {"thinking", thinking_}, {"reasoning_effort", effort_}};
   // The ids the model saw: generated special tokens are ids, which a re-rendering of the text
   // would encode as ordinary text; saving them makes /save + /load exact.
-  if (history_valid_) j["token_ids"] = history_;
+  // (Not with images: their places in the ids are not saved, so a loaded conversation with
+  // images is rendered again.)
+  if (history_valid_ && images_.empty()) j["token_ids"] = history_;
   return j;
 }
 

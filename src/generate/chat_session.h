@@ -6,7 +6,8 @@
 // blocks are used here). A generation that stopped before closing its turn is closed with the
 // same structure the renderer writes for the recorded message. Anything that changes earlier
 // text (system prompt, effort, thinking switch, loading a conversation) falls back to a full
-// prefill, and the turn says so.
+// prefill, and the turn says so. Images stay in the conversation: each turn reports all of them
+// at their places in the history, and only those in the new ids are encoded.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,9 @@ struct ChatTurn {
   // messages and after the last message, before the generation prompt — where the prefix store
   // snapshots (prefix/reuse.h).
   int64_t system_end = 0, messages_end = 0;
+  // Every image of the conversation, its spans at their places in history() (the sequence
+  // encodes those past what the state holds; the prefix store keys them by their hashes).
+  std::vector<PromptImage> images;
   // A restore from the prefix store replaced the state: the first `n` ids of the input are in it.
   void skip(int64_t n) {
     input.erase(input.begin(), input.begin() + n);
@@ -42,7 +46,10 @@ class ChatSession {
  public:
   ChatSession(Model& model, const Tokenizer& tokenizer);
 
-  ChatTurn begin_user_turn(const std::string& text);
+  // `images` go in the user message before the text, or at its <|kimi_image_placeholder|>s; the
+  // session's measurer (set_image_measurer) measures them, none: an image is refused.
+  ChatTurn begin_user_turn(const std::string& text, std::vector<ChatImage> images = {});
+  void set_image_measurer(ImageMeasurer measure) { measure_ = std::move(measure); }
   // Regenerates the last answer: it is dropped and the turn that asked for it starts again from
   // an empty state (the prefix store then restores what it kept of it). Throws InvalidArgument
   // when there is no answer to regenerate.
@@ -90,6 +97,8 @@ class ChatSession {
   // The tail of history_ the state has not consumed yet: the last sampled token and any
   // closing structure; fed at the start of the next turn.
   std::vector<int32_t> to_feed_;
+  ImageMeasurer measure_;
+  std::vector<PromptImage> images_;  // the images of history_, at their places in it
   // The last user turn: history_'s length at its end (generation prompt included) and its marks.
   int64_t turn_end_ = 0;
   ChatTurn last_turn_;

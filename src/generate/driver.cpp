@@ -170,6 +170,10 @@ void RunStats::to_json(nlohmann::json& j) const {
   j["prefetch_wasted_bytes"] = experts.prefetch_wasted_bytes;
   j["peak_rss_bytes"] = peak_rss_bytes;
   if (!experts.sources.empty()) j["homes"] = sources_json(experts.sources);
+  j["images"] = images;
+  j["image_tokens"] = image_tokens;
+  j["images_encoded"] = images_encoded;
+  j["vision_s"] = vision_s;
 }
 
 std::string RunStats::summary() const {
@@ -212,6 +216,11 @@ std::string RunStats::summary() const {
       elapsed_s, wait, std::max(0.0, elapsed_s - wait), 100.0 * prefetch_recall,
       experts.prefetch_issued, experts.prefetch_used, experts.prefetch_wasted_bytes / 1e9);
   for (const auto& d : experts.sources) s += "[stats] " + describe_source(d) + "\n";
+  if (images > 0) {
+    s += fmt::format("[stats] vision {} image{} ({} image tokens): {} encoded in {:.3f} s{}\n",
+                     images, images == 1 ? "" : "s", image_tokens, images_encoded, vision_s,
+                     images_encoded < images ? ", the rest were in the kept state" : "");
+  }
   s += fmt::format("[stats] peak RSS {:.1f} MiB", peak_rss_bytes / 1048576.0);
   return s;
 }

@@ -66,6 +66,11 @@ struct RunStats {
   uint64_t peak_rss_bytes = 0;
   std::string stop_reason;
   uint64_t seed = 0;
+  // Images (docs/VISION.md): those in the prompt, the <|media_pad|> tokens they take, and those
+  // the vision tower encoded in this run (an image in a kept prefix is not encoded again) with
+  // the time that took (decoding, preprocessing, tower and projector).
+  int64_t images = 0, image_tokens = 0, images_encoded = 0;
+  double vision_s = 0;
 
   double gb_per_token() const;
   // Adds the fields above to `j` (the run --json schema).

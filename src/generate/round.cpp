@@ -47,7 +47,27 @@ struct RoundPlanned {
   std::vector<int32_t> rows;      // [input, drafts] of a verify pass
   PendingCommit pending;
   bool decoding = false;
+  std::vector<int64_t> embed_rows;  // this pass's rows whose embedding is given (s.embed)
 };
+
+// The given rows (images) among the pass's rows of `s`: rows [0, n) are positions
+// [state position, + n).
+void round_embed(const RoundSequence& s, RoundPlanned& p, size_t n, SequenceInput& in) {
+  if (s.embed == nullptr || s.embed->empty()) return;
+  const auto& pos = s.embed->positions;
+  const int64_t begin = s.state->position();
+  const int64_t end = begin + static_cast<int64_t>(n);
+  const auto lo = std::lower_bound(pos.begin(), pos.end(), begin);
+  const auto hi = std::lower_bound(lo, pos.end(), end);
+  if (lo == hi) return;
+  p.embed_rows.clear();
+  for (auto it = lo; it != hi; ++it) p.embed_rows.push_back(*it - begin);
+  const size_t first = static_cast<size_t>(lo - pos.begin());
+  const size_t w = static_cast<size_t>(s.embed->width);
+  in.embed_rows = p.embed_rows;
+  in.embed_values =
+      std::span<const float>(s.embed->values).subspan(first * w, p.embed_rows.size() * w);
+}
 
 // The history a drafter proposes from: every id the sequence consumed, then the anchor.
 std::vector<int32_t> round_history(const RoundSequence& s) {
@@ -241,6 +261,7 @@ RoundReport run_round(Model& model, std::span<RoundSequence> seqs, int64_t pass_
       inputs.push_back({s.state, p.rows, true, &p.pending});
       rows += static_cast<int64_t>(p.rows.size());
     }
+    round_embed(s, p, inputs.back().tokens.size(), inputs.back());
     s.in_pass = true;
     in_pass.push_back(i);
   }

@@ -76,6 +76,18 @@ struct DraftConfig {
   }
 };
 
+// Rows that replace the embedding of some of a sequence's positions (K3's image input: each
+// image's projector rows at its <|media_pad|> positions, docs/VISION.md §6): absolute positions
+// of the state, strictly increasing, and `width` floats per position in the same order. A pass
+// gets the rows of the positions it covers (SequenceInput::embed_rows), so a prompt cut into
+// passes anywhere computes what one pass does.
+struct PositionRows {
+  std::vector<int64_t> positions;
+  std::vector<float> values;
+  int64_t width = 0;
+  bool empty() const { return positions.empty(); }
+};
+
 struct RoundSequence {
   State* state = nullptr;
   Generation* gen = nullptr;
@@ -88,6 +100,8 @@ struct RoundSequence {
   // Prompt positions at which a prefill pass must end (absolute positions of the state, sorted):
   // the caller takes a snapshot there. Empty: passes are cut only by rows.
   std::span<const int64_t> cut_at;
+  // Positions whose input rows are given (images); null or empty: every row embeds its token.
+  const PositionRows* embed = nullptr;
 
   // Filled by the round:
   bool in_pass = false;      // its rows were in this round's pass

@@ -103,6 +103,13 @@ LoadedEngine load_engine(LoadRequest r) {
     out.store = std::make_unique<PrefixStore>(out.model->config(), std::move(so));
     if (e.verbose) fmt::print(stderr, "{}\n", out.store->describe());
   }
+  if (out.model->inventory().vision) {
+    out.vision = VisionEncoder::open(e.model, &out.model->pool());
+    if (out.vision->config().text_hidden != out.model->config().hidden) {
+      fail("{}: the vision tower's rows are {} wide, the text model's {}", e.model,
+           out.vision->config().text_hidden, out.model->config().hidden);
+    }
+  }
   return out;
 }
 

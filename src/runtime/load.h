@@ -19,6 +19,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "engine/vision_encoder.h"
 #include "generate/round.h"
 #include "prefix/prefix_store.h"
 #include "tokenizer/tokenizer.h"
@@ -64,6 +65,10 @@ struct LoadedEngine {
   std::shared_ptr<const DraftModel> draft_model;  // when `draft` is a draft model folder
   int64_t pass_rows = 0;  // rows of one pass: the plan's, at least every decoder's verify rows
   std::unique_ptr<PrefixStore> store;  // prefix snapshots (null: no reuse)
+  // The vision tower and projector, opened with the model when its checkpoint holds them (null:
+  // a text-only model, which refuses images). Sequences encode their images with it
+  // (SequenceSpec::vision) and the renderer measures them with image_measurer(vision.get()).
+  std::unique_ptr<VisionEncoder> vision;
 
   // A new drafter for one sequence (nullptr for none).
   std::unique_ptr<Drafter> new_drafter();

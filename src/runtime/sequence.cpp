@@ -25,11 +25,17 @@ Sequence::Sequence(Model& model, const Tokenizer* tok, PrefixStore* store, Seque
                    SequenceDrafter drafter, State* kept_state, bool record_stats)
     : model_(model),
       spec_(std::move(spec)),
+      key_(state_key_ids(spec_.ids, spec_.images)),
       drafting_(std::move(drafter)),
       draft_(drafting_.kept_ != nullptr ? drafting_.kept_ : &drafting_.own_config_),
       state_(state_for(model, own_state_, kept_state)),
-      reuse_(store, spec_.ids, spec_.marks, *state_, draft_->drafter),
+      reuse_(store, key_, spec_.marks, *state_, draft_->drafter),
       cached_(state_->position()) {
+  // Images after the reused prefix are encoded now (the rows stay until the prompt is in).
+  if (!spec_.images.empty()) {
+    image_rows_ = encode_prompt_images(spec_.vision, spec_.ids, spec_.images, cached_,
+                                       model.config().hidden, &image_stats_);
+  }
   const auto before = std::span<const int32_t>(spec_.ids).first(static_cast<size_t>(cached_));
   gen_ = std::make_unique<Generation>(std::vector<int32_t>(input().begin(), input().end()),
                                       spec_.params, tok, model.config().vocab, before);
@@ -53,13 +59,14 @@ RoundSequence Sequence::round_entry(
     };
   }
   r.cut_at = reuse_.cuts();
+  if (!image_rows_.empty()) r.embed = &image_rows_;
   return r;
 }
 
 void Sequence::after_pass() {
   // A prefill pass that reached a cut, or that ended where the pass plan cut the prompt after a
   // long stretch, is kept (prefix/reuse.h); a decode pass is past the prompt and keeps nothing.
-  reuse_.after_pass(spec_.ids, *state_, draft_->drafter, gen_->in_prefill());
+  reuse_.after_pass(key_, *state_, draft_->drafter, gen_->in_prefill());
 }
 
 void Sequence::step() {
@@ -93,10 +100,10 @@ void Sequence::finish(std::optional<std::span<const int32_t>> consumed) {
   timings_.finished = now_seconds();
   if (gen_->stop_reason() == StopReason::kCancelled) return;
   if (consumed) {
-    reuse_.at_end(*consumed, *state_, draft_->drafter);
+    reuse_.at_end(state_key_ids(*consumed, spec_.images), *state_, draft_->drafter);
     return;
   }
-  std::vector<int32_t> ids = spec_.ids;
+  std::vector<int32_t> ids = key_;
   const auto completion = gen_->completion_ids();
   ids.insert(ids.end(), completion.begin(), completion.end());
   if (gen_->unconsumed_token()) ids.pop_back();
@@ -135,6 +142,10 @@ RunStats Sequence::run_stats() const {
     s.reuse_load_s = restored().seconds;
   }
   s.draft = draft_->stats;
+  s.images = image_stats_.images;
+  s.image_tokens = image_stats_.tokens;
+  s.images_encoded = image_stats_.encoded;
+  s.vision_s = image_stats_.seconds;
   return s;
 }
 

@@ -23,6 +23,8 @@
 #include "generate/round.h"
 #include "model/model.h"
 #include "prefix/reuse.h"
+#include "runtime/images.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deltafin {
@@ -65,6 +67,12 @@ struct SequenceSpec {
   GenerationParams params;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to each logit row before sampling
   double arrived = 0;                                 // when it was asked (0: when it starts)
+  // The prompt's images (RenderedPrompt::images, positions in `ids`) and the encoder that turns
+  // them into the rows of their <|media_pad|> positions (the loaded engine's; null: the model
+  // has no tower, and an image is refused). The prefix store keys the images' segments by their
+  // hashes (state_key_ids), and only images past the restored or kept prefix are encoded.
+  std::vector<PromptImage> images;
+  const VisionEncoder* vision = nullptr;
 };
 
 // A sequence's drafter: none, its own (a server slot, a C API stream), or the one a conversation
@@ -132,6 +140,7 @@ class Sequence {
  private:
   Model& model_;
   SequenceSpec spec_;
+  std::vector<int32_t> key_;  // spec_.ids as the prefix store keys them (images by hash)
   SequenceDrafter drafting_;
   DraftConfig* draft_;
   State own_state_;
@@ -141,6 +150,8 @@ class Sequence {
   std::unique_ptr<Generation> gen_;
   std::optional<StatsRecorder> recorder_;
   Timings timings_;
+  PositionRows image_rows_;  // the images' rows at their pad positions past cached_
+  ImageEncodeStats image_stats_;
 };
 
 }  // namespace deltafin

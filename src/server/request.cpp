@@ -365,7 +365,9 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   json b = body;
   check_chat_images(b, limits.images);
   try {
-    check_chat_body(b);  // the structure checks `deltafin render` shares
+    // The structure checks `deltafin render` shares; image parts pass where the model has a
+    // tower (the renderer measures them).
+    check_chat_body(b, ChatFormat::k3, static_cast<bool>(limits.measure_image));
   } catch (const InvalidArgument& e) {
     bad_request(param_of(e.what()), "{}", e.what());
   }
@@ -402,8 +404,9 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   b.erase("add_generation_prompt");  // not a field clients may set here (refused above anyway)
   try {
     r.chat = ChatRequest::from_json(b);
-    RenderedPrompt rendered = render(*r.chat, tok);
+    RenderedPrompt rendered = render(*r.chat, tok, limits.measure_image);
     r.prompt = std::move(rendered.ids);
+    r.images = std::move(rendered.images);
     r.system_end = rendered.system_end;
     r.messages_end = rendered.messages_end;
     r.last_message = rendered.last_message;

@@ -44,7 +44,11 @@ struct ServeLimits {
   SamplingParams sampling = openai_sampling_defaults();
   int64_t prefill_chunk = 256;
   size_t max_json_depth = 64;
-  ImagePolicy images;  // what an image part may be (image_parts.h)
+  ImagePolicy images;  // what an image part may be at the edge (image_parts.h)
+  // Measures a chat's image parts with the model's vision tower (runtime/images.h
+  // image_measurer, docs/VISION.md §11.7); empty: a text-only model, whose image parts are
+  // refused (400).
+  ImageMeasurer measure_image;
 };
 
 struct ServeRequest {
@@ -57,6 +61,9 @@ struct ServeRequest {
   std::vector<int32_t> prompt;      // the full prompt ids
   // Chat: where its messages end in `prompt` (the prefix store snapshots there; prefix/reuse.h).
   int64_t system_end = 0, messages_end = 0, last_message = 0;
+  // Chat: the prompt's images with their spans in `prompt` (RenderedPrompt::images); the
+  // scheduler's sequence encodes them (SequenceSpec::images).
+  std::vector<PromptImage> images;
   GenerationParams params;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits before sampling
   bool max_tokens_capped = false;                     // the client asked for more than the ceiling

@@ -200,6 +200,8 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     // is prefilled.
     SequenceSpec spec{r.prompt, PromptMarks{r.system_end, r.messages_end, r.last_message}, r.params,
                       r.logit_bias, job->arrived};
+    spec.images = r.images;
+    spec.vision = opt_.vision;
     slot.seq =
         std::make_unique<Sequence>(model_, &tok_, opt_.store, std::move(spec), std::move(drafter));
     const Restored& how = slot.seq->restored();

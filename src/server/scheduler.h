@@ -110,6 +110,9 @@ struct SchedulerOptions {
   // Rows one forward pass may hold (the pass plan's, with --prefill-chunk auto): prompt rows
   // fill what decoding leaves. 0: no cap (each prompt brings its own --prefill-chunk rows).
   int64_t pass_rows = 0;
+  // The model's vision tower (LoadedEngine::vision; null: text only): a sequence encodes its
+  // request's images with it.
+  const VisionEncoder* vision = nullptr;
 };
 
 class Scheduler {

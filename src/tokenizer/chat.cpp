@@ -8,8 +8,10 @@
 #include "tokenizer/chat.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "core/error.h"
+#include "tokenizer/base64.h"
 #include "tokenizer/json_text.h"
 #include "tokenizer/utf8.h"
 
@@ -86,11 +88,76 @@ bool truthy_scalar(const json& v, const std::string& path) {
   }
 }
 
-// `content`: a string, null/absent (empty), or an array of text parts joined with nothing.
-std::string parse_content(const json& msg, const std::string& path) {
+// `image_url`'s URL as bytes: only a base64 data URL of an image type is taken (the engine
+// never fetches a URL a client names).
+ChatImage parse_data_url(const json& url, const std::string& path) {
+  if (!url.is_string())
+    fail_arg("{}: expected a data URL string (data:image/png;base64,...), got {}", path,
+             type_name(url));
+  const std::string& u = url.get_ref<const std::string&>();
+  auto lower_prefix = [&](std::string_view p) {
+    if (u.size() < p.size()) return false;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(u[i])) != p[i]) return false;
+    }
+    return true;
+  };
+  if (lower_prefix("http://") || lower_prefix("https://")) {
+    fail_arg(
+        "{}: remote image URLs are not fetched; send the image inline as a data URL "
+        "(data:image/png;base64,...)",
+        path);
+  }
+  if (!lower_prefix("data:"))
+    fail_arg("{}: expected a data URL (data:image/png;base64,...), got \"{}\"", path,
+             utf8::py_strip(u.substr(0, std::min<size_t>(u.size(), 32))));
+  const size_t comma = u.find(',');
+  if (comma == std::string::npos)
+    fail_arg("{}: the data URL has no ',' before its data (expected data:image/png;base64,...)",
+             path);
+  const std::string_view header = std::string_view(u).substr(5, comma - 5);
+  constexpr std::string_view kB64 = ";base64";
+  if (header.size() < kB64.size() || header.substr(header.size() - kB64.size()) != kB64)
+    fail_arg("{}: the data URL is not base64 (expected data:image/png;base64,...)", path);
+  ChatImage img;
+  img.media_type = std::string(header.substr(0, header.find(';')));
+  if (img.media_type.rfind("image/", 0) != 0) {
+    fail_arg(
+        "{}: the data URL's type is \"{}\"; expected an image type (image/png, image/jpeg, "
+        "image/webp, image/gif)",
+        path, img.media_type.substr(0, 64));
+  }
+  auto bytes = base64::decode(std::string_view(u).substr(comma + 1));
+  if (!bytes) fail_arg("{}: the data URL's data is not valid base64", path);
+  if (bytes->empty()) fail_arg("{}: the data URL holds no bytes", path);
+  img.bytes = std::make_shared<const std::string>(std::move(*bytes));
+  return img;
+}
+
+// One image part, OpenAI's form or `{"type": "image", ...}` with `image_url` or `url`.
+ChatImage parse_image_part(const json& part, const std::string& ppath) {
+  const json* iu = find(part, "image_url");
+  if (iu != nullptr && iu->is_object()) {
+    const json* url = find(*iu, "url");
+    if (url == nullptr) fail_arg("{}.image_url.url: missing (expected a data URL)", ppath);
+    if (const json* d = find(*iu, "detail"); d != nullptr && !d->is_null() && !d->is_string())
+      fail_arg("{}.image_url.detail: expected a string, got {}", ppath, type_name(*d));
+    return parse_data_url(*url, ppath + ".image_url.url");
+  }
+  if (iu != nullptr) return parse_data_url(*iu, ppath + ".image_url");
+  if (const json* url = find(part, "url")) return parse_data_url(*url, ppath + ".url");
+  fail_arg("{}: an image part needs image_url.url (a data URL)", ppath);
+}
+
+// `content`: a string, null/absent (empty), or an array of text and image parts; the text parts
+// are joined with nothing between them and each image keeps its place in that text.
+void parse_content(const json& msg, const std::string& path, ChatMessage& out) {
   const json* c = find(msg, "content");
-  if (c == nullptr || c->is_null()) return "";
-  if (c->is_string()) return c->get<std::string>();
+  if (c == nullptr || c->is_null()) return;
+  if (c->is_string()) {
+    out.content = c->get<std::string>();
+    return;
+  }
   if (!c->is_array()) {
     fail_arg("{}.content: expected a string, an array of content parts or null, got {}", path,
              type_name(*c));
@@ -103,14 +170,17 @@ std::string parse_content(const json& msg, const std::string& path) {
       fail_arg("{}: expected a content part object, got {}", ppath, type_name(part));
     if (const json* t = find(part, "type");
         t != nullptr && t->is_string() && (*t == "image" || *t == "image_url")) {
-      fail_arg("{}: image parts are not supported (this engine runs the K3 text model only)",
-               ppath);
+      ChatImage img = parse_image_part(part, ppath);
+      img.name = ppath;
+      img.offset = text.size();
+      out.images.push_back(std::move(img));
+      continue;
     }
     const json* t = find(part, "text");
     if (t == nullptr || !t->is_string()) fail_arg("{}.text: expected a string", ppath);
     text += t->get<std::string>();
   }
-  return text;
+  out.content = std::move(text);
 }
 
 std::optional<std::string> optional_text(const json& msg, const char* key,
@@ -211,7 +281,7 @@ ChatMessage parse_message(const json& m, const std::string& path) {
       if (!t->empty()) msg.tools = *t;
     }
   }
-  msg.content = parse_content(m, path);
+  parse_content(m, path, msg);
 
   if (msg.role == ChatMessage::Role::assistant) {
     // Python `a or b`: an empty reasoning_content falls back to `reasoning`.
@@ -248,8 +318,10 @@ void check_effort(const ChatRequest& req) {
 
 class PromptBuilder {
  public:
-  explicit PromptBuilder(const Tokenizer* tok) : tok_(tok) {
-    if (tok_ == nullptr) return;
+  // `markers`: the K3 chat structure is written (false: a raw prompt with images only).
+  PromptBuilder(const Tokenizer* tok, const ImageMeasurer* measure, bool markers = true)
+      : tok_(tok), measure_(measure) {
+    if (tok_ == nullptr || !markers) return;
     const char* names[4] = {kOpenMarker, kCloseMarker, kSepMarker, kEndOfMsgMarker};
     for (int i = 0; i < 4; ++i) {
       const auto id = tok_->special_id(names[i]);
@@ -281,6 +353,19 @@ class PromptBuilder {
   void text(std::string_view s) {
     out_.text += s;
     pending_ += s;
+  }
+
+  // A message's text with its images at their places (docs/VISION.md §6): each image is
+  // <|media_begin|>image WxH<|media_content|> N × <|media_pad|> <|media_end|>.
+  void content(const ChatMessage& m) {
+    size_t at = 0;
+    for (const ChatImage& img : m.images) {
+      const size_t off = std::min(img.offset, m.content.size());
+      text(std::string_view(m.content).substr(at, off - at));
+      at = std::max(at, off);
+      image(img);
+    }
+    text(std::string_view(m.content).substr(at));
   }
 
   // OPEN(message, role=system, type=T) body CLOSE(message) EOM, body trimmed.
@@ -326,7 +411,52 @@ class PromptBuilder {
     if (tok_ != nullptr) out_.ids.push_back(ids_[which]);
   }
 
+  void image(const ChatImage& img) {
+    if (measure_ == nullptr || !*measure_) {
+      fail_arg("{}: image parts need a model with a vision tower (this model is text only)",
+               img.name);
+    }
+    const ImageMeasure m = (*measure_)(img);
+    if (m.width <= 0 || m.height <= 0 || m.tokens <= 0)
+      fail("{}: the image measured {}x{} with {} tokens", img.name, m.width, m.height, m.tokens);
+    static const char* names[4] = {"<|media_begin|>", "<|media_content|>", "<|media_pad|>",
+                                   "<|media_end|>"};
+    int32_t media[4] = {0, 0, 0, 0};
+    if (tok_ != nullptr) {
+      for (int i = 0; i < 4; ++i) {
+        const auto id = tok_->special_id(names[i]);
+        if (!id) fail("tokenizer has no special token {}, which an image needs", names[i]);
+        media[i] = *id;
+      }
+    }
+    PromptImage p;
+    p.bytes = img.bytes;
+    p.name = img.name;
+    p.width = m.width;
+    p.height = m.height;
+    p.hash = m.hash;
+    flush();
+    p.segment_begin = static_cast<int64_t>(out_.ids.size());
+    out_.text += names[0];
+    if (tok_ != nullptr) out_.ids.push_back(media[0]);
+    text(fmt::format("image {}x{}", m.width, m.height));
+    flush();
+    out_.text += names[1];
+    out_.text += names[2];
+    out_.text += names[3];
+    if (tok_ != nullptr) {
+      out_.ids.push_back(media[1]);
+      p.pad_begin = static_cast<int64_t>(out_.ids.size());
+      p.tokens = m.tokens;
+      out_.ids.insert(out_.ids.end(), static_cast<size_t>(m.tokens), media[2]);
+      out_.ids.push_back(media[3]);
+      p.segment_end = static_cast<int64_t>(out_.ids.size());
+    }
+    out_.images.push_back(std::move(p));
+  }
+
   const Tokenizer* tok_;
+  const ImageMeasurer* measure_;
   int32_t ids_[4] = {0, 0, 0, 0};
   std::string pending_;
   RenderedPrompt out_;
@@ -374,7 +504,7 @@ void render_assistant(PromptBuilder& b, const ChatMessage& m, bool thinking) {
     b.close("think");
   }
   b.open("response");
-  b.text(m.content);
+  b.content(m);
   b.close("response");
   if (m.tool_calls.empty()) return;
   b.open("tools");
@@ -416,7 +546,7 @@ void render_tool_result(PromptBuilder& b, const ChatMessage& m, ToolState& st,
         msg_index);
   }
   b.open("message", {{"role", "tool"}, {"tool", *name}, {"index", std::to_string(st.index)}});
-  b.text(m.content);
+  b.content(m);
   b.close("message");
   b.end_of_msg();
 }
@@ -448,9 +578,10 @@ void render_tool_run(PromptBuilder& b, const std::vector<ChatMessage>& msgs, std
   }
 }
 
-RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
+RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok,
+                           const ImageMeasurer* measure) {
   check_effort(req);
-  PromptBuilder b(tok);
+  PromptBuilder b(tok, measure);
   if (!req.tools.empty()) tool_declare(b, req.tools, /*dynamic=*/false);
   if (req.thinking && req.reasoning_effort) {
     b.internal_system("thinking-effort",
@@ -485,7 +616,7 @@ RenderedPrompt render_with(const ChatRequest& req, const Tokenizer* tok) {
             {"role", m.role == ChatMessage::Role::user ? "user" : "system"}};
         if (!m.name.empty()) attrs.emplace_back("name", m.name);
         b.open("message", attrs);
-        b.text(m.content);
+        b.content(m);
         b.close("message");
         b.end_of_msg();
         break;
@@ -643,23 +774,104 @@ ChatRequest ChatRequest::from_json(const json& body) {
   return req;
 }
 
-RenderedPrompt render(const ChatRequest& request, const Tokenizer& tokenizer) {
+RenderedPrompt render(const ChatRequest& request, const Tokenizer& tokenizer,
+                      const ImageMeasurer& measure) {
   if (is_k2_family(tokenizer.chat_format()))
     return render_k2(request, &tokenizer, tokenizer.chat_format());
-  return render_with(request, &tokenizer);
+  return render_with(request, &tokenizer, &measure);
 }
 
 std::string render_text(const ChatRequest& request) {
-  return render_with(request, nullptr).text;
+  return render_with(request, nullptr, nullptr).text;
 }
 
 std::string render_text(const ChatRequest& request, ChatFormat format) {
   if (is_k2_family(format)) return render_k2(request, nullptr, format).text;
-  return render_with(request, nullptr).text;
+  return render_with(request, nullptr, nullptr).text;
 }
 
-RenderedPrompt render_json(const json& body, const Tokenizer& tokenizer) {
-  return render(ChatRequest::from_json(body), tokenizer);
+RenderedPrompt render_json(const json& body, const Tokenizer& tokenizer,
+                           const ImageMeasurer& measure) {
+  return render(ChatRequest::from_json(body), tokenizer, measure);
+}
+
+void place_images(std::string_view text, std::vector<ChatImage> images, ChatMessage& message) {
+  std::vector<size_t> at;
+  const std::string_view ph = kImagePlaceholder;
+  for (size_t p = text.find(ph); p != std::string_view::npos && at.size() <= images.size();
+       p = text.find(ph, p + ph.size()))
+    at.push_back(p);
+  if (!at.empty() && at.size() != images.size()) {
+    fail_arg(
+        "the prompt has {} {} but {} image{} given: give one image per placeholder, or no "
+        "placeholder to put the images before the text",
+        at.size() > images.size() ? "more than " + std::to_string(images.size())
+                                  : std::to_string(at.size()),
+        kImagePlaceholder, images.size(), images.size() == 1 ? " is" : "s are");
+  }
+  message.content.clear();
+  size_t from = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    if (!at.empty()) {
+      message.content += text.substr(from, at[i] - from);
+      from = at[i] + ph.size();
+    }
+    images[i].offset = message.content.size();
+    message.images.push_back(std::move(images[i]));
+  }
+  message.content += text.substr(from);
+}
+
+RenderedPrompt encode_with_images(const Tokenizer& tokenizer, const ChatMessage& message,
+                                  const ImageMeasurer& measure) {
+  PromptBuilder b(&tokenizer, &measure, /*markers=*/false);
+  b.content(message);
+  return b.finish();
+}
+
+std::string image_hash_hex(const std::array<uint8_t, 32>& hash) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (const uint8_t b : hash) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+std::vector<int32_t> state_key_ids(std::span<const int32_t> ids,
+                                   std::span<const PromptImage> images) {
+  std::vector<int32_t> key(ids.begin(), ids.end());
+  for (const PromptImage& img : images) {
+    // Each position of the segment carries 31 bits of one of the hash's eight words (in turn),
+    // made negative: a segment of n >= 5 positions (an image takes at least 5: begin, the size
+    // text, content, a pad, end) carries min(n, 8) · 31 bits of the hash.
+    const int64_t end = std::min<int64_t>(img.segment_end, static_cast<int64_t>(key.size()));
+    for (int64_t p = std::max<int64_t>(img.segment_begin, 0); p < end; ++p) {
+      const size_t w = static_cast<size_t>(p - img.segment_begin) % 8;
+      uint32_t word = 0;
+      for (size_t k = 0; k < 4; ++k) word = (word << 8) | img.hash[w * 4 + k];
+      key[static_cast<size_t>(p)] = -1 - static_cast<int32_t>(word & 0x7fffffffu);
+    }
+  }
+  return key;
+}
+
+json content_json(const ChatMessage& m) {
+  if (m.images.empty()) return m.content;
+  json parts = json::array();
+  size_t at = 0;
+  auto text_part = [&](size_t end) {
+    if (end > at) parts.push_back({{"type", "text"}, {"text", m.content.substr(at, end - at)}});
+    at = std::max(at, end);
+  };
+  for (const ChatImage& img : m.images) {
+    text_part(std::min(img.offset, m.content.size()));
+    const std::string url = "data:" + img.media_type + ";base64," + base64::encode(*img.bytes);
+    parts.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
+  }
+  text_part(m.content.size());
+  return parts;
 }
 
 }  // namespace deltafin

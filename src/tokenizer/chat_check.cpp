@@ -80,7 +80,7 @@ void check_response_format(const json& body) {
              json_type_name(s->type()));
 }
 
-void check_messages(const json& body, ChatFormat format) {
+void check_messages(const json& body, ChatFormat format, bool images) {
   static const std::set<std::string> known = {
       "role",  "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
       "tools", "tool",    "id",   "refusal",    "audio",        "function_call",     "annotations"};
@@ -128,6 +128,7 @@ void check_messages(const json& body, ChatFormat format) {
         fail_arg("{}: expected a content part object, got {}", pp, json_type_name(part.type()));
       const json* t = present(part, "type");
       if (t != nullptr && !is(t, "text")) {
+        if (images && !is_k2_family(format) && (is(t, "image_url") || is(t, "image"))) continue;
         if (is_k2_family(format)) {
           fail_arg("{}: only text content is supported (the {} text model), got a {} part", pp,
                    chat_format_name(format), t->dump());
@@ -141,13 +142,13 @@ void check_messages(const json& body, ChatFormat format) {
 
 }  // namespace
 
-void check_chat_body(const json& body, ChatFormat format) {
+void check_chat_body(const json& body, ChatFormat format, bool images) {
   if (!body.is_object())
     fail_arg("request: expected a JSON object, got {}", json_type_name(body.type()));
   check_tools(body);
   check_tool_choice(body);
   check_response_format(body);
-  check_messages(body, format);
+  check_messages(body, format, images);
 }
 
 void check_chat_body(const json& body) {

@@ -288,6 +288,12 @@ class K2Renderer {
 
 RenderedPrompt render_k2(const ChatRequest& request, const Tokenizer* tokenizer,
                          ChatFormat format) {
+  for (const ChatMessage& m : request.messages) {
+    if (!m.images.empty()) {
+      fail_arg("{}: image parts need K3's chat format ({} takes text only)", m.images[0].name,
+               chat_format_name(format));
+    }
+  }
   if (!is_k2_family(format))
     fail("render_k2: {} is not a K2-family format", chat_format_name(format));
   return K2Renderer(request, tokenizer, format).render(tokenizer != nullptr);

@@ -19,6 +19,7 @@
 //   so a caller can know the token count (preprocess.h: plan_image) before decoding.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -98,6 +99,10 @@ ImageInfo probe_image(std::span<const uint8_t> bytes, const std::string& name,
 // The bytes of the image file `path`: a regular file of at most limits.max_bytes (checked
 // before reading). Throws InvalidArgument naming the path.
 std::vector<uint8_t> read_image_file(const std::string& path, const ImageLimits& limits = {});
+
+// SHA-256 of an image's bytes (image_hash.cpp): what the prefix store keys an image's positions
+// by, so a state is reused only for the very same image (docs/VISION.md §11.7).
+std::array<uint8_t, 32> image_sha256(std::span<const uint8_t> bytes);
 
 // Decodes frame 0. Throws InvalidArgument naming `name` and what was expected.
 Image decode_image(std::span<const uint8_t> bytes, const std::string& name,
