@@ -20,8 +20,7 @@ DEB_PACKAGES = $(BUILD_PACKAGES) libgtest-dev libgmock-dev libbenchmark-dev clan
   mesa-vulkan-drivers vulkan-tools
 
 .PHONY: all deps deps-build configure build test test-deps test-perf demo python deb \
-  test-package clean configure-asan build-asan test-asan configure-tsan build-tsan test-tsan \
-  fuzz test-costs
+  test-package clean configure-asan test-asan configure-tsan test-tsan fuzz
 
 all: build
 
@@ -52,22 +51,8 @@ build: configure
 # their timings noise. `make test-perf` runs them alone (one at a time, nothing else running,
 # please): today the forecast check of `deltafin doctor` (tests/doctor_perf.py), which makes two
 # 7.8 GB models in $(BUILD)/perf-models on first use and takes 10-30 minutes.
-# ctest starts the longest tests first when it knows their times (Testing/Temporary/
-# CTestCostData.txt, which it rewrites after every run). A fresh build folder gets
-# tests/ctest-costs.txt (`make test-costs` refreshes it from this machine's last run), so a cold
-# run does not end with one long test on one core while the other idles.
-seed_test_costs = @mkdir -p $(1)/Testing/Temporary && \
-  { [ -s $(1)/Testing/Temporary/CTestCostData.txt ] || \
-    cp tests/ctest-costs.txt $(1)/Testing/Temporary/CTestCostData.txt; }
-
 test: build test-deps
-	$(call seed_test_costs,$(BUILD))
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE perf
-
-test-costs:
-	awk 'NF == 3 && $$3 > 0 { printf "%s %d %.1f\n", $$1, 1, $$3 }' \
-	  $(BUILD)/Testing/Temporary/CTestCostData.txt | sort > tests/ctest-costs.txt
-	echo --- >> tests/ctest-costs.txt
 
 test-perf: build
 	cd $(BUILD) && ctest --output-on-failure -L perf
@@ -110,22 +95,15 @@ export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CU
 configure-asan:
 	$(SAN_CMAKE) -B $(ASAN_BUILD) -DDELTAFIN_SANITIZE=ON -DDELTAFIN_FUZZ=ON
 
-# The builds alone (CI starts them at the lowest priority while the Release tests run).
-build-asan: configure-asan
+test-asan: configure-asan test-deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-
-test-asan: build-asan test-deps
-	$(call seed_test_costs,$(ASAN_BUILD))
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -E '$(ASAN_EXCLUDE)' -LE perf
 
 configure-tsan:
 	$(SAN_CMAKE) -B $(TSAN_BUILD) -DDELTAFIN_TSAN=ON
 
-build-tsan: configure-tsan
+test-tsan: configure-tsan test-deps
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target deltafin_tests deltafin
-
-test-tsan: build-tsan test-deps
-	$(call seed_test_costs,$(TSAN_BUILD))
 	cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
 
 # Each fuzz target for FUZZ_SECONDS (CI: a few seconds each, to catch a regression), its corpus
