@@ -83,7 +83,8 @@ void expect_identical_runs(const std::string& model, const std::string& prompt,
 }
 
 TEST(SpeculativeCli, RunIsIdenticalOnEveryGoldenModel) {
-  for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny"}) {
+  for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny", "k2-tiny",
+                           "k2-int4-tiny", "k25-tiny", "deepseek-v3-tiny"}) {
     expect_identical_runs(test::data_dir() + "/" + name + "/model", "3,1,4,1,5,9,2,6");
   }
 }
