@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "fixtures/synthetic.h"
 #include "model/config.h"
 #include "model/inventory.h"
 #include "model/layers.h"
@@ -158,8 +159,8 @@ TEST(DeepseekV3Config, BadValuesAreErrorsNamingTheField) {
   }
   // The INT4 scheme, field by field (K2-Thinking's config).
   const std::vector<std::pair<std::string, json>> int4 = {
-      {"num_bits", 8}, {"type", "float"}, {"group_size", 128}, {"symmetric", false},
-      {"strategy", "channel"}, {"actorder", "group"}};
+      {"num_bits", 8},      {"type", "float"},       {"group_size", 128},
+      {"symmetric", false}, {"strategy", "channel"}, {"actorder", "group"}};
   for (const auto& [field, value] : int4) {
     json j = config_of("k2-int4-tiny");
     j["quantization_config"]["config_groups"]["group_0"]["weights"][field] = value;
@@ -215,7 +216,7 @@ TEST(DeepseekV3Rope, YarnTablesAndScalesAreTheDocumentsValues) {
   Rope ds(r, 64);
   for (int i = 0; i < 32; ++i) {
     const double base = 1.0 / std::pow(10000.0, 2.0 * i / 64.0);
-    if (i <= 10) EXPECT_EQ(ds.inv_freq()[i], base) << i;  // low 10: unscaled
+    if (i <= 10) EXPECT_EQ(ds.inv_freq()[i], base) << i;                  // low 10: unscaled
     if (i >= 23) EXPECT_NEAR(ds.inv_freq()[i], base / 40.0, 1e-18) << i;  // high 23: / factor
     if (i > 10 && i < 23) {
       EXPECT_LT(ds.inv_freq()[i], base) << i;
@@ -353,9 +354,9 @@ TEST(DeepseekV3Preset, EveryPresetsConfigParses) {
 // 256, 16 experts top-4, vocabulary 512).
 std::string small_preset(const std::string& preset, const std::string& layers) {
   const std::string d = test::temp_dir("ds_preset_" + preset) + "/model";
-  auto r = test::run_deltafin({"make-model", d, "--preset", preset, "--layers", layers,
-                               "--experts", "16", "--top-k", "4", "--hidden", "256", "--vocab",
-                               "512", "--shard-size", "16M", "--quiet"});
+  auto r = test::run_deltafin({"make-model", d, "--preset", preset, "--layers", layers, "--experts",
+                               "16", "--top-k", "4", "--hidden", "256", "--vocab", "512",
+                               "--shard-size", "16M", "--quiet"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return d;
 }
@@ -389,7 +390,7 @@ void expect_streaming_equals_mmap(const std::string& dir, ExpertFormat format) {
   EXPECT_FALSE(experts.location(c.first_k_dense, 0).contiguous());  // scales lie apart
   PlanOptions o;
   o.budget = 1ull << 40;
-  o.max_rows = 256;
+  o.shape.max_rows = 256;
   o.expert_slot_bytes = ExpertStore::slot_bytes_for(experts, c);
   const uint64_t min = plan_memory(c, *ck, o).min_working_set;
   const std::string budget = std::to_string((min + 1023) / 1024) + "K";
@@ -426,7 +427,7 @@ TEST(DeepseekV3Preset, K2ThinkingInt4ExpertStreamingAtTheMinimumBudgetIsExact) {
 }
 
 TEST(DeepseekV3Preset, ARestoredSnapshotContinuesBitForBit) {
-  auto model = load_model(small_k2());
+  auto model = open_model(small_k2());
   std::vector<int32_t> p;
   for (int i = 0; i < 45; ++i) p.push_back((i * 37 + 11) % 250);
   const size_t m = 21;

@@ -98,8 +98,7 @@ TEST_P(Golden, LogitsThroughBinaryMatchReference) {
 INSTANTIATE_TEST_SUITE_P(
     AllModes, Golden,
     ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny",
-                                         "k2-tiny", "k2-int4-tiny", "k25-tiny",
-                                         "deepseek-v3-tiny"),
+                                         "k2-tiny", "k2-int4-tiny", "k25-tiny", "deepseek-v3-tiny"),
                        ::testing::Values("prefill", "decode", "split:1", "split:7", "split:19")),
     case_name);
 

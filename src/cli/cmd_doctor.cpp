@@ -171,12 +171,13 @@ ojson forecast_json(const std::string& name, const Forecast& f, int64_t prompt) 
   return j;
 }
 
-// The tensor table of the released K3 (from its config alone).
-// The tensors a release holds, as the inventory lists them (no checkpoint on disk).
+// The tensors a release holds, as the inventory lists them (no checkpoint on disk): its routed
+// experts in their format, and FP8 trunk linears with their block scales where it has them.
 TensorTable released_tensors(const ModelConfig& c) {
   TensorTable t;
   InventoryOptions o;
   o.expert_format = c.expert_format();
+  o.fp8_trunk = c.fp8_trunk;
   for (const auto& e : expected_tensors(c, o)) {
     TensorInfo info;
     info.name = e.name;

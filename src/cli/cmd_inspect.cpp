@@ -45,16 +45,15 @@ void run_inspect(InspectArgs& a) {
   uint64_t trunk_params = 0, trunk_bytes = 0, expert_params = 0, expert_bytes = 0;
   uint64_t embed_params = 0, head_params = 0, head_bytes = 0, embed_row_bytes = 0, vision_count = 0;
   uint64_t one_expert_bytes = 0, one_expert_params = 0, mtp_params = 0, mtp_bytes = 0;
-  const std::string mtp_prefix =
-      c.mtp_layers > 0 ? c.names.layer(c.num_layers) : std::string("\n");
+  const std::string mtp_prefix = c.mtp_layers > 0 ? c.names.layer(c.num_layers) : std::string("\n");
   for (const auto& [name, t] : ck->tensors()) {
     const uint64_t n = static_cast<uint64_t>(t.numel());
-    const uint64_t params = name.ends_with("weight_packed")
-                                ? (t.dtype == DType::kI32 ? 8 * n : 2 * n)
-                            : name.ends_with("weight_scale") || name.ends_with("weight_scale_inv") ||
-                                    name.ends_with("weight_shape")
-                                ? 0
-                                : n;
+    const uint64_t params =
+        name.ends_with("weight_packed") ? (t.dtype == DType::kI32 ? 8 * n : 2 * n)
+        : name.ends_with("weight_scale") || name.ends_with("weight_scale_inv") ||
+                name.ends_with("weight_shape")
+            ? 0
+            : n;
     if (name.starts_with(mtp_prefix)) {
       mtp_params += params;
       mtp_bytes += t.nbytes;
@@ -91,7 +90,7 @@ void run_inspect(InspectArgs& a) {
     sched += c.is_mla(i) ? 'M' : 'K';
   }
   fmt::print("model        {}\n", a.model);
-  const std::string arch = c.family == Family::kK3           ? "Kimi K3 (KimiK3ForConditionalGeneration)"
+  const std::string arch = c.family == Family::kK3 ? "Kimi K3 (KimiK3ForConditionalGeneration)"
                            : c.family == Family::kKimiLinear ? "Kimi-Linear (KimiLinearForCausalLM)"
                            : c.model_type == "kimi_k25"
                                ? "Kimi K2.5 (KimiK25ForConditionalGeneration, its text model)"
@@ -108,11 +107,11 @@ void run_inspect(InspectArgs& a) {
                  : fmt::format("gate lower bound {}", c.kda.gate_lower_bound),
              rep.f_a_rank, c.kda.low_rank_output_gate ? ", low-rank output gate" : "");
   const auto& rp = c.mla.rope;
-  const std::string rope =
-      !rp.enabled        ? std::string("unrotated")
-      : rp.factor > 1.0 ? fmt::format("YaRN: theta {}, factor {}, beta {}/{}", rp.theta, rp.factor,
-                                      rp.beta_fast, rp.beta_slow)
-                        : fmt::format("RoPE: theta {}", rp.theta);
+  const std::string rope = !rp.enabled ? std::string("unrotated")
+                           : rp.factor > 1.0
+                               ? fmt::format("YaRN: theta {}, factor {}, beta {}/{}", rp.theta,
+                                             rp.factor, rp.beta_fast, rp.beta_slow)
+                               : fmt::format("RoPE: theta {}", rp.theta);
   fmt::print(
       "MLA          {} heads, q_lora {}, kv_lora {}, nope {} + rope {} ({}), v {}, output "
       "gate {}\n",
@@ -141,8 +140,7 @@ void run_inspect(InspectArgs& a) {
              c.fp8_trunk ? "; trunk linears FP8 E4M3 (128x128 block scales)" : "");
   if (c.mtp_layers > 0) {
     fmt::print("MTP          {} layer(s) after the decoder: {} parameters, {} (a drafter's)\n",
-               c.mtp_layers, count_params(mtp_params),
-               human_bytes(static_cast<double>(mtp_bytes)));
+               c.mtp_layers, count_params(mtp_params), human_bytes(static_cast<double>(mtp_bytes)));
   }
   const auto count = count_params;
   fmt::print("parameters   total {}: trunk {}, embedding {}, lm_head {}, routed experts {}\n",

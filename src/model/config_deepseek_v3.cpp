@@ -12,9 +12,10 @@
 // quantization_config declares (FP8 block-scaled trunk and experts, or INT4 routed experts).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "model/config.h"
 #include "model/config_parse.h"
@@ -30,8 +31,8 @@ namespace {
 void expect_value(FieldReader& r, const char* key, const json& want, const char* why) {
   const json* v = r.find(key);
   if (v != nullptr && !v->is_null() && *v != want) {
-    r.problem(fmt::format("{}: expected {}, found {} ({})", r.name(key), want.dump(), v->dump(),
-                          why));
+    r.problem(
+        fmt::format("{}: expected {}, found {} ({})", r.name(key), want.dump(), v->dump(), why));
   }
 }
 
@@ -58,7 +59,8 @@ void parse_fp8(FieldReader& q, ModelConfig& c) {
 // tensors decide which linears are quantised, and the inventory holds them to the release layout.
 void parse_int4(FieldReader& q, const json& obj, ModelConfig& c) {
   q.expect_string("format", "pack-quantized");
-  if (q.find("quantization_status") != nullptr) q.expect_string("quantization_status", "compressed");
+  if (q.find("quantization_status") != nullptr)
+    q.expect_string("quantization_status", "compressed");
   expect_value(q, "kv_cache_scheme", nullptr, "the KV cache is not quantised");
   if (const json* ig = q.find("ignore"); ig != nullptr && !ig->is_null()) {
     bool ok = ig->is_array();
@@ -72,9 +74,10 @@ void parse_int4(FieldReader& q, const json& obj, ModelConfig& c) {
                           groups == obj.end() ? "nothing" : groups->dump().substr(0, 120)));
   } else {
     const std::string gp = q.name("config_groups") + "." + groups->begin().key() + ".";
+    static const json kNoGroup = json::object();
     const json& g = groups->begin().value();
     std::vector<std::string> sub;
-    FieldReader gr(g.is_object() ? g : json::object(), gp, sub);
+    FieldReader gr(g.is_object() ? g : kNoGroup, gp, sub);  // both lvalues: no temporary
     if (!g.is_object()) gr.problem(gp.substr(0, gp.size() - 1) + ": expected an object");
     expect_value(gr, "input_activations", nullptr, "activations stay float");
     expect_value(gr, "output_activations", nullptr, "activations stay float");
@@ -115,10 +118,10 @@ void parse_quantization(const json& q, const std::string& where, ModelConfig& c,
   } else if (method == "compressed-tensors") {
     parse_int4(r, q, c);
   } else if (!method.empty()) {
-    r.problem(fmt::format(
-        "{}: expected \"fp8\" (FP8 E4M3 block-scaled) or \"compressed-tensors\" (INT4 "
-        "pack-quantized), found \"{}\" (not supported)",
-        r.name("quant_method"), method));
+    r.problem(
+        fmt::format("{}: expected \"fp8\" (FP8 E4M3 block-scaled) or \"compressed-tensors\" (INT4 "
+                    "pack-quantized), found \"{}\" (not supported)",
+                    r.name("quant_method"), method));
   }
 }
 
@@ -155,7 +158,7 @@ void parse_rope(FieldReader& t, const json& tc, ModelConfig& c) {
                           r.name("original_max_position_embeddings"), rp.original_max_positions));
   }
   const std::pair<const char*, double> positive[] = {{"beta_fast", rp.beta_fast},
-                                                      {"beta_slow", rp.beta_slow}};
+                                                     {"beta_slow", rp.beta_slow}};
   for (const auto& [k, v] : positive) {
     if (!(v > 0) || !std::isfinite(v))
       r.problem(fmt::format("{}: expected a positive number, found {}", r.name(k), v));
@@ -174,7 +177,8 @@ void parse_text(const json& tc, const std::string& p, ModelConfig& c,
                 std::vector<std::string>& problems) {
   FieldReader t(tc, p, problems);
   if (const json* a = t.find("architectures"); a != nullptr && !a->is_null()) {
-    if (!a->is_array() || !a->contains("DeepseekV3ForCausalLM"))
+    if (!a->is_array() ||
+        std::find(a->begin(), a->end(), json("DeepseekV3ForCausalLM")) == a->end())
       t.problem(fmt::format("{}: expected [\"DeepseekV3ForCausalLM\"], found {}",
                             t.name("architectures"), a->dump()));
   }
@@ -189,9 +193,10 @@ void parse_text(const json& tc, const std::string& p, ModelConfig& c,
         "activation_situ_beta", "activation_situ_linear_beta", "mla_use_output_gate",
         "linear_attn_config", "num_experts", "num_experts_per_token", "mla_use_nope"}) {
     if (const json* v = t.find(k3); v != nullptr && !v->is_null()) {
-      t.problem(fmt::format("{}: a K3 / Kimi-Linear field, not part of a DeepSeek-V3 config "
-                            "(found {})",
-                            t.name(k3), v->dump()));
+      t.problem(
+          fmt::format("{}: a K3 / Kimi-Linear field, not part of a DeepSeek-V3 config "
+                      "(found {})",
+                      t.name(k3), v->dump()));
     }
   }
 
@@ -272,9 +277,9 @@ void parse_text(const json& tc, const std::string& p, ModelConfig& c,
   e.num_groups = t.integer("n_group", 1, 1);
   e.topk_groups = t.integer("topk_group", 1, 1);
   if (e.num_experts % e.num_groups != 0 || (e.num_groups > 1 && e.num_experts / e.num_groups < 2)) {
-    t.problem(fmt::format(
-        "{} ({}) must divide n_routed_experts ({}) into groups of at least 2 experts",
-        t.name("n_group"), e.num_groups, e.num_experts));
+    t.problem(
+        fmt::format("{} ({}) must divide n_routed_experts ({}) into groups of at least 2 experts",
+                    t.name("n_group"), e.num_groups, e.num_experts));
   } else if (e.topk_groups > e.num_groups) {
     t.problem(fmt::format("{} ({}) exceeds n_group ({})", t.name("topk_group"), e.topk_groups,
                           e.num_groups));
@@ -302,8 +307,8 @@ void read_token_ids(FieldReader& t, const json* top, ModelConfig& c) {
   c.pad_token_id = t.token_ids("pad_token_id", top_of("pad_token_id")).front();
   for (const int64_t id : c.eos_token_ids) {
     if (id >= c.vocab)
-      t.problem(fmt::format("{} {} is outside the vocabulary ({})", t.name("eos_token_id"), id,
-                            c.vocab));
+      t.problem(
+          fmt::format("{} {} is outside the vocabulary ({})", t.name("eos_token_id"), id, c.vocab));
   }
 }
 
@@ -382,7 +387,8 @@ ModelConfig parse_kimi_k25_config(const json& root, const std::string& path) {
   top.string("video_placeholder", std::string());
   top.string("transformers_version", std::string());
   for (const char* k : {"torch_dtype", "dtype"}) {
-    if (const json* v = top.find(k); v != nullptr && !v->is_null()) top.expect_string(k, "bfloat16");
+    if (const json* v = top.find(k); v != nullptr && !v->is_null())
+      top.expect_string(k, "bfloat16");
   }
   c.layer_kinds.assign(static_cast<size_t>(c.num_layers), LayerKind::kMLA);
   if (!problems.empty()) fail_config(path, c.family, problems);

@@ -164,8 +164,7 @@ std::vector<ExpectedTensor> deepseek_v3_tensors(const ModelConfig& c, const Inve
     quantised(name, shape, DType::kF8E4M3, layer, -1, shape);
     quantised(name + "_scale_inv", fp8_scale_shape(shape), f32, layer, -1, shape);
   };
-  auto expert_linear = [&](const std::string& name, std::vector<int64_t> shape, int layer,
-                           int e) {
+  auto expert_linear = [&](const std::string& name, std::vector<int64_t> shape, int layer, int e) {
     switch (o.expert_format) {
       case ExpertFormat::kFP8:
         quantised(name, shape, DType::kF8E4M3, layer, e, shape);
@@ -339,8 +338,9 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const Invento
 
 namespace {
 // Tensors a checkpoint may hold that the text model does not use: K3's older nested vision tower
-// and projector, K2.5's tower and projector (not run: its vision_config is not K3's); the rotary tables some DeepSeek-V3 / K2 exports carry per layer (the engine
-// computes its own, docs/FAMILY.md §Files).
+// and projector, K2.5's tower and projector (not run: its vision_config is not K3's); the rotary
+// tables some DeepSeek-V3 / K2 exports carry per layer (the engine computes its own, docs/FAMILY.md
+// §Files).
 bool ignored_name(const ModelConfig& c, const std::string& n) {
   if (c.family == Family::kK3) {
     for (const char* p : {"language_model.vision_tower.", "language_model.mm_projector."}) {
@@ -454,8 +454,8 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
                                       t->shape_string()));
     }
     // INT4's logical shape: I64 as the Kimi files write it, or I32 as compressed-tensors declares.
-    const bool shape_i32 = e.dtype == DType::kI64 && t->dtype == DType::kI32 &&
-                           e.name.ends_with(".weight_shape");
+    const bool shape_i32 =
+        e.dtype == DType::kI64 && t->dtype == DType::kI32 && e.name.ends_with(".weight_shape");
     if (t->dtype != e.dtype && !shape_i32) {
       dtype_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, dtype_name(e.dtype),
                                       dtype_name(t->dtype)));

@@ -76,7 +76,7 @@ struct InventoryReport {
   bool vision = false;
   size_t vision_tensors = 0;
   size_t ignored = 0;  // K3: language_model.vision_tower.* / .mm_projector.*; K2.5's tower;
-                      // DeepSeek's rotary_emb.* extras
+                       // DeepSeek's rotary_emb.* extras
 };
 
 // A checkpoint's tensors by name.

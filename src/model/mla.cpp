@@ -58,7 +58,8 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
         for (int64_t t = b; t < e; ++t) {
           rope.angles(s.base + t, cs.data());
           const int64_t r = s.begin + t;
-          for (int64_t h = 0; h < nH; ++h) Rope::apply(cs.data(), dr, q.data() + r * qw + h * (dn + dr) + dn);
+          for (int64_t h = 0; h < nH; ++h)
+            Rope::apply(cs.data(), dr, q.data() + r * qw + h * (dn + dr) + dn);
           Rope::apply(cs.data(), dr, ckv.data() + r * cw + dc);
         }
       });

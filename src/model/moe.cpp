@@ -92,9 +92,9 @@ void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k,
       gscore[g] = static_cast<double>(a) + static_cast<double>(b);
     }
     std::iota(gorder.begin(), gorder.end(), 0);
-    std::partial_sort(gorder.begin(), gorder.begin() + topk_groups, gorder.end(), [&](int x, int y) {
-      return gscore[x] > gscore[y] || (gscore[x] == gscore[y] && x < y);
-    });
+    std::partial_sort(
+        gorder.begin(), gorder.begin() + topk_groups, gorder.end(),
+        [&](int x, int y) { return gscore[x] > gscore[y] || (gscore[x] == gscore[y] && x < y); });
     for (int64_t i = topk_groups; i < groups; ++i) {
       const int64_t g = gorder[i];
       std::fill(choice.begin() + g * per, choice.begin() + (g + 1) * per, -INFINITY);

@@ -132,8 +132,13 @@ ExpertWeights ExpertDirectory::weights_from(const std::vector<const uint8_t*>& b
       case ExpertFormat::kBF16:
         x->format = WeightFormat::kBF16;
         break;
-      default:
-        fail("internal: {} experts are not wired yet", expert_format_name(format_));
+      case ExpertFormat::kFP8:  // codes + F32 128x128 block scales
+        x->format = WeightFormat::kFP8;
+        break;
+      case ExpertFormat::kInt4:  // packed words + BF16 group scales; the logical shape is [rows,
+                                 // cols] above (the inventory holds weight_shape to it)
+        x->format = WeightFormat::kInt4;
+        break;
     }
   }
   return w;
