@@ -216,8 +216,12 @@ TEST(DeepseekV3Rope, YarnTablesAndScalesAreTheDocumentsValues) {
   Rope ds(r, 64);
   for (int i = 0; i < 32; ++i) {
     const double base = 1.0 / std::pow(10000.0, 2.0 * i / 64.0);
-    if (i <= 10) EXPECT_EQ(ds.inv_freq()[i], base) << i;                  // low 10: unscaled
-    if (i >= 23) EXPECT_NEAR(ds.inv_freq()[i], base / 40.0, 1e-18) << i;  // high 23: / factor
+    if (i <= 10) {
+      EXPECT_EQ(ds.inv_freq()[i], base) << i;  // low 10: unscaled
+    }
+    if (i >= 23) {
+      EXPECT_NEAR(ds.inv_freq()[i], base / 40.0, 1e-18) << i;  // high 23: / factor
+    }
     if (i > 10 && i < 23) {
       EXPECT_LT(ds.inv_freq()[i], base) << i;
       EXPECT_GT(ds.inv_freq()[i], base / 40.0) << i;
@@ -236,8 +240,12 @@ TEST(DeepseekV3Rope, YarnTablesAndScalesAreTheDocumentsValues) {
   Rope k2(r, 64);
   for (int i = 0; i < 32; ++i) {
     const double base = 1.0 / std::pow(50000.0, 2.0 * i / 64.0);
-    if (i <= 19) EXPECT_EQ(k2.inv_freq()[i], base) << i;
-    if (i >= 20) EXPECT_NEAR(k2.inv_freq()[i], base / 64.0, 1e-18) << i;
+    if (i <= 19) {
+      EXPECT_EQ(k2.inv_freq()[i], base) << i;
+    }
+    if (i >= 20) {
+      EXPECT_NEAR(k2.inv_freq()[i], base / 64.0, 1e-18) << i;
+    }
   }
   // Interleaved pairs: (x0, x1) rotated by position · inv_freq[0], nothing else moved at p = 0.
   float x[64];
@@ -258,8 +266,8 @@ TEST(DeepseekV3Rope, YarnTablesAndScalesAreTheDocumentsValues) {
 TEST(DeepseekV3Router, TheGroupStepLimitsTheChoiceAndTiesGoLow) {
   const float logits[8] = {0.2f, -0.1f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   const float bias[8] = {0.3f, 0.3f, 0.0f, 0.0f, 0.9f, -0.9f, 0.2f, 0.2f};
-  int ids[2];
-  float w[2];
+  int ids[3];
+  float w[3];
   // Biased: [.850 .775 .5 .5 | 1.4 -.4 | .7 .7]; groups of 2, sums [1.625, 1.0, 1.0, 1.4]: groups
   // 0 and 3 are kept, so expert 4 (the best biased score) is out.
   route_row(logits, bias, 8, 2, true, 2.0f, 4, 2, ids, w);
@@ -385,7 +393,7 @@ std::vector<float> logits_of(const std::vector<std::string>& extra, const std::s
 void expect_streaming_equals_mmap(const std::string& dir, ExpertFormat format) {
   const ModelConfig c = load_config(dir);
   auto ck = Checkpoint::open(dir);
-  EXPECT_EQ(check_inventory(c, *ck).expert_format, format);
+  EXPECT_EQ(check_inventory(c, ck->tensors(), ck->dir()).expert_format, format);
   ExpertDirectory experts(c, *ck, format);
   EXPECT_FALSE(experts.location(c.first_k_dense, 0).contiguous());  // scales lie apart
   PlanOptions o;

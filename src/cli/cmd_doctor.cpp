@@ -384,6 +384,12 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
   const KernelSpeeds s =
       measure_kernel_speeds(c, m.tensors, rows, plan.pass.block_rows, global_pool());
   r["speeds"] = speeds_json(s);
+  // The routed experts' format the mxfp4_* rates were measured in (K3: MXFP4; K2: FP8; ...).
+  const ExpertFormat xf = c.expert_format();
+  r["speeds"]["expert_format"] = xf == ExpertFormat::kMXFP4  ? "MXFP4"
+                                 : xf == ExpertFormat::kFP8  ? "FP8"
+                                 : xf == ExpertFormat::kInt4 ? "INT4"
+                                                             : "BF16";
   auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
     return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d);
   };

@@ -100,12 +100,14 @@ void run_inspect(InspectArgs& a) {
              c.num_layers, c.num_kda_layers(), c.num_mla_layers(), c.vocab);
   fmt::print("schedule     {} (K = KDA, M = MLA; layers 0..{} dense, the rest MoE)\n", sched,
              c.first_k_dense - 1);
-  fmt::print("KDA          {} heads x {}, conv {}, {}, f_a rank {}{}\n", c.kda.num_heads,
-             c.kda.head_dim, c.kda.conv_kernel,
-             c.kda.decay == KdaDecay::kSoftplus
-                 ? std::string("decay -exp(A_log)*softplus (unbounded)")
-                 : fmt::format("gate lower bound {}", c.kda.gate_lower_bound),
-             rep.f_a_rank, c.kda.low_rank_output_gate ? ", low-rank output gate" : "");
+  if (c.num_kda_layers() > 0) {
+    fmt::print("KDA          {} heads x {}, conv {}, {}, f_a rank {}{}\n", c.kda.num_heads,
+               c.kda.head_dim, c.kda.conv_kernel,
+               c.kda.decay == KdaDecay::kSoftplus
+                   ? std::string("decay -exp(A_log)*softplus (unbounded)")
+                   : fmt::format("gate lower bound {}", c.kda.gate_lower_bound),
+               rep.f_a_rank, c.kda.low_rank_output_gate ? ", low-rank output gate" : "");
+  }
   const auto& rp = c.mla.rope;
   const std::string rope = !rp.enabled ? std::string("unrotated")
                            : rp.factor > 1.0
