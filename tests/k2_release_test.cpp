@@ -104,7 +104,8 @@ TEST(K2Release, DoctorForecastsTheReleasedShapes) {
                                      "--dir", dir, "--memory-budget", "64G"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
   for (const char* s : {"Kimi K2 Thinking", "moonshotai/Kimi-K2-Thinking", "61 layers",
-                        "384 experts", "594.21 GB needed", "INT4", "forecast"})
+                        "384 experts", "594.21 GB needed", "INT4", "forecast",
+                        "EAGLE-3.1-shaped drafter (none published for this model)"})
     EXPECT_NE(t.out.find(s), std::string::npos) << s << "\n" << t.out;
   const auto bad = test::run_deltafin({"doctor", "--shape", "kimi-k9"});
   EXPECT_EQ(bad.exit_code, 2) << bad.err;

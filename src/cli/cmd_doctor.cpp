@@ -407,7 +407,9 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
     dname = fmt::format("{} (its draft/ folder)", draft_kind_name(m.draft->config().kind));
   } else {
     da = draft_assumption(false, draft_weight_bytes(eagle31_shape(c), /*with_embeddings=*/false));
-    dname = "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)";
+    // K3's published drafter; for another family, a drafter of its shape (none is published).
+    dname = c.family == Family::kK3 ? "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)"
+                                    : "an EAGLE-3.1-shaped drafter (none published for this model)";
   }
   PlanOptions pd = po;
   pd.shape.draft_weight_bytes = da.weight_bytes;
