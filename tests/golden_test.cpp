@@ -2,7 +2,10 @@
 // a float64 evaluation of the K3 semantics; tests/data/kimi-linear-tiny: Kimi-Linear's tiny
 // release-layout checkpoint (tools/family/make_tiny_kimi_linear.py) with its case from the float64
 // reference (tools/family/kimi_linear_ref.py case; decays that underflow float32, docs/FAMILY.md
-// KL.11). The engine must match within 2e-3 with identical
+// KL.11); tests/data/k2-tiny, k2-int4-tiny, k25-tiny, deepseek-v3-tiny: the DeepSeek-V3
+// architecture in Kimi K2's FP8, K2-Thinking's INT4, K2.5's nested and DeepSeek-V3's FP8 +
+// grouped-router layouts (tools/family/make_tiny_deepseek_v3.py --small, deepseek_v3_ref.py case:
+// exact dequantisation, YaRN RoPE). The engine must match within 2e-3 with identical
 // argmax at every position, in prefill, decode and split modes through the real binary, and
 // reproduce the greedy continuation.
 #include <gtest/gtest.h>
@@ -94,7 +97,8 @@ TEST_P(Golden, LogitsThroughBinaryMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllModes, Golden,
-    ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny"),
+    ::testing::Combine(::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny",
+                                         "k2-tiny", "k2-int4-tiny", "k25-tiny", "deepseek-v3-tiny"),
                        ::testing::Values("prefill", "decode", "split:1", "split:7", "split:19")),
     case_name);
 
@@ -170,7 +174,9 @@ TEST_P(GoldenGreedy, ContinuationReproduced) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, GoldenGreedy,
-                         ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny"),
+                         ::testing::Values("k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny",
+                                           "k2-tiny", "k2-int4-tiny", "k25-tiny",
+                                           "deepseek-v3-tiny"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

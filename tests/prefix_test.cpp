@@ -109,7 +109,7 @@ TEST_P(PrefixExact, ARestoredStateContinuesBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefixExact,
                          ::testing::Values("k3-tiny-bf16", "k3-tiny-mxfp4", "small-k3",
-                                           "kimi-linear-tiny"),
+                                           "kimi-linear-tiny", "k2-tiny", "deepseek-v3-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

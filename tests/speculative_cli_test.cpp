@@ -86,6 +86,11 @@ TEST(SpeculativeCli, RunIsIdenticalOnEveryGoldenModel) {
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16", "kimi-linear-tiny"}) {
     expect_identical_runs(test::data_dir() + "/" + name + "/model", "3,1,4,1,5,9,2,6");
   }
+  // The DeepSeek-V3-architecture goldens: after the golden prompt K2's three stop at their
+  // config's eos_token_id (2, the 5th greedy token), so they get a prompt that decodes 20 tokens.
+  for (const char* name : {"k2-tiny", "k2-int4-tiny", "k25-tiny", "deepseek-v3-tiny"}) {
+    expect_identical_runs(test::data_dir() + "/" + name + "/model", "11,4,9,4,9,4");
+  }
 }
 
 TEST(SpeculativeCli, RunIsIdenticalOnAK3PresetModelAtTheMinimumBudget) {

@@ -171,12 +171,13 @@ ojson forecast_json(const std::string& name, const Forecast& f, int64_t prompt) 
   return j;
 }
 
-// The tensor table of the released K3 (from its config alone).
-// The tensors a release holds, as the inventory lists them (no checkpoint on disk).
+// The tensors a release holds, as the inventory lists them (no checkpoint on disk): its routed
+// experts in their format, and FP8 trunk linears with their block scales where it has them.
 TensorTable released_tensors(const ModelConfig& c) {
   TensorTable t;
   InventoryOptions o;
   o.expert_format = c.expert_format();
+  o.fp8_trunk = c.fp8_trunk;
   for (const auto& e : expected_tensors(c, o)) {
     TensorInfo info;
     info.name = e.name;
@@ -383,6 +384,12 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
   const KernelSpeeds s =
       measure_kernel_speeds(c, m.tensors, rows, plan.pass.block_rows, global_pool());
   r["speeds"] = speeds_json(s);
+  // The routed experts' format the mxfp4_* rates were measured in (K3: MXFP4; K2: FP8; ...).
+  const ExpertFormat xf = c.expert_format();
+  r["speeds"]["expert_format"] = xf == ExpertFormat::kMXFP4  ? "MXFP4"
+                                 : xf == ExpertFormat::kFP8  ? "FP8"
+                                 : xf == ExpertFormat::kInt4 ? "INT4"
+                                                             : "BF16";
   auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
     return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d);
   };
@@ -400,7 +407,9 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
     dname = fmt::format("{} (its draft/ folder)", draft_kind_name(m.draft->config().kind));
   } else {
     da = draft_assumption(false, draft_weight_bytes(eagle31_shape(c), /*with_embeddings=*/false));
-    dname = "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)";
+    // K3's published drafter; for another family, a drafter of its shape (none is published).
+    dname = c.family == Family::kK3 ? "EAGLE-3.1 (lightseekorg/kimi-k3-eagle3.1-mla)"
+                                    : "an EAGLE-3.1-shaped drafter (none published for this model)";
   }
   PlanOptions pd = po;
   pd.shape.draft_weight_bytes = da.weight_bytes;

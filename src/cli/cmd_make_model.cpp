@@ -1,9 +1,11 @@
 // `deltafin make-model`: writes a synthetic checkpoint in the exact release layout (random
-// weights, a real architecture: K3, or Kimi-Linear with --preset kimi-linear) for tests,
-// benchmarks and the demo.
+// weights, a real architecture: K3, Kimi-Linear with --preset kimi-linear, the DeepSeek-V3
+// architecture as Kimi K2 / K2-Thinking / K2.5 / DeepSeek-V3 release it with --preset k2, k2-int4,
+// k25, deepseek-v3) for tests, benchmarks and the demo.
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "cli/commands.h"
@@ -21,6 +23,7 @@ struct MakeModelArgs {
   std::string out;
   std::string preset = "tiny";
   int64_t layers = 0, experts = 0, top_k = 0, hidden = 0, vocab = 0, dense_layers = -1, block = 0;
+  int64_t groups = 0;
   int64_t max_positions = 0;
   std::vector<int64_t> mla_layers;
   double scaling = 0;
@@ -92,16 +95,31 @@ void run_make_model(const MakeModelArgs& a) {
   if (s.vision && s.family == Family::kKimiLinear)
     fail_arg("--vision: Kimi-Linear is a text model (only --preset tiny or k3 take a tower)");
   if (!a.format.empty()) {
-    if (a.format == "mxfp4")
+    const bool ds = s.family == Family::kDeepseekV3;
+    if (a.format == "mxfp4" && !ds)
       s.expert_format = ExpertFormat::kMXFP4;
     else if (a.format == "bf16")
       s.expert_format = ExpertFormat::kBF16;
+    else if (a.format == "fp8" && ds)
+      s.expert_format = ExpertFormat::kFP8;
+    else if (a.format == "int4" && ds)
+      s.expert_format = ExpertFormat::kInt4;
     else
-      fail_arg("--experts-format {}: expected mxfp4 or bf16", a.format);
+      fail_arg("--experts-format {}: expected {}", a.format,
+               ds ? "fp8 (and an FP8 trunk), int4 (BF16 trunk) or bf16 (everything BF16) for a "
+                    "DeepSeek-V3 / K2 preset"
+                  : "mxfp4 or bf16");
+  }
+  if (a.groups > 0) {
+    if (s.family != Family::kDeepseekV3)
+      fail_arg("--groups: only the DeepSeek-V3 family routes by groups");
+    s.groups = a.groups;
+    s.topk_groups = std::max<int64_t>(1, a.groups / 2);
   }
   if (!a.shard_size.empty()) s.shard_bytes = parse_size(a.shard_size, "shard size");
   s.seed = a.seed;
-  s.tokenizer = !a.no_tokenizer;
+  // DeepSeek-V3's own tokenizer (tokenizer.json BPE) is not made here; its preset has none.
+  s.tokenizer = !a.no_tokenizer && s.model_type != "deepseek_v3";
   if (s.vocab < 512)
     fail_arg("--vocab {}: must be at least 512 (256 byte tokens + 256 special ids)", s.vocab);
   if (s.top_k > s.experts) fail_arg("--top-k {} exceeds --experts {}", s.top_k, s.experts);
@@ -134,9 +152,14 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("OUT", a->out, "Output folder (created; must not hold anything)")->required();
   cmd->add_option("--preset", a->preset,
                   "tiny (the golden tiny shape), k3 (real K3 dimensions, 4 layers, "
-                  "32 experts, vocab 32768 unless overridden) or kimi-linear (Kimi-Linear-48B's "
+                  "32 experts, vocab 32768 unless overridden), kimi-linear (Kimi-Linear-48B's "
                   "dimensions, BF16: 4 layers — KDA + dense, 2 KDA + MoE, MLA + MoE — 32 experts "
-                  "top-8, vocab 32768 unless overridden)")
+                  "top-8, vocab 32768 unless overridden), k2 (Kimi-K2-Instruct-0905's dimensions, "
+                  "FP8 with 128x128 block scales: 3 layers — dense, 2 MoE — 32 experts top-8, "
+                  "vocab 32768), k2-int4 (K2-Thinking: BF16 trunk, INT4 experts), k25 (K2.5's "
+                  "text model, nested, INT4 experts) or deepseek-v3 (DeepSeek-V3's dimensions, "
+                  "FP8: 4 layers — 2 dense, 2 MoE — 32 experts in 8 groups, the MTP layer, no "
+                  "tokenizer)")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers,
                   "Number of layers (MLA at every 4th and the last unless --mla-layers)")
@@ -158,7 +181,12 @@ void register_make_model(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--routed-scaling", a->scaling, "routed_scaling_factor")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--experts-format", a->format, "mxfp4 (default) or bf16");
+  cmd->add_option("--experts-format", a->format,
+                  "mxfp4 (K3's default) or bf16; for the DeepSeek-V3 / K2 presets fp8 (with an "
+                  "FP8 trunk), int4 (BF16 trunk) or bf16 (all BF16)");
+  cmd->add_option("--groups", a->groups,
+                  "DeepSeek-V3 presets: n_group (the router keeps the best half of the groups)")
+      ->check(positive());
   cmd->add_option("--shard-size", a->shard_size,
                   "Target shard size, e.g. 4G (default 4M tiny, 4G k3)");
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();

@@ -125,13 +125,15 @@ std::string doctor_text(const ojson& r) {
   }
   if (r.contains("speeds")) {
     const ojson& s = r["speeds"];
+    // The experts' own format (the mxfp4_* fields hold it for every family).
+    const std::string xf = s.contains("expert_format") ? str(s, "expert_format") : "MXFP4";
     o += fmt::format(
-        "  measured   memory {}/s; one-row products: BF16 {}/s, MXFP4 {}/s, int8 {}/s; {} rows: "
-        "BF16 {:.1f} GFLOP/s; MXFP4 at {} rows {:.1f} GFLOP/s (FMA peak {:.1f})\n",
+        "  measured   memory {}/s; one-row products: BF16 {}/s, {} {}/s, int8 {}/s; {} rows: "
+        "BF16 {:.1f} GFLOP/s; {} at {} rows {:.1f} GFLOP/s (FMA peak {:.1f})\n",
         disk_bytes(num(s, "memory_bandwidth_bytes_per_s")),
-        disk_bytes(num(s, "bf16_gemv_bytes_per_s")), disk_bytes(num(s, "mxfp4_gemv_bytes_per_s")),
-        disk_bytes(num(s, "int8_gemv_bytes_per_s")), num(s, "trunk_rows"),
-        num(s, "bf16_gemm_flops_per_s") / 1e9, num(s, "expert_rows"),
+        disk_bytes(num(s, "bf16_gemv_bytes_per_s")), xf,
+        disk_bytes(num(s, "mxfp4_gemv_bytes_per_s")), disk_bytes(num(s, "int8_gemv_bytes_per_s")),
+        num(s, "trunk_rows"), num(s, "bf16_gemm_flops_per_s") / 1e9, xf, num(s, "expert_rows"),
         num(s, "mxfp4_gemm_flops_per_s") / 1e9, num(s, "fma_peak_flops_per_s") / 1e9);
   }
   if (r.contains("forecasts")) {

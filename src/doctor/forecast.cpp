@@ -324,15 +324,22 @@ KernelSpeeds measure_kernel_speeds(const ModelConfig& c, const TensorTable& tens
     s.f32_gemm = gemm_rate(m, std::min<int64_t>(s.trunk_rows, 32), pool);
   }
   if (c.moe.num_experts > 0 && c.moe.intermediate > 0 && c.expert_dim() > 0) {
-    // Routed experts: gate, up [I, D] and down [D, I] in MXFP4, as many experts as make ~150 MB.
+    // Routed experts: gate, up [I, D] and down [D, I] in their format (K3: MXFP4; Kimi K2: FP8;
+    // K2-Thinking: INT4; Kimi-Linear: BF16; mxfp4_gemv / mxfp4_gemm name K3's), as many experts
+    // as make ~150 MB.
     const int64_t I = c.moe.intermediate, D = c.expert_dim();
+    const ExpertFormat xf = c.expert_format();
+    const WeightFormat ef = xf == ExpertFormat::kFP8    ? WeightFormat::kFP8
+                            : xf == ExpertFormat::kInt4 ? WeightFormat::kInt4
+                            : xf == ExpertFormat::kBF16 ? WeightFormat::kBF16
+                                                        : WeightFormat::kMXFP4;
     const double expert = 3.0 * static_cast<double>(I * D) * (0.5 + 1.0 / 32);
     const int n = static_cast<int>(std::clamp(150e6 / expert, 2.0, 64.0));
     std::vector<OwnedMatrix> m;
     for (int e = 0; e < n; ++e) {
-      m.push_back(make_matrix(WeightFormat::kMXFP4, I, D, fill));
-      m.push_back(make_matrix(WeightFormat::kMXFP4, I, D, fill));
-      m.push_back(make_matrix(WeightFormat::kMXFP4, D, I, fill));
+      m.push_back(make_matrix(ef, I, D, fill));
+      m.push_back(make_matrix(ef, I, D, fill));
+      m.push_back(make_matrix(ef, D, I, fill));
     }
     s.mxfp4_gemv = gemv_rate(m, pool);
     // Prefill: one expert's three products with n rows, at the row counts a pass of

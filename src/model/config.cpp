@@ -1,5 +1,6 @@
 // The K3 parser, the routing on `architectures`, and what every family shares (the layer
-// schedule of linear_attn_config). Kimi-Linear's parser is config_kimi_linear.cpp.
+// schedule of linear_attn_config). Kimi-Linear's parser is config_kimi_linear.cpp, DeepSeek-V3 /
+// Kimi K2's config_deepseek_v3.cpp.
 #include "model/config.h"
 
 #include <fmt/ranges.h>
@@ -122,6 +123,22 @@ const char* family_name(Family f) {
       return "K3";
     case Family::kKimiLinear:
       return "Kimi-Linear";
+    case Family::kDeepseekV3:
+      return "DeepSeek-V3 / Kimi K2";
+  }
+  return "?";
+}
+
+const char* expert_format_name(ExpertFormat f) {
+  switch (f) {
+    case ExpertFormat::kMXFP4:
+      return "MXFP4";
+    case ExpertFormat::kBF16:
+      return "BF16";
+    case ExpertFormat::kFP8:
+      return "FP8 E4M3 (128x128 block scales)";
+    case ExpertFormat::kInt4:
+      return "INT4 (pack-quantized, group 32)";
   }
   return "?";
 }
@@ -149,6 +166,7 @@ ModelConfig parse_k3_config(const json& root, const std::string& path) {
   ModelConfig c;
   c.path = path;
   c.family = Family::kK3;
+  c.model_type = "kimi_k3";
   c.activation = Activation::kSiTU;
   c.residual = ResidualForm::kAttnRes;
   c.names.prefix = "language_model.";
@@ -310,10 +328,14 @@ ModelConfig parse_config(const std::string& json_text, const std::string& path) 
   for (const auto& a : archs) {
     if (a == "KimiK3ForConditionalGeneration") return parse_k3_config(root, path);
     if (a == "KimiLinearForCausalLM") return parse_kimi_linear_config(root, path);
+    if (a == "DeepseekV3ForCausalLM") return parse_deepseek_v3_config(root, path);
+    if (a == "KimiK25ForConditionalGeneration") return parse_kimi_k25_config(root, path);
   }
   fail(
-      "{}: architectures: expected [\"KimiK3ForConditionalGeneration\"] (Kimi K3) or "
-      "[\"KimiLinearForCausalLM\"] (Kimi-Linear), found {} (this architecture is not supported)",
+      "{}: architectures: expected [\"KimiK3ForConditionalGeneration\"] (Kimi K3), "
+      "[\"KimiLinearForCausalLM\"] (Kimi-Linear), [\"DeepseekV3ForCausalLM\"] (Kimi K2, "
+      "DeepSeek-V3) or [\"KimiK25ForConditionalGeneration\"] (Kimi K2.5), found {} (this "
+      "architecture is not supported)",
       path, root.contains("architectures") ? root["architectures"].dump() : "nothing");
 }
 

@@ -23,6 +23,7 @@ ModelConfig parse_kimi_linear_config(const json& root, const std::string& path) 
   ModelConfig c;
   c.path = path;
   c.family = Family::kKimiLinear;
+  c.model_type = "kimi_linear";
   c.activation = Activation::kSiLU;
   c.residual = ResidualForm::kPreNorm;
   c.names.prefix = "";

@@ -25,4 +25,10 @@ void parse_layer_schedule(const nlohmann::json& lin, const std::string& prefix, 
 // KimiLinearForCausalLM (docs/FAMILY.md KL.2); config_kimi_linear.cpp.
 ModelConfig parse_kimi_linear_config(const nlohmann::json& root, const std::string& path);
 
+// DeepseekV3ForCausalLM (Kimi K2, K2-Thinking, DeepSeek-V3 / V3.1) and
+// KimiK25ForConditionalGeneration (its text_config) (docs/FAMILY.md "DeepSeek-V3 and Kimi K2");
+// config_deepseek_v3.cpp.
+ModelConfig parse_deepseek_v3_config(const nlohmann::json& root, const std::string& path);
+ModelConfig parse_kimi_k25_config(const nlohmann::json& root, const std::string& path);
+
 }  // namespace deltafin

@@ -19,15 +19,48 @@ std::string expert_prefix(const ModelConfig& c, int64_t layer, int64_t expert) {
 }
 
 bool is_routed_expert_tensor(const std::string& name) {
-  return name.find(".block_sparse_moe.experts.") != std::string::npos;
+  return name.find(".block_sparse_moe.experts.") != std::string::npos ||
+         name.find(".mlp.experts.") != std::string::npos;
 }
 
-std::vector<std::string> expert_tensor_suffixes(ExpertFormat f) {
-  if (f == ExpertFormat::kMXFP4) {
-    return {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
-            "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
+std::vector<ExpertTensor> expert_tensors(const ModelConfig& c, ExpertFormat f) {
+  // On disk: K3 and Kimi-Linear write w1, w2, w3; DeepSeek-V3 / K2 gate, up, down.
+  const auto& n = c.names.expert_proj;
+  const std::vector<int> order =
+      c.family == Family::kDeepseekV3 ? std::vector<int>{0, 2, 1} : std::vector<int>{0, 1, 2};
+  std::vector<ExpertTensor> out;
+  for (int m : order) {
+    const std::string& p = n[static_cast<size_t>(m)];
+    switch (f) {
+      case ExpertFormat::kMXFP4:
+        out.push_back({p + ".weight_packed", m, ExpertPart::kWeight});
+        out.push_back({p + ".weight_scale", m, ExpertPart::kScale});
+        break;
+      case ExpertFormat::kBF16:
+        out.push_back({p + ".weight", m, ExpertPart::kWeight});
+        break;
+      case ExpertFormat::kFP8:
+        out.push_back({p + ".weight", m, ExpertPart::kWeight});
+        out.push_back({p + ".weight_scale_inv", m, ExpertPart::kScale});
+        break;
+      case ExpertFormat::kInt4:
+        out.push_back({p + ".weight_packed", m, ExpertPart::kWeight});
+        out.push_back({p + ".weight_scale", m, ExpertPart::kScale});
+        out.push_back({p + ".weight_shape", m, ExpertPart::kShape});
+        break;
+    }
   }
-  return {"w1.weight", "w2.weight", "w3.weight"};
+  return out;
+}
+
+std::vector<std::string> expert_tensor_suffixes(const ModelConfig& c, ExpertFormat f) {
+  std::vector<std::string> out;
+  for (const auto& t : expert_tensors(c, f)) out.push_back(t.suffix);
+  return out;
+}
+
+std::vector<int64_t> fp8_scale_shape(const std::vector<int64_t>& w) {
+  return {(w[0] + 127) / 128, (w[1] + 127) / 128};
 }
 
 namespace {
@@ -108,10 +141,110 @@ std::vector<ExpectedTensor> kimi_linear_tensors(const ModelConfig& c, const Inve
   return out;
 }
 
+// DeepSeek-V3 / Kimi K2's tensors (docs/FAMILY.md "DeepSeek-V3 and Kimi K2", §Tensors): `model.`
+// names (K2.5: under `language_model.`), no AttnRes, MLA with q_a/q_b and no gate, `mlp.` with a
+// dense MLP or a router with its F32 correction bias, shared experts and gate/up/down experts.
+// Linears are BF16, or FP8 with F32 block scales (fp8_trunk); routed experts in the expert format.
+// The MTP layers (num_nextn_predict_layers) follow the decoder layers: the embedding copy, enorm,
+// hnorm, eh_proj, a whole MoE decoder layer and the shared head.
+std::vector<ExpectedTensor> deepseek_v3_tensors(const ModelConfig& c, const InventoryOptions& o) {
+  std::vector<ExpectedTensor> out;
+  const DType bf = DType::kBF16, f32 = DType::kF32;
+  auto add = [&](std::string name, std::vector<int64_t> shape, DType dt, int layer = -1,
+                 int expert = -1) {
+    out.push_back({std::move(name), std::move(shape), dt, layer, expert});
+  };
+  // A trunk linear: BF16, or FP8 followed by its block scales.
+  auto quantised = [&](std::string name, std::vector<int64_t> shape, DType dt, int layer,
+                       int expert, const std::vector<int64_t>& logical) {
+    out.push_back({std::move(name), std::move(shape), dt, layer, expert, logical});
+  };
+  auto linear = [&](const std::string& name, std::vector<int64_t> shape, int layer) {
+    if (!o.fp8_trunk) return add(name, std::move(shape), bf, layer);
+    quantised(name, shape, DType::kF8E4M3, layer, -1, shape);
+    quantised(name + "_scale_inv", fp8_scale_shape(shape), f32, layer, -1, shape);
+  };
+  auto expert_linear = [&](const std::string& name, std::vector<int64_t> shape, int layer, int e) {
+    switch (o.expert_format) {
+      case ExpertFormat::kFP8:
+        quantised(name, shape, DType::kF8E4M3, layer, e, shape);
+        quantised(name + "_scale_inv", fp8_scale_shape(shape), f32, layer, e, shape);
+        break;
+      case ExpertFormat::kInt4:
+        quantised(name + "_packed", {shape[0], (shape[1] + 7) / 8}, DType::kI32, layer, e, shape);
+        quantised(name + "_scale", {shape[0], (shape[1] + 31) / 32}, bf, layer, e, shape);
+        quantised(name + "_shape", {2}, DType::kI64, layer, e, shape);
+        break;
+      default:
+        add(name, std::move(shape), bf, layer, e);
+    }
+  };
+  const int64_t H = c.hidden;
+  const auto& m = c.mla;
+  add(c.names.embed(), {c.vocab, H}, bf);
+  for (int64_t i = 0; i < c.num_layers + c.mtp_layers; ++i) {
+    const std::string P = c.names.layer(i);
+    const int L = static_cast<int>(i);
+    const bool mtp = i >= c.num_layers;
+    if (mtp) {
+      add(P + "embed_tokens.weight", {c.vocab, H}, bf, L);
+      add(P + "enorm.weight", {H}, bf, L);
+      add(P + "hnorm.weight", {H}, bf, L);
+      add(P + "eh_proj.weight", {H, 2 * H}, bf, L);
+    }
+    add(P + "input_layernorm.weight", {H}, bf, L);
+    const std::string A = P + "self_attn.";
+    if (m.q_lora_rank > 0) {
+      linear(A + "q_a_proj.weight", {m.q_lora_rank, H}, L);
+      add(A + "q_a_layernorm.weight", {m.q_lora_rank}, bf, L);
+      linear(A + "q_b_proj.weight", {m.num_heads * m.q_head_dim(), m.q_lora_rank}, L);
+    } else {
+      linear(A + "q_proj.weight", {m.num_heads * m.q_head_dim(), H}, L);
+    }
+    linear(A + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_dim, H}, L);
+    add(A + "kv_a_layernorm.weight", {m.kv_lora_rank}, bf, L);
+    linear(A + "kv_b_proj.weight", {m.num_heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank},
+           L);
+    linear(A + "o_proj.weight", {H, m.num_heads * m.v_head_dim}, L);
+    add(P + "post_attention_layernorm.weight", {H}, bf, L);
+    if (!mtp && c.is_dense(i)) {
+      linear(P + "mlp.gate_proj.weight", {c.dense_intermediate, H}, L);
+      linear(P + "mlp.up_proj.weight", {c.dense_intermediate, H}, L);
+      linear(P + "mlp.down_proj.weight", {H, c.dense_intermediate}, L);
+    } else {
+      const auto& e = c.moe;
+      const std::string M = c.names.moe(i);
+      add(M + "gate.weight", {e.num_experts, H}, bf, L);
+      add(M + "gate.e_score_correction_bias", {e.num_experts}, f32, L);
+      const int64_t I = e.intermediate;
+      for (int64_t x = 0; x < e.num_experts; ++x) {
+        const std::string E = c.names.expert(i, x);
+        const int X = static_cast<int>(x);
+        expert_linear(E + "gate_proj.weight", {I, H}, L, X);
+        expert_linear(E + "up_proj.weight", {I, H}, L, X);
+        expert_linear(E + "down_proj.weight", {H, I}, L, X);
+      }
+      if (e.num_shared_experts > 0) {
+        linear(M + "shared_experts.gate_proj.weight", {e.shared_intermediate(), H}, L);
+        linear(M + "shared_experts.up_proj.weight", {e.shared_intermediate(), H}, L);
+        linear(M + "shared_experts.down_proj.weight", {H, e.shared_intermediate()}, L);
+      }
+    }
+    if (mtp) {
+      add(P + "shared_head.norm.weight", {H}, bf, L);
+      add(P + "shared_head.head.weight", {c.vocab, H}, bf, L);
+    }
+  }
+  add(c.names.final_norm(), {H}, bf);
+  if (!c.tie_embeddings) add(c.names.lm_head(), {c.vocab, H}, bf);
+  return out;
+}
+
 }  // namespace
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const InventoryOptions& o) {
   if (c.family == Family::kKimiLinear) return kimi_linear_tensors(c, o);
+  if (c.family == Family::kDeepseekV3) return deepseek_v3_tensors(c, o);
   std::vector<ExpectedTensor> out;
   const DType bf = DType::kBF16, f32 = DType::kF32, u8 = DType::kU8;
   auto add = [&](std::string name, std::vector<int64_t> shape, DType dt, int layer = -1,
@@ -204,9 +337,27 @@ std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const Invento
 }
 
 namespace {
-bool ignored_name(const std::string& n) {
-  for (const char* p : {"language_model.vision_tower.", "language_model.mm_projector."}) {
-    if (n.rfind(p, 0) == 0) return true;
+// Tensors a checkpoint may hold that the text model does not use: K3's older nested vision tower
+// and projector, K2.5's tower and projector (not run: its vision_config is not K3's); the rotary
+// tables some DeepSeek-V3 / K2 exports carry per layer (the engine computes its own, docs/FAMILY.md
+// §Files).
+bool ignored_name(const ModelConfig& c, const std::string& n) {
+  if (c.family == Family::kK3) {
+    for (const char* p : {"language_model.vision_tower.", "language_model.mm_projector."}) {
+      if (n.rfind(p, 0) == 0) return true;
+    }
+  }
+  if (c.family == Family::kDeepseekV3 && c.names.prefix == "language_model.") {
+    for (const char* p : {"vision_tower.", "mm_projector.", "language_model.vision_tower.",
+                          "language_model.mm_projector."}) {
+      if (n.rfind(p, 0) == 0) return true;
+    }
+  }
+  if (c.family == Family::kDeepseekV3 && n.rfind(c.names.prefix + "model.layers.", 0) == 0) {
+    for (const char* x : {".self_attn.rotary_emb.inv_freq", ".self_attn.rotary_emb.cos_cached",
+                          ".self_attn.rotary_emb.sin_cached"}) {
+      if (n.ends_with(x)) return true;
+    }
   }
   return false;
 }
@@ -244,10 +395,26 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
   rep.f_a_rank = rank_of("f_a_proj.weight");
   InventoryOptions opt{rep.expert_format, rep.f_a_rank};
   if (c.kda.low_rank_output_gate) opt.g_a_rank = rank_of("g_a_proj.weight");
+  opt.fp8_trunk = c.fp8_trunk;
   auto expected = expected_tensors(c, opt);
-  // A vision checkpoint: its tower and projector are part of the inventory.
+  // DeepSeek-V3's MTP eh_proj is BF16 as far as any release shows; an FP8 one (with its block
+  // scales) is accepted too (docs/FAMILY.md §Tensors).
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ExpectedTensor& e = expected[i];
+    const TensorInfo* t = find(e.name);
+    if (c.fp8_trunk && e.name.ends_with(".eh_proj.weight") && t != nullptr &&
+        t->dtype == DType::kF8E4M3) {
+      e.dtype = DType::kF8E4M3;
+      e.logical = e.shape;
+      expected.insert(expected.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                      ExpectedTensor{e.name + "_scale_inv", fp8_scale_shape(e.shape), DType::kF32,
+                                     e.layer, -1, e.shape});
+      break;
+    }
+  }
+  // A vision checkpoint: its tower and projector are part of the inventory (K2.5's are ignored).
   for (const auto& [name, t] : tensors) {
-    if (is_vision_tensor(name)) {
+    if (c.family != Family::kDeepseekV3 && is_vision_tensor(name)) {
       rep.vision = true;
       break;
     }
@@ -286,14 +453,17 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
       shape_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, shape_to_string(e.shape),
                                       t->shape_string()));
     }
-    if (t->dtype != e.dtype) {
+    // INT4's logical shape: I64 as the Kimi files write it, or I32 as compressed-tensors declares.
+    const bool shape_i32 =
+        e.dtype == DType::kI64 && t->dtype == DType::kI32 && e.name.ends_with(".weight_shape");
+    if (t->dtype != e.dtype && !shape_i32) {
       dtype_bad.push_back(fmt::format("{}: expected {}, found {}", e.name, dtype_name(e.dtype),
                                       dtype_name(t->dtype)));
     }
   }
   for (const auto& [name, t] : tensors) {
     if (expected_names.count(name)) continue;
-    if (c.family == Family::kK3 && ignored_name(name)) {
+    if (ignored_name(c, name)) {
       ++rep.ignored;
       continue;
     }
@@ -302,11 +472,10 @@ InventoryReport check_inventory(const ModelConfig& c, const TensorTable& tensors
   if (!missing.empty() || !extra.empty() || !shape_bad.empty() || !dtype_bad.empty() ||
       !vision_problem.empty()) {
     std::string msg = fmt::format(
-        "{}: the tensors do not match {} (a {} checkpoint; {} routed experts expected, as "
+        "{}: the tensors do not match {} (a {} checkpoint; {} routed experts{} expected, as "
         "the config {} a quantization_config)",
-        dir, c.path, family_name(c.family),
-        rep.expert_format == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16",
-        c.quantized_experts ? "has" : "has no");
+        dir, c.path, family_name(c.family), expert_format_name(rep.expert_format),
+        c.fp8_trunk ? " and FP8 trunk linears" : "", c.quantized_experts ? "has" : "has no");
     append_limited(msg, "missing", missing);
     append_limited(msg, "extra", extra);
     append_limited(msg, "wrong shape", shape_bad);

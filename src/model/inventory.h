@@ -21,26 +21,51 @@ struct ExpectedTensor {
   DType dtype;
   int layer = -1;   // -1 for globals
   int expert = -1;  // routed expert id, -1 for trunk tensors
+  // The [rows, cols] of the weight a quantised tensor belongs to (the packed codes, the scales
+  // and INT4's weight_shape, which holds these values); empty for plain tensors.
+  std::vector<int64_t> logical = {};
 };
 
 // Names (the family's prefix included: K3 `language_model.model.layers.N.`, Kimi-Linear
 // `model.layers.N.`): c.names.layer / c.names.expert.
 std::string layer_prefix(const ModelConfig& c, int64_t layer);
 std::string expert_prefix(const ModelConfig& c, int64_t layer, int64_t expert);
-// Whether a tensor name is a routed expert's (`...block_sparse_moe.experts.E.`), not the trunk's.
+// Whether a tensor name is a routed expert's (`...block_sparse_moe.experts.E.`,
+// `...mlp.experts.E.`), not the trunk's.
 bool is_routed_expert_tensor(const std::string& name);
 
 struct InventoryOptions {
   ExpertFormat expert_format = ExpertFormat::kMXFP4;
   int64_t f_a_rank = 0;  // KDA f_a_proj rank; 0 = head_dim
   int64_t g_a_rank = 0;  // KDA g_a_proj rank (low-rank output gate); 0 = head_dim
+  // DeepSeek-V3 / K2: every trunk linear FP8 E4M3 with its F32 weight_scale_inv (the MTP layer's
+  // eh_proj stays BF16; check_inventory also accepts it FP8).
+  bool fp8_trunk = false;
 };
 
-// Everything the config implies, in release order (per layer: trunk tensors, then experts).
+// Everything the config implies, in release order (per layer: trunk tensors, then experts; a
+// DeepSeek-V3 checkpoint's MTP layers after the decoder layers, before the final norm).
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c, const InventoryOptions& o);
-// The routed experts' tensor suffixes in their on-disk order for a format
-// (w1.weight_packed, w1.weight_scale, w2..., w3... for MXFP4; w1.weight, w2.weight, w3.weight).
-std::vector<std::string> expert_tensor_suffixes(ExpertFormat f);
+
+// One tensor of a routed expert: its name suffix after the expert's prefix, which matrix it
+// belongs to (0: gate, w1; 1: down, w2; 2: up, w3) and what it holds of it (kWeight: the weight
+// or its packed codes; kScale: the MXFP4 / INT4 group scales or the FP8 block scales; kShape:
+// INT4's logical [rows, cols]).
+enum class ExpertPart { kWeight, kScale, kShape };
+struct ExpertTensor {
+  std::string suffix;
+  int matrix = 0;
+  ExpertPart part = ExpertPart::kWeight;
+};
+// A routed expert's tensors in their on-disk order for the family's names and a format (K3 MXFP4:
+// w1.weight_packed, w1.weight_scale, w2..., w3...; BF16: w1.weight, w2.weight, w3.weight;
+// DeepSeek-V3 / K2: gate_proj, up_proj, down_proj, each .weight (+ .weight_scale_inv for FP8) or
+// .weight_packed, .weight_scale, .weight_shape for INT4).
+std::vector<ExpertTensor> expert_tensors(const ModelConfig& c, ExpertFormat f);
+std::vector<std::string> expert_tensor_suffixes(const ModelConfig& c, ExpertFormat f);
+// The block-scale tensor of an FP8 weight `X.weight`: `X.weight_scale_inv`, F32
+// [ceil(rows/128), ceil(cols/128)].
+std::vector<int64_t> fp8_scale_shape(const std::vector<int64_t>& weight_shape);
 
 struct InventoryReport {
   ExpertFormat expert_format = ExpertFormat::kMXFP4;
@@ -50,7 +75,8 @@ struct InventoryReport {
   // vision_tower.* / mm_projector.* tensors, which are then checked against vision_config.
   bool vision = false;
   size_t vision_tensors = 0;
-  size_t ignored = 0;  // language_model.vision_tower.* / language_model.mm_projector.*
+  size_t ignored = 0;  // K3: language_model.vision_tower.* / .mm_projector.*; K2.5's tower;
+                       // DeepSeek's rotary_emb.* extras
 };
 
 // A checkpoint's tensors by name.

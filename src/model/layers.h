@@ -110,5 +110,11 @@ Routing route_rows(const LayerContext& ctx, const Matrix& router,
 // factor. `ids` come out in ascending id order with their weights.
 void route_row(const float* logits, const float* bias, int64_t num_experts, int64_t top_k,
                bool renormalize, float scaling, int* ids, float* weights);
+// The same with DeepSeek-V3's group step first (MoeConfig::num_groups / topk_groups; 1 / 1 is the
+// call above): the experts of all but the topk_groups best groups — a group's score the sum of its
+// two best biased scores, ties to the lower group — are not selectable.
+void route_row(const float* logits, const float* bias, int64_t num_experts, int64_t top_k,
+               bool renormalize, float scaling, int64_t groups, int64_t topk_groups, int* ids,
+               float* weights);
 
 }  // namespace deltafin

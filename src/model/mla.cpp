@@ -1,11 +1,13 @@
-// NoPE multi-head latent attention (docs/MODEL.md §3.6) in the absorbed form: the cache holds
-// one latent row per position (the normed kv_lora latent c and the shared k_pe slice, never
-// rotated); each head's query is mapped into latent space (q̃ = Wk_hᵀ q_nope), scored against
-// [c | k_pe] with scale 1/sqrt(nope + rope), the softmax-weighted latent is mapped out by Wv_h,
-// gated by sigmoid(g_proj u) where the config has K3's output gate, and projected. The query is
-// K3's low-rank q_b(norm(q_a u)) or Kimi-Linear's one q_proj (FAMILY.md KL.6); DeepSeek-V3's
-// RoPE on the pe slices would enter where q and the cache rows are formed. Prefill and decode
-// share this path.
+// Multi-head latent attention (docs/MODEL.md §3.6) in the absorbed form: the cache holds one
+// latent row per position (the normed kv_lora latent c and the shared k_pe slice); each head's
+// query is mapped into latent space (q̃ = Wk_hᵀ q_nope), scored against [c | k_pe] with scale
+// 1/sqrt(nope + rope), the softmax-weighted latent is mapped out by Wv_h, gated by
+// sigmoid(g_proj u) where the config has K3's output gate, and projected. The query is K3's
+// low-rank q_b(norm(q_a u)) or Kimi-Linear's one q_proj (FAMILY.md KL.6). K3 and Kimi-Linear are
+// NoPE (k_pe and q_pe are never rotated); DeepSeek-V3 / Kimi K2 rotate both with YaRN RoPE at the
+// row's position where they are formed (rope.h), so the cache keeps the rotated k_pe and the
+// absorbed form is unchanged (RoPE touches only the pe slice), and the softmax scale carries
+// YaRN's mscale² (FAMILY.md §RoPE). Prefill and decode share this path.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "model/latent_attention.h"
 #include "model/layers.h"
 #include "model/ops.h"
+#include "model/rope.h"
 
 namespace deltafin {
 
@@ -46,6 +49,22 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
   for (int64_t r = 0; r < R; ++r) {
     ops::rmsnorm(ckv.data() + r * cw, w.kv_a_norm.data(), kLatentEps, dc, ckv.data() + r * cw);
   }
+  if (m.rope.enabled) {
+    // q_pe of every head and the shared k_pe, rotated at each row's position (one table per row).
+    const Rope rope(m.rope, dr);
+    for (const SeqRows& s : ctx.seqs) {
+      pool.parallel_for(s.count, 16, [&](int64_t b, int64_t e, int) {
+        std::vector<double> cs(static_cast<size_t>(dr));
+        for (int64_t t = b; t < e; ++t) {
+          rope.angles(s.base + t, cs.data());
+          const int64_t r = s.begin + t;
+          for (int64_t h = 0; h < nH; ++h)
+            Rope::apply(cs.data(), dr, q.data() + r * qw + h * (dn + dr) + dn);
+          Rope::apply(cs.data(), dr, ckv.data() + r * cw + dc);
+        }
+      });
+    }
+  }
   std::vector<float> gate;
   if (m.output_gate) {
     gate.resize(static_cast<size_t>(R * nH * dv));
@@ -65,7 +84,7 @@ void mla_forward(const LayerContext& ctx, const MlaWeights& w, int layer, const 
 
   // Attention, one task per (sequence, head).
   std::vector<float> o(static_cast<size_t>(R * nH * dv));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  const float scale = mla_softmax_scale(m);
   const kernels::MatmulFn mm = kernels::matmul_fn(w.kv_b.format);
   const kernels::MatmulTFn mt = kernels::matmul_t_fn(w.kv_b.format);
   const int64_t n_tasks = static_cast<int64_t>(ctx.seqs.size()) * nH;

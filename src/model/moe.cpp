@@ -10,6 +10,7 @@
 // expert outputs are then summed in ascending expert-id order, so the result does not depend on
 // the order experts ran in, on batching or on the thread count.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/thread_pool.h"
@@ -55,6 +56,11 @@ void mlp_forward(const LayerContext& ctx, const MlpWeights& w, const float* x, f
 
 void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k, bool renormalize,
                float scaling, int* ids, float* weights) {
+  route_row(logits, bias, E, top_k, renormalize, scaling, 1, 1, ids, weights);
+}
+
+void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k, bool renormalize,
+               float scaling, int64_t groups, int64_t topk_groups, int* ids, float* weights) {
   thread_local std::vector<int> order;
   thread_local std::vector<float> score, choice;
   order.resize(static_cast<size_t>(E));
@@ -63,6 +69,36 @@ void route_row(const float* logits, const float* bias, int64_t E, int64_t top_k,
   for (int64_t e = 0; e < E; ++e) {
     score[e] = ops::sigmoid(logits[e]);
     choice[e] = score[e] + bias[e];
+  }
+  if (groups > 1) {
+    // Group-limited selection (DeepSeek-V3): a group's score is the sum of its two best biased
+    // scores (exact in double); the topk_groups best groups (ties: lower group) keep their
+    // experts, every other expert is out of the running (−∞).
+    thread_local std::vector<double> gscore;
+    thread_local std::vector<int> gorder;
+    const int64_t per = E / groups;
+    gscore.resize(static_cast<size_t>(groups));
+    gorder.resize(static_cast<size_t>(groups));
+    for (int64_t g = 0; g < groups; ++g) {
+      float a = -INFINITY, b = -INFINITY;  // the best two of the group
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        if (choice[e] > a) {
+          b = a;
+          a = choice[e];
+        } else if (choice[e] > b) {
+          b = choice[e];
+        }
+      }
+      gscore[g] = static_cast<double>(a) + static_cast<double>(b);
+    }
+    std::iota(gorder.begin(), gorder.end(), 0);
+    std::partial_sort(
+        gorder.begin(), gorder.begin() + topk_groups, gorder.end(),
+        [&](int x, int y) { return gscore[x] > gscore[y] || (gscore[x] == gscore[y] && x < y); });
+    for (int64_t i = topk_groups; i < groups; ++i) {
+      const int64_t g = gorder[i];
+      std::fill(choice.begin() + g * per, choice.begin() + (g + 1) * per, -INFINITY);
+    }
   }
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int a, int b) {
@@ -91,7 +127,8 @@ Routing route_rows(const LayerContext& ctx, const Matrix& router,
   std::vector<bool> chosen(static_cast<size_t>(E), false);
   for (int64_t r = 0; r < R; ++r) {
     route_row(logits.data() + r * E, score_bias.data(), E, k, c.moe.renormalize,
-              c.moe.routed_scaling_factor, out.ids.data() + r * k, out.weights.data() + r * k);
+              c.moe.routed_scaling_factor, c.moe.num_groups, c.moe.topk_groups,
+              out.ids.data() + r * k, out.weights.data() + r * k);
     for (int64_t s = 0; s < k; ++s) chosen[static_cast<size_t>(out.ids[r * k + s])] = true;
   }
   for (int64_t e = 0; e < E; ++e) {

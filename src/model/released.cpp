@@ -1,6 +1,8 @@
 // The release's configuration files, trimmed to the fields the parser reads (docs/MODEL.md §1
-// for K3; docs/FAMILY.md for Kimi-Linear). The lists of layers are the releases' own: K3's MLA
-// layers are every fourth and the last, as are Kimi-Linear's.
+// for K3; docs/FAMILY.md for Kimi-Linear, and for the DeepSeek-V3 architecture as Kimi K2,
+// K2-Thinking, K2.5 and DeepSeek-V3 ship it, whose shared fields are written once). The lists of
+// layers are the releases' own: K3's MLA layers are every fourth and the last, as are
+// Kimi-Linear's.
 #include "model/released.h"
 
 #include <fmt/format.h>
@@ -73,6 +75,75 @@ constexpr const char* kKimiLinearConfig = R"({
  "use_cache": true
 })";
 
+// Kimi K2-Instruct-0905 (docs/FAMILY.md "DeepSeek-V3 and Kimi K2", §Config): the DeepSeek-V3
+// architecture, FP8 E4M3 linears with 128x128 block scales. K2-Thinking is the same text model
+// with BF16 linears and INT4 routed experts; K2.5 nests it as text_config; DeepSeek-V3 differs in
+// heads, experts and groups, RoPE, vocabulary and its MTP layer.
+constexpr const char* kK2Common =
+    R"("attention_bias": false, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+  "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168,
+  "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+  "max_position_embeddings": 262144, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+  "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+  "num_key_value_heads": 64, "num_nextn_predict_layers": 0, "pretraining_tp": 1,
+  "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
+  "seq_aux": true, "tie_word_embeddings": false, "topk_group": 1, "topk_method": "noaux_tc",
+  "torch_dtype": "bfloat16", "use_cache": true, "v_head_dim": 128, "vocab_size": 163840,
+  "bos_token_id": 163584, "eos_token_id": 163585)";
+
+constexpr const char* kK2Int4 = R"("quantization_config": {
+   "quant_method": "compressed-tensors", "format": "pack-quantized",
+   "quantization_status": "compressed", "kv_cache_scheme": null,
+   "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null,
+    "output_activations": null,
+    "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+                "group_size": 32, "dynamic": false, "actorder": null, "block_structure": null,
+                "observer": "minmax"}}},
+   "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+              "re:.*mlp\\.(gate|up|gate_up|down)_proj.*")";
+
+constexpr const char* kK2Fp8 = R"("quantization_config": {"activation_scheme": "dynamic",
+  "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]})";
+
+constexpr const char* kK2Head = R"({"architectures": ["DeepseekV3ForCausalLM"],
+  "model_type": "kimi_k2", "rms_norm_eps": 1e-06, )";
+
+// K2.5: rms_norm_eps 1e-5 in text_config (docs/FAMILY.md §Config, [U]); the vision tower's
+// fields are not the text model's and are left out.
+constexpr const char* kK25Head = R"({
+ "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+ "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
+ "media_placeholder_token_id": 163605, "tie_word_embeddings": false,
+ "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+  "rms_norm_eps": 1e-05, )";
+
+constexpr const char* kDeepseekV3Config = R"({
+ "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+ "attention_bias": false, "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "ep_size": 1,
+ "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+ "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+ "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+ "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+ "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+ "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "pretraining_tp": 1,
+ "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+ "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                         "weight_block_size": [128, 128]},
+ "rms_norm_eps": 1e-06,
+ "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                  "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                  "type": "yarn"},
+ "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+ "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+ "torch_dtype": "bfloat16", "use_cache": true, "v_head_dim": 128, "vocab_size": 129280,
+ "bos_token_id": 0, "eos_token_id": 1
+})";
+
 }  // namespace
 
 const std::vector<ReleasedModel>& released_models() {
@@ -80,6 +151,15 @@ const std::vector<ReleasedModel>& released_models() {
       {"kimi-k3", "Kimi K3", "moonshotai/Kimi-K3", kK3Config, 4ull << 30},
       {"kimi-linear", "Kimi-Linear 48B-A3B", "moonshotai/Kimi-Linear-48B-A3B-Instruct",
        kKimiLinearConfig, 5ull << 30},
+      {"kimi-k2", "Kimi K2 Instruct 0905", "moonshotai/Kimi-K2-Instruct-0905",
+       std::string(kK2Head) + kK2Common + ",\n " + kK2Fp8 + "}", 16ull << 30},
+      {"kimi-k2-thinking", "Kimi K2 Thinking", "moonshotai/Kimi-K2-Thinking",
+       std::string(kK2Head) + kK2Common + ",\n " + kK2Int4 + "]}}", 10ull << 30},
+      {"kimi-k2.5", "Kimi K2.5 (text model)", "moonshotai/Kimi-K2.5",
+       std::string(kK25Head) + kK2Common + ",\n " + kK2Int4 +
+           R"(, "re:.*vision_tower.*", "re:.*mm_projector.*"]}}})",
+       10ull << 30},
+      {"deepseek-v3", "DeepSeek-V3", "deepseek-ai/DeepSeek-V3", kDeepseekV3Config, 4ull << 30},
   };
   return models;
 }

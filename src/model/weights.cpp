@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/inventory.h"
+#include "tensor/quant.h"
 #include "tensor/tensor_info.h"
 
 namespace deltafin {
@@ -59,9 +60,16 @@ namespace {
 
 struct Binder {
   const TensorLookup& lookup;
+  // BF16 / F32, or FP8 E4M3 with its `.weight_scale_inv` block scales (DeepSeek-V3 / Kimi K2's
+  // trunk linears, quant.h checks the pair): the stored dtype decides, as the inventory does.
   Matrix matrix(const std::string& name) const {
     auto [t, b] = lookup(name);
-    return weight_matrix(*t, b);
+    if (t->dtype != DType::kF8E4M3) return weight_matrix(*t, b);
+    auto [st, sb] = lookup(name + "_scale_inv");
+    Matrix m = fp8_block_matrix(*t, *st);
+    m.data = b;  // the lookup's bytes: a mapped shard or a streamed copy
+    m.scales = sb;
+    return m;
   }
   std::vector<float> floats(const std::string& name) const {
     auto [t, b] = lookup(name);

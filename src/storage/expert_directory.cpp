@@ -74,7 +74,9 @@ ExpertDirectory::ExpertDirectory(const ModelConfig& c, const Checkpoint& ck, Exp
       first_moe_(static_cast<int>(c.first_k_dense)),
       num_layers_(static_cast<int>(c.num_layers)),
       num_experts_(static_cast<int>(c.moe.num_experts)) {
-  const auto suffixes = expert_tensor_suffixes(format);
+  specs_ = expert_tensors(c, format);
+  std::vector<std::string> suffixes;
+  for (const auto& t : specs_) suffixes.push_back(t.suffix);
   locations_.resize(static_cast<size_t>((num_layers_ - first_moe_) * num_experts_));
   for (int l = first_moe_; l < num_layers_; ++l) {
     for (int e = 0; e < num_experts_; ++e) {
@@ -104,14 +106,40 @@ const ExpertLocation& ExpertDirectory::location(int layer, int expert) const {
 ExpertWeights ExpertDirectory::weights_from(const std::vector<const uint8_t*>& b) const {
   ExpertWeights w;
   const int64_t I = intermediate_, Hl = latent_;
-  if (format_ == ExpertFormat::kMXFP4) {
-    w.w1 = {WeightFormat::kMXFP4, I, Hl, b[0], b[1]};
-    w.w2 = {WeightFormat::kMXFP4, Hl, I, b[2], b[3]};
-    w.w3 = {WeightFormat::kMXFP4, I, Hl, b[4], b[5]};
-  } else {
-    w.w1 = {WeightFormat::kBF16, I, Hl, b[0], nullptr};
-    w.w2 = {WeightFormat::kBF16, Hl, I, b[1], nullptr};
-    w.w3 = {WeightFormat::kBF16, I, Hl, b[2], nullptr};
+  Matrix* m[3] = {&w.w1, &w.w2, &w.w3};  // gate [I, Hl], down [Hl, I], up [I, Hl]
+  for (int k = 0; k < 3; ++k) {
+    m[k]->rows = k == 1 ? Hl : I;
+    m[k]->cols = k == 1 ? I : Hl;
+  }
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    Matrix& x = *m[specs_[i].matrix];
+    switch (specs_[i].part) {
+      case ExpertPart::kWeight:
+        x.data = b[i];
+        break;
+      case ExpertPart::kScale:
+        x.scales = b[i];
+        break;
+      case ExpertPart::kShape:
+        break;
+    }
+  }
+  for (Matrix* x : m) {
+    switch (format_) {
+      case ExpertFormat::kMXFP4:
+        x->format = WeightFormat::kMXFP4;
+        break;
+      case ExpertFormat::kBF16:
+        x->format = WeightFormat::kBF16;
+        break;
+      case ExpertFormat::kFP8:  // codes + F32 128x128 block scales
+        x->format = WeightFormat::kFP8;
+        break;
+      case ExpertFormat::kInt4:  // packed words + BF16 group scales; the logical shape is [rows,
+                                 // cols] above (the inventory holds weight_shape to it)
+        x->format = WeightFormat::kInt4;
+        break;
+    }
   }
   return w;
 }
@@ -176,7 +204,7 @@ std::string MmapExpertProvider::describe() const {
   return fmt::format(
       "mmap ({} routed experts of {} bytes, {})",
       static_cast<int64_t>(dir_.num_experts()) * (dir_.num_layers() - dir_.first_moe_layer()),
-      dir_.expert_bytes(), dir_.format() == ExpertFormat::kMXFP4 ? "MXFP4" : "BF16");
+      dir_.expert_bytes(), expert_format_name(dir_.format()));
 }
 
 }  // namespace deltafin

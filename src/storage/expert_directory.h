@@ -12,6 +12,7 @@
 
 #include "model/config.h"
 #include "model/experts.h"
+#include "model/inventory.h"
 #include "storage/expert_step.h"
 
 namespace deltafin {
@@ -35,7 +36,7 @@ struct ImageSegment {
 };
 
 struct ExpertLocation {
-  std::vector<ByteRange> ranges;  // one per tensor, in expert_tensor_suffixes() order
+  std::vector<ByteRange> ranges;  // one per tensor, in expert_tensors() order
   uint64_t bytes = 0;             // sum of range sizes
   // The expert as a cache slot holds it, whichever drive it came from: each tensor's range
   // widened to the 4 KiB grid (tensors back to back share one widened span), the spans one
@@ -74,6 +75,7 @@ class ExpertDirectory {
 
  private:
   ExpertFormat format_;
+  std::vector<ExpertTensor> specs_;  // the tensors of one expert, in location order
   int64_t intermediate_, latent_;
   int first_moe_, num_layers_, num_experts_;
   uint64_t expert_bytes_ = 0;

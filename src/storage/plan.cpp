@@ -164,7 +164,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOp
   if (c.num_moe_layers() > 0) {
     const std::string e0 = expert_prefix(c, c.first_k_dense, 0);
     uint64_t eb = 0;
-    for (const auto& s : expert_tensor_suffixes(c.expert_format())) {
+    for (const auto& s : expert_tensor_suffixes(c, c.expert_format())) {
       if (auto it = ck.find(e0 + s); it != ck.end()) eb += it->second.nbytes;
     }
     p.expert_slot_bytes = o.expert_slot_bytes > 0 ? o.expert_slot_bytes : align_up(eb + 2 * kAlign);

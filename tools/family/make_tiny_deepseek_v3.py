@@ -7,6 +7,9 @@
 #   --variant k25          Kimi-K2.5: the K2-Thinking text model under language_model., nested
 #                          text_config, rms_norm_eps 1e-5 (so the fixed 1e-6 latent norms differ)
 #   --variant deepseek-v3  DeepSeek-V3: FP8, group-limited routing (n_group > 1), one MTP layer
+#   --small                the engine's committed goldens (tests/data, each under 3 MB): hidden
+#                          192, q_lora 160, dense intermediate 256, expert intermediate 64,
+#                          vocabulary 256, deepseek-v3 with 3 layers (2 dense); blocks stay ragged
 # Why it is built this way: the dimensions are chosen so every rule of the formats is hit at a
 # size that runs in seconds: hidden 320 and q_lora 192 and kv_a's 160 rows and moe_inter 160
 # give full AND ragged 128-blocks on both axes; every INT4 input width is a multiple of 32 and
@@ -109,8 +112,12 @@ def int4_quantize(w, group=32):
 # ---------------------------------------------------------------- configs
 
 
-def text_config(variant):
-    """The release config.json fields (text model) at tiny sizes (FAMILY §Tiny checkpoints)."""
+SMALL = {"hidden_size": 192, "q_lora_rank": 160, "intermediate_size": 256, "moe_intermediate_size": 64, "vocab_size": 256}
+
+
+def text_config(variant, small=False):
+    """The release config.json fields (text model) at tiny sizes (FAMILY §Tiny checkpoints);
+    small: the smaller sizes of the engine's committed goldens."""
     ds = variant == "deepseek-v3"
     c = {
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -208,11 +215,15 @@ def text_config(variant):
             "quant_method": "compressed-tensors",
             "quantization_status": "compressed",
         }
+    if small:
+        c.update(SMALL)
+        if ds:
+            c["num_hidden_layers"] = 3
     return c
 
 
-def full_config(variant):
-    tc = text_config(variant)
+def full_config(variant, small=False):
+    tc = text_config(variant, small)
     if variant != "k25":
         return tc
     return {
@@ -286,11 +297,11 @@ class Builder:
         self.bf16(name, 1.0 + self.normal([n], 0.1))
 
 
-def build(variant, seed=10):
+def build(variant, seed=10, small=False):
     """-> (config dict, Builder with items and dequantised weights)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
-    tc = text_config(variant)
+    tc = text_config(variant, small)
     b = Builder(variant, seed)
     fp8 = "fp8" if variant in ("k2", "deepseek-v3") else None
     experts_q = "int4" if variant in ("k2-int4", "k25") else fp8
@@ -342,12 +353,12 @@ def build(variant, seed=10):
             b.bf16(p + "shared_head.head.weight", b.normal([V, H], 2.0 / np.sqrt(H)))
     b.norm("model.norm.weight", H)
     b.bf16("lm_head.weight", b.normal([V, H], 2.0 / np.sqrt(H)))
-    return full_config(variant), b
+    return full_config(variant, small), b
 
 
-def write(out_dir, variant, seed=10, shards=3):
+def write(out_dir, variant, seed=10, shards=3, small=False):
     """Write config.json, the shards and model.safetensors.index.json; returns the Builder."""
-    cfg, b = build(variant, seed)
+    cfg, b = build(variant, seed, small)
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
     total = sum(len(raw) for *_, raw in b.items)
     per = -(-total // shards)
@@ -386,8 +397,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output folder (created 0700)")
     ap.add_argument("--seed", type=int, default=10, help="10: the golden prompt 3,1,4,1,5,9,2,6 then has greedy margins >= 0.037 in every variant")
     ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--small", action="store_true", help="the smaller sizes of the engine's committed goldens")
     a = ap.parse_args(argv)
-    b = write(a.out, a.variant, a.seed, a.shards)
+    b = write(a.out, a.variant, a.seed, a.shards, a.small)
     print(f"{a.variant}: {len(b.items)} tensors in {a.out}")
 
 
