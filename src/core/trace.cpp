@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,11 +38,53 @@ struct TraceEvent {
   TraceArg args[kTraceMaxArgs];
 };
 
+// Events in fixed chunks, never moved: a growing vector would copy every event at each doubling
+// and touch twice the fresh pages. Each chunk is mapped with its pages populated in one call
+// rather than faulted in page by page while spans append (fresh memory is most of an event's cost
+// on the virtual machine of docs/PERFORMANCE.md, "Tracing").
+constexpr size_t kTraceChunkEvents = 4096;
+struct TraceChunkUnmap {
+  void operator()(TraceEvent* p) const { ::munmap(p, kTraceChunkEvents * sizeof(TraceEvent)); }
+};
+using TraceChunk = std::unique_ptr<TraceEvent[], TraceChunkUnmap>;
+TraceChunk trace_new_chunk() {
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+#ifdef MAP_POPULATE
+  flags |= MAP_POPULATE;
+#endif
+  void* p =
+      ::mmap(nullptr, kTraceChunkEvents * sizeof(TraceEvent), PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) return nullptr;  // out of memory: the event is dropped
+  return TraceChunk(static_cast<TraceEvent*>(p));
+}
 struct TraceThreadBuffer {
   std::mutex mu;  // contended only by the final write
   int tid = 0;
   std::string name;
-  std::vector<TraceEvent> events;
+  std::vector<TraceChunk> chunks;
+  size_t used = 0;  // events in the last chunk
+
+  bool push(const TraceEvent& e) {
+    if (chunks.empty() || used == kTraceChunkEvents) {
+      TraceChunk c = trace_new_chunk();
+      if (!c) return false;
+      chunks.push_back(std::move(c));
+      used = 0;
+    }
+    chunks.back()[used++] = e;
+    return true;
+  }
+  void clear() {
+    chunks.clear();
+    used = 0;
+  }
+  template <typename F>
+  void for_each(F&& f) const {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const size_t n = c + 1 == chunks.size() ? used : kTraceChunkEvents;
+      for (size_t i = 0; i < n; ++i) f(chunks[c][i]);
+    }
+  }
 };
 
 struct TraceRegistry {
@@ -70,7 +113,6 @@ TraceThreadBuffer& trace_buffer() {
   auto b = std::make_unique<TraceThreadBuffer>();
   b->tid = static_cast<int>(r.buffers.size()) + 1;
   b->name = t_trace_name[0] != '\0' ? t_trace_name : fmt::format("thread {}", b->tid);
-  b->events.reserve(1024);
   t_trace_buffer = b.get();
   r.buffers.push_back(std::move(b));
   return *t_trace_buffer;
@@ -90,7 +132,7 @@ void trace_record(const TraceEvent& e) {
   }
   TraceThreadBuffer& b = trace_buffer();
   std::lock_guard<std::mutex> l(b.mu);
-  b.events.push_back(e);
+  if (!b.push(e)) r.dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
 // Names and keys are the program's own literals and thread names; escaped all the same.
@@ -158,7 +200,7 @@ void trace_start(const std::string& path, int64_t cap) {
   r.dropped = 0;
   for (auto& b : r.buffers) {
     std::lock_guard<std::mutex> bl(b->mu);
-    b->events.clear();
+    b->clear();
   }
   r.epoch = std::chrono::steady_clock::now();
   trace_detail::g_trace_on.store(true, std::memory_order_release);
@@ -195,7 +237,7 @@ int64_t trace_finish() {
       out += "\"name\":";
       trace_json_string(out, b->name);
       out += "}}";
-      for (const TraceEvent& e : b->events) {
+      b->for_each([&](const TraceEvent& e) {
         out += ",\n";
         trace_append_event(out, e, b->tid);
         ++written;
@@ -203,7 +245,7 @@ int64_t trace_finish() {
           trace_write_all(fd, out, offset, r.path);
           out.clear();
         }
-      }
+      });
     }
     const int64_t dropped = r.dropped.load();
     out += fmt::format(
