@@ -3,6 +3,8 @@
 // the format needs, whose spans nest per thread, whose reads carry their bytes on reader
 // threads, and whose pass spans add up to the pass time the engine measures itself. Checked on
 // the file, not on timings: no assertion depends on how fast the machine is.
+#include "core/trace.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -198,6 +200,28 @@ TEST(Trace, AnUnwritablePathFailsBeforeTheRun) {
     EXPECT_EQ(r.out, "") << "the run should not have started";
   }
   EXPECT_TRUE(fs::is_empty(dir)) << "nothing left behind";
+}
+
+// The cap, through the library: events past it are dropped and counted, and the file says so.
+TEST(Trace, EventsPastTheCapAreCountedAsDropped) {
+  const std::string path = test::temp_dir("tracecap") + "/cap.json";
+  trace_start(path, 10);
+  trace_thread_name("capped");
+  for (int i = 0; i < 25; ++i) TraceSpan span("step", "test", {{"i", i}});
+  EXPECT_EQ(trace_finish(), 10);
+  EXPECT_FALSE(trace_on());
+  { TraceSpan after("after", "test"); }  // off again: nothing recorded, nothing written
+  const json t = json::parse(test::slurp(path));
+  EXPECT_EQ(t["otherData"]["event_cap"], 10);
+  EXPECT_EQ(t["otherData"]["dropped_events"], 15);
+  int steps = 0;
+  for (const json& e : t["traceEvents"]) {
+    if (e["ph"] == "M") continue;
+    EXPECT_EQ(e["name"], "step");
+    EXPECT_EQ(e["args"]["i"], steps++);  // the first ten are kept
+  }
+  EXPECT_EQ(steps, 10);
+  EXPECT_EQ(trace_finish(), 0);  // a second finish writes nothing
 }
 
 TEST(Trace, WithoutTraceNoFileIsWritten) {
