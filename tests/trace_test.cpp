@@ -144,12 +144,15 @@ TEST(Trace, RunWritesAValidNestedTimelineThatAccountsForThePasses) {
   for (const auto& [tid, list] : spans) {
     ASSERT_TRUE(thread_names.count(tid)) << "tid " << tid << " has no thread_name";
     for (const auto& s : list) {
-      if (s.name == "read" && thread_names[tid].rfind("reader ", 0) != 0) reads_off_main = false;
+      if ((s.name == "read" || s.name == "trunk read") &&
+          thread_names[tid].rfind("reader ", 0) != 0)
+        reads_off_main = false;
     }
   }
   EXPECT_TRUE(reads_off_main);
   for (const char* n : {"pass", "layer", "attention", "router", "routed experts", "expert", "read",
-                        "round", "sample", "lm head", "embed"})
+                        "round", "sample", "lm head", "embed", "trunk read", "trunk wait",
+                        "shared experts", "prefill", "decode"})
     EXPECT_GT(count[n], 0) << "no \"" << n << "\" span";
   EXPECT_GT(counters, 0);
   // The reads carry at least the expert bytes the run reports as landed (a read is of an expert's
