@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/gen_options.h"
+#include "cli/trace_option.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "core/sysinfo.h"
@@ -44,6 +45,7 @@ namespace deltafin::cli {
 namespace {
 struct BenchArgs {
   EngineOptions engine;
+  std::string trace;  // --trace FILE
   int prompt_tokens = 64;
   std::string prefill_chunk = "auto";
   int gen_tokens = 16;
@@ -463,6 +465,7 @@ void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench", "Measure prefill and decode speed on synthetic token ids, against the roofline");
   add_engine_options(cmd, a->engine);
+  add_trace_option(cmd, a->trace);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length")->capture_default_str();
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
                   "Prompt tokens per forward pass: auto (as many as the memory budget holds) or N")
@@ -500,7 +503,11 @@ void register_bench(CLI::App& app) {
             return "the folder " + dir.string() + " does not exist";
           },
           "FILE.html"));
-  cmd->callback([a] { run_bench(*a); });
+  cmd->callback([a] {
+    TraceSession trace(a->trace);
+    run_bench(*a);
+    trace.finish();
+  });
 }
 
 }  // namespace deltafin::cli

@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/error_text.h"
 #include "cli/gen_options.h"
+#include "cli/trace_option.h"
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "core/mapped_file.h"
@@ -29,6 +30,7 @@ namespace deltafin::cli {
 namespace {
 struct ChatArgs {
   EngineOptions engine;
+  std::string trace;  // --trace FILE
   GenOptions gen;
   StateCacheSettings state_cache;
   std::string system, think = "on", effort = "max";
@@ -236,6 +238,7 @@ void register_chat(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "chat", "Interactive multi-turn chat that keeps the model state between turns");
   add_engine_options(cmd, a->engine);
+  add_trace_option(cmd, a->trace);
   cmd->add_option("--system", a->system, "System message");
   cmd->add_option("--think", a->think, "Thinking channel: on or off")->capture_default_str();
   cmd->add_option("--effort", a->effort, "Reasoning effort: low, high or max")
@@ -243,7 +246,11 @@ void register_chat(CLI::App& app) {
       ->check(CLI::IsMember({"low", "high", "max"}));
   add_gen_options(cmd, a->gen);
   add_state_cache_options(cmd, a->state_cache);
-  cmd->callback([a] { run_chat(*a); });
+  cmd->callback([a] {
+    TraceSession trace(a->trace);
+    run_chat(*a);
+    trace.finish();
+  });
 }
 
 }  // namespace deltafin::cli

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/gen_options.h"
+#include "cli/trace_option.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "generate/driver.h"
@@ -21,6 +22,7 @@ namespace deltafin::cli {
 namespace {
 struct RunArgs {
   EngineOptions engine;
+  std::string trace;  // --trace FILE
   GenOptions gen;
   std::optional<std::string> prompt;  // given but empty is its own error
   std::string prompt_ids, prompt_file, system, think = "on", effort = "max";
@@ -132,6 +134,7 @@ void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "run", "Generate a completion (raw text, token ids, or one chat turn with --chat)");
   add_engine_options(cmd, a->engine);
+  add_trace_option(cmd, a->trace);
   cmd->add_option("--prompt", a->prompt, "Prompt text");
   cmd->add_option("--prompt-ids", a->prompt_ids,
                   "Prompt as token ids, e.g. 3,1,4 (models without a tokenizer, tests)");
@@ -150,7 +153,11 @@ void register_run(CLI::App& app) {
   add_gen_options(cmd, a->gen);
   cmd->add_flag("--json", a->json,
                 "Print one JSON object (ids, text, stats) instead of streaming text");
-  cmd->callback([a] { run_run(*a); });
+  cmd->callback([a] {
+    TraceSession trace(a->trace);
+    run_run(*a);
+    trace.finish();
+  });
 }
 
 }  // namespace deltafin::cli

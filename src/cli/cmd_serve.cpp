@@ -20,6 +20,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/trace_option.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
@@ -38,6 +39,7 @@ namespace {
 
 struct ServeArgs {
   EngineOptions engine;
+  std::string trace;  // --trace FILE
   std::string host = "127.0.0.1";
   int port = 8000;
   std::optional<std::string> api_key;  // given but empty is refused, not "no authentication"
@@ -282,6 +284,7 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)");
   add_engine_options(cmd, a->engine);
+  add_trace_option(cmd, a->trace);
   cmd->add_option("--host", a->host, "Address to listen on (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")
@@ -322,7 +325,11 @@ void register_serve(CLI::App& app) {
                 "Do not serve the browser page (chat and engine view) at /");
   add_draft_options(cmd, a->draft);
   add_state_cache_options(cmd, a->state_cache);
-  cmd->callback([a] { run_serve(*a); });
+  cmd->callback([a] {
+    TraceSession trace(a->trace);
+    run_serve(*a);
+    trace.finish();
+  });
 }
 
 }  // namespace deltafin::cli

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -81,6 +82,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker_loop(int index) {
+  trace_thread_name("compute", index + 1);
   t_in_pool = true;
   uint64_t seen = 0;
   while (true) {

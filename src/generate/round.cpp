@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "generate/generation.h"
 #include "model/model.h"
 
@@ -111,6 +112,7 @@ void round_propose(RoundSequence& s, RoundPlanned& p) {
   if (d.auto_length) room = auto_draft_room(room, d.acceptance.rate());
   if (room <= 0) return;
   try {
+    TraceSpan span("propose", "draft", {{"room", room}});
     p.drafts = d.drafter->propose(round_history(s), room);
   } catch (const std::exception& e) {
     // A drafter that fails costs this sequence its drafts, never its output.
@@ -133,6 +135,7 @@ void round_attach(RoundSequence& s) {
 // Step 4 for one sequence of the pass.
 void round_take_rows(Model& model, RoundSequence& s, RoundPlanned& p, std::span<float> logits,
                      RoundReport& r) {
+  TraceSpan span("sample", "generate", {{"drafts", p.drafts.tokens.size()}});
   Generation& gen = *s.gen;
   const size_t before = gen.tokens().size();
   const RowsVerdict v =
@@ -196,6 +199,7 @@ std::future<void> round_start_masks(std::span<RoundSequence> seqs, std::span<Rou
 
 RoundReport run_round(Model& model, std::span<RoundSequence> seqs, int64_t pass_rows,
                       PassCostModel* cost) {
+  TraceSpan round_span("round", "generate", {{"sequences", seqs.size()}});
   RoundReport r;
   std::vector<RoundPlanned> plan(seqs.size());
   // 1. Rows: decoding sequences first, then prompts in order while the pass has room.
@@ -274,6 +278,9 @@ RoundReport run_round(Model& model, std::span<RoundSequence> seqs, int64_t pass_
   Stopwatch sw;
   std::future<void> masks = round_start_masks(seqs, plan, in_pass, r);
   try {
+    // A decode pass with more rows than sequences carries drafts: it verifies them.
+    TraceSpan pass_span(r.prompt_rows > 0 ? "prefill" : (rows > r.sequences ? "verify" : "decode"),
+                        "generate", {{"rows", rows}, {"prompt_rows", r.prompt_rows}});
     logits = model.forward(inputs);
     if (masks.valid()) masks.wait();
   } catch (...) {

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"
@@ -107,6 +108,7 @@ class Model::Pass {
   // §3.2: p = h0, the tokens' embedding rows decoded from BF16 exactly; rows the caller gives
   // (an image's projector rows, docs/VISION.md §6) replace theirs.
   void embed() {
+    TraceSpan span("embed", "model", {{"rows", rows()}});
     float* p = res_->partial();
     m_.trunk_->embed(rows_.tokens, p);
     for (const auto& [row, values] : rows_.given_rows)
@@ -119,6 +121,7 @@ class Model::Pass {
   // a = MIX(anchors ++ [p], attention score); p += ATTN_i(RMSNorm(a; input_layernorm)), with
   // ATTN the layer's KDA (§3.4–3.5) or MLA (§3.6). `a` is the mixture stream a drafter may tap.
   void attention(int i, const LayerWeights& w) {
+    TraceSpan span("attention", "model", {{"layer", i}, {"mla", c_.is_mla(i)}});
     for (size_t j = 0; j < blocks_.size(); ++j) {
       mix_norm(w.attn_res_score, w.input_norm, j);
       if (i > 0)
@@ -136,6 +139,7 @@ class Model::Pass {
   // m = MIX(anchors ++ [p], MLP score); p += FFN_i(RMSNorm(m; post_attention_layernorm)), with
   // FFN the dense MLP (§3.7; SiTU or SiLU) or the MoE (§3.8: latent, or plain with shared experts).
   void ffn(int i, const LayerWeights& w) {
+    TraceSpan span(c_.is_dense(i) ? "dense mlp" : "moe", "model", {{"layer", i}});
     if (c_.is_dense(i)) {
       for (size_t j = 0; j < blocks_.size(); ++j) {
         mix_norm(w.mlp_res_score, w.post_norm, j);
@@ -167,6 +171,7 @@ class Model::Pass {
   // §3.9: out = MIX(anchors ++ [p], output score); logits = W_lm RMSNorm(out; norm), only for
   // the rows whose logits are wanted (only those rows are mixed).
   std::vector<float> logits() {
+    TraceSpan span("lm head", "model", {{"rows", static_cast<int64_t>(rows_.logit_rows.size())}});
     const int64_t H = c_.hidden;
     const HeadLease head(*m_.trunk_);
     const auto n_out = static_cast<int64_t>(rows_.logit_rows.size());
@@ -266,10 +271,12 @@ std::vector<float> Model::forward(State& state, std::span<const int32_t> tokens,
 std::vector<float> Model::forward(std::span<SequenceInput> seqs) {
   Stopwatch sw;
   Pass pass(*this, seqs);
+  TraceSpan span("pass", "model", {{"rows", pass.rows()}});
   std::vector<float> logits;
   const auto decoder = [&] {
     pass.embed();  // p = h0
     for (int i = 0; i < config_.num_layers; ++i) {
+      TraceSpan layer_span("layer", "model", {{"layer", i}});
       const LayerLease w(*trunk_, i);
       if (plan_[static_cast<size_t>(i)].bank) pass.bank();  // anchors.append(p); p = EMPTY
       pass.attention(i, *w);                                // p += ATTN(RMSNorm(MIX))

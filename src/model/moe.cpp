@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "core/thread_pool.h"
+#include "core/trace.h"
 #include "kernels/kernels.h"
 #include "model/layers.h"
 #include "model/ops.h"
@@ -155,6 +156,7 @@ MoePass::MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t blo
 void MoePass::route(const LayerContext& block, int64_t first_row, const float* x) {
   const ModelConfig& c = pass_.c;
   const int64_t k = c.moe.top_k, Hl = c.expert_dim();
+  TraceSpan span("router", "model", {{"rows", block.rows}});
   const Routing r = route_rows(block, w_.router, w_.score_bias, x);
   std::copy(r.ids.begin(), r.ids.end(), ids_.begin() + first_row * k);
   std::copy(r.weights.begin(), r.weights.end(), wts_.begin() + first_row * k);
@@ -195,6 +197,7 @@ void MoePass::apply_expert(const ExpertWeights& w, std::span<const int64_t> list
 int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
                              const std::function<void()>& issued) {
   const ModelConfig& c = pass_.c;
+  TraceSpan span("routed experts", "model", {{"layer", layer}, {"rows", pass_.rows}});
   const int64_t R = pass_.rows, E = c.moe.num_experts, k = c.moe.top_k;
   std::vector<int> wanted;
   for (int64_t e = 0; e < E; ++e) {
@@ -240,6 +243,7 @@ void MoePass::finish(const LayerContext& block, int64_t first_row, const float* 
                                y + i * Hl, Hl);
       }
     }
+    TraceSpan shared_span("shared experts", "model", {{"rows", n}});
     if (c.moe.num_shared_experts > 0) mlp_forward(block, w_.shared, x, y, /*accumulate=*/true);
     return;
   }
@@ -255,6 +259,7 @@ void MoePass::finish(const LayerContext& block, int64_t first_row, const float* 
     if (c.moe.latent_norm) ops::rmsnorm(out, w_.latent_norm.data(), c.rms_eps, Hl, out);
   }
   kernels::matmul(w_.up, ybar.data(), n, Hl, y, c.hidden, block.pool);
+  TraceSpan shared_span("shared experts", "model", {{"rows", n}});
   if (c.moe.num_shared_experts > 0) mlp_forward(block, w_.shared, x, y, /*accumulate=*/true);
 }
 

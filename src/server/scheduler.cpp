@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/test_hooks.h"
 #include "core/timer.h"
+#include "core/trace.h"
 
 namespace deltafin::server {
 
@@ -80,7 +81,10 @@ Scheduler::Scheduler(Model& model, const Tokenizer& tok, const SchedulerOptions&
         script_.size());
   }
   publish_storage();
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    trace_thread_name("scheduler");
+    run();
+  });
 }
 
 void Scheduler::force_script(const Generation& g, std::span<float> row) const {

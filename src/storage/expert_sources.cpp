@@ -7,6 +7,7 @@
 #include "core/file_io.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "storage/checkpoint.h"
 
 namespace deltafin {
@@ -173,6 +174,9 @@ void ExpertSources::read_from(int source, const Piece& p, int layer, int expert,
   const ExpertLocation& loc = dir_.location(layer, expert);
   const std::string what = fmt::format("expert {} of layer {}", expert, layer);
   begin_read(d);
+  TraceSpan span(
+      "read", "io",
+      {{"bytes", p.end - p.begin}, {"drive", source}, {"layer", layer}, {"expert", expert}});
   Stopwatch sw;
   try {
     if (d.home) {

@@ -1,5 +1,7 @@
 #include "storage/expert_step.h"
 
+#include "core/trace.h"
+
 namespace deltafin {
 
 void run_as_ready(ExpertProvider& provider, const ExpertStep& step) {
@@ -8,7 +10,11 @@ void run_as_ready(ExpertProvider& provider, const ExpertStep& step) {
   size_t index = 0;
   ExpertHandle handle;
   while (batch->next(index, handle)) {
-    step.apply(*handle, step.users[static_cast<size_t>(step.experts[index])]);
+    const auto& users = step.users[static_cast<size_t>(step.experts[index])];
+    TraceSpan span(
+        "expert", "compute",
+        {{"layer", step.layer}, {"expert", step.experts[index]}, {"rows", users.size()}});
+    step.apply(*handle, users);
     handle.reset();
   }
 }

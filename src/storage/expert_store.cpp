@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "core/weight_buffer.h"
 #include "storage/checkpoint.h"
 
@@ -94,6 +95,7 @@ class ExpertStore::Batch : public ExpertBatch {
         return true;
       }
       Stopwatch sw;
+      TraceSpan wait_span("read wait", "io", {{"layer", s_.layer_of(keys_.front())}});
       if (s_.sources_.count() > 1) {
         // With several drives a read that is late (a drive stalls) is hedged on another copy.
         s_.cv_.wait_for(l, std::chrono::milliseconds(10));
@@ -551,6 +553,7 @@ std::vector<size_t> ExpertStore::pin_hits_locked(const std::vector<int64_t>& key
       if (s.state == SlotState::kLoading && !s.reading) submit_read(it->second, false);
     }
   }
+  trace_counter("expert cache", {{"hits", stats_.hits}, {"misses", stats_.misses}});
   return misses;
 }
 

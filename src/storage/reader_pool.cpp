@@ -1,13 +1,26 @@
 #include "storage/reader_pool.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/timer.h"
+#include "core/trace.h"
 
 namespace deltafin {
+namespace {
+// Reader threads are numbered across pools (one pool per drive, one for the trunk), and the
+// queue-depth counter is the sum over pools: what is waiting for the drives in all.
+std::atomic<int> g_reader_serial{0};
+std::atomic<int64_t> g_reads_queued{0};
+}  // namespace
 
 ReaderPool::ReaderPool(int threads) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { loop(); });
+  for (int i = 0; i < std::max(1, threads); ++i) {
+    threads_.emplace_back([this, n = g_reader_serial.fetch_add(1) + 1] {
+      trace_thread_name("reader", n);
+      loop();
+    });
+  }
 }
 
 ReaderPool::~ReaderPool() {
@@ -19,6 +32,7 @@ void ReaderPool::submit(Priority p, std::function<void()> task) {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) return;
     (p == Priority::kDemand ? demand_ : background_).push_back(std::move(task));
+    trace_counter("read queue", {{"queued", g_reads_queued.fetch_add(1) + 1}});
   }
   cv_.notify_one();
 }
@@ -27,6 +41,7 @@ void ReaderPool::stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
+    g_reads_queued -= static_cast<int64_t>(demand_.size() + background_.size());
     demand_.clear();
     background_.clear();
   }
@@ -49,6 +64,7 @@ void ReaderPool::loop() {
     auto& q = demand_.empty() ? background_ : demand_;
     std::function<void()> task = std::move(q.front());
     q.pop_front();
+    trace_counter("read queue", {{"queued", g_reads_queued.fetch_sub(1) - 1}});
     l.unlock();
     Stopwatch sw;
     task();  // tasks report their own errors; they do not throw

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "core/weight_buffer.h"
 #include "storage/checkpoint.h"
 #include "storage/trunk_units.h"
@@ -169,6 +170,7 @@ void StreamingTrunk::submit_locked(const UnitLayout& l, uint8_t* mem, Completion
                       s.buf_offset + off};
       done.pending++;
       pool_.submit(ReaderPool::Priority::kDemand, [this, mem, part, &done] {
+        TraceSpan span("trunk read", "io", {{"bytes", part.length}, {"shard", part.shard}});
         // The tail past the end of the file is padding from the 4 KiB widening.
         const uint64_t size = files_.size(part.shard);
         const uint64_t need =
@@ -230,6 +232,7 @@ int StreamingTrunk::wait_unit(int unit) {
   if (bi < 0) fail("internal: no stream buffer free for trunk unit {}", unit);
   Buffer& b = buffers_[bi];
   Stopwatch sw;
+  TraceSpan span("trunk wait", "io", {{"unit", unit}});
   cv_.wait(l, [&] { return b.done.pending == 0; });
   stats_.wait_s += sw.elapsed();
   if (!b.done.error.empty()) {
