@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/trace.h"
 
 namespace deltafin::cli {
@@ -18,7 +19,11 @@ void add_trace_option(CLI::App* cmd, std::string& path) {
 TraceSession::TraceSession(const std::string& path) : path_(path) {
   if (path_.empty()) return;
   trace_thread_name("main");
-  trace_start(path_);
+  try {
+    trace_start(path_);
+  } catch (const IoError& e) {
+    fail_io("--trace {}", e.what());  // the tracer names the file; the flag is ours to name
+  }
   open_ = true;
 }
 

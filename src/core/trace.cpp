@@ -186,12 +186,12 @@ void trace_start(const std::string& path, int64_t cap) {
   if (r.fd >= 0) fail_io("a trace is already being recorded into {}", r.path);
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    fail_io("--trace {}: it is {} (expected a file to write)", path, file_kind(st.st_mode));
+    fail_io("{}: it is {} (expected a file to write)", path, file_kind(st.st_mode));
   const std::string tmp = with_random_suffix(path + ".tmp-");
   try {
     r.fd = create_new_file(tmp, false);
   } catch (const IoError& e) {
-    fail_io("--trace {}: cannot create the trace file ({})", path, e.what());
+    fail_io("{}: cannot create the trace file ({})", path, e.what());
   }
   r.path = path;
   r.tmp = tmp;
