@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "storage/checkpoint.h"
 #include "storage/plan.h"
+#include "streaming_util.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -31,31 +32,17 @@ std::string kib(uint64_t bytes) {
   return std::to_string((bytes + 1023) / 1024) + "K";
 }
 
-std::vector<float> logits_of(const std::vector<std::string>& extra, const std::string& model,
-                             const std::string& toks, const std::string& mode) {
-  std::string out = test::temp_dir("budgetlogits") + "/l.f32";
-  std::vector<std::string> args = {"logits", "--model", model,   "--tokens", toks,
-                                   "--mode", mode,      "--out", out};
-  args.insert(args.end(), extra.begin(), extra.end());
-  auto r = test::run_deltafin(args);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::string raw = test::slurp(out);
-  std::vector<float> v(raw.size() / 4);
-  std::memcpy(v.data(), raw.data(), raw.size());
-  return v;
-}
-
 TEST(Budget, StreamingIsExactAtTheMinimumBudget) {
   const std::string toks = "5,17,200,3,99,42,7,300,64,128,1,250,77,8,400,3,3,3,19,21";
   for (const char* name : {"k3-tiny-mxfp4", "k3-tiny-bf16"}) {
     const std::string m = test::data_dir() + "/" + name + "/model";
     const std::string budget = kib(minimum_budget(m));
     for (const char* mode : {"prefill", "decode", "split:7"}) {
-      auto mm = logits_of({"--mmap"}, m, toks, mode);
+      auto mm = test::cli_logits({"--mmap"}, m, toks, mode);
       // O_DIRECT for one mode (the aligned-read path), the page cache for the others (faster here).
       std::vector<std::string> extra = {"--memory-budget", budget, "-v"};
       if (std::string(mode) != "prefill") extra.push_back("--no-direct-io");
-      auto st = logits_of(extra, m, toks, mode);
+      auto st = test::cli_logits(extra, m, toks, mode);
       // Same kernels, same weights, same order: streaming changes where bytes come from only.
       EXPECT_EQ(mm, st) << name << " " << mode;
     }

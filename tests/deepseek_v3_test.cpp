@@ -25,6 +25,7 @@
 #include "storage/expert_directory.h"
 #include "storage/expert_store.h"
 #include "storage/plan.h"
+#include "streaming_util.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -374,51 +375,14 @@ const std::string& small_k2() {
   return dir;
 }
 
-std::vector<float> logits_of(const std::vector<std::string>& extra, const std::string& model,
-                             const std::string& toks, const std::string& mode) {
-  const std::string out = test::temp_dir("ds_logits") + "/l.f32";
-  std::vector<std::string> args = {"logits", "--model", model,   "--tokens", toks,
-                                   "--mode", mode,      "--out", out};
-  args.insert(args.end(), extra.begin(), extra.end());
-  auto r = test::run_deltafin(args);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  const std::string raw = test::slurp(out);
-  std::vector<float> v(raw.size() / 4);
-  std::memcpy(v.data(), raw.data(), raw.size());
-  return v;
-}
-
 // Streaming the experts under the minimum budget (each expert's image: its weights and, apart
 // from them in the file, its scales) gives the mapped run's logits bit for bit.
 void expect_streaming_equals_mmap(const std::string& dir, ExpertFormat format) {
   const ModelConfig c = load_config(dir);
   auto ck = Checkpoint::open(dir);
   EXPECT_EQ(check_inventory(c, ck->tensors(), ck->dir()).expert_format, format);
-  ExpertDirectory experts(c, *ck, format);
-  EXPECT_FALSE(experts.location(c.first_k_dense, 0).contiguous());  // scales lie apart
-  PlanOptions o;
-  o.budget = 1ull << 40;
-  o.shape.max_rows = 256;
-  o.expert_slot_bytes = ExpertStore::slot_bytes_for(experts, c);
-  const uint64_t min = plan_memory(c, *ck, o).min_working_set;
-  const std::string budget = std::to_string((min + 1023) / 1024) + "K";
-  const std::string toks = "5,17,200,3,99,42,7,300,64,128,1,250,77,8,400,3,3,3,19,21";
-  for (const char* mode : {"prefill", "decode", "split:7"}) {
-    const auto ram = logits_of({"--mmap"}, dir, toks, mode);
-    const auto streamed = logits_of({"--memory-budget", budget}, dir, toks, mode);
-    ASSERT_EQ(ram.size(), 20u * 512u);
-    EXPECT_EQ(ram, streamed) << mode;  // where the bytes come from never shows
-  }
-  auto r = test::run_deltafin({"run", "--json", "--model", dir, "--prompt-ids", toks, "--max-new",
-                               "6", "--memory-budget", budget});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const json j = json::parse(r.out);
-  EXPECT_GT(j["expert_misses"].get<int>(), 0);
-  EXPECT_GT(j["bytes_read"].get<double>(), 0);  // experts were streamed
-  r = test::run_deltafin(
-      {"run", "--json", "--model", dir, "--prompt-ids", toks, "--max-new", "6", "--mmap"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(json::parse(r.out)["completion_ids"], j["completion_ids"]);
+  EXPECT_FALSE(ExpertDirectory(c, *ck, format).location(c.first_k_dense, 0).contiguous());
+  test::expect_minimum_budget_streaming_is_exact(dir, format);
 }
 
 TEST(DeepseekV3Preset, K2ExpertStreamingAtTheMinimumBudgetIsExact) {
