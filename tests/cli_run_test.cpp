@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixtures/synthetic.h"
+#include "scoped_env.h"
 #include "storage/checkpoint.h"
 #include "test_util.h"
 
@@ -283,8 +284,8 @@ TEST(CliChat, SettingsChangesPrefillAgainAndALoadContinuesFromSnapshots) {
 TEST(CliRun, DemoModelIsInstalledOnFirstUseAndReinstalledWhenDamaged) {
   std::string cache = test::temp_dir("democache");
   const std::string dir = cache + "/demo-k3-english";
-  setenv("DELTAFIN_CACHE", cache.c_str(), 1);
-  unsetenv("DELTAFIN_MODEL");
+  const test::ScopedEnv own_cache("DELTAFIN_CACHE", cache.c_str());
+  const test::ScopedEnv no_model("DELTAFIN_MODEL", nullptr);
   // Greedy, so runs compare (the demo samples by default: its generation_config.json).
   const std::vector<std::string> args = {"run", "--prompt", "The king said", "--max-new",
                                          "8",   "--stats",  "--temperature", "0"};
@@ -307,7 +308,6 @@ TEST(CliRun, DemoModelIsInstalledOnFirstUseAndReinstalledWhenDamaged) {
   { std::ofstream(dir + "/tiktoken.model", std::ios::trunc) << "garbage"; }
   { std::ofstream(dir + "/.deltafin-demo", std::ios::trunc) << "00000000-0"; }
   auto repaired = test::run_deltafin(args);
-  unsetenv("DELTAFIN_CACHE");
   ASSERT_EQ(repaired.exit_code, 0) << repaired.err;
   EXPECT_EQ(repaired.out, first.out);
 }
@@ -317,11 +317,13 @@ TEST(CliRun, DemoModelIsInstalledOnFirstUseAndReinstalledWhenDamaged) {
 // small loops on one phrase, so it is the sampled answer that shows the turn structure.
 TEST(CliRun, DemoModelAnswersAChatTurnAndEndsIt) {
   std::string cache = test::temp_dir("demochat");
-  setenv("DELTAFIN_CACHE", cache.c_str(), 1);
-  unsetenv("DELTAFIN_MODEL");
-  auto r = test::run_deltafin({"run", "--chat", "--prompt", "Hello", "--max-new", "200",
-                               "--temperature", "0.7", "--top-p", "1", "--seed", "3", "--json"});
-  unsetenv("DELTAFIN_CACHE");
+  test::RunResult r;
+  {
+    const test::ScopedEnv own_cache("DELTAFIN_CACHE", cache.c_str());
+    const test::ScopedEnv no_model("DELTAFIN_MODEL", nullptr);
+    r = test::run_deltafin({"run", "--chat", "--prompt", "Hello", "--max-new", "200",
+                            "--temperature", "0.7", "--top-p", "1", "--seed", "3", "--json"});
+  }
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["stop_reason"], "end_of_turn") << r.out;

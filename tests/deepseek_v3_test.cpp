@@ -362,12 +362,9 @@ TEST(DeepseekV3Preset, EveryPresetsConfigParses) {
 // `make-model --preset P`, shrunk so a test takes seconds (the release's heads and widths, hidden
 // 256, 16 experts top-4, vocabulary 512).
 std::string small_preset(const std::string& preset, const std::string& layers) {
-  const std::string d = test::temp_dir("ds_preset_" + preset) + "/model";
-  auto r = test::run_deltafin({"make-model", d, "--preset", preset, "--layers", layers, "--experts",
-                               "16", "--top-k", "4", "--hidden", "256", "--vocab", "512",
-                               "--shard-size", "16M", "--quiet"});
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return d;
+  return test::shared_model({"--preset", preset, "--layers", layers, "--experts", "16", "--top-k",
+                             "4", "--hidden", "256", "--vocab", "512", "--shard-size", "16M",
+                             "--quiet"});
 }
 
 const std::string& small_k2() {

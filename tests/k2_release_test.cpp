@@ -125,14 +125,9 @@ json k2_run_json(const std::vector<std::string>& args) {
 // something, or the comparison proves nothing), and with n-gram drafting while the experts stream
 // through the minimum working set of a drafted pass.
 const std::string& small_k2_model() {
-  static const std::string dir = [] {
-    const std::string d = test::temp_dir("k2-run") + "/model";
-    auto made = test::run_deltafin({"make-model", d, "--preset", "k2", "--layers", "3", "--experts",
-                                    "16", "--top-k", "4", "--hidden", "256", "--vocab", "512",
-                                    "--shard-size", "16M", "--quiet"});
-    EXPECT_EQ(made.exit_code, 0) << made.err;
-    return d;
-  }();
+  static const std::string dir =
+      test::shared_model({"--preset", "k2", "--layers", "3", "--experts", "16", "--top-k", "4",
+                          "--hidden", "256", "--vocab", "512", "--shard-size", "16M", "--quiet"});
   return dir;
 }
 

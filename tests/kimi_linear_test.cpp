@@ -206,14 +206,9 @@ TEST(KimiLinearKda, ChunkedFormIsFiniteAndExactWithUnboundedDecays) {
 // `make-model --preset kimi-linear`, shrunk so the test takes seconds (the release's head
 // counts and widths, hidden 256, 4 layers, 16 experts, vocabulary 512).
 const std::string& small_kimi_linear() {
-  static const std::string dir = [] {
-    const std::string d = test::temp_dir("kl_preset") + "/model";
-    auto r = test::run_deltafin({"make-model", d, "--preset", "kimi-linear", "--layers", "4",
-                                 "--experts", "16", "--top-k", "4", "--hidden", "256", "--vocab",
-                                 "512", "--shard-size", "3M", "--quiet"});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return d;
-  }();
+  static const std::string dir = test::shared_model(
+      {"--preset", "kimi-linear", "--layers", "4", "--experts", "16", "--top-k", "4", "--hidden",
+       "256", "--vocab", "512", "--shard-size", "3M", "--quiet"});
   return dir;
 }
 

@@ -10,12 +10,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "scoped_env.h"
 
 extern char** environ;
 
@@ -253,14 +256,54 @@ RunResult Child::wait(double timeout_s) {
 const std::string& demo_model_dir() {
   static const std::string dir = [] {
     const std::string cache = temp_dir("demo-cache");
-    setenv("DELTAFIN_CACHE", cache.c_str(), 1);
-    unsetenv("DELTAFIN_MODEL");
-    auto r = run_deltafin({"run", "--prompt", "A", "--max-new", "1"});
-    unsetenv("DELTAFIN_CACHE");
+    RunResult r;
+    {
+      const ScopedEnv own_cache("DELTAFIN_CACHE", cache.c_str());
+      const ScopedEnv no_model("DELTAFIN_MODEL", nullptr);
+      r = run_deltafin({"run", "--prompt", "A", "--max-new", "1"});
+    }
     if (r.exit_code != 0) ADD_FAILURE() << "installing the demo failed: " << r.err;
     return cache + "/demo-k3-english";
   }();
   return dir;
+}
+
+std::string shared_model(const std::vector<std::string>& make_model_args) {
+  namespace fs = std::filesystem;
+  // The binary's identity: a rebuild gets a folder of its own, and the folders of older builds
+  // (made here, by this function) are removed when a new one is made.
+  const auto built = fs::last_write_time(binary()).time_since_epoch().count();
+  const fs::path root = fs::path(DELTAFIN_TEST_TMP) / "shared-models";
+  const fs::path generation = root / std::to_string(built);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the arguments, each ended by a 0 byte
+  for (const std::string& a : make_model_args) {
+    for (const char c : a) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    h *= 1099511628211ull;
+  }
+  char name[17];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+  const fs::path dir = generation / name;
+  if (fs::exists(dir)) return dir.string();  // complete: it appears only by the rename below
+  std::error_code ec;
+  if (fs::exists(root))
+    for (const auto& e : fs::directory_iterator(root, ec))
+      if (e.path() != generation) fs::remove_all(e.path(), ec);
+  fs::create_directories(generation);
+  static std::atomic<int> counter{0};
+  const fs::path mine = generation / (std::string(".making-") + std::to_string(::getpid()) + "-" +
+                                      std::to_string(counter++));
+  fs::remove_all(mine, ec);
+  std::vector<std::string> args = {"make-model", mine.string()};
+  args.insert(args.end(), make_model_args.begin(), make_model_args.end());
+  const RunResult r = run_deltafin(args);
+  if (r.exit_code != 0) {
+    ADD_FAILURE() << "make-model failed: " << r.err;
+    fs::remove_all(mine, ec);
+    return mine.string();
+  }
+  fs::rename(mine, dir, ec);  // fails where another process's copy is already in place
+  if (ec) fs::remove_all(mine, ec);
+  return dir.string();
 }
 
 }  // namespace deltafin::test

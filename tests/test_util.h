@@ -72,6 +72,14 @@ std::string slurp(const std::string& path);
 // The built-in demo model, installed into a fresh cache once per process: its folder.
 const std::string& demo_model_dir();
 
+// The folder of a `make-model FOLDER args...` checkpoint shared by every test process of this
+// build. ctest runs each test in a process of its own, so a per-process cache made the same model
+// once per test (a K2-width model: 8 s of CPU, 21 s under ASan). It is made once, into a private
+// folder renamed into place (a process that loses the race removes its own copy), under a name
+// that holds the arguments and the binary's modification time, so a rebuilt make-model never
+// serves an older model. Read-only to its users: a test that changes files makes its own.
+std::string shared_model(const std::vector<std::string>& make_model_args);
+
 // `make-model --preset k3` shrunk so a test takes seconds: K3's layer kinds and MLA/MoE
 // structure with 4 layers, 16 experts (top 4) and hidden 256.
 SyntheticSpec small_k3_spec();

@@ -41,12 +41,8 @@ constexpr bool kRendererTakesImages = true;
 // The tiny synthetic model with a tiny vision tower of the released structure (made once): what
 // the good-image tests serve, so they answer images once the renderer places them.
 const std::string& vapi_vision_model() {
-  static const std::string dir = [] {
-    const std::string d = test::temp_dir("vision-api") + "/model";
-    const auto r = test::run_deltafin({"make-model", d, "--preset", "tiny", "--vision", "tiny"});
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    return d;
-  }();
+  static const std::string dir =
+      test::shared_model({"--preset", "tiny", "--vision", "tiny", "--quiet"});
   return dir;
 }
 

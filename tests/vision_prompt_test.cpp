@@ -255,12 +255,7 @@ TEST(VisionPrompt, StateKeysCarryTheImageHash) {
 // Through the binary.
 
 const std::string& vision_model() {
-  static const std::string dir = [] {
-    const std::string d = test::temp_dir("vp-model") + "/model";
-    auto r = test::run_deltafin({"make-model", d, "--vision", "tiny", "--quiet"});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return d;
-  }();
+  static const std::string dir = test::shared_model({"--vision", "tiny", "--quiet"});
   return dir;
 }
 
