@@ -443,6 +443,65 @@ TEST(CApi, ChatTurnReusesTheKeptState) {
   deltafin_model_free(m);
 }
 
+// A K2-family model through the library: `make-model --preset k2` (the release's MLA and FP8
+// layout, shrunk), greedy generation equal to the CLI's, and a chat in K2-Instruct's format whose
+// second turn continues from the kept state and prefills only the new turn.
+TEST(CApi, AK2ModelGeneratesAsTheCliAndKeepsItsChatState) {
+  const std::string dir = test::temp_dir("capi-k2") + "/model";
+  auto made =
+      test::run_deltafin({"make-model", dir, "--preset", "k2", "--layers", "2", "--experts", "8",
+                          "--top-k", "2", "--hidden", "256", "--vocab", "512", "--quiet"});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  deltafin_model* m = load(dir, 2);
+  ASSERT_NE(m, nullptr);
+  const auto prompt = tokenize(m, "The weather in Paris");
+  ASSERT_FALSE(prompt.empty());
+  const json j = greedy(m, prompt, 8);
+  auto r = test::run_deltafin({"run", "--json", "--model", dir, "--prompt", "The weather in Paris",
+                               "--max-new", "8", "--threads", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json cli = json::parse(r.out);
+  EXPECT_EQ(j["prompt_ids"], cli["prompt_ids"]);
+  EXPECT_EQ(j["completion_ids"], cli["completion_ids"]);
+  EXPECT_EQ(j["completion_tokens"], 8);
+
+  deltafin_chat* c = nullptr;
+  ASSERT_EQ(deltafin_chat_new(m, R"({"thinking":false})", &c), DELTAFIN_OK)
+      << deltafin_last_error();
+  auto turn = [&](const char* text) {
+    deltafin_stream* s = nullptr;
+    const json req = {{"content", text}, {"max_tokens", 4}, {"temperature", 0}};
+    EXPECT_EQ(deltafin_chat_send(c, req.dump().c_str(), &s), DELTAFIN_OK) << deltafin_last_error();
+    char* out = nullptr;
+    EXPECT_EQ(deltafin_stream_response(s, &out), DELTAFIN_OK);
+    const json resp = json::parse(take(out));
+    EXPECT_EQ(deltafin_stream_stats_json(s, &out), DELTAFIN_OK);
+    const json stats = json::parse(take(out));
+    deltafin_stream_free(s);
+    return std::make_pair(resp, stats);
+  };
+  const auto [r1, s1] = turn("First question");
+  EXPECT_EQ(s1["reused_prompt_tokens"], 0);
+  const auto [r2, s2] = turn("Second question");
+  const int64_t reused = s2["reused_prompt_tokens"].get<int64_t>();
+  // At least the whole first prompt but its generation prompt (<|im_assistant|>assistant
+  // <|im_middle|>) came from the kept state.
+  const std::string gen_text = "<|im_assistant|>assistant<|im_middle|>";
+  int32_t* gen_ids = nullptr;
+  size_t gen = 0;
+  ASSERT_EQ(deltafin_tokenize(m, gen_text.data(), gen_text.size(), 1, &gen_ids, &gen), DELTAFIN_OK);
+  deltafin_free(gen_ids);
+  EXPECT_LT(gen, gen_text.size());  // the markers are special tokens of this tokenizer
+  EXPECT_GE(reused, r1["usage"]["prompt_tokens"].get<int64_t>() - static_cast<int64_t>(gen));
+  EXPECT_EQ(r2["usage"]["prompt_tokens_details"]["cached_tokens"], reused);
+  EXPECT_LT(s2["prompt_tokens"].get<int64_t>(), r2["usage"]["prompt_tokens"].get<int64_t>());
+  char* hist = nullptr;
+  ASSERT_EQ(deltafin_chat_history_json(c, &hist), DELTAFIN_OK);
+  EXPECT_EQ(json::parse(take(hist))["messages"].size(), 4u);
+  deltafin_chat_free(c);
+  deltafin_model_free(m);
+}
+
 // max_rows 0 (the default) lets the plan size prefill passes from the budget, as the CLI's
 // --prefill-chunk auto: a prompt of the whole context is one pass; generation takes the model's
 // pass rows by default, and its logits are those of a model planned for 16-row passes.

@@ -6,7 +6,8 @@
 // tokens with n-gram drafting and with its experts streamed at the minimum budget (the
 // KimiLinearPreset pattern), and `serve` with that model answers an OpenAI chat request with a
 // tool call in the K2 format (the turn constraint forces the named function; the K2 output parser
-// hands the call back as `tool_calls`). Kept apart from deepseek_v3_test.cpp, which checks the
+// hands the call back as `tool_calls`), and the four official clients with tool calls and state
+// reuse across turns. Kept apart from deepseek_v3_test.cpp, which checks the
 // parser, the inventory and the kernels' inputs piece by piece; this file is the user's view.
 #include <gtest/gtest.h>
 
@@ -212,6 +213,14 @@ TEST(K2Release, ServeAnswersAnOpenAIChatWithAToolCall) {
   ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << r.body;
   EXPECT_LE(args["city"].get<std::string>().size(), 8u * 4) << r.body;  // 8 characters, UTF-8
   EXPECT_EQ(args.size(), 1u) << r.body;
+}
+
+// The Anthropic, OpenAI (Chat Completions and Responses) and Ollama clients, installed from npm
+// by tests/api_clients' lockfile, against `serve` with the K2 make-model: a forced tool call in
+// each API's shape, and a second turn that sends the call and its result back and prefills only
+// what the client added; answers equal to a server that reuses nothing (server_util.h).
+TEST(K2Release, EveryClientCallsToolsAndContinuesFromTheKeptState) {
+  test::expect_family_clients_reuse_state(small_k2_model(), "kimi-k2");
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // to 0, subnormal, and ≈ 1 in one chunk), and a `make-model --preset kimi-linear` model through
 // the real binary — it loads, its experts' tensors lie apart as the loader must allow, expert
 // streaming under the minimum budget gives the in-RAM logits bit for bit, a state snapshot
-// continues bit for bit, and its tokenizer's K2 names give the stop ids. The golden float64 case
+// continues bit for bit, its tokenizer's K2 names give the stop ids, and `serve` answers the
+// four official clients with tool calls, reusing its state across turns. The golden float64 case
 // (tests/data/kimi-linear-tiny) runs in golden_test.cpp, drafting in speculative_cli_test.cpp,
 // prefix snapshots in prefix_test.cpp.
 #include <gtest/gtest.h>
@@ -20,6 +21,7 @@
 #include "model/inventory.h"
 #include "model/layers.h"
 #include "prefix/prefix_store.h"
+#include "server_util.h"
 #include "storage/checkpoint.h"
 #include "storage/expert_directory.h"
 #include "storage/expert_store.h"
@@ -280,6 +282,13 @@ TEST(KimiLinearPreset, TokenizerHasK2NamesAndTheStopIdsAreTheModels) {
   EXPECT_EQ(tok.chat_format(), ChatFormat::kimi_linear);
   EXPECT_EQ(chat_stop_ids(tok),
             (std::vector<int32_t>{*tok.special_id("<|im_end|>"), *tok.special_id("[EOS]")}));
+}
+
+// Kimi-Linear through the four official clients: tool calls in each API's shape and second
+// turns that restore the KDA + MLA snapshot at the end of the first request's messages and
+// prefill only what the client added; answers equal to a server that reuses nothing.
+TEST(KimiLinearPreset, EveryClientCallsToolsAndContinuesFromTheKeptState) {
+  test::expect_family_clients_reuse_state(small_kimi_linear(), "kimi-linear");
 }
 
 }  // namespace

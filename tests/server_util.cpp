@@ -59,6 +59,65 @@ bool run_node_test(const std::string& dir, const std::string& package, const std
   return true;
 }
 
+namespace {
+
+// One run of family_test.mjs in `phase`; its "answers: ..." line ("" on failure, the test failed).
+std::string family_client_answers(const ServerProcess& srv, const std::string& model_id,
+                                  const std::string& phase, bool check) {
+  std::string out;
+  int code = -1;
+  EXPECT_TRUE(run_node_test("api_clients", "@anthropic-ai/sdk",
+                            "DELTAFIN_BASE_URL=" + srv.base_url() +
+                                " DELTAFIN_API_KEY=sk-test DELTAFIN_MODEL=" + model_id +
+                                " FAMILY_PHASE=" + phase + " REUSE_CHECK=" + (check ? "1" : "0"),
+                            "family_test.mjs", out, code))
+      << out;
+  EXPECT_EQ(code, 0) << out << "\n" << srv.err();
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  const size_t p = out.find("answers: ");
+  if (code != 0 || p == std::string::npos) return "";
+  return out.substr(p, out.find('\n', p) - p);
+}
+
+}  // namespace
+
+void expect_family_clients_reuse_state(const std::string& model_dir, const std::string& model_id) {
+  if (std::system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "node/npm not installed";
+  const std::vector<std::string> common = {"--threads", "2",          "--api-key",
+                                           "sk-test",   "--model-id", model_id};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), common.begin(), common.end());
+    return more;
+  };
+  {
+    // Every answer scripted to one K2-format call (the test hook of server/scheduler.h).
+    setenv("DELTAFIN_DEBUG_SCRIPT",
+           "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+           "<|tool_call_argument_begin|>{\"city\":\"Paris\"}<|tool_call_end|>"
+           "<|tool_calls_section_end|><|im_end|>",
+           1);
+    ServerProcess srv(with({"--state-cache", "none"}), model_dir);
+    unsetenv("DELTAFIN_DEBUG_SCRIPT");
+    ASSERT_TRUE(srv.ready()) << srv.err();
+    family_client_answers(srv, model_id, "calls", true);
+    EXPECT_EQ(srv.stop(), 0) << srv.err();
+  }
+  const std::string states = temp_dir("family-states") + "/states";
+  std::string reusing;
+  {
+    ServerProcess srv(with({"--state-cache", states}), model_dir);
+    ASSERT_TRUE(srv.ready()) << srv.err();
+    reusing = family_client_answers(srv, model_id, "turns", true);
+    ASSERT_FALSE(reusing.empty());
+    EXPECT_EQ(srv.stop(), 0) << srv.err();
+  }
+  ServerProcess fresh(with({"--state-cache", "none"}), model_dir);
+  ASSERT_TRUE(fresh.ready()) << fresh.err();
+  EXPECT_EQ(family_client_answers(fresh, model_id, "turns", false), reusing);
+  EXPECT_EQ(fresh.stop(), 0) << fresh.err();
+}
+
 const Tokenizer& k3_tokenizer() {
   static const Tokenizer t = Tokenizer::load(data_dir() + "/tokenizer");
   return t;

@@ -99,6 +99,14 @@ bool is_error_shape(const json& j);
 bool run_node_test(const std::string& dir, const std::string& package, const std::string& env,
                    const std::string& script, std::string& out, int& exit_code);
 
+// The four official clients (tests/api_clients/family_test.mjs: OpenAI Chat Completions and
+// Responses, Anthropic, Ollama) against `serve` over the make-model in `model_dir`, served as
+// `model_id`: a call of a declared tool in each API's shape (the answers scripted by the
+// DELTAFIN_DEBUG_SCRIPT hook), then conversations holding tool calls whose second turns prefill
+// only what the client added, and the same against a server with --state-cache none, whose
+// answers must be the same. For the K2 family and Kimi-Linear (both speak K2's chat markers).
+void expect_family_clients_reuse_state(const std::string& model_dir, const std::string& model_id);
+
 // A raw TCP connection to the server (for a client that disappears).
 class RawClient {
  public:

@@ -278,6 +278,32 @@ def test_chat_session_reuses_state(model):
         assert a["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_a_k2_model_generates_as_the_cli_and_keeps_its_chat_state(binary, tmp_path):
+    # `make-model --preset k2` (the K2 release's MLA with RoPE and FP8 layout, shrunk): the
+    # package generates the CLI's greedy ids, and a chat in K2-Instruct's format continues its
+    # second turn from the kept state (all of the first prompt but its generation prompt).
+    d = str(tmp_path / "k2")
+    subprocess.run([binary, "make-model", d, "--preset", "k2", "--layers", "2", "--experts", "8",
+                    "--top-k", "2", "--hidden", "256", "--vocab", "512", "--quiet"], check=True)
+    cli = run_json(binary, d, "--prompt", "The weather in Paris", "--max-new", "8")
+    with deltafin.Model(d, **OPTIONS) as m:
+        out = m.create_completion(prompt="The weather in Paris", max_tokens=8, temperature=0)
+        assert m.last_stats["prompt_ids"] == cli["prompt_ids"]
+        assert m.last_stats["completion_ids"] == cli["completion_ids"]
+        assert out["choices"][0]["text"] == cli["text"]
+        gen = len(m.tokenize("<|im_assistant|>assistant<|im_middle|>", special=True))
+        assert gen < len("<|im_assistant|>assistant<|im_middle|>")
+        with m.chat(thinking=False) as chat:
+            a = chat.send("First question", max_tokens=4, temperature=0)
+            assert chat.last_stats["reused_prompt_tokens"] == 0
+            b = chat.send("Second question", max_tokens=4, temperature=0)
+            reused = chat.last_stats["reused_prompt_tokens"]
+            assert reused >= a["usage"]["prompt_tokens"] - gen
+            assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == reused
+            assert chat.last_stats["prompt_tokens"] < b["usage"]["prompt_tokens"]
+            assert len(chat.history()["messages"]) == 4
+
+
 def test_errors(model, model_dir, tmp_path):
     with pytest.raises(deltafin.Error, match="does not exist"):
         deltafin.Model(str(tmp_path / "missing"))
