@@ -128,7 +128,9 @@ TEST(DemoModel, TakesImagesWithNoModelGiven) {
   const std::string photo = test::data_dir() + "/vision/photo.jpg";  // 640x427: downscaled
   const std::string wide = test::data_dir() + "/vision/anim.gif";    // 9000x24: 64 patches a side
   const int64_t tokens = demo_image_tokens(photo) + demo_image_tokens(wide);
-  EXPECT_LE(demo_image_tokens(photo), 256);  // the demo's in_patch_limit: 1,024 patches
+  // The demo's in_patch_limit (1,024 patches of 14x14) downscales it; the padding to whole
+  // merged tokens adds a few (the release's limit would keep it whole: 368 tokens).
+  EXPECT_LT(demo_image_tokens(photo), 320);
   setenv("DELTAFIN_CACHE", std::filesystem::path(demo_dir()).parent_path().c_str(), 1);
   unsetenv("DELTAFIN_MODEL");
   const std::vector<std::string> args = {"run",       "--image", photo,      "--image",

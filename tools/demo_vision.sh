@@ -29,7 +29,7 @@ about=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))
 drafter=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["drafter"])' "$work/demo/demo.json")
 /usr/bin/python3 "$root/tools/pack_demo.py" "$work/demo" --draft "$work/demo/draft" --about "$about" \
   --drafter "$drafter" --vision "$work/vision" --patch-limit 1024 --side-limit 64 \
-  --vision-about "its vision tower and projector are random, not trained (81 K parameters, the released structure at D 32, images up to 1,024 patches = 256 tokens): it accepts images but cannot tell what is in them" \
+  --vision-about "its vision tower and projector are random, not trained (81 K parameters, the released structure at D 32, an image downscaled to about 1,024 patches, some 256 tokens): it accepts images but cannot tell what is in them" \
   --out "$work/k3-demo.tar.gz"
 
 # Everything the text model and the drafter read is unchanged.

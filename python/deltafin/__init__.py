@@ -372,11 +372,11 @@ class Model(_Handle):
 
     # -- information --
     @property
-    @property
     def has_vision(self) -> bool:
         """True when the checkpoint has K3's vision tower and projector (it takes images)."""
         return bool(lib.deltafin_model_has_vision(self._handle()))
 
+    @property
     def info(self) -> dict:
         """Config figures, context, stop ids, kernel set and storage description."""
         return _json_out(lib.deltafin_model_info_json, self._handle())
