@@ -12,6 +12,7 @@
 // DELTAFIN_IMAGE_TOKENS tokens per image: the image reached the prompt whole).
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 
@@ -25,12 +26,23 @@ const bin = (name) => path.join(path.dirname(new URL(import.meta.url).pathname),
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "deltafin-agents-"));
 let failed = false;
 
-async function imageCounters() {
-  const r = await fetch(`${base}/metrics`, { headers: { authorization: `Bearer ${key}` } });
-  if (!r.ok) throw new Error(`/metrics answered ${r.status}`);
-  const text = await r.text();
-  const get = (n) => Number((text.match(new RegExp(`^${n} (\\S+)$`, "m")) || [])[1]);
-  return { images: get("deltafin_prompt_images_total"), tokens: get("deltafin_prompt_image_tokens_total") };
+// /metrics on a connection of its own: an agent runs for minutes in between, long enough for
+// the server to close an idle kept-alive socket that fetch would reuse (EPIPE).
+function imageCounters() {
+  return new Promise((resolve, reject) => {
+    const req = http.get(`${base}/metrics`, { agent: false, headers: { authorization: `Bearer ${key}` } }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (c) => (text += c));
+      res.on("end", () => {
+        if (res.statusCode !== 200) return reject(new Error(`/metrics answered ${res.statusCode}`));
+        const get = (n) => Number((text.match(new RegExp(`^${n} (\\S+)$`, "m")) || [])[1]);
+        resolve({ images: get("deltafin_prompt_images_total"), tokens: get("deltafin_prompt_image_tokens_total") });
+      });
+    });
+    req.on("error", reject);
+    req.setTimeout(60_000, () => req.destroy(new Error("/metrics did not answer in 60 s")));
+  });
 }
 
 async function run(name, cmd, args, env, input = "") {
