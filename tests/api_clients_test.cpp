@@ -3,12 +3,17 @@
 // token routes, and then the real clients, installed from npm by their lockfiles and
 // unmodified (tests/api_clients: @anthropic-ai/sdk, openai's Responses, ollama;
 // tests/agent_clients: Claude Code in print mode and Codex exec). The node scripts check the
-// shapes the way each client reads them; here only their exit status matters.
+// shapes the way each client reads them; here only their exit status matters. Images: every
+// client sends a real photo to `serve` started with no --model (the built-in demo, whose random
+// vision tower takes images by default), and the agents send one too; the scripts check that the
+// image reached the prompt through the server's /metrics image counters, not only that a
+// client got an answer.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 
+#include "engine/vision_encoder.h"
 #include "fixtures/synthetic.h"
 #include "server_util.h"
 #include "test_util.h"
@@ -142,9 +147,45 @@ TEST(ServerClients, OllamaLibrary) {
   run_clients("ollama_test.mjs");
 }
 
+// The <|media_pad|> tokens `image` (a file of tests/data/vision) takes with the vision tower of
+// the model in `dir` (its preprocessor's patch limits), for the scripts to check the server's
+// count against.
+int64_t image_tokens_for(const std::string& dir, const std::string& image) {
+  const std::string bytes = slurp(data_dir() + "/vision/" + image);
+  const auto enc = VisionEncoder::open(dir);
+  return enc
+      ->plan(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+             image)
+      .num_tokens;
+}
+
+// OpenAI chat (image_url data URL), Responses (input_image), Anthropic (base64 image block) and
+// Ollama (images) send tests/data/vision/photo.jpg (640x427, resized by the demo's preprocessor)
+// to `deltafin serve` with no --model: the built-in demo answers each.
+TEST(ServerClients, ImagesFromEveryClientToTheDemo) {
+  if (!have_node()) GTEST_SKIP() << "node/npm not installed";
+  const std::string demo = demo_model_dir();  // installs it into a cache of the test's own
+  const int64_t tokens = image_tokens_for(demo, "photo.jpg");
+  ASSERT_GT(tokens, 16);
+  Env cache("DELTAFIN_CACHE", std::filesystem::path(demo).parent_path().string());
+  const char* model_env = std::getenv("DELTAFIN_MODEL");
+  const std::string saved_model = model_env != nullptr ? model_env : "";
+  unsetenv("DELTAFIN_MODEL");
+  {
+    ServerProcess srv({"--api-key", "sk-test"}, ServerProcess::kNoModel);
+    ASSERT_TRUE(srv.ready()) << srv.err();
+    EXPECT_NE(srv.err().find("using the built-in demo"), std::string::npos) << srv.err();
+    run_script(srv, "api_clients", "openai", "images_test.mjs",
+               "DELTAFIN_IMAGE=" + data_dir() +
+                   "/vision/photo.jpg DELTAFIN_IMAGE_TOKENS=" + std::to_string(tokens));
+  }
+  if (!saved_model.empty()) setenv("DELTAFIN_MODEL", saved_model.c_str(), 1);
+}
+
 // A model cheap enough to prefill the agents' prompts (tens of thousands of tokens with the
 // byte-level test vocabulary) and with a context that holds them: the tiny shape cut to two
-// layers of four 64-wide experts, max_position_embeddings 65536.
+// layers of four 64-wide experts, max_position_embeddings 65536, with the tiny vision tower so
+// that the agents' images run too.
 const std::string& long_context_model() {
   static const std::string dir = [] {
     const std::string d = temp_dir("agents-model") + "/model";
@@ -154,6 +195,7 @@ const std::string& long_context_model() {
     spec.top_k = 1;
     spec.hidden = 64;
     spec.max_positions = 65536;
+    spec.vision = synthetic_vision_preset("tiny");
     make_model(d, spec);
     return d;
   }();
@@ -163,7 +205,9 @@ const std::string& long_context_model() {
 // Claude Code and Codex complete a turn: the model is scripted (DELTAFIN_DEBUG_SCRIPT) to think,
 // answer and end its turn, since a random model would never end one and both agents then retry
 // or fail.
-void run_agent(const char* agent) {
+// With `image`, the agent attaches tests/data/vision/photo.jpg and the script checks the
+// server's image counters.
+void run_agent(const char* agent, bool image = false) {
   if (!have_node()) GTEST_SKIP() << "node/npm not installed";
   const std::string answer = "Hello from Deltafin.";
   Env script("DELTAFIN_DEBUG_SCRIPT", "Greeting.<|close|>think<|sep|><|open|>response<|sep|>" +
@@ -172,8 +216,12 @@ void run_agent(const char* agent) {
                                           "<|end_of_msg|>");
   ServerProcess srv({"--api-key", "sk-test", "--ctx", "65536", "--threads", "2"},
                     long_context_model());
-  run_script(srv, "agent_clients", "@openai/codex", "agents_test.mjs",
-             std::string("DELTAFIN_AGENT=") + agent + " DELTAFIN_EXPECT='" + answer + "'");
+  std::string env = std::string("DELTAFIN_AGENT=") + agent + " DELTAFIN_EXPECT='" + answer + "'";
+  if (image) {
+    env += " DELTAFIN_IMAGE=" + data_dir() + "/vision/photo.jpg DELTAFIN_IMAGE_TOKENS=" +
+           std::to_string(image_tokens_for(long_context_model(), "photo.jpg"));
+  }
+  run_script(srv, "agent_clients", "@openai/codex", "agents_test.mjs", env);
 }
 
 TEST(ServerClients, ClaudeCodePrintMode) {
@@ -182,6 +230,14 @@ TEST(ServerClients, ClaudeCodePrintMode) {
 
 TEST(ServerClients, CodexExec) {
   run_agent("codex");
+}
+
+TEST(ServerClients, ClaudeCodeStreamJsonWithAnImage) {
+  run_agent("claude", true);
+}
+
+TEST(ServerClients, CodexExecWithAnImage) {
+  run_agent("codex", true);
 }
 
 }  // namespace

@@ -6,13 +6,19 @@
 // the figures are stored, so this test needs no PyTorch. The demo ships a trained EAGLE-3.1
 // drafter (draft/, tools/train/train_eagle.py) that decoding uses by default: its proposals
 // match the PyTorch drafter's (tests/data/k3-demo/eagle-expected.json, crosscheck_eagle.py), and
-// drafting with it keeps the greedy output while drafts are really accepted.
+// drafting with it keeps the greedy output while drafts are really accepted. Its vision tower
+// is random (tools/demo_vision.sh): with no --model, `run --image` takes images, counted in the
+// prompt as the engine's own plan sizes them, with or without the drafter.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 
+#include "engine/vision_encoder.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -108,6 +114,53 @@ TEST(DemoModel, DraftsWithItsDrafterByDefaultAndKeepsTheGreedyOutput) {
     accepted += d["draft_accepted"].get<int64_t>();
   }
   EXPECT_GT(accepted, 0);
+}
+
+int64_t demo_image_tokens(const std::string& file) {
+  const std::string bytes = test::slurp(file);
+  return VisionEncoder::open(demo_dir())
+      ->plan(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+             file)
+      .num_tokens;
+}
+
+TEST(DemoModel, TakesImagesWithNoModelGiven) {
+  const std::string photo = test::data_dir() + "/vision/photo.jpg";  // 640x427: downscaled
+  const std::string wide = test::data_dir() + "/vision/anim.gif";    // 9000x24: 64 patches a side
+  const int64_t tokens = demo_image_tokens(photo) + demo_image_tokens(wide);
+  // The demo's in_patch_limit (1,024 patches of 14x14) downscales it; the padding to whole
+  // merged tokens adds a few (the release's limit would keep it whole: 368 tokens).
+  EXPECT_LT(demo_image_tokens(photo), 320);
+  setenv("DELTAFIN_CACHE", std::filesystem::path(demo_dir()).parent_path().c_str(), 1);
+  unsetenv("DELTAFIN_MODEL");
+  const std::vector<std::string> args = {"run",       "--image", photo,      "--image",
+                                         wide,        "--chat",  "--prompt", "What is this?",
+                                         "--max-new", "8",       "--json",   "--temperature",
+                                         "0"};
+  auto drafted = test::run_deltafin(args);
+  auto plain = test::run_deltafin([&] {
+    auto a = args;
+    a.insert(a.end(), {"--draft", "none"});
+    return a;
+  }());
+  auto bomb = test::run_deltafin(
+      {"run", "--image", test::data_dir() + "/vision/hostile_bomb.png", "--prompt", "Hi"});
+  unsetenv("DELTAFIN_CACHE");
+  ASSERT_EQ(drafted.exit_code, 0) << drafted.err;
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_NE(drafted.err.find("using the built-in demo"), std::string::npos) << drafted.err;
+  EXPECT_NE(drafted.err.find("vision tower and projector are random"), std::string::npos)
+      << drafted.err;
+  const json d = json::parse(drafted.out), p = json::parse(plain.out);
+  ASSERT_EQ(d["prompt_images"].size(), 2u) << drafted.out;
+  EXPECT_EQ(d["images"], 2);
+  EXPECT_EQ(d["image_tokens"], tokens);
+  EXPECT_EQ(d["images_encoded"], 2);
+  EXPECT_FALSE(d["completion_ids"].empty());
+  EXPECT_EQ(d["completion_ids"], p["completion_ids"]);  // drafting keeps the greedy output
+  // A hostile image is refused naming the file.
+  EXPECT_NE(bomb.exit_code, 0);
+  EXPECT_NE(bomb.err.find("hostile_bomb.png"), std::string::npos) << bomb.err;
 }
 
 }  // namespace

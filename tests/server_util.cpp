@@ -173,8 +173,11 @@ ServerProcess::ServerProcess(std::vector<std::string> args, const std::string& m
   posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
   posix_spawn_file_actions_addclose(&fa, err_pipe[0]);
   posix_spawn_file_actions_addclose(&fa, err_pipe[1]);
-  std::vector<std::string> full = {
-      binary(), "serve", "--model", model.empty() ? server_model_dir() : model, "--port", "0"};
+  std::vector<std::string> full = {binary(), "serve", "--port", "0"};
+  if (model != kNoModel) {
+    full.push_back("--model");
+    full.push_back(model.empty() ? server_model_dir() : model);
+  }
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));

@@ -36,6 +36,9 @@ const std::string& server_model_dir();
 class ServerProcess {
  public:
   // Starts `deltafin serve --model DIR --port 0 ARGS...` and waits until it is ready (or exits).
+  // `model` empty: the tiny synthetic model; kNoModel: no --model at all (the built-in demo, or
+  // $DELTAFIN_MODEL, as the user's `deltafin serve` would).
+  static constexpr const char* kNoModel = "-";
   explicit ServerProcess(std::vector<std::string> args, const std::string& model = "");
   ~ServerProcess();
   ServerProcess(const ServerProcess&) = delete;

@@ -149,6 +149,9 @@ DELTAFIN_API int64_t deltafin_model_vocab(const deltafin_model* model);
 DELTAFIN_API int64_t deltafin_model_context(const deltafin_model* model);
 /* 1 when the folder has a tokenizer (needed by tokenize, chat and the OpenAI-shaped calls). */
 DELTAFIN_API int deltafin_model_has_tokenizer(const deltafin_model* model);
+/* 1 when the checkpoint has K3's vision tower and projector (it takes images: the chat calls'
+ * image_url parts and deltafin_chat_add_image), else 0. */
+DELTAFIN_API int deltafin_model_has_vision(const deltafin_model* model);
 
 /* JSON: {"path", "config": {...}, "eos_token_id", "vocab", "context", "kernels", "threads",
  * "describe", "gpu"}; "gpu" is the Vulkan device the products run on, or null (the CPU). */
@@ -291,6 +294,12 @@ DELTAFIN_API void deltafin_stream_free(deltafin_stream* stream);
  * normally). */
 typedef int (*deltafin_chunk_callback)(const char* chunk_json, void* user_data);
 
+/* Images (a model with a vision tower, deltafin_model_has_vision): a chat request's user
+ * messages take OpenAI's image parts, {"type": "image_url", "image_url": {"url":
+ * "data:image/png;base64,..."}} (PNG, JPEG, WebP or GIF; at most 100 images of 20 MiB per
+ * request; remote http(s) URLs are refused: the library fetches nothing). A bad image is an
+ * ARGUMENT error naming its part, e.g. "messages[0].content[1].image_url". */
+
 /* One request start to end: chunks go to `callback` (may be NULL) as they are produced, and
  * *out_response_json receives the whole response object. */
 DELTAFIN_API deltafin_status deltafin_create_completion(deltafin_model* model,
@@ -316,8 +325,8 @@ DELTAFIN_API deltafin_status deltafin_chat_new(deltafin_model* model, const char
                                                deltafin_chat** out);
 /* Frees the chat. A turn's stream that outlives it fails from then on (free it too). */
 DELTAFIN_API void deltafin_chat_free(deltafin_chat* chat);
-/* Forgets the conversation (the next turn prefills from scratch); ignored while a turn is in
- * progress. */
+/* Forgets the conversation (the next turn prefills from scratch) and drops attached images;
+ * ignored while a turn is in progress. */
 DELTAFIN_API void deltafin_chat_reset(deltafin_chat* chat);
 /* Starts the next turn: `request_json` is {"content": "the user's message"} plus the
  * server's generation fields (max_tokens, temperature, top_p, top_k, min_p, seed, stop,
@@ -326,6 +335,19 @@ DELTAFIN_API void deltafin_chat_reset(deltafin_chat* chat);
  * chat may be in progress; freeing its stream early ends the turn there. */
 DELTAFIN_API deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json,
                                                 deltafin_stream** out);
+/* Attaches an image to the chat's next user message (it goes before the text, as `deltafin
+ * chat`'s /image does): `len` bytes of a PNG, JPEG, WebP or GIF file at `data` (`name`, may be
+ * NULL, is how errors name it), or the file at `path`. Checked now: the format, the size (at
+ * most 20 MiB of file, 178,956,970 pixels), the whole first frame decoded (a truncated or
+ * corrupt file is refused here), the count (at most 100 waiting), a model with a vision tower;
+ * each failure is an ARGUMENT error naming the image and keeps what was attached before. The
+ * next deltafin_chat_send takes them; a send that fails keeps them for the next try.
+ * deltafin_chat_clear_images and deltafin_chat_reset drop them. */
+DELTAFIN_API deltafin_status deltafin_chat_add_image(deltafin_chat* chat, const void* data,
+                                                     size_t len, const char* name);
+DELTAFIN_API deltafin_status deltafin_chat_add_image_file(deltafin_chat* chat, const char* path);
+/* Drops the images attached for the next message; returns how many there were. */
+DELTAFIN_API int deltafin_chat_clear_images(deltafin_chat* chat);
 /* The conversation as {"messages": [...], "thinking": b, "reasoning_effort": e}. */
 DELTAFIN_API deltafin_status deltafin_chat_history_json(deltafin_chat* chat, char** out_json);
 

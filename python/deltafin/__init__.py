@@ -9,6 +9,10 @@ The package is a thin layer over the C API (libdeltafin.so, bundled at install):
 responses are exactly the OpenAI-compatible server's (`deltafin serve`), generation settings
 are the CLI's, and errors raise `deltafin.Error` (or a subclass that is also a ValueError for
 bad arguments) with the engine's message. See docs/PYTHON.md for every call.
+
+Images (a model with K3's vision tower, `Model.has_vision`): `Chat.send(text, images=[...])`
+takes paths or bytes; a chat request's messages take OpenAI `image_url` parts, which
+`deltafin.image_part(path_or_bytes)` builds as a data URL. The library checks every image.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from ._capi import (TOKEN_CALLBACK, ArgumentError, ContextLengthError, Error, Io
                     take_bytes, take_ids)
 
 __version__ = lib.deltafin_version().decode()
-__all__ = ["Model", "Session", "Chat", "Error", "ArgumentError", "ContextLengthError",
+__all__ = ["Model", "Session", "Chat", "image_part", "Error", "ArgumentError", "ContextLengthError",
            "IoError", "ModelError", "OutOfMemoryError", "abi_version", "__version__"]
 
 
@@ -79,6 +83,67 @@ def _ids(name: str, ids: Any) -> ctypes.Array:
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*$", re.I)
+
+
+# What an image may be on the Python side before the library sees it (the library checks it
+# again, and decodes it): the C API's and the server's per-image limit.
+_MAX_IMAGE_BYTES = 20 << 20
+_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
+                (b"GIF87a", "image/gif"), (b"GIF89a", "image/gif"))
+
+
+def _image(name: str, image: Any) -> tuple[bytes | None, str | None, str]:
+    """An image argument: (bytes, None, label) or (None, path, label); checks its type."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        if not data:
+            raise ArgumentError(f"{name}: no bytes; expected a PNG, JPEG, WebP or GIF file", 1)
+        if len(data) > _MAX_IMAGE_BYTES:
+            raise ArgumentError(f"{name}: {len(data)} bytes; an image may have at most "
+                                f"{_MAX_IMAGE_BYTES} bytes", 1)
+        return data, None, name
+    if isinstance(image, (str, os.PathLike)):
+        path = os.fspath(image)
+        if not path or "\0" in path:
+            raise ArgumentError(f"{name}: expected a file path, got {path!r}", 1)
+        return None, path, path
+    raise TypeError(f"{name}: expected a path (str or os.PathLike) or the image's bytes, got "
+                    f"{type(image).__name__}")
+
+
+def image_part(image: str | os.PathLike | bytes, detail: str | None = None) -> dict:
+    """An OpenAI chat content part for `image` (a path or the file's bytes): {"type":
+    "image_url", "image_url": {"url": "data:image/...;base64,..."}}, for
+    create_chat_completion's messages. The type comes from the bytes (PNG, JPEG, WebP, GIF);
+    a file is checked to be a regular file of at most 20 MiB before it is read. The library
+    decodes and checks the image itself when the request runs."""
+    import base64
+    import stat
+    data, path, label = _image("image", image)
+    if path is not None:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise ArgumentError(f"{path}: cannot read the image ({e.strerror})", 1) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ArgumentError(f"{path}: not a regular file", 1)
+        if st.st_size > _MAX_IMAGE_BYTES:
+            raise ArgumentError(f"{path}: {st.st_size} bytes; an image may have at most "
+                                f"{_MAX_IMAGE_BYTES} bytes", 1)
+        with open(path, "rb") as f:
+            data = f.read(_MAX_IMAGE_BYTES + 1)
+        if len(data) > _MAX_IMAGE_BYTES:
+            raise ArgumentError(f"{path}: grew past {_MAX_IMAGE_BYTES} bytes while read", 1)
+    mime = next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), None)
+    if mime is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        mime = "image/webp"
+    if mime is None:
+        raise ArgumentError(f"{label}: not a PNG, JPEG, WebP or GIF image (first bytes "
+                            f"{data[:8].hex()})", 1)
+    url = {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}"}
+    if detail is not None:
+        url["detail"] = _str("detail", detail)
+    return {"type": "image_url", "image_url": url}
 
 
 def _budget(v: Any, name: str = "memory_budget") -> int:
@@ -306,6 +371,11 @@ class Model(_Handle):
     _free = lib.deltafin_model_free
 
     # -- information --
+    @property
+    def has_vision(self) -> bool:
+        """True when the checkpoint has K3's vision tower and projector (it takes images)."""
+        return bool(lib.deltafin_model_has_vision(self._handle()))
+
     @property
     def info(self) -> dict:
         """Config figures, context, stop ids, kernel set and storage description."""
@@ -560,17 +630,35 @@ class Chat(_Handle):
 
     _free = lib.deltafin_chat_free
 
-    def send(self, content: str, *, stream: bool = False, max_tokens: int | None = None,
-             temperature: float | None = None, top_p: float | None = None,
-             top_k: int | None = None, seed: int | None = None,
+    def send(self, content: str, *, images: Sequence[Any] = (), stream: bool = False,
+             max_tokens: int | None = None, temperature: float | None = None,
+             top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
              stop: str | list[str] | None = None, **extra: Any) -> dict | Iterator[dict]:
         """The user's next message; returns the `chat.completion` dict (or, with stream=True,
-        an iterator of chunks). The answer joins the conversation when the turn ends."""
+        an iterator of chunks). The answer joins the conversation when the turn ends.
+        `images`: paths or bytes of PNG, JPEG, WebP or GIF files (a model with a vision tower),
+        placed before the text; each is checked before anything is sent, and on any error
+        none of them stays attached."""
         fields = dict(content=_str("content", content), max_tokens=max_tokens,
                       temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                       stream=_bool("stream", stream) or None)
+        if isinstance(images, (str, bytes, bytearray, os.PathLike)):
+            raise TypeError("images: expected a list of paths or bytes, not one image")
+        images = list(images)
+        body = _body(fields, extra)
         h = c_void_p()
-        check(lib.deltafin_chat_send(self._handle(), _body(fields, extra), byref(h)))
+        try:
+            for i, im in enumerate(images):
+                data, path, label = _image(f"images[{i}]", im)
+                if path is not None:
+                    check(lib.deltafin_chat_add_image_file(self._handle(), os.fsencode(path)))
+                else:
+                    check(lib.deltafin_chat_add_image(self._handle(), data, len(data),
+                                                      label.encode()))
+            check(lib.deltafin_chat_send(self._handle(), body, byref(h)))
+        finally:
+            if not h.value:
+                lib.deltafin_chat_clear_images(self._handle())
         s = _Stream(h)
         self._adopt(s)
         if not stream:

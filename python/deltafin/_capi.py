@@ -103,6 +103,7 @@ def _load() -> ctypes.CDLL:
         "deltafin_model_vocab": (c_int64, [P]),
         "deltafin_model_context": (c_int64, [P]),
         "deltafin_model_has_tokenizer": (c_int, [P]),
+        "deltafin_model_has_vision": (c_int, [P]),
         "deltafin_model_info_json": (c_int, [P, PP]),
         "deltafin_model_memory_plan_json": (c_int, [P, PP]),
         "deltafin_model_stats_json": (c_int, [P, PP]),
@@ -128,6 +129,9 @@ def _load() -> ctypes.CDLL:
         "deltafin_chat_reset": (None, [P]),
         "deltafin_chat_send": (c_int, [P, c_char_p, PP]),
         "deltafin_chat_history_json": (c_int, [P, PP]),
+        "deltafin_chat_add_image": (c_int, [P, c_char_p, c_size_t, c_char_p]),
+        "deltafin_chat_add_image_file": (c_int, [P, c_char_p]),
+        "deltafin_chat_clear_images": (c_int, [P]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

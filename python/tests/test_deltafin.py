@@ -1,16 +1,19 @@
 # The Python package against the CLI: the same ids as `deltafin run --json`, the same logits
 # bytes as `deltafin logits`, streamed chunks that add up to the non-streamed response, the
-# server's chat shapes, chat-state reuse, errors as exceptions, threads and Ctrl-C.
+# server's chat shapes, chat-state reuse, errors as exceptions, threads and Ctrl-C; images (paths
+# and bytes) on the demo model, whose vision tower takes them by default.
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
@@ -612,3 +615,79 @@ def test_threads_beyond_the_cpus_are_capped(model_dir):
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-2000:])
     assert p.stdout.split() == ["ok", "2"], p.stdout
     assert "100000 compute threads are more than" in p.stderr, p.stderr
+
+
+def _png(w, h):
+    """An 8-bit RGB PNG of w x h (a gradient), written with zlib: no imaging library needed."""
+    rows = b"".join(b"\0" + bytes(v for x in range(w) for v in (x * 7 % 256, y * 11 % 256,
+                                                                 (x + y) % 256))
+                    for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def test_images_as_bytes_and_paths_on_the_demo(binary, tmp_path):
+    # Issue 38: the demo sees images by default (a random tower); the package takes images as
+    # bytes or paths (Chat.send) and as OpenAI image_url parts (image_part). The stats show
+    # they reached the prompt: counted, their tokens, encoded by the tower or kept.
+    env = dict(os.environ, DELTAFIN_CACHE=str(tmp_path / "cache"))
+    env.pop("DELTAFIN_MODEL", None)
+    subprocess.run([binary, "inspect"], capture_output=True, text=True, env=env, check=True)
+    png = _png(100, 60)
+    path = tmp_path / "picture.png"
+    path.write_bytes(png)
+    with deltafin.Model(str(tmp_path / "cache" / "demo-k3-english"), threads=1) as m:
+        assert m.has_vision
+        chat = m.chat(thinking=False)
+        out = chat.send("What are these?", images=[png, path], max_tokens=3, temperature=0)
+        assert out["usage"]["completion_tokens"] == 3
+        st = chat.last_stats
+        assert st["images"] == 2 and st["images_encoded"] == 2, st
+        per_image = st["image_tokens"] // 2
+        assert per_image > 0 and st["image_tokens"] == 2 * per_image
+        assert out["usage"]["prompt_tokens"] > st["image_tokens"]
+        # Bad images: each raises naming it, and none of a failed send's images stays attached.
+        with pytest.raises(deltafin.ArgumentError, match=r"images\[0\]"):
+            chat.send("Cut?", images=[png[: len(png) // 2]], max_tokens=2)
+        with pytest.raises(deltafin.ArgumentError, match="missing.png"):
+            chat.send("Gone?", images=[png, tmp_path / "missing.png"], max_tokens=2)
+        with pytest.raises(deltafin.ArgumentError, match="not a regular file"):
+            chat.send("Folder?", images=[tmp_path], max_tokens=2)
+        with pytest.raises(deltafin.ArgumentError, match="no bytes"):
+            chat.send("Empty?", images=[b""], max_tokens=2)
+        with pytest.raises(TypeError):
+            chat.send("Number?", images=[42], max_tokens=2)
+        with pytest.raises(TypeError):
+            chat.send("One?", images=png, max_tokens=2)
+        chat.send("And now?", max_tokens=2, temperature=0)
+        st = chat.last_stats
+        assert st["images"] == 2 and st["images_encoded"] == 0, st  # the first turn's, kept
+        # OpenAI image_url parts from a path and from bytes.
+        for src in (path, png):
+            part = deltafin.image_part(src, detail="low")
+            assert part["image_url"]["url"].startswith("data:image/png;base64,")
+            out = m.create_chat_completion(
+                messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}, part]}],
+                max_tokens=2, temperature=0)
+            assert out["usage"]["completion_tokens"] == 2
+            assert m.last_stats["images"] == 1 and m.last_stats["image_tokens"] == per_image
+        with pytest.raises(deltafin.ArgumentError, match="not a PNG, JPEG, WebP or GIF"):
+            deltafin.image_part(b"plain text")
+        with pytest.raises(deltafin.ArgumentError, match="cannot read"):
+            deltafin.image_part(tmp_path / "missing.png")
+        with pytest.raises(deltafin.ArgumentError, match=r"messages\[0\]\.content\[1\]"):
+            m.create_chat_completion(messages=[{"role": "user", "content": [
+                {"type": "text", "text": "Hi"},
+                deltafin.image_part(png[:40] + b"\0" * 10)]}], max_tokens=2)
+
+
+def test_a_text_only_model_refuses_images(model, model_dir):
+    assert not model.has_vision
+    chat = model.chat()
+    with pytest.raises(deltafin.ArgumentError, match="no vision tower"):
+        chat.send("Hi", images=[_png(8, 8)], max_tokens=2)
+    out = chat.send("Hi", max_tokens=2, temperature=0)  # nothing stayed attached
+    assert out["usage"]["completion_tokens"] == 2

@@ -22,6 +22,7 @@
 #include "generate/generation_config.h"
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
+#include "runtime/images.h"
 #include "server/api_error.h"
 #include "tokenizer/chat.h"
 
@@ -315,6 +316,8 @@ deltafin_status deltafin_model_load(const char* path, const deltafin_model_param
     const GenerationDefaults generation = load_generation_config(path);
     generation.apply(l.sampling);
     l.stop_ids = stop_ids_for(c, m->tok ? &*m->tok : nullptr, generation);
+    // Image parts are measured by the tower, as the server does (a text-only model refuses them).
+    if (m->engine.vision) l.measure_image = image_measurer(m->engine.vision.get());
     capi::adopt(m.get());
     *out = m.release();
   });
@@ -337,6 +340,11 @@ int64_t deltafin_model_context(const deltafin_model* model) {
 int deltafin_model_has_tokenizer(const deltafin_model* model) {
   const auto m = capi::peek(model);
   return m && m->tok ? 1 : 0;
+}
+
+int deltafin_model_has_vision(const deltafin_model* model) {
+  const auto m = capi::peek(model);
+  return m && m->engine.vision ? 1 : 0;
 }
 
 deltafin_status deltafin_model_info_json(deltafin_model* model, char** out_json) {

@@ -124,6 +124,7 @@ struct deltafin_chat : deltafin::capi::Handle {
   deltafin::capi::Ref<deltafin_model> m;
   std::unique_ptr<deltafin::ChatSession> session;
   std::atomic<deltafin_stream*> active{nullptr};  // the turn in progress (it uses our state)
+  std::vector<deltafin::ChatImage> attached;      // for the next user message (add_image)
 };
 
 // A generation in progress, producing the server's chunks (see stream.cpp).

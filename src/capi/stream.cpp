@@ -3,7 +3,11 @@
 // a Generation the caller pulls one forward pass at a time. Pulling, not a callback, is the
 // primitive because it lets a binding stop between any two passes (a Python iterator that is
 // abandoned, Ctrl-C) without threads; the callback calls are a loop over it. Chat turns are
-// the same stream over a ChatSession's kept state.
+// the same stream over a ChatSession's kept state. Images reach a stream the server's way: a
+// chat request's image_url parts are checked and measured by parse_chat_request (the model's
+// ServeLimits carry the tower's measurer), a chat's attached images by ChatSession, and the
+// sequence encodes them with the model's tower (SequenceSpec::images / vision).
+#include <cctype>
 #include <ctime>
 
 #include "capi/handles.h"
@@ -11,6 +15,7 @@
 #include "core/timer.h"
 #include "server/api_error.h"
 #include "server/structured.h"
+#include "vision/image.h"
 
 using namespace deltafin;
 using capi::guard;
@@ -24,7 +29,8 @@ namespace {
 // store (prefix/reuse.h) may restore a deeper prefix first; the generation is fed the rest.
 std::unique_ptr<deltafin_stream> make_stream(const capi::Ref<deltafin_model>& model,
                                              server::ServeRequest& r, std::span<const int32_t> ids,
-                                             const PromptMarks& marks, State* state) {
+                                             const PromptMarks& marks, State* state,
+                                             std::vector<PromptImage> images) {
   auto s = std::make_unique<deltafin_stream>();
   s->m = model;
   deltafin_model& m = *model;
@@ -33,6 +39,8 @@ std::unique_ptr<deltafin_stream> make_stream(const capi::Ref<deltafin_model>& mo
     // A restored drafter computes with the model, and the counters are written by passes.
     std::lock_guard<std::mutex> lock(m.pass);
     SequenceSpec spec{std::vector<int32_t>(ids.begin(), ids.end()), marks, r.params, r.logit_bias};
+    spec.images = std::move(images);
+    spec.vision = m.engine.vision.get();
     s->seq = std::make_unique<Sequence>(*m.model, &tok, m.engine.store.get(), std::move(spec),
                                         SequenceDrafter(m.engine.new_drafter(), m.engine.draft_max),
                                         state, true);
@@ -159,8 +167,9 @@ deltafin_status deltafin_stream_start(deltafin_model* model, const char* request
     const Tokenizer& tok = model->tokenizer("an OpenAI-shaped completion");
     server::ServeRequest r = chat != 0 ? server::parse_chat_request(body, model->limits, tok)
                                        : server::parse_completion_request(body, model->limits, tok);
-    auto s = make_stream(hold, r, r.prompt,
-                         PromptMarks{r.system_end, r.messages_end, r.last_message}, nullptr);
+    auto s =
+        make_stream(hold, r, r.prompt, PromptMarks{r.system_end, r.messages_end, r.last_message},
+                    nullptr, std::move(r.images));
     capi::adopt(s.get());
     *out = s.release();
   });
@@ -237,6 +246,8 @@ deltafin_status deltafin_chat_new(deltafin_model* model, const char* options_jso
     auto c = std::make_unique<deltafin_chat>();
     c->m = hold;
     c->session = std::make_unique<ChatSession>(*model->model, model->tokenizer("chat"));
+    if (model->engine.vision)
+      c->session->set_image_measurer(image_measurer(model->engine.vision.get()));
     if (options_json != nullptr) {
       const json o = capi::parse_object(options_json, "options_json");
       for (const auto& [k, v] : o.items()) {
@@ -266,7 +277,10 @@ void deltafin_chat_free(deltafin_chat* chat) {
 
 void deltafin_chat_reset(deltafin_chat* chat) {
   const auto c = capi::peek(chat);
-  if (c && c->active == nullptr) c->session->reset();
+  if (c && c->active == nullptr) {
+    c->session->reset();
+    c->attached.clear();
+  }
 }
 
 deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json,
@@ -295,7 +309,7 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
     server::ServeRequest r = server::parse_chat_request(body, m.limits, m.tokenizer("chat"));
     const json saved = chat->session->to_json();
     try {
-      ChatTurn turn = chat->session->begin_user_turn(text);
+      ChatTurn turn = chat->session->begin_user_turn(text, chat->attached);
       r.params.start_channel = turn.start;
       if (r.params.constraint && r.chat && r.chat->thinking != (turn.start == Channel::think)) {
         // The constraint covers the turn from where this chat's prompt opened it.
@@ -312,7 +326,9 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
                                "invalid_request_error", "content", "context_length_exceeded");
       }
       auto s = make_stream(chat->m, r, chat->session->history(),
-                           PromptMarks{turn.system_end, turn.messages_end}, &state);
+                           PromptMarks{turn.system_end, turn.messages_end}, &state,
+                           std::move(turn.images));
+      chat->attached.clear();  // in the conversation now
       s->chat = chat;
       s->owner = hold;
       chat->active = s.get();
@@ -323,6 +339,72 @@ deltafin_status deltafin_chat_send(deltafin_chat* chat, const char* request_json
       throw;
     }
   });
+}
+
+namespace {
+
+// Checks one image for a chat's next message (headers only, as `deltafin chat`'s /image) and
+// attaches it.
+void attach_image(deltafin_chat& chat, std::vector<uint8_t> bytes, const std::string& name) {
+  deltafin_model& m = *chat.m;
+  if (m.retired) fail_arg("chat: its model was freed; it cannot go on");
+  if (!m.engine.vision)
+    fail_arg("{}: this model has no vision tower, so it cannot take images", name);
+  if (chat.active != nullptr)
+    fail_arg("{}: this chat has a turn in progress (attach images before sending)", name);
+  const int most = m.limits.images.max_images;
+  if (static_cast<int>(chat.attached.size()) >= most)
+    fail_arg("{}: at most {} images may wait for one message", name, most);
+  if (bytes.size() > m.limits.images.max_bytes) {
+    fail_arg("{}: {} bytes; an image may have at most {} bytes", name, bytes.size(),
+             m.limits.images.max_bytes);
+  }
+  const std::span<const uint8_t> view(bytes);
+  const vision::ImageFormat f = vision::sniff_format(view, name);
+  m.engine.vision->plan(view, name, nullptr);  // headers: size, pixel and patch limits
+  vision::ImageLimits lim = m.engine.vision->limits();
+  lim.max_bytes = m.limits.images.max_bytes;
+  (void)vision::decode_image(view, name, lim);  // the whole frame: truncation, corruption
+  std::string type = vision::format_name(f);
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  ChatImage img;
+  img.media_type = "image/" + type;
+  img.name = name;
+  img.bytes = std::make_shared<const std::string>(bytes.begin(), bytes.end());
+  chat.attached.push_back(std::move(img));
+}
+
+}  // namespace
+
+deltafin_status deltafin_chat_add_image(deltafin_chat* chat, const void* data, size_t len,
+                                        const char* name) {
+  return guard([&] {
+    const capi::Ref<deltafin_chat> hold(chat, "chat");
+    const std::string label =
+        name != nullptr ? std::string(name) : fmt::format("image {}", chat->attached.size() + 1);
+    if (data == nullptr && len > 0) fail_arg("{}: data is NULL but len is {}", label, len);
+    if (len == 0) fail_arg("{}: no bytes (len 0); expected a PNG, JPEG, WebP or GIF file", label);
+    const auto* p = static_cast<const uint8_t*>(data);
+    attach_image(*chat, std::vector<uint8_t>(p, p + len), label);
+  });
+}
+
+deltafin_status deltafin_chat_add_image_file(deltafin_chat* chat, const char* path) {
+  return guard([&] {
+    const capi::Ref<deltafin_chat> hold(chat, "chat");
+    require(path, "path");
+    vision::ImageLimits lim;
+    lim.max_bytes = chat->m->limits.images.max_bytes;
+    attach_image(*chat, vision::read_image_file(path, lim), path);
+  });
+}
+
+int deltafin_chat_clear_images(deltafin_chat* chat) {
+  const auto c = capi::peek(chat);
+  if (!c) return 0;
+  const int n = static_cast<int>(c->attached.size());
+  c->attached.clear();
+  return n;
 }
 
 deltafin_status deltafin_chat_history_json(deltafin_chat* chat, char** out_json) {

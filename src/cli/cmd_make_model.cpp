@@ -194,10 +194,12 @@ void register_make_model(CLI::App& app) {
                 "Do not write tiktoken.model / tokenizer_config.json");
   cmd->add_flag("--quiet", a->quiet, "No progress output");
   cmd->add_option("--threads", a->threads, "Generator threads (default: one per physical core)");
-  cmd->add_option("--vision", a->vision,
-                  "Add a vision tower + projector of the released structure: tiny (D 64, 2 layers) "
-                  "or release (D 1024, 27 layers), random weights, with preprocessor_config.json")
-      ->check(CLI::IsMember({"tiny", "release"}));
+  cmd->add_option(
+         "--vision", a->vision,
+         "Add a vision tower + projector of the released structure: tiny (D 64, 2 layers), "
+         "demo (D 32, 2 layers, 16x16 position grid: the built-in demo's) or release (D 1024, 27 "
+         "layers), random weights, with preprocessor_config.json")
+      ->check(CLI::IsMember({"tiny", "demo", "release"}));
   cmd->add_option("--drafter", a->drafter,
                   "Write a synthetic draft model for --target instead: eagle3.1, eagle3 or dspark");
   cmd->add_option("--target", a->target, "The model folder a --drafter is made for");

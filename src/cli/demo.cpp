@@ -3,7 +3,9 @@
 // demo_archive.cpp) so that `deltafin run` with no --model works from any folder, offline.
 // On first use the archive is unpacked into the cache folder; a stamp file holding the
 // archive's CRC-32 is written last, so an interrupted install or an older archive is redone
-// instead of being trusted. gzip and tar are read with zlib and a few lines of ustar parsing
+// instead of being trusted. Its vision tower and projector (tools/demo_vision.sh) are random, so
+// images run through the whole path by default; demo.json's "vision" sentence says so in the
+// notice. gzip and tar are read with zlib and a few lines of ustar parsing
 // (standard formats: `tar tzf` lists the shipped file) rather than a new dependency.
 #include "cli/demo.h"
 
@@ -135,7 +137,10 @@ std::string install_demo_model() {
   }
   std::string about;
   try {
-    about = nlohmann::json::parse(slurp(dir / "demo.json")).at("about").get<std::string>();
+    const auto j = nlohmann::json::parse(slurp(dir / "demo.json"));
+    about = j.at("about").get<std::string>();
+    if (j.contains("vision") && j["vision"].is_string())
+      about += "; " + j["vision"].get<std::string>();
   } catch (const std::exception&) {
     fail(
         "demo model at {}: demo.json is missing or has no \"about\" text; delete the folder to "

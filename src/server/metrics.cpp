@@ -53,6 +53,14 @@ void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens,
   completion_tokens_ += static_cast<uint64_t>(completion_tokens);
 }
 
+void Metrics::count_images(int64_t images, int64_t tokens, int64_t encoded, double seconds) {
+  std::lock_guard<std::mutex> lock(m_);
+  images_ += static_cast<uint64_t>(images);
+  image_tokens_ += static_cast<uint64_t>(tokens);
+  images_encoded_ += static_cast<uint64_t>(encoded);
+  vision_seconds_ += seconds;
+}
+
 void Metrics::set_prefix(const PrefixStats& s) {
   std::lock_guard<std::mutex> lock(m_);
   prefix_ = s;
@@ -181,6 +189,15 @@ std::string Metrics::render() const {
          completion_tokens_);
   sample("deltafin_generations_total", "counter", "Generations that ran to an end (any reason).",
          finished_);
+  sample("deltafin_prompt_images_total", "counter",
+         "Images in the prompts of finished generations.", images_);
+  sample("deltafin_prompt_image_tokens_total", "counter",
+         "Image (<|media_pad|>) tokens in the prompts of finished generations.", image_tokens_);
+  sample("deltafin_images_encoded_total", "counter",
+         "Images run through the vision tower (the others were in a kept state).", images_encoded_);
+  sample("deltafin_vision_seconds_total", "counter",
+         "Time decoding, preprocessing and encoding images (tower and projector).",
+         vision_seconds_);
   sample("deltafin_generated_tokens_total", "counter",
          "Tokens sampled by the engine (all requests, also unfinished).", generated_);
   sample("deltafin_prefill_tokens_total", "counter", "Prompt rows run through forward passes.",

@@ -271,6 +271,10 @@ void Scheduler::finish(Slot& s) {
   const Generation& g = s.seq->gen();
   const Usage usage = s.seq->usage();
   metrics_.count_finished(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens);
+  if (!s.job->req.images.empty()) {
+    const RunStats st = s.seq->run_stats();
+    metrics_.count_images(st.images, st.image_tokens, st.images_encoded, st.vision_s);
+  }
   {
     std::lock_guard<std::mutex> lock(s.job->m_);
     s.job->usage_ = usage;
