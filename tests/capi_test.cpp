@@ -447,11 +447,10 @@ TEST(CApi, ChatTurnReusesTheKeptState) {
 // layout, shrunk), greedy generation equal to the CLI's, and a chat in K2-Instruct's format whose
 // second turn continues from the kept state and prefills only the new turn.
 TEST(CApi, AK2ModelGeneratesAsTheCliAndKeepsItsChatState) {
-  const std::string dir = test::temp_dir("capi-k2") + "/model";
-  auto made =
-      test::run_deltafin({"make-model", dir, "--preset", "k2", "--layers", "2", "--experts", "8",
-                          "--top-k", "2", "--hidden", "256", "--vocab", "512", "--quiet"});
-  ASSERT_EQ(made.exit_code, 0) << made.err;
+  // The K2 make-model the K2Release and DeepseekV3Preset tests share.
+  const std::string dir =
+      test::shared_model({"--preset", "k2", "--layers", "3", "--experts", "16", "--top-k", "4",
+                          "--hidden", "256", "--vocab", "512", "--shard-size", "16M", "--quiet"});
   deltafin_model* m = load(dir, 2);
   ASSERT_NE(m, nullptr);
   const auto prompt = tokenize(m, "The weather in Paris");
