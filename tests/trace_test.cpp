@@ -1,7 +1,9 @@
 // `--trace FILE` through the real binary (docs/TRACING.md): a run whose experts stream under a
 // small budget writes a Trace Event Format file that parses, whose every event has the fields
 // the format needs, whose spans nest per thread, whose reads carry their bytes on reader
-// threads, and whose pass spans add up to the pass time the engine measures itself. Checked on
+// threads, and whose pass spans add up to the pass time the engine measures itself; with a home
+// the reads per drive add up to the run's per-drive report; and `bench` in the trunk-streaming
+// regime reports its bytes split into trunk and experts, accounted for by its spans. Checked on
 // the file, not on timings: no assertion depends on how fast the machine is.
 #include "core/trace.h"
 
@@ -134,10 +136,17 @@ TEST(Trace, RunWritesAValidNestedTimelineThatAccountsForThePasses) {
     const std::string name = e["name"];
     ++count[name];
     spans[tid].push_back({name, e["ts"].get<double>(), e["dur"].get<double>()});
-    if (name == "read") {
-      ASSERT_TRUE(e["args"].contains("bytes") && e["args"].contains("drive")) << e.dump();
+    if (name == "read" || name == "trunk read") {
+      // Each read says its drive, its bytes, how long it queued and what ran beside it.
+      for (const char* k : {"bytes", "drive", "queued_us", "in_flight"})
+        ASSERT_TRUE(e["args"].contains(k)) << k << " missing: " << e.dump();
       EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
-      read_bytes += e["args"]["bytes"].get<int64_t>();
+      EXPECT_GE(e["args"]["queued_us"].get<int64_t>(), 0) << e.dump();
+      EXPECT_GE(e["args"]["in_flight"].get<int64_t>(), 1) << e.dump();
+      if (name == "read") read_bytes += e["args"]["bytes"].get<int64_t>();
+      if (name == "trunk read") {
+        EXPECT_EQ(e["args"]["drive"], 0) << e.dump();
+      }
     }
   }
   // Every thread that recorded is named; reads ran on reader threads.
@@ -236,6 +245,125 @@ TEST(Trace, WithoutTraceNoFileIsWritten) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::is_empty(dir));
   EXPECT_EQ(r.err.find("trace:"), std::string::npos) << r.err;
+}
+
+// Every span of a trace file with its thread's name and arguments.
+struct TracedSpan {
+  std::string thread, name;
+  double ts = 0, dur = 0;
+  json args;
+};
+std::vector<TracedSpan> traced_spans(const std::string& path) {
+  const json t = json::parse(test::slurp(path));
+  std::map<int, std::string> names;
+  for (const json& e : t["traceEvents"])
+    if (e["ph"] == "M") names[e["tid"].get<int>()] = e["args"]["name"];
+  std::vector<TracedSpan> out;
+  for (const json& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    out.push_back({names[e["tid"].get<int>()], e["name"], e["ts"].get<double>(),
+                   e["dur"].get<double>(), e["args"]});
+  }
+  return out;
+}
+
+// Per-drive reads: with a home beside the model folder, each drive's `read` spans carry exactly
+// the bytes the run's own per-drive report says that drive served.
+TEST(Trace, ReadSpansPerDriveAddUpToEachDrivesReport) {
+  const std::string base = test::temp_dir("tracehome");
+  const std::string model = base + "/model", home = base + "/home";
+  make_model(model, synthetic_preset("tiny"));
+  auto placed = test::run_deltafin(
+      {"place", "--model", model, "--home", home, "--probe-size", "1M", "--quiet"});
+  ASSERT_EQ(placed.exit_code, 0) << placed.err;
+  auto args = traced_run_args(base + "/t.json");
+  args[3] = model;  // "--model" DIR
+  args.insert(args.end(), {"--home", home, "--no-direct-io"});
+  const auto r = test::run_deltafin(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json stats = json::parse(r.out);
+  ASSERT_TRUE(stats.contains("homes")) << stats.dump();
+  ASSERT_EQ(stats["homes"].size(), 2u) << stats.dump();
+  std::map<int, int64_t> bytes, reads;
+  for (const TracedSpan& s : traced_spans(base + "/t.json")) {
+    if (s.name != "read") continue;
+    EXPECT_EQ(s.thread.rfind("reader ", 0), 0u) << s.thread;
+    bytes[s.args["drive"].get<int>()] += s.args["bytes"].get<int64_t>();
+    reads[s.args["drive"].get<int>()]++;
+  }
+  for (int d = 0; d < 2; ++d) {
+    const json& h = stats["homes"][static_cast<size_t>(d)];
+    EXPECT_GT(reads[d], 0) << "no read span for drive " << d << ": " << h.dump();
+    EXPECT_EQ(bytes[d], h["bytes_read"].get<int64_t>()) << "drive " << d << ": " << h.dump();
+    EXPECT_EQ(reads[d], h["reads"].get<int64_t>()) << "drive " << d << ": " << h.dump();
+  }
+  EXPECT_EQ(bytes.size(), 2u) << "reads from a drive that does not exist";
+}
+
+// `bench` in the trunk-streaming regime (the tiny preset at its smallest budget: the trunk and
+// the experts stream every pass): the report splits the bytes per token into trunk and experts,
+// per pass and per token consistently, and states the I/O roofline and the bound; the trace of the
+// same run accounts for the decode time bench measured — the passes inside its measured decode
+// phases add up to it within 5% — and its read spans carry the bytes the report counts.
+TEST(Trace, BenchInTheTrunkStreamingRegimeIsAccountedForByItsSpans) {
+  const std::string path = test::temp_dir("tracebench") + "/b.json";
+  const auto r = test::run_deltafin({"bench", "--json", "--model", traced_model().dir, "--ctx",
+                                     "256", "--memory-budget", traced_model().budget, "--readers",
+                                     "2", "--prompt-tokens", "8", "--gen-tokens", "6", "--reps",
+                                     "2", "--trace", path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  const double tokens = j["gen_tokens"].get<double>() * j["reps"].get<double>();
+  const double passes = j["target_passes"];
+  const double trunk = j["trunk_bytes_streamed_per_token"],
+               experts = j["expert_bytes_read_per_token"];
+  ASSERT_GT(trunk, 0) << "the budget should make the trunk stream: " << j.dump();
+  ASSERT_GT(experts, 0) << j.dump();
+  EXPECT_NEAR(j["bytes_per_token"].get<double>(), trunk + experts, 1e-6 * (trunk + experts));
+  EXPECT_NEAR(j["trunk_bytes_streamed_per_pass"].get<double>() * passes, trunk * tokens,
+              1e-6 * trunk * tokens);
+  EXPECT_NEAR(j["expert_bytes_read_per_pass"].get<double>() * passes, experts * tokens,
+              1e-6 * experts * tokens);
+  EXPECT_EQ(passes, tokens) << "no drafter: one pass per token";
+  EXPECT_EQ(j["bound_from"], "compute time") << "no in-RAM reference while the trunk streams";
+  EXPECT_GT(j["compute_bound_tokens_per_s"].get<double>(), 0);
+  if (j["disk_bandwidth_bytes_per_s"].get<double>() > 0) {
+    EXPECT_NEAR(
+        j["io_roofline_tokens_per_s"].get<double>(),
+        j["disk_bandwidth_bytes_per_s"].get<double>() / j["bytes_read_per_token"].get<double>(),
+        1e-6 * j["io_roofline_tokens_per_s"].get<double>());
+    EXPECT_LE(j["decode_bound_tokens_per_s"].get<double>(),
+              j["io_roofline_tokens_per_s"].get<double>() * (1 + 1e-9));
+  }
+
+  // The measured decode phases and what lies inside them, on the main thread and the readers.
+  const auto spans = traced_spans(path);
+  std::vector<std::pair<double, double>> phases;  // measured decode phases [start, end)
+  for (const auto& s : spans) {
+    if (s.name == "bench decode" && s.args["measured"] == 1) {
+      EXPECT_EQ(s.thread, "main");
+      phases.emplace_back(s.ts, s.ts + s.dur);
+    }
+  }
+  ASSERT_EQ(phases.size(), 2u);
+  auto inside = [&](const TracedSpan& s) {
+    for (const auto& [a, b] : phases)
+      if (s.ts >= a && s.ts + s.dur <= b) return true;
+    return false;
+  };
+  double pass_us = 0;
+  int pass_count = 0, layers = 0;
+  for (const auto& s : spans) {
+    if (!inside(s) || s.thread != "main") continue;
+    if (s.name == "pass") pass_us += s.dur, ++pass_count;
+    if (s.name == "layer") ++layers;
+  }
+  const double decode_s = j["s_per_token"].get<double>() * tokens;
+  EXPECT_EQ(pass_count, passes);
+  EXPECT_EQ(layers, pass_count * load_config(traced_model().dir).num_layers);
+  // Every token's time is in its pass: the passes add up to bench's own decode time (the argmax
+  // between passes is all that lies outside them).
+  EXPECT_NEAR(pass_us / 1e6, decode_s, 0.05 * decode_s);
 }
 
 }  // namespace

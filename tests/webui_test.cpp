@@ -8,10 +8,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -156,6 +159,94 @@ TEST(WebUi, PageTimingsAndEngineEvents) {
 }
 
 // `bench --report`: a self-contained HTML file with the figures the JSON has.
+// The engine view's timeline without a browser: while an engine stream is open, a request's passes
+// come back in a frame's `timeline` as nested spans on the scheduler thread (a pass holds its
+// layers, a layer its attention), within the window the frame states.
+TEST(WebUi, EngineEventsCarryTheLastPassesAsATimeline) {
+  ServerProcess srv({"--api-key", "sk-t"});
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  const httplib::Headers auth = {{"Authorization", "Bearer sk-t"}};
+  std::atomic<bool> streaming{false};
+  std::thread side([&] {
+    for (int i = 0; i < 600 && !streaming.load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto c = srv.client();
+    post_json(*c, "/v1/chat/completions",
+              {{"messages", {{{"role", "user"}, {"content", "timeline"}}}},
+               {"max_tokens", 6},
+               {"thinking", false}},
+              auth);
+  });
+  json timeline;
+  int frames = 0;
+  std::string pending;  // a frame with a timeline spans several reads
+  auto c = srv.client();
+  c->Get("/v1/engine/events", auth, [&](const char* data, size_t n) {
+    pending.append(data, n);
+    for (size_t end = pending.find("\n\n"); end != std::string::npos; end = pending.find("\n\n")) {
+      const std::string frame = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (frame.rfind("data: ", 0) != 0) continue;
+      streaming = true;
+      const json j = json::parse(frame.substr(6), nullptr, false);
+      EXPECT_FALSE(j.is_discarded()) << frame;
+      if (!j.is_discarded() && j.contains("timeline")) timeline = j["timeline"];
+      ++frames;
+    }
+    return timeline.is_null() && frames < 120;  // 60 s at most
+  });
+  streaming = true;
+  side.join();
+  ASSERT_TRUE(timeline.is_object()) << "no frame carried a timeline in " << frames << " frames";
+  const int passes = timeline["passes"];
+  EXPECT_GE(passes, 1);
+  EXPECT_LE(passes, 3);
+  const double window = timeline["duration_us"];
+  EXPECT_GT(window, 0);
+  std::map<int, std::string> names;
+  for (const json& t : timeline["threads"]) names[t["tid"].get<int>()] = t["name"];
+  struct Rec {
+    std::string name;
+    double ts, dur;
+  };
+  std::map<int, std::vector<Rec>> by_tid;
+  for (const json& s : timeline["spans"]) {
+    ASSERT_TRUE(s.is_array() && s.size() == 5) << s.dump();
+    ASSERT_TRUE(names.count(s[0].get<int>())) << "span on an unnamed thread: " << s.dump();
+    by_tid[s[0].get<int>()].push_back({s[1], s[2], s[3]});
+  }
+  int scheduler = -1;
+  for (const auto& [tid, name] : names)
+    if (name == "scheduler") scheduler = tid;
+  ASSERT_GE(scheduler, 0) << timeline["threads"].dump();
+  auto& list = by_tid[scheduler];
+  std::sort(list.begin(), list.end(), [](const Rec& a, const Rec& b) {
+    return a.ts < b.ts || (a.ts == b.ts && a.dur > b.dur);
+  });
+  // The passes lie in the window, and each layer inside a pass, each attention inside a layer.
+  std::vector<const Rec*> open;
+  int pass_count = 0, layers_in_pass = 0, attention_in_layer = 0;
+  for (const Rec& r : list) {
+    while (!open.empty() && r.ts >= open.back()->ts + open.back()->dur) open.pop_back();
+    if (r.name == "pass") {
+      ++pass_count;
+      EXPECT_GE(r.ts, -1e-3);
+      EXPECT_LE(r.ts + r.dur, window + 1e-3);
+    }
+    if (!open.empty()) {
+      EXPECT_LE(r.ts + r.dur, open.back()->ts + open.back()->dur + 1e-3)
+          << r.name << " overlaps the end of " << open.back()->name;
+      if (r.name == "layer" && open.back()->name == "pass") ++layers_in_pass;
+      if (r.name == "attention" && open.back()->name == "layer") ++attention_in_layer;
+    }
+    open.push_back(&r);
+  }
+  EXPECT_EQ(pass_count, passes);
+  EXPECT_GT(layers_in_pass, 0);
+  EXPECT_GT(attention_in_layer, 0);
+  EXPECT_EQ(srv.stop(), 0);
+}
+
 TEST(WebUi, BenchReportIsSelfContainedHtml) {
   const std::string dir = temp_dir("bench-report");
   const std::string file = dir + "/report.html";

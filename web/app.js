@@ -729,6 +729,105 @@ function drawDrives(homes) {
   }
 }
 
+// The last passes as a timeline (the frames' `timeline`, docs/SERVER.md): one lane per thread,
+// one row per nesting depth, x the time across the window. Spans nest per thread (they are
+// scopes), so a span's row is the number of open spans it starts inside.
+const timelineColors = {
+  round: "#c9c9d2", prefill: "#b5b5c0", decode: "#b5b5c0", verify: "#b5b5c0", pass: "#9d9daa",
+  embed: "#7a8a9a", layer: "#c7d3e8", attention: "#2d5bd7", "dense mlp": "#2a9d55", moe: "#2a9d55",
+  router: "#8a4fd0", "routed experts": "#66b98a", expert: "#1f7a45", "shared experts": "#4bb3a3",
+  "lm head": "#7a8a9a", sample: "#d0a21e", propose: "#d05fa2", "read wait": "#d64545",
+  "trunk wait": "#e06a2a", read: "#2d5bd7", "trunk read": "#e08a1e",
+};
+function drawTimeline(t) {
+  const svg = $("timeline");
+  const ns = "http://www.w3.org/2000/svg";
+  svg.replaceChildren();
+  const names = new Map(t.threads.map((th) => [th.tid, th.name]));
+  // The engine's thread (main or scheduler) first, then the readers by number.
+  const tids = [...names.keys()].sort((a, b) => {
+    const ra = /^reader/.test(names.get(a)), rb = /^reader/.test(names.get(b));
+    return ra !== rb ? (ra ? 1 : -1) : a - b;
+  });
+  const byTid = new Map(tids.map((tid) => [tid, []]));
+  for (const sp of t.spans) if (byTid.has(sp[0])) byTid.get(sp[0]).push(sp);
+  const W = 1000, G = 80, RH = 11, dur = Math.max(t.duration_us, 1);
+  const x = (us) => G + ((W - G) * Math.min(Math.max(us, 0), dur)) / dur;
+  // A time axis: about eight ticks at a round step (1, 2 or 5 × a power of ten, in ms).
+  const raw = dur / 1000 / 8, pow = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * pow).find((v) => v >= raw);
+  for (let ms = 0; ms * 1000 <= dur; ms += step) {
+    const tx = x(ms * 1000);
+    const tick = document.createElementNS(ns, "line");
+    tick.setAttribute("x1", tx.toFixed(2));
+    tick.setAttribute("x2", tx.toFixed(2));
+    tick.setAttribute("y1", "11");
+    tick.setAttribute("y2", "14");
+    tick.setAttribute("stroke", "#888");
+    svg.appendChild(tick);
+    const lbl = document.createElementNS(ns, "text");
+    lbl.setAttribute("x", tx.toFixed(2));
+    lbl.setAttribute("y", "9");
+    lbl.setAttribute("text-anchor", ms === 0 ? "start" : "middle");
+    lbl.textContent = `${+ms.toFixed(6)} ms`;
+    svg.appendChild(lbl);
+  }
+  let y = 16;
+  const seen = new Set();
+  for (const tid of tids) {
+    const list = byTid.get(tid).sort((a, b) => a[2] - b[2] || b[3] - a[3]);
+    const open = [];
+    let depth = 0;
+    const rows = [];
+    for (const sp of list) {
+      while (open.length && sp[2] >= open[open.length - 1]) open.pop();
+      rows.push(open.length);
+      depth = Math.max(depth, open.length + 1);
+      open.push(sp[2] + sp[3]);
+    }
+    const label = document.createElementNS(ns, "text");
+    label.setAttribute("x", "2");
+    label.setAttribute("y", String(y + 9));
+    label.textContent = names.get(tid);
+    svg.appendChild(label);
+    list.forEach((sp, i) => {
+      const r = document.createElementNS(ns, "rect");
+      const x0 = x(sp[2]);
+      r.setAttribute("x", x0.toFixed(2));
+      r.setAttribute("y", String(y + rows[i] * RH));
+      r.setAttribute("width", Math.max(0.5, x(sp[2] + sp[3]) - x0).toFixed(2));
+      r.setAttribute("height", String(RH - 1));
+      r.setAttribute("fill", timelineColors[sp[1]] || "#999");
+      r.dataset.name = sp[1];
+      const title = document.createElementNS(ns, "title");
+      const args = Object.entries(sp[4] || {}).map(([k, v]) => `${k} ${v}`).join(", ");
+      title.textContent = `${sp[1]} ${(sp[3] / 1000).toFixed(3)} ms${args ? " (" + args + ")" : ""}`;
+      r.appendChild(title);
+      svg.appendChild(r);
+      seen.add(sp[1]);
+    });
+    y += Math.max(1, depth) * RH + 4;
+  }
+  svg.setAttribute("viewBox", `0 0 ${W} ${y}`);
+  svg.setAttribute("height", String(Math.min(600, y * 1.2)));
+  const legend = $("timeline-legend");
+  legend.replaceChildren();
+  for (const n of Object.keys(timelineColors).filter((k) => seen.has(k))) {
+    const l = document.createElement("span");
+    const sw = document.createElement("span");
+    sw.className = "sw";
+    sw.style.background = timelineColors[n];
+    l.append(sw, ` ${n}`);
+    legend.appendChild(l);
+  }
+  $("timeline-info").textContent =
+    `last ${t.passes} pass${t.passes === 1 ? "" : "es"}, ${(t.duration_us / 1000).toFixed(1)} ms, ` +
+    `${t.spans.length} spans on ${tids.length} thread${tids.length === 1 ? "" : "s"}` +
+    (t.omitted ? ` (${t.omitted} shortest spans left out)` : "");
+  document.body.dataset.timelineSpans = String(t.spans.length);
+  document.body.dataset.timelineNames = [...seen].sort().join(",");
+}
+
 function onSnapshot(s) {
   $("engine-status").textContent = `live · ${new Date().toLocaleTimeString()} · ${s.model || ""}`;
   $("engine-status").className = "status";
@@ -767,6 +866,7 @@ function onSnapshot(s) {
   }
   drawMemory(s.memory);
   drawDrives(s.homes);
+  if (s.timeline) drawTimeline(s.timeline);
   if (s.heat) {
     drawHeat(s.heat);
     lastHeat = s.heat;

@@ -167,10 +167,11 @@ std::string bench_report_html(const json& j) {
                   num(j, "fma_peak_flops_per_s") / 1e9));
   if (j.value("draft", "none") != "none") {  // the text output's "drafting" line
     row("drafting",
-        fmt::format("{}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass",
+        fmt::format("{}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass, "
+                    "{:.3f} GB read per verified token",
                     j.value("draft", ""), j.value("draft_proposed", int64_t{0}),
                     j.value("draft_accepted", int64_t{0}), 100 * num(j, "draft_acceptance_rate"),
-                    num(j, "tokens_per_pass")));
+                    num(j, "tokens_per_pass"), num(j, "bytes_per_verified_token") / 1e9));
   }
   row("expert hit rate", fmt::format("{:.1f}%", 100 * num(j, "expert_hit_rate")));
   row("disk / memory bandwidth",

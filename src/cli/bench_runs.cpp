@@ -7,6 +7,7 @@
 #include "cli/bench_prompt.h"
 #include "core/sysinfo.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "generate/driver.h"
 #include "storage/expert_store.h"
 
@@ -108,8 +109,15 @@ class Runner {
     gpu::Stats g0 = gpu_ != nullptr ? gpu_->stats() : gpu::Stats{};
     const PhaseStart pre0(model_);
     Stopwatch sw;
-    std::vector<float> logits = prefill_in_passes(model_, st, prompt_, chunk_);
-    prefill_s = sw.elapsed();
+    std::vector<float> logits;
+    {
+      // The phases as bench times them, for a trace (docs/TRACING.md): `measured` 0 is the
+      // warm-up or the in-RAM reference.
+      TraceSpan span("bench prefill", "bench",
+                     {{"measured", measured}, {"tokens", shape_.prompt_tokens}});
+      logits = prefill_in_passes(model_, st, prompt_, chunk_);
+      prefill_s = sw.elapsed();
+    }
     int32_t next = argmax(logits.data(), V);
     if (measured) {
       add_gpu(gpu_, g0, out_.gpu_prefill);
@@ -124,6 +132,7 @@ class Runner {
     }
     if (gpu_ != nullptr) g0 = gpu_->stats();
     const PhaseStart dec0(model_);
+    TraceSpan decode_span("bench decode", "bench", {{"measured", measured}, {"tokens", gen}});
     sw.reset();
     if (drafter_) {
       // Greedy generation driven with drafting: the first decode pass is the plain pass over

@@ -313,6 +313,30 @@ nlohmann::json bench_figures(const BenchArgs& a, const LoadedEngine& engine, con
   j["target_passes"] = dec.passes;
   j["tokens_per_pass"] = dec.passes > 0 ? static_cast<double>(dec.tokens) / dec.passes : 0.0;
   j["bytes_per_token"] = expert_read + trunk_read;
+  // The trunk-streaming regime (issue 37 item 1): a pass streams the non-resident trunk once for
+  // all its rows, so per pass is the trunk's own unit and per token falls as a verify pass carries
+  // more tokens. With a drafter the tokens are the verified (emitted) ones.
+  const double n_pass = static_cast<double>(std::max<int64_t>(1, dec.passes));
+  j["trunk_bytes_streamed_per_pass"] = static_cast<double>(dec.trunk_streamed) / n_pass;
+  j["expert_bytes_read_per_pass"] = static_cast<double>(dec.experts.bytes_read) / n_pass;
+  if (engine.draft != "none") j["bytes_per_verified_token"] = expert_read + trunk_read;
+  // Where no in-RAM reference ran (the trunk streams, or the cache cannot hold a pass's experts),
+  // the bound's in-RAM side is this run's own compute time: the pace with no wait for a read.
+  const double compute_s = std::max(0.0, achieved - io_wait);
+  if (io_tps > 0) {
+    j["io_roofline_tokens_per_s"] = io_tps;
+    j["io_roofline_ratio"] = ds.median / io_tps;
+  }
+  if (r.in_ram_tps.empty() && compute_s > 0) {
+    const double compute_tps = 1.0 / compute_s;
+    const double b = io_tps > 0 ? std::min(io_tps, compute_tps) : compute_tps;
+    j["compute_bound_tokens_per_s"] = compute_tps;
+    j["decode_bound_tokens_per_s"] = b;
+    j["decode_to_bound_ratio"] = ds.median / b;
+    j["bound_from"] = "compute time";
+  } else if (!r.in_ram_tps.empty()) {
+    j["bound_from"] = "in-RAM reference";
+  }
   return j;
 }
 
@@ -389,10 +413,17 @@ void print_figures(const nlohmann::json& j, const LoadedModel& model, const Benc
                i < drive_bw.size() ? fmt::format("; bench probe {:.2f} GB/s", drive_bw[i] / 1e9)
                                    : std::string());
   }
+  if (num("trunk_bytes_streamed_per_pass") > 0) {
+    fmt::print("per pass   {:.3f} GB of trunk streamed + {:.3f} GB of experts read\n",
+               num("trunk_bytes_streamed_per_pass") / 1e9, num("expert_bytes_read_per_pass") / 1e9);
+  }
   if (j["draft"] != "none") {
-    fmt::print("drafting   {}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass\n",
-               j["draft"].get<std::string>(), r.drafted.proposed, r.drafted.accepted,
-               100.0 * r.drafted.acceptance(), num("tokens_per_pass"));
+    fmt::print(
+        "drafting   {}: {} proposed, {} accepted ({:.0f}%), {:.2f} tokens per target pass, "
+        "{:.3f} GB read per verified token\n",
+        j["draft"].get<std::string>(), r.drafted.proposed, r.drafted.accepted,
+        100.0 * r.drafted.acceptance(), num("tokens_per_pass"),
+        num("bytes_per_verified_token") / 1e9);
   }
   const auto& e = r.dec.experts;
   if (e.prefetch_issued > 0) {
@@ -412,6 +443,19 @@ void print_figures(const nlohmann::json& j, const LoadedModel& model, const Benc
         num("in_ram_decode_tokens_per_s"), 100.0 * num("in_ram_hit_rate"),
         num("io_roofline_tokens_per_s"), num("decode_bound_tokens_per_s"),
         num("decode_tokens_per_s"), num("decode_to_bound_ratio"));
+  } else if (j.contains("compute_bound_tokens_per_s")) {
+    fmt::print(
+        "bound      compute with no read waited for {:.3f} tokens/s (this run's compute time), I/O "
+        "roofline {:.3f} tokens/s -> bound {:.3f}; achieved {:.3f} -> ratio {:.2f}\n",
+        num("compute_bound_tokens_per_s"), num("io_roofline_tokens_per_s"),
+        num("decode_bound_tokens_per_s"), num("decode_tokens_per_s"), num("decode_to_bound_ratio"));
+  }
+  if (j.contains("io_roofline_ratio")) {
+    fmt::print(
+        "I/O        {:.3f} GB per token at {:.2f} GB/s: roofline {:.3f} tokens/s; achieved "
+        "{:.2f} of it\n",
+        num("bytes_read_per_token") / 1e9, num("disk_bandwidth_bytes_per_s") / 1e9,
+        num("io_roofline_tokens_per_s"), num("io_roofline_ratio"));
   }
   fmt::print("peak RSS   {:.2f} GiB\n", peak_rss_bytes() / 1073741824.0);
 }

@@ -28,6 +28,16 @@ std::atomic<bool> g_trace_on{false};
 namespace {
 
 constexpr int64_t kDefaultTraceCap = 2'000'000;
+constexpr size_t kTraceRecentCap = 32768;
+
+// The two sinks; g_trace_on is their union, recomputed under g_trace_flags_mu.
+std::atomic<bool> g_trace_file_on{false};
+std::atomic<int> g_trace_watchers{0};
+std::mutex g_trace_flags_mu;
+void trace_update_on() {
+  trace_detail::g_trace_on.store(g_trace_file_on.load() || g_trace_watchers.load() > 0,
+                                 std::memory_order_release);
+}
 
 struct TraceEvent {
   const char* name;
@@ -94,8 +104,22 @@ struct TraceRegistry {
   int fd = -1;
   int64_t cap = kDefaultTraceCap;
   std::atomic<int64_t> count{0}, dropped{0};
-  std::chrono::steady_clock::time_point epoch;
+  // Fixed for the process: the file's events are written relative to file_start_ns.
+  const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+  int64_t file_start_ns = 0;
 };
+
+// The recent window's ring: the last kTraceRecentCap spans of all threads.
+struct TraceRecentRing {
+  std::mutex mu;
+  std::vector<TraceRecentSpan> ring;  // allocated by the first watcher, freed by the last
+  size_t next = 0;
+  bool full = false;
+};
+TraceRecentRing& trace_recent_ring() {
+  static TraceRecentRing* r = new TraceRecentRing;  // never destroyed, like the registry
+  return *r;
+}
 
 TraceRegistry& trace_registry() {
   static TraceRegistry* r = new TraceRegistry;  // never destroyed: threads may record at exit
@@ -124,7 +148,28 @@ int64_t trace_now_ns() {
       .count();
 }
 
+void trace_record_recent(const TraceEvent& e) {
+  const int tid = trace_buffer().tid;
+  TraceRecentRing& q = trace_recent_ring();
+  std::lock_guard<std::mutex> l(q.mu);
+  if (q.ring.empty()) return;  // the last watcher left meanwhile
+  TraceRecentSpan& s = q.ring[q.next];
+  s.tid = tid;
+  s.name = e.name;
+  s.cat = e.cat;
+  s.ts_ns = e.ts_ns;
+  s.dur_ns = e.dur_ns;
+  s.nargs = e.nargs;
+  std::copy(e.args, e.args + e.nargs, s.args);
+  if (++q.next == q.ring.size()) {
+    q.next = 0;
+    q.full = true;
+  }
+}
+
 void trace_record(const TraceEvent& e) {
+  if (e.ph == 'X' && g_trace_watchers.load(std::memory_order_relaxed) > 0) trace_record_recent(e);
+  if (!g_trace_file_on.load(std::memory_order_relaxed)) return;
   TraceRegistry& r = trace_registry();
   if (r.count.fetch_add(1, std::memory_order_relaxed) >= r.cap) {
     r.dropped.fetch_add(1, std::memory_order_relaxed);
@@ -157,7 +202,8 @@ void trace_write_all(int fd, const std::string& text, uint64_t& offset, const st
   offset += text.size();
 }
 
-void trace_append_event(std::string& out, const TraceEvent& e, int tid) {
+void trace_append_event(std::string& out, TraceEvent e, int tid, int64_t start_ns) {
+  e.ts_ns -= start_ns;
   out += "{\"name\":";
   trace_json_string(out, e.name);
   if (e.ph == 'X') {
@@ -202,13 +248,23 @@ void trace_start(const std::string& path, int64_t cap) {
     std::lock_guard<std::mutex> bl(b->mu);
     b->clear();
   }
-  r.epoch = std::chrono::steady_clock::now();
-  trace_detail::g_trace_on.store(true, std::memory_order_release);
+  r.file_start_ns = trace_now_ns();
+  std::lock_guard<std::mutex> fl(g_trace_flags_mu);
+  g_trace_file_on.store(true);
+  trace_update_on();
 }
+
+namespace {
+void trace_file_off() {
+  std::lock_guard<std::mutex> fl(g_trace_flags_mu);
+  g_trace_file_on.store(false);
+  trace_update_on();
+}
+}  // namespace
 
 void trace_abandon() {
   TraceRegistry& r = trace_registry();
-  trace_detail::g_trace_on.store(false, std::memory_order_release);
+  trace_file_off();
   std::lock_guard<std::mutex> l(r.mu);
   if (r.fd < 0) return;
   ::close(r.fd);
@@ -218,7 +274,7 @@ void trace_abandon() {
 
 int64_t trace_finish() {
   TraceRegistry& r = trace_registry();
-  trace_detail::g_trace_on.store(false, std::memory_order_release);
+  trace_file_off();
   std::lock_guard<std::mutex> l(r.mu);
   if (r.fd < 0) return 0;
   const int fd = r.fd;
@@ -238,8 +294,10 @@ int64_t trace_finish() {
       trace_json_string(out, b->name);
       out += "}}";
       b->for_each([&](const TraceEvent& e) {
+        // A span the recent window began before the file did: not part of the file's time.
+        if (e.ts_ns < r.file_start_ns) return;
         out += ",\n";
-        trace_append_event(out, e, b->tid);
+        trace_append_event(out, e, b->tid, r.file_start_ns);
         ++written;
         if (out.size() > (1u << 20)) {
           trace_write_all(fd, out, offset, r.path);
@@ -269,6 +327,80 @@ int64_t trace_finish() {
     fail_io("cannot write the trace {}: {}", r.path, std::strerror(err));
   }
   return written;
+}
+
+void trace_recent_watch(bool on) {
+  TraceRecentRing& q = trace_recent_ring();
+  std::lock_guard<std::mutex> fl(g_trace_flags_mu);
+  const int before = g_trace_watchers.load();
+  const int after = std::max(0, before + (on ? 1 : -1));
+  if (before == 0 && after > 0) {
+    std::lock_guard<std::mutex> l(q.mu);
+    q.ring.assign(kTraceRecentCap, TraceRecentSpan{});
+    q.next = 0;
+    q.full = false;
+  }
+  g_trace_watchers.store(after);
+  trace_update_on();
+  if (before > 0 && after == 0) {
+    std::lock_guard<std::mutex> l(q.mu);
+    std::vector<TraceRecentSpan>().swap(q.ring);
+  }
+}
+
+TraceRecent trace_recent(int passes, size_t max_spans) {
+  TraceRecent out;
+  std::vector<TraceRecentSpan> spans;
+  {
+    TraceRecentRing& q = trace_recent_ring();
+    std::lock_guard<std::mutex> l(q.mu);
+    const size_t n = q.full ? q.ring.size() : q.next;
+    spans.assign(q.ring.begin(), q.ring.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  // The last `passes` passes by their end; the window runs from the earliest of their starts.
+  std::vector<const TraceRecentSpan*> pass_spans;
+  for (const auto& s : spans) {
+    if (std::strcmp(s.name, "pass") == 0) pass_spans.push_back(&s);
+  }
+  if (pass_spans.empty() || passes <= 0) return out;
+  std::sort(pass_spans.begin(), pass_spans.end(), [](const auto* a, const auto* b) {
+    return a->ts_ns + a->dur_ns > b->ts_ns + b->dur_ns;
+  });
+  pass_spans.resize(std::min(pass_spans.size(), static_cast<size_t>(passes)));
+  int64_t start = pass_spans.front()->ts_ns, end = pass_spans.front()->ts_ns;
+  for (const auto* p : pass_spans) {
+    start = std::min(start, p->ts_ns);
+    end = std::max(end, p->ts_ns + p->dur_ns);
+  }
+  out.passes = static_cast<int>(pass_spans.size());
+  out.start_ns = start;
+  out.duration_ns = end - start;
+  for (const auto& s : spans) {
+    if (s.ts_ns < end && s.ts_ns + s.dur_ns > start) out.spans.push_back(s);
+  }
+  if (out.spans.size() > max_spans) {
+    std::stable_sort(out.spans.begin(), out.spans.end(),
+                     [](const auto& a, const auto& b) { return a.dur_ns > b.dur_ns; });
+    out.omitted = static_cast<int64_t>(out.spans.size() - max_spans);
+    out.spans.resize(max_spans);
+  }
+  std::sort(out.spans.begin(), out.spans.end(),
+            [](const auto& a, const auto& b) { return a.ts_ns < b.ts_ns; });
+  std::vector<int> tids;
+  for (auto& s : out.spans) {
+    s.ts_ns -= start;
+    tids.push_back(s.tid);
+  }
+  std::sort(tids.begin(), tids.end());
+  tids.erase(std::unique(tids.begin(), tids.end()), tids.end());
+  TraceRegistry& r = trace_registry();
+  std::lock_guard<std::mutex> l(r.mu);
+  for (const int tid : tids) {
+    const auto& b = r.buffers[static_cast<size_t>(tid - 1)];
+    std::lock_guard<std::mutex> bl(b->mu);
+    out.threads.emplace_back(tid, b->name);
+  }
+  return out;
 }
 
 void trace_thread_name(const char* base, int index) {

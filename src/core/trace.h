@@ -11,16 +11,23 @@
 //    contended by the final write, so the hot path is an uncontended lock and a vector append;
 //    buffers outlive their threads (the registry owns them), so a reader pool that shut down
 //    before the end still shows up.
-//  * Bounded: at most `cap` events in all (2 million by default, ~200 MB); past that, events are
+//  * Bounded: at most `cap` events in all (2 million by default, ~270 MB); past that, events are
 //    counted as dropped and the file says so in its `otherData`.
 //  * The file is created (0600, a random temporary name beside the target) when tracing starts,
 //    so an unwritable path fails before the run, and renamed over the target once written.
+//  * A second sink, the recent window, serves the server's engine view (docs/SERVER.md): while
+//    someone watches, events also go into one bounded ring (the last 32768 spans, all threads,
+//    under one lock), from which trace_recent() cuts the last few passes. Nobody watching, it
+//    costs nothing; the file and the window can be on together. Both count time from one
+//    process-wide epoch, so the file subtracts its own start.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace deltafin {
 
@@ -29,14 +36,15 @@ extern std::atomic<bool> g_trace_on;
 }
 
 // One argument of an event: a static key and an integer value (bytes, a layer, an expert id).
+// Trivially constructible, so a span's argument slots cost nothing while tracing is off.
 struct TraceArg {
-  const char* key = "";
-  int64_t value = 0;
+  const char* key;
+  int64_t value;
   TraceArg() = default;
   template <typename T>
   TraceArg(const char* k, T v) : key(k), value(static_cast<int64_t>(v)) {}
 };
-constexpr int kTraceMaxArgs = 4;
+constexpr int kTraceMaxArgs = 6;
 
 // Acquire (a plain load on x86 and one instruction on arm64): a span that sees the flag set also
 // sees the epoch and cap trace_start wrote before setting it.
@@ -55,6 +63,30 @@ int64_t trace_finish();
 // Gives up a started trace: its temporary file is removed and nothing is written (a run that
 // failed before it began).
 void trace_abandon();
+
+// The recent window. trace_recent_watch(true) registers a watcher (a browser showing the engine
+// view) and turns the spans on; trace_recent_watch(false) removes it, and the window is dropped
+// when the last one leaves.
+void trace_recent_watch(bool on);
+struct TraceRecentSpan {
+  int tid = 0;
+  const char* name = "";
+  const char* cat = "";
+  int64_t ts_ns = 0, dur_ns = 0;  // from the window's start
+  int nargs = 0;
+  TraceArg args[kTraceMaxArgs];
+};
+struct TraceRecent {
+  int passes = 0;        // complete `pass` spans in the window (0: none yet)
+  int64_t start_ns = 0;  // the window, from the process's trace epoch
+  int64_t duration_ns = 0;
+  int64_t omitted = 0;  // spans left out to stay within max_spans (the shortest)
+  std::vector<std::pair<int, std::string>> threads;  // (tid, name) of the threads in `spans`
+  std::vector<TraceRecentSpan> spans;                // every span overlapping the window
+};
+// The window from the start of the last `passes` complete `pass` spans to the end of the last,
+// with at most `max_spans` spans (the longest kept). Empty while nobody watches or before a pass.
+TraceRecent trace_recent(int passes, size_t max_spans);
 
 // Names the calling thread in the timeline ("reader", 3 -> "reader 3"; index < 0: no number).
 // Cheap and allowed while tracing is off (the name is kept for when the thread first records).

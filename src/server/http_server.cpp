@@ -27,10 +27,12 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/trace.h"
 #include "grammar/budget.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/connection_probe.h"
+#include "server/engine_timeline.h"
 #include "server/http_connections.h"
 #include "server/ollama_api.h"
 #include "server/response.h"
@@ -607,10 +609,17 @@ void HttpServer::engine_events(const httplib::Request& req, httplib::Response& r
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
+  // While the view is open the tracer keeps its recent window (the last passes' spans) for the
+  // frames' timeline; the releaser ends the watch with the stream.
+  trace_recent_watch(true);
   stream_to(
       req, res, "text/event-stream",
-      [this, probe, heat_seen = Metrics::kNoHeatSeen](size_t, httplib::DataSink& sink) mutable {
-        const std::string ev = sse(metrics_.engine_snapshot(heat_seen));
+      [this, probe, heat_seen = Metrics::kNoHeatSeen, timeline_seen = int64_t{-1}](
+          size_t, httplib::DataSink& sink) mutable {
+        nlohmann::ordered_json snapshot = metrics_.engine_snapshot(heat_seen);
+        if (auto timeline = engine_timeline_json(timeline_seen); !timeline.is_null())
+          snapshot["timeline"] = std::move(timeline);
+        const std::string ev = sse(snapshot);
         if (!sink.write(ev.data(), ev.size())) return false;
         // Sleep in short steps, ending when the client or the server goes away.
         for (auto waited = 0ms; waited < kEngineEvery; waited += kPoll) {
@@ -622,7 +631,10 @@ void HttpServer::engine_events(const httplib::Request& req, httplib::Response& r
         }
         return true;
       },
-      [this](bool) { engine_streams_.fetch_sub(1); });
+      [this](bool) {
+        trace_recent_watch(false);
+        engine_streams_.fetch_sub(1);
+      });
 }
 
 namespace {

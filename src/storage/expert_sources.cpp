@@ -174,9 +174,13 @@ void ExpertSources::read_from(int source, const Piece& p, int layer, int expert,
   const ExpertLocation& loc = dir_.location(layer, expert);
   const std::string what = fmt::format("expert {} of layer {}", expert, layer);
   begin_read(d);
-  TraceSpan span(
-      "read", "io",
-      {{"bytes", p.end - p.begin}, {"drive", source}, {"layer", layer}, {"expert", expert}});
+  TraceSpan span("read", "io",
+                 {{"bytes", p.end - p.begin},
+                  {"drive", source},
+                  {"layer", layer},
+                  {"expert", expert},
+                  {"queued_us", ReaderPool::current_queued_us()},
+                  {"in_flight", ReaderPool::current_in_flight()}});
   Stopwatch sw;
   try {
     if (d.home) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -30,12 +31,23 @@ class ReaderPool {
   int size() const { return static_cast<int>(threads_.size()); }
   // Seconds the threads spent running tasks.
   double busy_seconds() const;
+  // For the task running on the calling reader thread, what the trace's read spans carry
+  // (docs/TRACING.md): the microseconds it waited in the queue (-1 when tracing was off at its
+  // submission: no clock is read then) and how many of this pool's tasks were running when it
+  // started, itself included (the reads in flight on the pool's drive).
+  static int64_t current_queued_us();
+  static int current_in_flight();
 
  private:
+  struct Task {
+    std::function<void()> run;
+    int64_t submitted_ns = -1;  // steady clock, only while tracing
+  };
   void loop();
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> demand_, background_;
+  std::deque<Task> demand_, background_;
+  int running_ = 0;
   std::vector<std::thread> threads_;
   bool stop_ = false;
   double busy_s_ = 0;

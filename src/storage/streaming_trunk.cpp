@@ -170,7 +170,13 @@ void StreamingTrunk::submit_locked(const UnitLayout& l, uint8_t* mem, Completion
                       s.buf_offset + off};
       done.pending++;
       pool_.submit(ReaderPool::Priority::kDemand, [this, mem, part, &done] {
-        TraceSpan span("trunk read", "io", {{"bytes", part.length}, {"shard", part.shard}});
+        // The trunk is read from the model folder: drive 0, as the expert reads number it.
+        TraceSpan span("trunk read", "io",
+                       {{"bytes", part.length},
+                        {"shard", part.shard},
+                        {"drive", 0},
+                        {"queued_us", ReaderPool::current_queued_us()},
+                        {"in_flight", ReaderPool::current_in_flight()}});
         // The tail past the end of the file is padding from the 4 KiB widening.
         const uint64_t size = files_.size(part.shard);
         const uint64_t need =

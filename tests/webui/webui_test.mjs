@@ -6,7 +6,7 @@
 //
 // Scenarios: the page asks for the API key and sends it (also on the engine stream); a message
 // streams an answer with its stats; a reload finds the conversation; the engine view updates
-// while a request runs; model output with <script> and <img onerror> renders as text (the
+// while a request runs and draws the last passes as a timeline; model output with <script> and <img onerror> renders as text (the
 // answer is injected by intercepting the chat request, so it travels the page's real streaming
 // and rendering path); and at 0.2 tokens/s (the server slowed by DELTAFIN_DEBUG_STEP_DELAY_MS)
 // a stream is stopped midway, then the server restarts and the page reconnects. Images attached,
@@ -178,6 +178,7 @@ try {
   }, KEY);
   await waitFor(page, () => document.getElementById("e-active").textContent === "1 / 1", "an active sequence shown");
   await waitFor(page, (n) => Number(document.body.dataset.engineSnapshots) >= n + 3, "more snapshots", 30000, before);
+  await waitFor(page, () => Number(document.body.dataset.timelineSpans || 0) > 0, "the timeline of the last passes");
   if (SHOTS) {
     await page.setViewport({ width: 1200, height: 1150 });
     await page.screenshot({ path: path.join(SHOTS, "webui-engine.png") });
@@ -192,6 +193,27 @@ try {
   check((await page.$$("#memory-bar div")).length === 5, "memory bar segments");
   check((await text(page, "#e-disk")).includes("MB/s"), "disk bandwidth shown");
   check((await page.$$("#io-chart polyline")).length === 2, "I/O chart lines");
+  // The last passes as a timeline: the scheduler's spans nested by row (every layer inside a
+  // pass, on the row below it), the legend naming what is drawn, and a screenshot of it.
+  const drawn = await page.evaluate(() => document.body.dataset.timelineNames.split(","));
+  for (const n of ["pass", "layer", "attention", "router", "moe", "expert", "sample"])
+    check(drawn.includes(n), `the timeline draws ${n} spans (${drawn})`);
+  check(/^last [123] pass(es)?, [\d.]+ ms, \d+ spans on \d+ threads?/.test(await text(page, "#timeline-info")),
+    "the timeline's summary");
+  check(await page.evaluate(() => {
+    const box = (r) => ({ x: +r.getAttribute("x"), w: +r.getAttribute("width"), y: +r.getAttribute("y") });
+    const passes = [...document.querySelectorAll('#timeline rect[data-name="pass"]')].map(box);
+    const layers = [...document.querySelectorAll('#timeline rect[data-name="layer"]')].map(box);
+    return passes.length > 0 && layers.length > 0 && layers.every((l) =>
+      passes.some((p) => l.x >= p.x - 0.01 && l.x + l.w <= p.x + Math.max(p.w, 0.5) + 0.51 && l.y > p.y));
+  }), "every layer is drawn inside a pass");
+  check((await page.$$("#timeline-legend .sw")).length === drawn.filter((n) => n).length, "a legend entry per span name");
+  if (SHOTS) {
+    await page.setViewport({ width: 1200, height: 1600 });
+    await (await page.$("#timeline-box")).screenshot({ path: path.join(SHOTS, "webui-timeline.png") });
+    await page.setViewport({ width: 1200, height: 800 });
+    check(fs.statSync(path.join(SHOTS, "webui-timeline.png")).size > 1000, "the timeline screenshot was written");
+  }
 
   // 5. Untrusted output renders as text.
   await page.goto(base + "/#chat", { waitUntil: "load" });
