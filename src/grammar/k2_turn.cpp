@@ -138,16 +138,10 @@ class K2TurnBuilder {
 Constraint k2_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer) {
   if (!is_k2_family(tokenizer.chat_format()))
     fail_arg("{}: the tokenizer speaks K3's chat format, not a K2 one", spec.field);
-  if (spec.lazy && spec.content != TurnSpec::Content::free)
-    fail_arg("{}: a lazy grammar needs free content", spec.field);
-  K2TurnBuilder b(spec, tokenizer);
-  try {
+  return build_turn(spec, [&] {
+    K2TurnBuilder b(spec, tokenizer);
     return b.build();
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    if (what.rfind("grammar:", 0) == 0) throw InvalidArgument(spec.field + ": " + what);
-    throw;
-  }
+  });
 }
 
 }  // namespace deltafin::grammar

@@ -277,17 +277,11 @@ Constraint k3_turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer) 
 
 Constraint turn_constraint(const TurnSpec& spec, const Tokenizer& tokenizer) {
   if (is_k2_family(tokenizer.chat_format())) return k2_turn_constraint(spec, tokenizer);
-  if (spec.lazy && spec.content != TurnSpec::Content::free)
-    fail_arg("{}: a lazy grammar needs free content", spec.field);
-  const BudgetScope scope;  // one budget for the turn's schemas, grammar and automaton
-  TurnBuilder b(spec, tokenizer);
-  try {
+  return build_turn(spec, [&] {
+    const BudgetScope scope;  // one budget for the turn's schemas, grammar and automaton
+    TurnBuilder b(spec, tokenizer);
     return b.build();
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    if (what.rfind("grammar:", 0) == 0) throw InvalidArgument(spec.field + ": " + what);
-    throw;
-  }
+  });
 }
 
 Constraint raw_constraint_gbnf(const std::string& gbnf, const Tokenizer& tokenizer) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "grammar/constraint.h"
 #include "grammar/ir.h"
 #include "grammar/k3_turn.h"
 #include "grammar/vocab.h"
@@ -39,5 +41,21 @@ inline ExprPtr free_text() {
 // (SchemaCompiler), or nullptr.
 ExprPtr turn_content(Grammar& g, const TurnSpec& spec, const TokenVocab& vocab,
                      std::map<std::string, uint32_t>* strings);
+
+// A turn's constraint from `build` (which makes the format's builder and builds), after the check
+// every format makes alike (a lazy grammar only over free content); a grammar error it raises is
+// named after spec.field, the request field the turn came from.
+template <class Build>
+Constraint build_turn(const TurnSpec& spec, Build&& build) {
+  if (spec.lazy && spec.content != TurnSpec::Content::free)
+    fail_arg("{}: a lazy grammar needs free content", spec.field);
+  try {
+    return build();
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    if (what.rfind("grammar:", 0) == 0) throw InvalidArgument(spec.field + ": " + what);
+    throw;
+  }
+}
 
 }  // namespace deltafin::grammar
