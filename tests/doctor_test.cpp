@@ -108,12 +108,39 @@ TEST(Doctor, ReleasedShapeWithoutCheckpoint) {
   EXPECT_EQ(j["advice"]["options"].size(), 3u);
   EXPECT_TRUE(j["checkpoint"].is_null());
   EXPECT_TRUE(j["ok"].get<bool>());
+  // K3 is released with its vision tower: 401 M parameters (patch embedding, the 64 x 64 position
+  // grid, 27 layers of norm0, wqkv [4608, 1024], wo [1024, 1536], norm1, fc0 [4096, 1024],
+  // fc1 [1024, 4096], the final norm) and a 46 M projector, resident in the plan.
+  const json& v = j["vision"];
+  const int64_t D = 1024, Q = 1536, I = 4096;
+  const int64_t tower =
+      D * 3 * 14 * 14 + 64 * 64 * D + 27 * (2 * D + 3 * Q * D + D * Q + 2 * I * D) + D;
+  EXPECT_EQ(v["tower_params"].get<int64_t>(), tower);
+  EXPECT_NEAR(static_cast<double>(tower), 401.2e6, 0.1e6);
+  EXPECT_EQ(v["projector_params"].get<int64_t>(), 4096 * 4096 + 7168 * 4096 + 7168);
+  EXPECT_TRUE(v["resident"].get<bool>());
+  EXPECT_EQ(v["weight_bytes"], j["plan"]["vision_weight_bytes"]);
+  EXPECT_GT(v["weight_bytes"].get<double>(), 2.0 * static_cast<double>(tower));  // BF16 + copies
+  EXPECT_GT(j["plan"]["vision_work_bytes"].get<double>(), 1e9);  // the largest image: ~67k patches
+  EXPECT_GE(j["plan"]["fixed_bytes"].get<double>(),
+            j["plan"]["vision_weight_bytes"].get<double>() +
+                j["plan"]["vision_work_bytes"].get<double>());
+  // Per image: the processor's token counts (docs/VISION.md §3.3) and a forecast time.
+  ASSERT_EQ(v["images"].size(), 3u);
+  EXPECT_EQ(v["images"][0]["tokens"], 256);   // 448 x 448: 32 x 32 patches
+  EXPECT_EQ(v["images"][1]["tokens"], 1036);  // 1024 x 768: 56 x 74 patches
+  EXPECT_EQ(v["images"][2]["tokens"], 2691);  // 1920 x 1080
+  for (const auto& im : v["images"]) {
+    EXPECT_GT(im["forecast_s"].get<double>(), 0) << im.dump();
+    EXPECT_EQ(im["patches"].get<int64_t>(), 4 * im["tokens"].get<int64_t>());
+  }
   // The text report says the same in sentences.
   const auto t = run_deltafin({"doctor", "--dir", dir, "--memory-budget", "64G", "--threads", "1"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  for (const char* s :
-       {"machine", "CPU", "memory budget 64.00 GiB", "Kimi K3", "93 layers", "1.56 TB needed",
-        "plan", "forecast", "decode", "prefill", "int8 trunk", "EAGLE-3.1", "would help most"})
+  for (const char* s : {"machine", "CPU", "memory budget 64.00 GiB", "Kimi K3", "93 layers",
+                        "1.56 TB needed", "vision     tower 401.2 M + projector 46.1 M parameters",
+                        "1024x768: 4144 patches -> 1036 image tokens", "plan", "forecast", "decode",
+                        "prefill", "int8 trunk", "EAGLE-3.1", "would help most"})
     EXPECT_NE(t.out.find(s), std::string::npos) << s << "\n" << t.out;
 }
 

@@ -6,7 +6,10 @@
 //   decompression bomb made here with zlib, and malformed data URLs and base64), each sent through
 //   every API that can carry it — OpenAI chat, Responses, Anthropic Messages, Ollama /api/chat
 //   and /api/generate — so a refusal is checked where clients meet it: one 400 whose body names
-//   the part in that API's own terms, and the server healthy afterwards.
+//   the part in that API's own terms, and the server healthy afterwards. The table runs against a
+//   model with a tower (the edge reads headers, the encoder decodes each image once when its
+//   sequence starts) and against a text-only model (the edge reads headers and refuses, never
+//   decoding: kinds whose fault is in the body get the text-only refusal).
 // - Remote URLs are fetched from a loopback httplib server started here (no network), for the
 //   paths a hostile host can take: a redirect to file:, a body over the cap, a 404, non-image
 //   bytes.
@@ -18,6 +21,7 @@
 #include <httplib.h>
 #include <zlib.h>
 
+#include <functional>
 #include <thread>
 
 #include "server/anthropic_api.h"
@@ -97,11 +101,19 @@ struct HostileImage {
   std::string words;      // in the error
   bool ollama = true;     // meaningful without a MIME type (Ollama sends bytes only)
   bool anthropic = true;  // expressible as an Anthropic source
+  // Its headers are sound; only decoding its body finds the fault (the encoder, on a model with
+  // a tower; a text-only model's edge refuses it as an image before, without decoding it).
+  bool body_fault = false;
 };
 
 HostileImage base64_kind(const std::string& kind, const std::string& mime, const std::string& data,
                          const std::string& words, bool ollama = true) {
   return {kind, "data:" + mime + ";base64," + data, mime, data, words, ollama, true};
+}
+
+HostileImage body_fault(HostileImage h) {
+  h.body_fault = true;
+  return h;
 }
 
 std::vector<HostileImage> hostile_images() {
@@ -116,10 +128,10 @@ std::vector<HostileImage> hostile_images() {
       base64_kind("decompression bomb", png, vapi_b64(vapi_bomb_png()), "178956970 pixels"),
       base64_kind("GIF screen bomb", "image/gif", vapi_b64(vapi_file("decode/bomb.gif")),
                   "30000x30000"),
-      base64_kind("corrupt PNG data", png, vapi_b64(vapi_file("decode/bad_idat.png")),
-                  "PNG image data"),
-      base64_kind("truncated JPEG", "image/jpeg", vapi_b64(vapi_file("decode/truncated.jpg")),
-                  "truncated"),
+      body_fault(base64_kind("corrupt PNG data", png, vapi_b64(vapi_file("decode/bad_idat.png")),
+                             "PNG image data")),
+      body_fault(base64_kind("truncated JPEG", "image/jpeg",
+                             vapi_b64(vapi_file("decode/truncated.jpg")), "truncated")),
       base64_kind("CMYK JPEG", "image/jpeg", vapi_b64(vapi_file("decode/cmyk.jpg")), "CMYK"),
       base64_kind("wrong MIME vs bytes", png, photo,
                   "declared as image/png but the bytes are a JPEG", false),
@@ -235,9 +247,13 @@ void expect_healthy(ServerProcess& srv) {
   EXPECT_EQ(h.status, 200) << h.body;
 }
 
-TEST(VisionApi, HostileImagesGiveOneClear400ThroughEveryApi) {
-  ServerProcess srv({"--max-image-bytes", "64K"});
-  ASSERT_TRUE(srv.ready()) << srv.err();
+// The refusal a text-only model's edge gives an image whose headers pass.
+constexpr const char* kTextOnlyWords = "this model is text only";
+
+// Every hostile image through every API against `srv`: one 400 naming the part in the client's
+// terms, with `words_of(h)` in it, and the server healthy after each. Returns the requests sent.
+int send_hostile_images(ServerProcess& srv,
+                        const std::function<std::string(const HostileImage&)>& words_of) {
   auto c = srv.client();
   int sent = 0;
   for (const HostileImage& h : hostile_images()) {
@@ -247,7 +263,7 @@ TEST(VisionApi, HostileImagesGiveOneClear400ThroughEveryApi) {
       EXPECT_EQ(r.status, 400) << r.body;
       const std::string msg = error_message(r);
       EXPECT_EQ(msg.rfind(s.param, 0), 0u) << "names the part first: " << r.body;
-      EXPECT_NE(msg.find(h.words), std::string::npos) << r.body;
+      EXPECT_NE(msg.find(words_of(h)), std::string::npos) << r.body;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << r.body;
       if (s.api == "openai" || s.api == "responses") {
         EXPECT_EQ(r.j["error"]["param"].get<std::string>().rfind(s.param, 0), 0u) << r.body;
@@ -256,7 +272,20 @@ TEST(VisionApi, HostileImagesGiveOneClear400ThroughEveryApi) {
       ++sent;
     }
   }
+  return sent;
+}
+
+// A model with a tower: the edge reads headers, the encoder decodes (once) when the sequence
+// starts; either way the refusal is the same 400 naming the part.
+TEST(VisionApi, HostileImagesGiveOneClear400ThroughEveryApi) {
+  ServerProcess srv({"--max-image-bytes", "64K"}, vapi_vision_model());
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  auto c = srv.client();
+  const int sent = send_hostile_images(srv, [](const HostileImage& h) { return h.words; });
   EXPECT_GT(sent, 4 * 12);
+  // A refused image is not counted as encoded.
+  const HttpResult m = test::get(*c, "/metrics");
+  EXPECT_NE(m.body.find("\ndeltafin_vision_images_encoded_total 0\n"), std::string::npos) << m.body;
   // And a text request still answers on every API.
   EXPECT_EQ(test::post_json(*c, "/v1/chat/completions",
                             {{"model", "kimi-k3"},
@@ -274,9 +303,42 @@ TEST(VisionApi, HostileImagesGiveOneClear400ThroughEveryApi) {
   EXPECT_TRUE(srv.running());
 }
 
+// A text-only model: the edge checks the headers (every kind its headers show is refused for
+// that) and refuses the rest as images this model cannot take, without decoding them — the
+// kinds whose fault lies in the body get the text-only refusal, which proves no decode ran.
+TEST(VisionApi, TextOnlyModelProbesImagesAndRefusesThem) {
+  ServerProcess srv({"--max-image-bytes", "64K"});
+  ASSERT_TRUE(srv.ready()) << srv.err();
+  const int sent = send_hostile_images(
+      srv, [](const HostileImage& h) { return h.body_fault ? kTextOnlyWords : h.words; });
+  EXPECT_GT(sent, 4 * 12);
+  // A good image: the same refusal, naming the part, through every API.
+  auto c = srv.client();
+  const std::string b64 = vapi_b64(vapi_file("photo.jpg"));
+  const std::string url = "data:image/jpeg;base64," + b64;
+  const std::vector<Sent> good = {
+      {"openai", "/v1/chat/completions", "messages[0].content[1].image_url", vapi_openai(url)},
+      {"responses", "/v1/responses", "input[0].content[1].image_url", vapi_responses(url)},
+      {"anthropic", "/v1/messages", "messages[0].content[1].source",
+       vapi_anthropic({{"type", "base64"}, {"media_type", "image/jpeg"}, {"data", b64}})},
+      {"ollama chat", "/api/chat", "messages[0].images[0]", vapi_ollama_chat(b64)},
+      {"ollama generate", "/api/generate", "images[0]", vapi_ollama_generate(b64)},
+  };
+  for (const Sent& s : good) {
+    SCOPED_TRACE(s.api);
+    const HttpResult r = test::post_json(*c, s.path, s.body);
+    EXPECT_EQ(r.status, 400) << r.body;
+    const std::string msg = error_message(r);
+    EXPECT_EQ(msg.rfind(s.param, 0), 0u) << r.body;
+    EXPECT_NE(msg.find(kTextOnlyWords), std::string::npos) << r.body;
+  }
+  expect_healthy(srv);
+}
+
 // Structural refusals of image parts, each naming its field.
 TEST(VisionApi, MalformedImagePartsNameTheirField) {
-  ServerProcess srv({});
+  // A model with a tower: a text-only model refuses the first image before a 101st is counted.
+  ServerProcess srv({}, vapi_vision_model());
   ASSERT_TRUE(srv.ready()) << srv.err();
   auto c = srv.client();
   const std::string png = "data:image/png;base64," + vapi_b64(vapi_file("tiny_20x9.png"));
@@ -370,7 +432,11 @@ TEST(VisionApi, GoodImagesPassEveryApi) {
 TEST(VisionApi, TranslatorsWriteTheInternalPart) {
   const std::string b64 = vapi_b64(vapi_file("tiny_20x9.png"));
   const std::string url = "data:image/png;base64," + b64;
-  const json part = {{"type", "image_url"}, {"image_url", {{"url", url}}}};
+  // The internal part, carrying the client's path of the image (errors name it so).
+  auto part_at = [&](const std::string& path) {
+    return json{{"type", "image_url"}, {"image_url", {{"url", url}}}, {kPartPathKey, path}};
+  };
+  const json part = part_at("messages[0].content[1].source");
 
   const json a = anthropic_to_chat(
       vapi_anthropic({{"type", "base64"}, {"media_type", "image/png"}, {"data", b64}}), false);
@@ -380,15 +446,27 @@ TEST(VisionApi, TranslatorsWriteTheInternalPart) {
 
   const json r = responses_to_chat(vapi_responses(url));
   ASSERT_EQ(r["messages"][0]["content"].size(), 2u) << r.dump();
-  EXPECT_EQ(r["messages"][0]["content"][1], part);
+  EXPECT_EQ(r["messages"][0]["content"][1], part_at("input[0].content[1].image_url"));
 
   // OpenAI: image/jpg is written image/jpeg, detail dropped (accepted and ignored).
   const std::string jpg = vapi_b64(vapi_file("photo.jpg"));
   json body = vapi_openai("data:image/jpg;base64," + jpg);
   check_chat_images(body, ImagePolicy{});
-  EXPECT_EQ(
-      body["messages"][0]["content"][1],
-      (json{{"type", "image_url"}, {"image_url", {{"url", "data:image/jpeg;base64," + jpg}}}}));
+  EXPECT_EQ(body["messages"][0]["content"][1],
+            (json{{"type", "image_url"},
+                  {"image_url", {{"url", "data:image/jpeg;base64," + jpg}}},
+                  {kPartPathKey, "messages[0].content[1].image_url"}}));
+  // OpenAI's body may also hold the renderer's {"type": "image"} form: it passes the same gate.
+  json image_form = vapi_openai(url);
+  image_form["messages"][0]["content"][1] = {{"type", "image"}, {"url", url}};
+  check_chat_images(image_form, ImagePolicy{});
+  EXPECT_EQ(image_form["messages"][0]["content"][1], part_at("messages[0].content[1].url"));
+  image_form["messages"][0]["content"][1] = {{"type", "image"}, {"url", "data:image/png;base64,"}};
+  EXPECT_THROW(check_chat_images(image_form, ImagePolicy{}), ApiError);
+  // A client cannot set the path key itself.
+  json forged = vapi_openai(url);
+  forged["messages"][0]["content"][1][kPartPathKey] = "x";
+  EXPECT_THROW(check_chat_images(forged, ImagePolicy{}), ApiError);
 
   // A tool result carrying a screenshot (Claude Code's Read of an image) keeps it as a part.
   json tool = {
@@ -416,7 +494,7 @@ TEST(VisionApi, TranslatorsWriteTheInternalPart) {
   EXPECT_EQ(tm["role"], "tool");
   ASSERT_TRUE(tm["content"].is_array()) << t.dump();
   EXPECT_EQ(tm["content"][0]["text"], "a.png");
-  EXPECT_EQ(tm["content"][1], part);
+  EXPECT_EQ(tm["content"][1], part_at("messages[2].content[0].content[1].source"));
 
   // No images: the text stays a string, as before.
   const json plain = anthropic_to_chat(

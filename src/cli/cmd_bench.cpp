@@ -10,7 +10,8 @@
 // prefill_roofline_s_per_token = max(bytes / disk bandwidth, FLOPs / the measured FMA peak of
 // all threads), and prefill_roofline_ratio = that / the achieved prefill s per token. Figures
 // only; no assertions.
-// --report writes the same figures as charts (bench_report.cpp).
+// --report writes the same figures as charts (bench_report.cpp). --image FILE (repeatable) adds
+// the vision tower's cost per image (bench_vision.cpp) as the "vision" object and lines.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "cli/bench_report.h"
 #include "cli/bench_runs.h"
 #include "cli/bench_turns.h"
+#include "cli/bench_vision.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/gen_options.h"
@@ -59,6 +61,7 @@ struct BenchArgs {
   StateCacheSettings state_cache;
   GenOptions gen;  // only --grammar-file / --json-schema: decode with and without them
   std::optional<float> constraint_temperature;  // --temperature, with a constraint only (1)
+  std::vector<std::string> images;              // --image: the vision tower's cost per image
 };
 
 struct Summary {
@@ -117,6 +120,8 @@ LoadedEngine load_for_bench(BenchArgs& a, bool constrained, double& mem_bw) {
   if (constrained && a.turns > 0) fail_usage("--turns and a constraint are separate benchmarks");
   if (!constrained && a.constraint_temperature)
     fail_usage("--temperature applies to bench with --json-schema or --grammar-file");
+  if (!a.images.empty() && (constrained || a.turns > 0))
+    fail_usage("--image is measured beside prefill and decode, not with --turns or a constraint");
   a.engine.model = resolve_model_dir(a.engine.model);
   // Passes of --prefill-chunk rows (auto: as many as the budget holds, up to the prompt), and
   // at least a verify pass's rows when drafting.
@@ -462,6 +467,8 @@ void print_figures(const nlohmann::json& j, const LoadedModel& model, const Benc
 
 void run_bench(BenchArgs& a) {
   const bool constrained = !a.gen.grammar_file.empty() || !a.gen.json_schema.empty();
+  // The images first: a missing file or a non-image is said before the model loads.
+  const std::vector<BenchImage> images = read_bench_images(a.images);
   double mem_bw = 0;
   LoadedEngine engine = load_for_bench(a, constrained, mem_bw);
   if (constrained) {
@@ -491,7 +498,8 @@ void run_bench(BenchArgs& a) {
   // disk bandwidth is the sum over the drives (the model folder and each home).
   std::vector<double> drive_bw;
   if (!a.no_disk_probe) drive_bw = probe_drives(*engine.model, a.engine.readers, 512ull << 20, 3);
-  const nlohmann::json j = bench_figures(a, engine, runs, mem_bw, drive_bw);
+  nlohmann::json j = bench_figures(a, engine, runs, mem_bw, drive_bw);
+  if (!images.empty()) j["vision"] = bench_images(engine, images, a.reps);
   if (!a.report.empty()) {
     write_file_atomic(a.report, bench_report_html(j));
     fmt::print(stderr, "report written to {}\n", a.report);
@@ -501,6 +509,7 @@ void run_bench(BenchArgs& a) {
     return;
   }
   print_figures(j, model, runs, drive_bw);
+  if (j.contains("vision")) print_bench_images(j["vision"]);
 }
 }  // namespace
 
@@ -533,6 +542,9 @@ void register_bench(CLI::App& app) {
                   "With --json-schema or --grammar-file: the temperature of both runs (0 = "
                   "greedy; default 1)")
       ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--image", a->images,
+                  "Also measure the vision tower on this image (repeatable; PNG, JPEG, GIF, "
+                  "WebP): grid, image tokens, tower seconds per image, the tower's memory");
   cmd->add_flag("--no-disk-probe", a->no_disk_probe, "Skip the disk bandwidth probe");
   cmd->add_flag("!--no-in-ram-reference", a->in_ram_reference,
                 "Out of core: skip the in-RAM decode of the same dimensions that the bound uses");

@@ -27,12 +27,14 @@
 #include "gpu/gpu.h"
 #include "kernels/kernels.h"
 #include "model/released.h"
+#include "model/vision_config.h"
 #include "pull/fetch.h"
 #include "storage/checkpoint.h"
 #include "storage/checkpoint_check.h"
 #include "storage/expert_directory.h"
 #include "storage/expert_store.h"
 #include "storage/trunk_units.h"
+#include "vision/preprocess.h"
 
 namespace deltafin::cli {
 
@@ -145,6 +147,8 @@ ojson plan_json(const MemoryPlan& p) {
                                                      : 1.0},
           {"all_experts_bytes", p.all_experts_bytes},
           {"min_working_set_bytes", p.min_working_set},
+          {"vision_weight_bytes", p.vision_weight_bytes},
+          {"vision_work_bytes", p.vision_work_bytes},
           {"prefill_pass_rows", p.pass.pass_rows}};
 }
 
@@ -185,6 +189,17 @@ TensorTable released_tensors(const ModelConfig& c) {
     info.shape = e.shape;
     info.nbytes = static_cast<uint64_t>(info.numel()) * dtype_size(e.dtype);
     t.emplace(e.name, std::move(info));
+  }
+  // K3 is released with its vision tower and projector (401 M + 46 M parameters, BF16).
+  if (c.family == Family::kK3 && !c.vision_config_json.empty()) {
+    for (const auto& e : expected_vision_tensors(vision_config_of(c))) {
+      TensorInfo info;
+      info.name = e.name;
+      info.dtype = e.dtype;
+      info.shape = e.shape;
+      info.nbytes = static_cast<uint64_t>(info.numel()) * dtype_size(e.dtype);
+      t.emplace(e.name, std::move(info));
+    }
   }
   return t;
 }
@@ -390,6 +405,7 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
                                  : xf == ExpertFormat::kFP8  ? "FP8"
                                  : xf == ExpertFormat::kInt4 ? "INT4"
                                                              : "BF16";
+  if (plan.vision_params > 0) r["vision"] = doctor_vision(c, plan, s, m.ck ? a.model : "");
   auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
     return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d);
   };
@@ -476,6 +492,20 @@ void plan_and_forecast(const DoctorArgs& a, Examined& m, const std::string& dir,
   po.context = a.ctx;
   po.shape.max_rows = 0;
   po.shape.prefill_rows = a.prompt_tokens;
+  po.shape.vision_threads = global_pool().size();  // each holds one attention task's scores
+  // A checkpoint's tower: its working memory for the largest image of its own processor.
+  if (m.ck) {
+    const fs::path pre = fs::path(a.model) / "preprocessor_config.json";
+    std::error_code pec;
+    if (fs::exists(pre, pec)) {
+      try {
+        po.shape.vision_max_patches = vision::max_patches(
+            vision::parse_media_proc_config(read_regular_file(pre.string()), pre.string()));
+      } catch (const std::exception&) {
+        // unreadable: the release's bound, and the vision section says why
+      }
+    }
+  }
   if (m.ck && c.num_moe_layers() > 0) {
     const ExpertFormat ef = check_inventory(c, *m.ck).expert_format;
     po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *m.ck, ef), c);

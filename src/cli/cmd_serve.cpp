@@ -28,10 +28,12 @@
 #include "generate/generation_config.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/vision_tower.h"
 #include "runtime/images.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "storage/plan.h"
+#include "vision/preprocess.h"
 
 namespace deltafin::cli {
 
@@ -233,6 +235,8 @@ void run_serve(ServeArgs& a) {
   limits.images.allow_urls = a.allow_image_urls;
   limits.images.max_bytes = max_image;
   if (engine.vision) limits.measure_image = image_measurer(engine.vision.get());
+  // A text-only model: the edge checks an image's headers and refuses it, naming the part.
+  limits.images.text_only = !engine.vision;
 
   server::SchedulerOptions so;
   so.parallel = a.parallel;
@@ -245,6 +249,15 @@ void run_serve(ServeArgs& a) {
   metrics.set_engine_info(engine_info(*model, a.engine.readers));
   server::Scheduler scheduler(*model, tok, so, metrics);
   metrics.set_static(context, a.parallel, a.queue, so.pass_rows);
+  if (engine.vision) {
+    const VisionConfig& vc = engine.vision->config();
+    const VisionCost cost = vision_cost(vc);
+    metrics.set_vision(
+        cost.tower_params + cost.projector_params, cost.weight_bytes,
+        model->plan() ? model->plan()->vision_work_bytes
+                      : vision_work_bytes(vc, vision::max_patches(engine.vision->media_config()),
+                                          global_pool().size()));
+  }
   metrics.set_ready(true);
   http.set_ready(&scheduler, limits);
   stop_signal->ready.store(true);

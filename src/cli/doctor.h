@@ -9,11 +9,22 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "doctor/forecast.h"
+#include "model/config.h"
+#include "storage/plan.h"
+
 namespace deltafin::cli {
 
 using DoctorReport = nlohmann::ordered_json;
 
 // The plain-text report (what `doctor` prints without --json).
 std::string doctor_text(const DoctorReport& r);
+
+// The "vision" object (doctor_vision.cpp) of a model with a vision tower: its parameters, the
+// plan's share for it, and per image size the patches, image tokens and forecast tower seconds.
+// `model_dir` empty: the released shape (the release's media_proc_cfg).
+DoctorReport doctor_vision(const ModelConfig& c, const MemoryPlan& plan, const KernelSpeeds& s,
+                           const std::string& model_dir);
+std::string doctor_vision_text(const DoctorReport& vision);
 
 }  // namespace deltafin::cli

@@ -167,6 +167,7 @@ std::string doctor_text(const ojson& r) {
       }
     }
   }
+  if (r.contains("vision")) o += doctor_vision_text(r["vision"]);
   if (r.contains("advice")) {
     const ojson& a = r["advice"];
     const std::string best = str(a, "best");

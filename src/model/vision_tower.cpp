@@ -416,4 +416,55 @@ std::vector<float> VisionTower::forward(const float* pixels, const VisionGrid& g
   return out;
 }
 
+VisionCost vision_cost(const VisionConfig& v) {
+  VisionCost c;
+  for (const ExpectedTensor& e : expected_vision_tensors(v)) {
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    (e.name.rfind("mm_projector.", 0) == 0 ? c.projector_params : c.tower_params) += n;
+    c.weight_bytes += static_cast<uint64_t>(n) * dtype_size(e.dtype);
+    // bind_vision copies every tensor but the matrices (2-D and the 4-D patch kernel) to float32.
+    const bool matrix = e.shape.size() >= 2 && e.name.find("pos_emb") == std::string::npos;
+    if (!matrix) c.weight_bytes += static_cast<uint64_t>(n) * sizeof(float);
+  }
+  return c;
+}
+
+uint64_t vision_work_bytes(const VisionConfig& v, int64_t patches, int threads) {
+  const auto n = static_cast<uint64_t>(std::max<int64_t>(patches, 0));
+  const auto D = static_cast<uint64_t>(v.hidden), Q = static_cast<uint64_t>(v.qkv);
+  const auto I = static_cast<uint64_t>(v.intermediate), hd = static_cast<uint64_t>(v.head_dim());
+  const auto block = static_cast<uint64_t>(std::min<int64_t>(kBlockRows, patches));
+  const uint64_t tokens = n / static_cast<uint64_t>(v.merge_h * v.merge_w);
+  const uint64_t f = sizeof(float);
+  const uint64_t pixels = n * static_cast<uint64_t>(v.patch_dim()) * (f + 1);
+  const uint64_t out = tokens * static_cast<uint64_t>(v.text_hidden) * f;
+  // The phases of forward(), each with the residual stream x [n, D] alive until the merger.
+  const uint64_t x = n * D * f;
+  const uint64_t embed = x + n * D * sizeof(double);  // the interpolated grid in double
+  const uint64_t scratch = block * (D + 2 * Q + 2 * Q + 2 * I) * f;  // y, kv, q, o, mlp, gelu
+  const uint64_t scores =
+      static_cast<uint64_t>(std::max(threads, 1)) * static_cast<uint64_t>(kQueryRows) * n * f;
+  const uint64_t layers = x + 2 * n * Q * f + n * hd * f + scratch + scores;
+  const uint64_t merger = x + tokens * static_cast<uint64_t>(v.merged_dim()) * f;
+  const uint64_t projector =
+      tokens * static_cast<uint64_t>(v.merged_dim()) * f + out +
+      std::min<uint64_t>(kBlockRows, tokens) * static_cast<uint64_t>(v.merged_dim()) * f;
+  return pixels + std::max({embed, layers, merger, projector}) + out;
+}
+
+VisionFlops vision_flops(const VisionConfig& v, const VisionGrid& g) {
+  const auto n = static_cast<double>(g.patches());
+  const auto tokens = n / static_cast<double>(v.merge_h * v.merge_w);
+  const auto D = static_cast<double>(v.hidden), Q = static_cast<double>(v.qkv);
+  const auto I = static_cast<double>(v.intermediate), M = static_cast<double>(v.merged_dim());
+  VisionFlops f;
+  const double per_layer = 3 * Q * D + Q * D + 2 * I * D;
+  f.linear =
+      2 * n * (static_cast<double>(v.patch_dim()) * D + static_cast<double>(v.layers) * per_layer) +
+      2 * tokens * (M * M + static_cast<double>(v.text_hidden) * M);
+  f.attention = 2 * 2 * n * n * Q * static_cast<double>(v.layers);
+  return f;
+}
+
 }  // namespace deltafin

@@ -80,6 +80,36 @@ class VisionTower {
 
 // docs/VISION.md §4.3: the learnable position grid [pos_h][pos_w][D] resized to [h·w][D] with the
 // interpolation mode (bilinear or PyTorch's bicubic, align_corners false), in double.
+// What the tower costs (docs/VISION.md §11.8): its parameters, the RAM its weights take once
+// bound, the working memory of one input and the arithmetic of one forward. Computed from the
+// config alone (the released shape has no checkpoint on disk for `deltafin doctor`).
+struct VisionCost {
+  int64_t tower_params = 0;      // vision_tower.* (the release: 401.2 M)
+  int64_t projector_params = 0;  // mm_projector.* (the release: 46.1 M)
+  // As bound (bind_vision): the BF16 bytes of every tensor (the matrices are views of the
+  // checkpoint's mapping, read for every image, so they stay in RAM) plus the float32 copies of
+  // the vectors and the position grid.
+  uint64_t weight_bytes = 0;
+};
+VisionCost vision_cost(const VisionConfig& v);
+
+// Peak bytes of one forward over `patches` patches of one frame, as VisionTower::forward
+// allocates them, with the caller's pixel tensor (float32, plus the padded uint8 image the
+// processor keeps beside it) and the output rows: the residual stream, the interpolated position
+// grid (double), the keys and values of one layer, the rotation tables, the per-block scratch and
+// `threads` tasks' attention scores. Decoding and resizing come before and are freed before the
+// tower runs (docs/VISION.md §11.2 bounds them).
+uint64_t vision_work_bytes(const VisionConfig& v, int64_t patches, int threads);
+
+// Floating-point operations of one forward over the grid `g`: the products with the weights
+// (patch embedding, every layer's wqkv, wo, fc0, fc1, the projector: 2 per weight per row) and
+// attention's two products per head (scores and values against every key).
+struct VisionFlops {
+  double linear = 0, attention = 0;
+  double total() const { return linear + attention; }
+};
+VisionFlops vision_flops(const VisionConfig& v, const VisionGrid& g);
+
 std::vector<double> interpolate_pos_emb(const std::vector<float>& grid, int64_t pos_h,
                                         int64_t pos_w, int64_t dim, int64_t h, int64_t w,
                                         PosInterpolation mode);

@@ -67,6 +67,7 @@ PositionRows encode_prompt_images(const VisionEncoder* encoder, std::span<const 
     const ImageEmbedding e = encoder->encode(image_bytes(img.bytes), img.name);
     st.seconds += sw.elapsed();
     ++st.encoded;
+    st.encoded_tokens += e.tokens;
     if (e.tokens != img.tokens)
       fail_arg("{}: the tower gave {} rows for the prompt's {} image tokens", img.name, e.tokens,
                img.tokens);

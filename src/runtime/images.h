@@ -21,10 +21,11 @@ namespace deltafin {
 ImageMeasurer image_measurer(const VisionEncoder* encoder);
 
 struct ImageEncodeStats {
-  int64_t images = 0;   // in the prompt
-  int64_t tokens = 0;   // their <|media_pad|> tokens
-  int64_t encoded = 0;  // encoded by the tower (those not wholly in the kept prefix)
-  double seconds = 0;   // decoding, preprocessing, tower and projector
+  int64_t images = 0;          // in the prompt
+  int64_t tokens = 0;          // their <|media_pad|> tokens
+  int64_t encoded = 0;         // encoded by the tower (those not wholly in the kept prefix)
+  int64_t encoded_tokens = 0;  // their image tokens
+  double seconds = 0;          // decoding, preprocessing, tower and projector
 };
 
 // The projector rows of the images of a prompt `ids` whose pads lie at or after position `from`

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -13,6 +14,7 @@
 #include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/inventory.h"
+#include "vision/preprocess.h"
 
 namespace deltafin {
 
@@ -73,6 +75,17 @@ LoadedEngine load_engine(LoadRequest r) {
   shape.sequences = std::max(1, r.sequences);
   shape.max_rows = r.prefill_chunk > 0 ? parallel * std::max(r.prefill_chunk, verify) : 0;
   shape.prefill_rows = r.prompt_rows > 0 ? std::max(r.prompt_rows, verify) : 0;
+  // A vision tower's working memory is planned for the largest image its processor can make
+  // (a text-only folder's file is not used; a bad one is reported by VisionEncoder::open).
+  if (const fs::path pre = fs::path(e.model) / "preprocessor_config.json"; fs::exists(pre)) {
+    try {
+      shape.vision_max_patches = vision::max_patches(
+          vision::parse_media_proc_config(read_regular_file(pre.string()), pre.string()));
+    } catch (const std::exception&) {
+      shape.vision_max_patches = 0;
+    }
+    shape.vision_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
   const StateCacheSettings& cache = r.state_cache;
   if (cache.enabled) {
     shape.state_cache_bytes =

@@ -136,6 +136,8 @@ class Sequence {
   Usage usage() const;
   // What `run --stats` / `--json` report (record_stats must have been set).
   RunStats run_stats() const;
+  // The prompt's images as the constructor encoded them (zeros without images).
+  const ImageEncodeStats& image_stats() const { return image_stats_; }
 
  private:
   Model& model_;

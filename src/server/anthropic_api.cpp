@@ -46,11 +46,11 @@ json image_part(const json& b, const std::string& p, ImageGate& gate) {
     only_fields(src, {"type", "media_type", "data"}, sp);
     const std::string mime = string_of(need(src, "media_type", sp), sp + ".media_type");
     const std::string data = string_of(need(src, "data", sp), sp + ".data");
-    return ImageGate::part(gate.from_base64(mime, data, sp, sp + ".media_type"));
+    return ImageGate::part(gate.from_base64(mime, data, sp, sp + ".media_type"), sp);
   }
   if (type == "url") {
     only_fields(src, {"type", "url"}, sp);
-    return ImageGate::part(gate.from_url(string_of(need(src, "url", sp), sp + ".url"), sp));
+    return ImageGate::part(gate.from_url(string_of(need(src, "url", sp), sp + ".url"), sp), sp);
   }
   if (type == "file") {
     bad_request(sp + ".type",

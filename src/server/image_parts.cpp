@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <span>
 
 #include "core/error.h"
@@ -89,19 +90,26 @@ std::string ImageGate::checked_bytes(const std::string& declared_mime, const std
   const std::span<const uint8_t> view(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   vision::ImageLimits limits;
   limits.max_bytes = policy_.max_bytes;
+  std::string actual;
   try {
     const vision::ImageFormat format = vision::sniff_format(view, path);
-    const std::string actual = image_mime_of(format);
+    actual = image_mime_of(format);
     if (!declared_mime.empty() && declared_mime != actual) {
       bad_request(path, "{}: declared as {} but the bytes are a {} image ({})", path, declared_mime,
                   vision::format_name(format), actual);
     }
-    vision::probe_image(view, path, limits);         // the header, before any pixel buffer
-    (void)vision::decode_image(view, path, limits);  // the whole frame: truncation, corruption
-    return actual;
+    vision::probe_image(view, path, limits);  // headers only: size, mode, every limit
   } catch (const InvalidArgument& e) {
     bad_request(path, "{}", e.what());
   }
+  if (policy_.text_only) {
+    bad_request(path,
+                "{}: this model is text only (its checkpoint has no vision tower), so it cannot "
+                "take images; send the request without image parts or serve a model with a vision "
+                "tower",
+                path);
+  }
+  return actual;
 }
 
 std::string ImageGate::from_base64(const std::string& mime, const std::string& data,
@@ -172,8 +180,32 @@ std::string ImageGate::from_url(const std::string& url, const std::string& path)
   return from_base64(mime, url.substr(comma + 1), path, path);
 }
 
-json ImageGate::part(const std::string& data_url) {
-  return {{"type", "image_url"}, {"image_url", {{"url", data_url}}}};
+json ImageGate::part(const std::string& data_url, const std::string& path) {
+  return {{"type", "image_url"}, {"image_url", {{"url", data_url}}}, {kPartPathKey, path}};
+}
+
+void name_images_by_client_path(const json& body, std::vector<ChatMessage>& messages) {
+  auto ms = body.find("messages");
+  if (ms == body.end() || !ms->is_array()) return;
+  std::map<std::string, std::string> paths;  // the internal part's path -> the client's
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const json& m = (*ms)[i];
+    if (!m.is_object()) continue;
+    auto c = m.find("content");
+    if (c == m.end() || !c->is_array()) continue;
+    for (size_t k = 0; k < c->size(); ++k) {
+      const json& p = (*c)[k];
+      if (!p.is_object()) continue;
+      auto cp = p.find(kPartPathKey);
+      if (cp != p.end() && cp->is_string())
+        paths[fmt::format("messages[{}].content[{}]", i, k)] = cp->get<std::string>();
+    }
+  }
+  for (ChatMessage& m : messages) {
+    for (ChatImage& img : m.images) {
+      if (auto it = paths.find(img.name); it != paths.end()) img.name = it->second;
+    }
+  }
 }
 
 void check_chat_images(json& body, const ImagePolicy& policy) {
@@ -191,17 +223,29 @@ void check_chat_images(json& body, const ImagePolicy& policy) {
       json& p = (*c)[k];
       if (!p.is_object()) continue;
       auto t = p.find("type");
-      if (t == p.end() || *t != "image_url") continue;
+      // The renderer also reads {"type": "image"} parts (with image_url or url): they pass the
+      // same gate, so no image reaches it unchecked.
+      if (t == p.end() || (*t != "image_url" && *t != "image")) continue;
+      const bool image_type = *t == "image";
       const std::string path = fmt::format("messages[{}].content[{}]", i, k);
       for (const auto& item : p.items()) {
-        if (item.key() != "type" && item.key() != "image_url") {
-          bad_request(path + "." + item.key(),
-                      "{}.{} is not supported in an image_url part (type, image_url)", path,
-                      item.key());
+        if (item.key() != "type" && item.key() != "image_url" &&
+            !(image_type && item.key() == "url")) {
+          bad_request(path + "." + item.key(), "{}.{} is not supported in an {} part (type, {})",
+                      path, item.key(), image_type ? "image" : "image_url",
+                      image_type ? "image_url or url" : "image_url");
         }
       }
-      const std::string ipath = path + ".image_url";
       auto iu = p.find("image_url");
+      if (image_type && (iu == p.end() || iu->is_null())) {
+        const std::string upath = path + ".url";
+        auto u = p.find("url");
+        if (u == p.end() || !u->is_string())
+          bad_request(upath, "{}: expected a string (a data URL) in url or image_url", upath);
+        p = ImageGate::part(gate.from_url(u->get<std::string>(), upath), upath);
+        continue;
+      }
+      const std::string ipath = path + ".image_url";
       if (iu == p.end() || iu->is_null()) bad_request(ipath, "{}: missing (required)", ipath);
       std::string url;
       if (iu->is_string()) {
@@ -229,7 +273,7 @@ void check_chat_images(json& body, const ImagePolicy& policy) {
       } else {
         bad_request(ipath, "{}: expected an object {{\"url\": ...}}", ipath);
       }
-      p = ImageGate::part(gate.from_url(url, ipath));
+      p = ImageGate::part(gate.from_url(url, ipath), ipath);
     }
   }
 }

@@ -8,13 +8,16 @@
 //   in the client's own terms ("messages[1].content[0].image_url"), never a failure deep in the
 //   engine after the stream has started. So each translator checks its images with its own paths
 //   (ImageGate), and what reaches parse_chat_request is already a checked data URL.
-// - The check is complete, not a header glance: the declared MIME type must be one of PNG, JPEG,
-//   WebP, GIF and agree with the bytes, the base64 must be canonical, the decoded size is capped
-//   before decoding (ImagePolicy::max_bytes), vision::probe_image checks the header against the
-//   limits before any pixel buffer exists (a 30000 × 30000 header costs nothing), and then the
-//   whole frame is decoded once (vision::decode_image), so a truncated or corrupt file is refused
-//   here and not when the tower runs. The decoded frame is dropped at once: one image at a time,
-//   at most 4 bytes per pixel under the vision layer's pixel limit (docs/VISION.md §11.2).
+// - The edge reads headers, never pixels: the declared MIME type must be one of PNG, JPEG, WebP,
+//   GIF and agree with the bytes, the base64 must be canonical, the decoded size is capped
+//   (ImagePolicy::max_bytes), and vision::probe_image checks the header against the limits (a
+//   30000 × 30000 header or a decompression bomb costs nothing). A text-only model's server
+//   (ImagePolicy::text_only) then refuses the image, naming the part, without decoding it. On a
+//   model with a tower the image is decoded once, by the encoder, when its sequence starts
+//   (runtime/images.h); a file whose body is truncated or corrupt is refused there, still before
+//   any response byte, with the same 400 naming the same part: each internal part carries the
+//   client's path (kPartPathKey), which becomes the image's name in the prompt, so the engine's
+//   errors speak the client's terms (docs/VISION.md §11.7).
 // - The server fetches nothing a client names unless `serve --allow-image-urls` (ImagePolicy::
 //   allow_urls): then http(s) only, under a deadline and the same size cap (image_fetch.h), and
 //   the fetched bytes pass the same checks and become a data URL, so the renderer never sees a
@@ -24,6 +27,9 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "tokenizer/chat.h"
 
 namespace deltafin::server {
 
@@ -32,6 +38,8 @@ struct ImagePolicy {
   uint64_t max_bytes = uint64_t{20} << 20;  // decoded bytes of one image (serve --max-image-bytes)
   int max_images = 100;                     // images in one request (Anthropic's own limit)
   double fetch_seconds = 15;                // deadline of one URL fetch, connecting included
+  // The model has no vision tower: each image is checked (headers) and refused, naming its part.
+  bool text_only = false;
   // Set by the translators on the request they hand to parse_chat_request: its image parts are
   // data URLs this gate made, so they are not decoded a second time.
   bool checked = false;
@@ -49,8 +57,9 @@ class ImageGate {
   // Base64 data with a declared MIME type (Anthropic), or none (Ollama: the bytes say which).
   std::string from_base64(const std::string& mime, const std::string& data, const std::string& path,
                           const std::string& mime_path);
-  // The internal part for a checked data URL.
-  static nlohmann::ordered_json part(const std::string& data_url);
+  // The internal part for a checked data URL: the image_url part, with the client's path of the
+  // image under kPartPathKey (the engine names the image so in its errors).
+  static nlohmann::ordered_json part(const std::string& data_url, const std::string& path);
 
   int count() const { return count_; }
 
@@ -62,6 +71,15 @@ class ImageGate {
   const ImagePolicy& policy_;
   int count_ = 0;
 };
+
+// The internal part's key for the client's path of its image. A client cannot set it: the gate
+// refuses unknown keys of an OpenAI image part, and the translators write every part themselves.
+inline constexpr const char* kPartPathKey = "deltafin_client_path";
+
+// After ChatRequest::from_json: each image of `messages` whose internal part (in `body`, the chat
+// body that was parsed) carries kPartPathKey takes that path as its name.
+void name_images_by_client_path(const nlohmann::ordered_json& body,
+                                std::vector<ChatMessage>& messages);
 
 // /v1/chat/completions: checks every image_url part of `body`'s messages in place (each becomes
 // the normalised {"type":"image_url","image_url":{"url": checked data URL}}). Nothing to do when

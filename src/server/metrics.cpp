@@ -53,12 +53,21 @@ void Metrics::count_finished(int64_t prompt_tokens, int64_t cached_tokens,
   completion_tokens_ += static_cast<uint64_t>(completion_tokens);
 }
 
-void Metrics::count_images(int64_t images, int64_t tokens, int64_t encoded, double seconds) {
+void Metrics::count_images(int64_t prompt_images, int64_t prompt_image_tokens, int64_t encoded,
+                           int64_t encoded_tokens, double seconds) {
   std::lock_guard<std::mutex> lock(m_);
-  images_ += static_cast<uint64_t>(images);
-  image_tokens_ += static_cast<uint64_t>(tokens);
+  prompt_images_ += static_cast<uint64_t>(prompt_images);
+  prompt_image_tokens_ += static_cast<uint64_t>(prompt_image_tokens);
   images_encoded_ += static_cast<uint64_t>(encoded);
+  image_tokens_encoded_ += static_cast<uint64_t>(encoded_tokens);
   vision_seconds_ += seconds;
+}
+
+void Metrics::set_vision(int64_t params, uint64_t weight_bytes, uint64_t work_bytes) {
+  std::lock_guard<std::mutex> lock(m_);
+  vision_params_ = params;
+  vision_weight_bytes_ = weight_bytes;
+  vision_work_bytes_ = work_bytes;
 }
 
 void Metrics::set_prefix(const PrefixStats& s) {
@@ -189,15 +198,6 @@ std::string Metrics::render() const {
          completion_tokens_);
   sample("deltafin_generations_total", "counter", "Generations that ran to an end (any reason).",
          finished_);
-  sample("deltafin_prompt_images_total", "counter",
-         "Images in the prompts of finished generations.", images_);
-  sample("deltafin_prompt_image_tokens_total", "counter",
-         "Image (<|media_pad|>) tokens in the prompts of finished generations.", image_tokens_);
-  sample("deltafin_images_encoded_total", "counter",
-         "Images run through the vision tower (the others were in a kept state).", images_encoded_);
-  sample("deltafin_vision_seconds_total", "counter",
-         "Time decoding, preprocessing and encoding images (tower and projector).",
-         vision_seconds_);
   sample("deltafin_generated_tokens_total", "counter",
          "Tokens sampled by the engine (all requests, also unfinished).", generated_);
   sample("deltafin_prefill_tokens_total", "counter", "Prompt rows run through forward passes.",
@@ -228,6 +228,27 @@ std::string Metrics::render() const {
   sample("deltafin_decode_tokens_total", "counter",
          "Tokens emitted by those decode passes (divide by target passes for tokens per pass).",
          decode_tokens_);
+  // K3's vision tower (docs/VISION.md §11.8): images of started sequences, those the tower ran on.
+  sample("deltafin_vision_prompt_images_total", "counter",
+         "Images in the prompts of started sequences (encoded or in a kept state).",
+         prompt_images_);
+  sample("deltafin_vision_prompt_image_tokens_total", "counter",
+         "Image tokens (<|media_pad|> rows) of those images: prompt tokens for the trunk.",
+         prompt_image_tokens_);
+  sample("deltafin_vision_images_encoded_total", "counter",
+         "Images the vision tower encoded (not found in a kept state).", images_encoded_);
+  sample("deltafin_vision_image_tokens_encoded_total", "counter",
+         "Image tokens of the images the tower encoded.", image_tokens_encoded_);
+  sample("deltafin_vision_seconds_total", "counter",
+         "Time decoding, preprocessing and running the vision tower and projector.",
+         vision_seconds_);
+  sample("deltafin_vision_tower_params", "gauge",
+         "Parameters of the vision tower and projector (0: a text-only model).", vision_params_);
+  sample("deltafin_vision_tower_bytes", "gauge",
+         "RAM of the vision tower's weights as bound, kept resident (the memory plan's share).",
+         vision_weight_bytes_);
+  sample("deltafin_vision_work_bytes", "gauge",
+         "The memory plan's working memory for the tower's largest image.", vision_work_bytes_);
   sample("deltafin_queue_depth", "gauge", "Requests waiting for a slot.", queued_);
   sample("deltafin_queue_capacity", "gauge", "Most requests that may wait (--queue).",
          queue_capacity_);

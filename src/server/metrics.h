@@ -34,10 +34,12 @@ class Metrics {
   void count_drafts(int64_t proposed, int64_t accepted, int64_t decode_sequences,
                     int64_t decode_tokens);
   void count_finished(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
-  // The images of a finished generation's prompt (runtime/images.h ImageEncodeStats): how many,
-  // their <|media_pad|> tokens, how many the tower encoded (the rest were in a kept state) and
-  // the time decoding, preprocessing and encoding took.
-  void count_images(int64_t images, int64_t tokens, int64_t encoded, double seconds);
+  // The images of a sequence that started (runtime/images.h ImageEncodeStats): in its prompt,
+  // encoded by the tower (the others were in a kept state), their image tokens, the seconds.
+  void count_images(int64_t prompt_images, int64_t prompt_image_tokens, int64_t encoded,
+                    int64_t encoded_tokens, double seconds);
+  // The vision tower's share of the memory plan (0 for a text-only model).
+  void set_vision(int64_t params, uint64_t weight_bytes, uint64_t work_bytes);
   void set_gauges(int64_t queued, int64_t active);
   // Storage counters after a pass: the expert provider's, the trunk streamer's, and the
   // look-ahead predictor's recall totals (requested experts that had been predicted, of those
@@ -69,8 +71,11 @@ class Metrics {
   int64_t pass_rows_limit_ = 0;
   double pass_seconds_ = 0;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, finished_ = 0;
-  uint64_t images_ = 0, image_tokens_ = 0, images_encoded_ = 0;
+  uint64_t prompt_images_ = 0, prompt_image_tokens_ = 0, images_encoded_ = 0;
+  uint64_t image_tokens_encoded_ = 0;
   double vision_seconds_ = 0;
+  int64_t vision_params_ = 0;
+  uint64_t vision_weight_bytes_ = 0, vision_work_bytes_ = 0;
   PrefixStats prefix_;
   bool prefix_on_ = false;
   uint64_t draft_proposed_ = 0, draft_accepted_ = 0, target_passes_ = 0, decode_tokens_ = 0;

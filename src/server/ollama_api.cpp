@@ -156,7 +156,7 @@ json with_images(const json& obj, const json& text, const std::string& path, Ima
   json parts = json::array();
   for (size_t k = 0; k < im->size(); ++k) {
     const std::string p = fmt::format("{}[{}]", ip, k);
-    parts.push_back(ImageGate::part(gate.from_base64("", string_of((*im)[k], p), p, p)));
+    parts.push_back(ImageGate::part(gate.from_base64("", string_of((*im)[k], p), p, p), p));
   }
   const std::string t = string_of(text, path.empty() ? "prompt" : path + ".content");
   if (!t.empty()) parts.push_back({{"type", "text"}, {"text", t}});

@@ -404,6 +404,7 @@ ServeRequest parse_chat_request(const json& body, const ServeLimits& limits, con
   b.erase("add_generation_prompt");  // not a field clients may set here (refused above anyway)
   try {
     r.chat = ChatRequest::from_json(b);
+    name_images_by_client_path(b, r.chat->messages);  // errors name the part as the client sent it
     RenderedPrompt rendered = render(*r.chat, tok, limits.measure_image);
     r.prompt = std::move(rendered.ids);
     r.images = std::move(rendered.images);

@@ -65,7 +65,7 @@ json user_content(const json& content, const std::string& path, ImageGate& gate)
       const std::string url = string_of(need(part, "image_url", p), ip);
       if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
       text.clear();
-      parts.push_back(ImageGate::part(gate.from_url(url, ip)));
+      parts.push_back(ImageGate::part(gate.from_url(url, ip), ip));
       images = true;
     } else if (type == "input_file") {
       bad_request(p + ".type",

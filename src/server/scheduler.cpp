@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -208,6 +210,8 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
     spec.vision = opt_.vision;
     slot.seq =
         std::make_unique<Sequence>(model_, &tok_, opt_.store, std::move(spec), std::move(drafter));
+    if (const ImageEncodeStats& is = slot.seq->image_stats(); is.images > 0)
+      metrics_.count_images(is.images, is.tokens, is.encoded, is.encoded_tokens, is.seconds);
     const Restored& how = slot.seq->restored();
     if (how.position > 0) {
       log_debug("[serve] continuing a kept prefix of {} tokens from {} ({:.3f} s){}", how.position,
@@ -217,7 +221,13 @@ bool Scheduler::admit(const std::shared_ptr<Job>& job, Slot& slot) {
                     : "");
     }
   } catch (const InvalidArgument& e) {
-    fail(job, ApiError(400, e.what(), "invalid_request_error"));
+    // A bad image (decoded here, once, by the encoder) is named by its part, the client's path.
+    std::optional<std::string> param;
+    const std::string_view msg = e.what();
+    for (const PromptImage& img : r.images) {
+      if (!img.name.empty() && msg.starts_with(img.name + ":")) param = img.name;
+    }
+    fail(job, ApiError(400, e.what(), "invalid_request_error", param));
     return false;
   } catch (const std::bad_alloc&) {
     // Out of memory for this sequence's state: refuse this request, keep serving the others.
@@ -271,10 +281,6 @@ void Scheduler::finish(Slot& s) {
   const Generation& g = s.seq->gen();
   const Usage usage = s.seq->usage();
   metrics_.count_finished(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens);
-  if (!s.job->req.images.empty()) {
-    const RunStats st = s.seq->run_stats();
-    metrics_.count_images(st.images, st.image_tokens, st.images_encoded, st.vision_s);
-  }
   {
     std::lock_guard<std::mutex> lock(s.job->m_);
     s.job->usage_ = usage;

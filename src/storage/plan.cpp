@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/sysinfo.h"
 #include "model/inventory.h"
+#include "model/vision_config.h"
+#include "model/vision_tower.h"
 #include "model/weights.h"
 #include "storage/checkpoint.h"
 #include "storage/trunk_units.h"
@@ -92,6 +94,13 @@ std::string MemoryPlan::describe() const {
           ? ", draft model " + gib(draft_weight_bytes) + " + its cache " + gib(draft_cache_bytes)
           : "",
       state_cache_bytes ? ", kept prefix snapshots " + gib(state_cache_bytes) : "");
+  if (vision_params > 0) {
+    s += fmt::format(
+        "[plan] vision tower + projector: {:.1f} M parameters, resident {} (never streamed) + {} "
+        "working memory for an image of up to {} patches (in the fixed costs)\n",
+        static_cast<double>(vision_params) / 1e6, gib(vision_weight_bytes), gib(vision_work_bytes),
+        vision_max_patches);
+  }
   s += fmt::format(
       "[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
       trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(),
@@ -145,6 +154,16 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOp
   p.draft_cache_bytes = shape.draft_cache_bytes_per_position * static_cast<uint64_t>(p.context) *
                         static_cast<uint64_t>(p.sequences);
   p.state_cache_bytes = shape.state_cache_bytes;
+  // The vision tower, when the checkpoint has one: resident (plan.h says why).
+  if (std::any_of(ck.begin(), ck.end(), [](const auto& t) { return is_vision_tensor(t.first); })) {
+    const VisionConfig v = vision_config_of(c);
+    const VisionCost vc = vision_cost(v);
+    p.vision_params = vc.tower_params + vc.projector_params;
+    p.vision_weight_bytes = vc.weight_bytes;
+    p.vision_max_patches =
+        shape.vision_max_patches > 0 ? shape.vision_max_patches : kReleaseVisionMaxPatches;
+    p.vision_work_bytes = vision_work_bytes(v, p.vision_max_patches, shape.vision_threads);
+  }
   // Units.
   bool any_int8 = false;
   const int L = static_cast<int>(c.num_layers);

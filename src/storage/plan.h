@@ -11,6 +11,12 @@
 // holds (the other half stays for resident trunk and expert cache, which decode lives on), up
 // to the rows a prompt needs, so a prompt is read in as few passes as memory allows — each pass
 // reads every expert it needs once, whatever its length.
+//
+// K3's vision tower (a checkpoint holding vision_tower.* / mm_projector.* tensors) is a fixed cost:
+// kept resident, never streamed. Each image runs all 27 layers once, so streaming the tower like a
+// trunk unit would read its 0.8 GB per image to save under a thousandth of K3's weights; the plan
+// takes its bound weights and the working memory of the largest image the processor can make
+// (PlanShape::vision_max_patches) before trunk and experts, like a draft model's weights.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +51,15 @@ struct PlanShape {
   // RAM for kept prefix snapshots (prefix/prefix_store.h; default_state_cache_bytes when the
   // user left it to us). A fixed cost like the states.
   uint64_t state_cache_bytes = 0;
+  // The most patches one image can have under the checkpoint's media_proc_cfg
+  // (vision::max_patches; 0: the release's kReleaseVisionMaxPatches). Used only when the
+  // checkpoint has a vision tower.
+  int64_t vision_max_patches = 0;
+  int vision_threads = 1;  // compute threads (each holds one attention task's scores)
 };
+
+// vision::max_patches of the released media_proc_cfg (tests check the two agree).
+inline constexpr int64_t kReleaseVisionMaxPatches = 67854;
 
 struct PlanOptions {
   uint64_t budget = 0;   // 0 = default_memory_budget()
@@ -68,9 +82,14 @@ struct MemoryPlan {
   uint64_t router_bytes = 0;    // prefetch roster
   uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0;  // all sequences' draft caches
   uint64_t state_cache_bytes = 0;                          // kept prefix snapshots
+  // The vision tower and projector (0 without one): parameters, weights as bound (resident), and
+  // the working memory of one image of vision_max_patches patches (model/vision_tower.h).
+  int64_t vision_params = 0;
+  uint64_t vision_weight_bytes = 0, vision_work_bytes = 0;
+  int64_t vision_max_patches = 0;
   uint64_t fixed_bytes() const {
     return state_bytes + buffer_bytes + overhead_bytes + router_bytes + draft_weight_bytes +
-           draft_cache_bytes + state_cache_bytes;
+           draft_cache_bytes + state_cache_bytes + vision_weight_bytes + vision_work_bytes;
   }
   // Trunk units: 0..L-1 are the layers, L is the head (LM head + output norms).
   std::vector<uint64_t> unit_bytes;       // as stored in RAM (int8 when TrunkFormat::kInt8)

@@ -209,6 +209,19 @@ ImagePlan plan_image(int64_t width, int64_t height, const MediaProcConfig& cfg) 
   return pl;
 }
 
+int64_t max_patches(const MediaProcConfig& cfg) {
+  const double L = static_cast<double>(cfg.in_patch_limit);
+  const double S = static_cast<double>(cfg.patch_limit_on_one_side);
+  const double M = static_cast<double>(cfg.merge_kernel_size);
+  // Resized by the budget, both sides hold at least L / S patches, so the divisions inflate the
+  // product by at most (1 + S / L)^2; padding adds under M patches to each side.
+  const double inflate = 1.0 + S / L;
+  const double before = L * inflate * inflate;
+  const double bound = before + M * (S + std::ceil(before / S)) + M * M;
+  const double grid = S * S;
+  return static_cast<int64_t>(std::ceil(std::min(bound, grid)));
+}
+
 std::vector<uint8_t> composite_rgb(const Image& im,
                                    const std::optional<TransparentBackground>& background) {
   const bool has_alpha =

