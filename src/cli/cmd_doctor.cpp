@@ -179,20 +179,8 @@ ojson forecast_json(const std::string& name, const Forecast& f, int64_t prompt) 
 // experts in their format, and FP8 trunk linears with their block scales where it has them.
 TensorTable released_tensors(const ModelConfig& c) {
   TensorTable t;
-  InventoryOptions o;
-  o.expert_format = c.expert_format();
-  o.fp8_trunk = c.fp8_trunk;
-  for (const auto& e : expected_tensors(c, o)) {
-    TensorInfo info;
-    info.name = e.name;
-    info.dtype = e.dtype;
-    info.shape = e.shape;
-    info.nbytes = static_cast<uint64_t>(info.numel()) * dtype_size(e.dtype);
-    t.emplace(e.name, std::move(info));
-  }
-  // K3 is released with its vision tower and projector (401 M + 46 M parameters, BF16).
-  if (c.family == Family::kK3 && !c.vision_config_json.empty()) {
-    for (const auto& e : expected_vision_tensors(vision_config_of(c))) {
+  auto add_all = [&t](const auto& expected) {
+    for (const auto& e : expected) {
       TensorInfo info;
       info.name = e.name;
       info.dtype = e.dtype;
@@ -200,7 +188,14 @@ TensorTable released_tensors(const ModelConfig& c) {
       info.nbytes = static_cast<uint64_t>(info.numel()) * dtype_size(e.dtype);
       t.emplace(e.name, std::move(info));
     }
-  }
+  };
+  InventoryOptions o;
+  o.expert_format = c.expert_format();
+  o.fp8_trunk = c.fp8_trunk;
+  add_all(expected_tensors(c, o));
+  // K3 is released with its vision tower and projector (401 M + 46 M parameters, BF16).
+  if (c.family == Family::kK3 && !c.vision_config_json.empty())
+    add_all(expected_vision_tensors(vision_config_of(c)));
   return t;
 }
 
