@@ -384,6 +384,9 @@ deltafin_status deltafin_chat_add_image(deltafin_chat* chat, const void* data, s
         name != nullptr ? std::string(name) : fmt::format("image {}", chat->attached.size() + 1);
     if (data == nullptr && len > 0) fail_arg("{}: data is NULL but len is {}", label, len);
     if (len == 0) fail_arg("{}: no bytes (len 0); expected a PNG, JPEG, WebP or GIF file", label);
+    const uint64_t most = chat->m->limits.images.max_bytes;
+    if (len > most)  // before the copy: the caller's buffer may be of any size
+      fail_arg("{}: {} bytes; an image may have at most {} bytes", label, len, most);
     const auto* p = static_cast<const uint8_t*>(data);
     attach_image(*chat, std::vector<uint8_t>(p, p + len), label);
   });
