@@ -411,24 +411,27 @@ TEST(CApi, ChatCompletionStreamsWhatItReturns) {
   deltafin_model_free(m);
 }
 
+// One greedy chat turn of `max_tokens` through the library: its response and its stats.
+std::pair<json, json> greedy_chat_turn(deltafin_chat* c, const char* text, int max_tokens) {
+  deltafin_stream* s = nullptr;
+  const json req = {{"content", text}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  EXPECT_EQ(deltafin_chat_send(c, req.dump().c_str(), &s), DELTAFIN_OK) << deltafin_last_error();
+  char* out = nullptr;
+  EXPECT_EQ(deltafin_stream_response(s, &out), DELTAFIN_OK);
+  const json resp = json::parse(take(out));
+  EXPECT_EQ(deltafin_stream_stats_json(s, &out), DELTAFIN_OK);
+  const json stats = json::parse(take(out));
+  deltafin_stream_free(s);
+  return {resp, stats};
+}
+
 TEST(CApi, ChatTurnReusesTheKeptState) {
   deltafin_model* m = load(tiny());
   ASSERT_NE(m, nullptr);
   deltafin_chat* c = nullptr;
   ASSERT_EQ(deltafin_chat_new(m, R"({"thinking":false})", &c), DELTAFIN_OK)
       << deltafin_last_error();
-  auto turn = [&](const char* text) {
-    deltafin_stream* s = nullptr;
-    json req = {{"content", text}, {"max_tokens", 6}, {"temperature", 0}};
-    EXPECT_EQ(deltafin_chat_send(c, req.dump().c_str(), &s), DELTAFIN_OK) << deltafin_last_error();
-    char* out = nullptr;
-    EXPECT_EQ(deltafin_stream_response(s, &out), DELTAFIN_OK);
-    json resp = json::parse(take(out));
-    EXPECT_EQ(deltafin_stream_stats_json(s, &out), DELTAFIN_OK);
-    json stats = json::parse(take(out));
-    deltafin_stream_free(s);
-    return std::make_pair(resp, stats);
-  };
+  auto turn = [&](const char* text) { return greedy_chat_turn(c, text, 6); };
   auto [r1, s1] = turn("First question");
   EXPECT_EQ(s1["reused_prompt_tokens"], 0);
   auto [r2, s2] = turn("Second question");
@@ -467,18 +470,7 @@ TEST(CApi, AK2ModelGeneratesAsTheCliAndKeepsItsChatState) {
   deltafin_chat* c = nullptr;
   ASSERT_EQ(deltafin_chat_new(m, R"({"thinking":false})", &c), DELTAFIN_OK)
       << deltafin_last_error();
-  auto turn = [&](const char* text) {
-    deltafin_stream* s = nullptr;
-    const json req = {{"content", text}, {"max_tokens", 4}, {"temperature", 0}};
-    EXPECT_EQ(deltafin_chat_send(c, req.dump().c_str(), &s), DELTAFIN_OK) << deltafin_last_error();
-    char* out = nullptr;
-    EXPECT_EQ(deltafin_stream_response(s, &out), DELTAFIN_OK);
-    const json resp = json::parse(take(out));
-    EXPECT_EQ(deltafin_stream_stats_json(s, &out), DELTAFIN_OK);
-    const json stats = json::parse(take(out));
-    deltafin_stream_free(s);
-    return std::make_pair(resp, stats);
-  };
+  auto turn = [&](const char* text) { return greedy_chat_turn(c, text, 4); };
   const auto [r1, s1] = turn("First question");
   EXPECT_EQ(s1["reused_prompt_tokens"], 0);
   const auto [r2, s2] = turn("Second question");
