@@ -98,6 +98,8 @@ class MockHub {
     auto r = c.Get("/_stats");
     return r ? json::parse(r->body) : json::object();
   }
+  // Bytes of file content the hub has sent so far.
+  uint64_t sent() { return stats().value("body_bytes", uint64_t{0}); }
 
  private:
   pid_t pid_ = -1;
@@ -206,11 +208,13 @@ TEST(Pull, ResumesAfterSigkill) {
   std::random_device rd;
   const unsigned seed = rd();
   std::mt19937 rng(seed);
-  // Kill it once it has between 10% and 80% of the bytes, at a random point.
-  const uint64_t at = total / 10 + rng() % (total * 7 / 10);
+  // Kill it once the hub has sent between 20% and 80% of the bytes, at a random point. Counted
+  // at the hub, not on disk: pull reserves each file's whole size when it opens it. 20% is more
+  // than the 4 connections' chunks in flight (4 x 256K of ~12 MB), so some chunks are finished.
+  const uint64_t at = total / 5 + rng() % (total * 3 / 5);
   {
     deltafin::test::Child child(pull_args("test/tiny", dir));
-    for (int i = 0; i < 600 && folder_bytes(dir) < at; ++i)
+    for (int i = 0; i < 600 && hub.sent() < at; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     child.signal(SIGKILL);
     child.wait();
@@ -220,7 +224,11 @@ TEST(Pull, ResumesAfterSigkill) {
   hub.control({{"slow_ms", 0}});
   const auto r = run_deltafin(pull_args("test/tiny", dir));
   ASSERT_EQ(r.exit_code, 0) << r.err << " (seed " << seed << ")";
-  EXPECT_NE(r.err.find("held by partial files"), std::string::npos) << r.err;
+  // What the killed run finished is kept: whole files (published, found by their hashes) or
+  // chunks recorded in the maps of the files it had open.
+  EXPECT_TRUE(r.err.find("fetched by an earlier run") != std::string::npos ||
+              r.err.find("(0 kB already here") == std::string::npos)
+      << r.err;
   const uint64_t resumed = hub.stats()["body_bytes"].get<uint64_t>() - served_before;
   EXPECT_LT(resumed, total) << "the second run fetched everything again (seed " << seed << ")";
   expect_same_files(source_model(), dir);
@@ -244,7 +252,7 @@ TEST(Pull, DiskFullStopsAndResumes) {
   const std::string dir = mnt + "/model", filler = mnt + "/filler";
   {
     deltafin::test::Child child(pull_args("test/tiny", dir));
-    for (int i = 0; i < 600 && folder_bytes(dir) < total / 4; ++i)
+    for (int i = 0; i < 600 && hub.sent() < total / 4; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     // Someone else fills the disk while the pull runs.
     std::ofstream f(filler, std::ios::binary);

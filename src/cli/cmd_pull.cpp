@@ -150,8 +150,11 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   }
   uint64_t need = 0;
   for (const auto& f : todo) need += f.size;
+  // Space: the partial files' blocks are already reserved. Progress: the chunks their maps hold.
   const uint64_t have = state.partial_bytes(todo);
   need -= std::min(need, have);
+  const uint64_t chunk_bytes = parse_size(a.chunk_size, "--chunk-size");
+  const uint64_t fetched_before = state.fetched_bytes(todo, chunk_bytes);
   const uint64_t free = free_bytes(dir).value_or(0);
   if (need > free) {
     fail(
@@ -163,12 +166,12 @@ void pull_one(const PullArgs& a, const std::string& repo_name, const std::string
   fmt::print(stderr, "pull: {} at {} into {}: {} files, {} ({} already here{})\n", repo_name,
              repo.commit.substr(0, 12), dir, files.size(), disk_bytes(static_cast<double>(total)),
              disk_bytes(static_cast<double>(present)),
-             have > 0
-                 ? fmt::format(", {} held by partial files", disk_bytes(static_cast<double>(have)))
-                 : std::string());
+             fetched_before > 0 ? fmt::format(", {} fetched by an earlier run",
+                                              disk_bytes(static_cast<double>(fetched_before)))
+                                : std::string());
   FetchOptions fo;
   fo.connections = a.connections;
-  fo.chunk_bytes = parse_size(a.chunk_size, "--chunk-size");
+  fo.chunk_bytes = chunk_bytes;
   FetchResult fr;
   if (!todo.empty()) fr = fetch_files(repo, todo, state, token, fo);
   // The manifest: every file of this selection, as listed (doctor --verify checks against it).

@@ -160,6 +160,28 @@ int open_target_folder(int dir_fd, const std::string& dir, const std::string& pa
   return fd;
 }
 
+// The chunks of `f` an earlier run finished, from its map KEY.done (one '1' per finished chunk
+// after done_header), when both partial files are regular files of ours and the map's header
+// matches this file and chunk size; all unfinished otherwise. Opens nothing for writing and keeps
+// nothing open.
+std::vector<uint8_t> read_done_map(int pfd, const HubFile& f, uint64_t chunk,
+                                   const std::string& key, const std::string& part_name,
+                                   const std::string& done_name) {
+  const size_t chunks = std::max<size_t>(1, static_cast<size_t>((f.size + chunk - 1) / chunk));
+  std::vector<uint8_t> done(chunks, 0);
+  if (!own_regular_file(pfd, part_name) || !own_regular_file(pfd, done_name)) return done;
+  const int fd = ::openat(pfd, done_name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return done;
+  const std::string header = done_header(f, chunk, key);
+  std::string have(header.size() + chunks, '\0');
+  const ssize_t n = ::pread(fd, have.data(), have.size(), 0);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(have.size()) || have.compare(0, header.size(), header) != 0)
+    return done;
+  for (size_t k = 0; k < chunks; ++k) done[k] = have[header.size() + k] == '1';
+  return done;
+}
+
 struct FileState {
   HubFile f;
   std::string key, target, part_name, done_name;
@@ -250,22 +272,9 @@ class Fetcher {
     return (fs::path(state_.partial_path()) / name).string();
   }
 
-  // The chunks an earlier run finished, from the map, when both partial files are regular files
-  // of ours and the map's header matches this file and chunk size; none otherwise. Opens nothing
-  // for writing and keeps nothing open.
+  // The chunks an earlier run finished (read_done_map).
   void load_map(FileState& s) {
-    s.done.assign(s.chunks, 0);
-    s.remaining = s.chunks;
-    if (!own_regular_file(pfd_, s.part_name) || !own_regular_file(pfd_, s.done_name)) return;
-    const int fd = ::openat(pfd_, s.done_name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return;
-    const std::string header = done_header(s.f, s.chunk, s.key);
-    std::string have(header.size() + s.chunks, '\0');
-    const ssize_t n = ::pread(fd, have.data(), have.size(), 0);
-    ::close(fd);
-    if (n != static_cast<ssize_t>(have.size()) || have.compare(0, header.size(), header) != 0)
-      return;
-    for (size_t k = 0; k < s.chunks; ++k) s.done[k] = have[header.size() + k] == '1';
+    s.done = read_done_map(pfd_, s.f, s.chunk, s.key, s.part_name, s.done_name);
     s.remaining = static_cast<size_t>(std::count(s.done.begin(), s.done.end(), 0));
   }
 
@@ -702,6 +711,20 @@ uint64_t PullState::partial_bytes(const std::vector<HubFile>& files) {
     const std::string name = partial_key(f) + ".part";
     if (::fstatat(pfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
       n += std::min<uint64_t>(f.size, static_cast<uint64_t>(st.st_blocks) * 512);
+  }
+  return n;
+}
+
+uint64_t PullState::fetched_bytes(const std::vector<HubFile>& files, uint64_t chunk_bytes) {
+  const int pfd = partial_fd(false);
+  if (pfd < 0) return 0;
+  uint64_t n = 0;
+  for (const auto& f : files) {
+    const std::string key = partial_key(f);
+    const uint64_t chunk = chunk_for(f.size, chunk_bytes);
+    const auto done = read_done_map(pfd, f, chunk, key, key + ".part", key + ".done");
+    for (size_t k = 0; k < done.size(); ++k)
+      if (done[k]) n += std::min(chunk, f.size - std::min(f.size, k * chunk));
   }
   return n;
 }

@@ -48,8 +48,12 @@ class PullState {
   std::string read_manifest() const;
   // Replaces manifest.json atomically (a 0600 temporary file created with O_EXCL, renamed).
   void write_manifest(const std::string& text) const;
-  // Bytes already held by partial files of `files` (what a resumed run need not fetch again).
+  // Disk space already held by partial files of `files` (allocated blocks: a run reserves each
+  // file's whole size when it opens it, so this is not what was fetched).
   uint64_t partial_bytes(const std::vector<HubFile>& files);
+  // Bytes of `files` an earlier run fetched and recorded in the maps, for chunks of
+  // `chunk_bytes` (what a resumed run with that --chunk-size need not fetch again).
+  uint64_t fetched_bytes(const std::vector<HubFile>& files, uint64_t chunk_bytes);
   // Removes the partial files pull made for files other than `keep` (the whole listing of the
   // revision just pulled: those of another --include stay) and the partial folder once empty.
   // Returns how many files were removed.
