@@ -21,6 +21,7 @@ void json_schema(const uint8_t* data, size_t size);
 void schema_merge(const uint8_t* data, size_t size);
 void hub_listing(const uint8_t* data, size_t size);
 void image(const uint8_t* data, size_t size);
+void media(const uint8_t* data, size_t size);
 
 namespace {
 const Target kTargets[] = {
@@ -36,6 +37,7 @@ const Target kTargets[] = {
     {"schema_merge", schema_merge},
     {"hub_listing", hub_listing},
     {"image", image},
+    {"media", media},
 };
 }  // namespace
 
