@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
+#include <thread>
 
 #include "server_util.h"
 #include "storage/plan.h"
@@ -110,14 +112,20 @@ TEST(VisionCost, BenchImageReportsTheTowerPerImage) {
   EXPECT_GT(v["plan_work_bytes"].get<double>(), photo["work_bytes"].get<double>());
   EXPECT_GT(v["peak_rss_bytes"].get<double>(), 0);
 
-  // The text report: one line for the tower, one per image.
-  const auto t = test::run_deltafin({"bench", "--model", m.vision, "--prompt-tokens", "8",
-                                     "--gen-tokens", "2", "--reps", "1", "--no-disk-probe",
-                                     "--no-in-ram-reference", "--image", cost_image("photo.jpg")});
+  // The text report: one line for the tower, one per image; the HTML report: a row and a chart.
+  const std::string report = test::temp_dir("vision-cost-report") + "/bench.html";
+  const auto t =
+      test::run_deltafin({"bench", "--model", m.vision, "--prompt-tokens", "8", "--gen-tokens", "2",
+                          "--reps", "1", "--no-disk-probe", "--no-in-ram-reference", "--image",
+                          cost_image("photo.jpg"), "--report", report});
   ASSERT_EQ(t.exit_code, 0) << t.err;
   for (const char* s : {"prefill ", "decode ", "vision     tower ", "parameters",
                         "photo.jpg 640x427 -> 1472 patches (32x46) -> 368 image tokens: tower "})
     EXPECT_NE(t.out.find(s), std::string::npos) << s << "\n" << t.out;
+  const std::string html = test::slurp(report);
+  for (const char* s : {"<td>vision tower</td>", "1 image, 368 image tokens",
+                        "Vision tower: seconds per image (median)", "photo.jpg (368 tokens)"})
+    EXPECT_NE(html.find(s), std::string::npos) << s << "\n" << html;
 }
 
 TEST(VisionCost, BenchImageRefusesWhatItCannotMeasure) {
@@ -209,6 +217,23 @@ TEST(VisionCost, MetricsCountImagesAndTheTower) {
   for (const char* k : {"# TYPE deltafin_vision_images_encoded_total counter",
                         "# TYPE deltafin_vision_tower_bytes gauge"})
     EXPECT_NE(body.find(k), std::string::npos) << k;
+  // The same image sent again lies in the kept state: counted, not encoded. The log line of
+  // each request says how many images it had and how many the tower encoded.
+  ASSERT_EQ(test::post_json(*c, "/v1/chat/completions", cost_chat(tiny)).status, 200);
+  body = test::get(*c, "/metrics").body;
+  EXPECT_EQ(metric_value(body, "deltafin_vision_prompt_images_total"), 3) << body;
+  EXPECT_EQ(metric_value(body, "deltafin_vision_images_encoded_total"), 2) << body;
+  const std::regex line(R"(\[serve\] [^\n]* 200 [^\n]*cached[^\n]*, 1 image \((\d) encoded in )");
+  std::vector<std::string> encoded;
+  for (int i = 0; i < 200 && encoded.size() < 3; ++i) {
+    encoded.clear();
+    const std::string err = srv.err();
+    for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator();
+         ++it)
+      encoded.push_back((*it)[1].str());
+    if (encoded.size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(encoded, (std::vector<std::string>{"1", "1", "0"})) << srv.err();
 
   // A text-only model reports no tower.
   test::ServerProcess text({}, m.text);

@@ -178,7 +178,29 @@ std::string bench_report_html(const json& j) {
       fmt::format("{:.2f} / {:.2f} GB/s", num(j, "disk_bandwidth_bytes_per_s") / 1e9,
                   num(j, "memory_bandwidth_bytes_per_s") / 1e9));
   row("roofline ratio", fmt::format("{:.2f} (1.0 = at the bound)", num(j, "roofline_ratio")));
+  const json* vision = j.contains("vision") && j["vision"].is_object() ? &j["vision"] : nullptr;
+  if (vision != nullptr) {  // bench --image: the text output's "vision" lines
+    row("vision tower",
+        fmt::format("{:.1f} M + projector {:.1f} M parameters, {} layers; {} image{}, {} "
+                    "image tokens, tower {:.3f} s (medians summed)",
+                    num(*vision, "tower_params") / 1e6, num(*vision, "projector_params") / 1e6,
+                    vision->value("layers", int64_t{0}), (*vision)["images"].size(),
+                    (*vision)["images"].size() == 1 ? "" : "s",
+                    vision->value("image_tokens", int64_t{0}), num(*vision, "tower_s")));
+  }
   h += "</table>\n";
+  if (vision != nullptr) {
+    std::vector<Bar> bars;
+    for (const auto& im : (*vision)["images"]) {
+      const std::string file = im.value("file", "");
+      const size_t slash = file.find_last_of('/');
+      bars.push_back(
+          {fmt::format("{} ({} tokens)", slash == std::string::npos ? file : file.substr(slash + 1),
+                       im.value("tokens", int64_t{0})),
+           im.contains("tower_s") ? num(im["tower_s"], "median") : 0.0, "#8e44ad"});
+    }
+    h += bar_chart("Vision tower: seconds per image (median)", bars, "s", 3);
+  }
   h += bar_chart("Decode speed per repetition", per_rep(j, "decode_tokens_per_s_reps", "#2d5bd7"),
                  "tokens/s", 3);
   h += bar_chart("Prefill speed per repetition", per_rep(j, "prefill_tokens_per_s_reps", "#2a9d55"),

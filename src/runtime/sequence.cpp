@@ -131,6 +131,9 @@ Usage Sequence::usage() const {
   u.timings.draft_n_accepted = d.accepted;
   u.timings.target_passes = d.target_passes;
   u.timings.decode_tokens = d.tokens;
+  u.images = image_stats_.images;
+  u.images_encoded = image_stats_.encoded;
+  u.vision_s = image_stats_.seconds;
   return u;
 }
 

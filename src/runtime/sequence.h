@@ -56,6 +56,10 @@ struct Usage {
   // state held by then, cached included (the server's log line says so).
   bool stopped_in_prefill = false;
   int64_t prompt_prefilled = 0;
+  // The prompt's images (image_stats()): how many, how many the tower encoded (the rest were in
+  // the kept state) and its seconds on them (the server's log line says so).
+  int64_t images = 0, images_encoded = 0;
+  double vision_s = 0;
 };
 
 // What a front end asks a sequence to do.

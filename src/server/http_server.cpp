@@ -665,8 +665,12 @@ void write_log_line(const Exchange& x, int status, const char* how) {
       u.stopped_in_prefill
           ? fmt::format("{} of {} tokens, stopped in prefill", u.prompt_prefilled, u.prompt_tokens)
           : fmt::format("{} tokens", u.prompt_tokens);
-  log_info("[serve] {} {} {}: prompt {} ({} cached{}), completion {} tokens, {:.2f} s", x.what,
-           status, how, prompt, u.cached_tokens, kept, u.completion_tokens,
+  const std::string images =
+      u.images > 0 ? fmt::format(", {} image{} ({} encoded in {:.2f} s)", u.images,
+                                 u.images == 1 ? "" : "s", u.images_encoded, u.vision_s)
+                   : "";
+  log_info("[serve] {} {} {}: prompt {} ({} cached{}{}), completion {} tokens, {:.2f} s", x.what,
+           status, how, prompt, u.cached_tokens, kept, images, u.completion_tokens,
            now_seconds() - x.start);
 }
 
