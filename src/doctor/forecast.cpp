@@ -46,7 +46,13 @@ struct Fill {
 // after one warm-up run: the statistic `bench` reports (the median of whole runs). On a machine
 // shared with other work, the best run would be the idle machine's speed and the mean would
 // follow a moment's load spike; the median is the speed most of the runs got.
+// A sanitizer build times one run (kSanitizedBuild).
 double median_time(const std::function<void()>& fn, double min_s, size_t reps = 5) {
+  if constexpr (kSanitizedBuild) {
+    Stopwatch sw;
+    fn();
+    return std::max(sw.elapsed(), 1e-9);
+  }
   fn();  // warm: page the buffers in, spin the pool up
   std::vector<double> times;
   double total = 0;

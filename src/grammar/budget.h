@@ -29,23 +29,14 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace deltafin::grammar {
 
 // Sanitizer builds run the compiler ~10x slower; the clock backstop scales with them so that a
 // compile that takes a second in a release build is not refused there. (The step cap does not
 // scale: it is the same everywhere.)
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr double kCompileSlowdown = 10;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr double kCompileSlowdown = 10;
-#else
-inline constexpr double kCompileSlowdown = 1;
-#endif
-#else
-inline constexpr double kCompileSlowdown = 1;
-#endif
+inline constexpr double kCompileSlowdown = kSanitizedBuild ? 10 : 1;
 
 inline constexpr uint64_t kMaxCompileSteps = 100'000'000;            // steps of one compile
 inline constexpr double kMaxCompileSeconds = 10 * kCompileSlowdown;  // the backstop
