@@ -20,7 +20,7 @@ DEB_PACKAGES = $(BUILD_PACKAGES) libgtest-dev libgmock-dev libbenchmark-dev clan
   mesa-vulkan-drivers vulkan-tools
 
 .PHONY: all deps deps-build configure build test test-deps test-perf demo python deb \
-  test-package clean configure-asan test-asan configure-tsan test-tsan fuzz
+  test-package clean configure-asan test-asan configure-tsan test-tsan fuzz test-hardening
 
 all: build
 
@@ -115,10 +115,16 @@ test-tsan: configure-tsan test-deps
 # kept in $(ASAN_BUILD)/fuzz-corpus and seeded from tests/data/fuzz; see tools/fuzz.sh.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= safetensors config tokenizer_files tokenizer chat request http gbnf json_schema \
-  schema_merge hub_listing image
+  schema_merge hub_listing image media
 fuzz: configure-asan
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target deltafin_fuzzers
 	bash tools/fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# The three hardening stages in CI's order, then the stamp that lets CI skip them while the files
+# they cover stay as they were (tests/hardening/covered.sh; the rule: docs/PERFORMANCE.md, "CI
+# stages"). Whoever changes code runs this before stopping and commits tests/hardening/verified.
+test-hardening: test-asan fuzz test-tsan
+	bash tests/hardening/covered.sh > tests/hardening/verified
 
 # The npm packages of the node tests (each pinned by its lockfile): the OpenAI client test, the
 # browser test (puppeteer-core), the Anthropic / OpenAI Responses / Ollama SDK tests
