@@ -63,6 +63,9 @@ TEST(K2Release, TheBuiltInShapesAreTheReleasesConfigs) {
   EXPECT_EQ(ds.vocab, 129280);
   EXPECT_EQ(ds.mtp_layers, 1);
   EXPECT_EQ(ds.expert_format(), ExpertFormat::kFP8);
+  // Each release's config names its release (serve's default --model-id).
+  for (const ReleasedModel& m : released_models())
+    EXPECT_EQ(release_name_of(m.config()), m.name) << m.repo;
 }
 
 json k2_doctor_json(const std::string& shape, const std::string& dir) {
@@ -186,6 +189,10 @@ TEST(K2Release, ServeAnswersAnOpenAIChatWithAToolCall) {
   test::ServerProcess srv({"--threads", "2"}, dir);
   ASSERT_TRUE(srv.ready()) << srv.err();
   auto cli = srv.client();
+  // Without --model-id the server names the release the folder belongs to.
+  const auto models = test::get(*cli, "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "kimi-k2") << models.body;
   const test::json params = {{"type", "object"},
                              {"properties", {{"city", {{"type", "string"}, {"maxLength", 8}}}}},
                              {"required", test::json::array({"city"})},

@@ -28,6 +28,7 @@
 #include "generate/generation_config.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/released.h"
 #include "model/vision_tower.h"
 #include "runtime/images.h"
 #include "server/http_server.h"
@@ -46,7 +47,7 @@ struct ServeArgs {
   int port = 8000;
   std::optional<std::string> api_key;  // given but empty is refused, not "no authentication"
   std::string api_key_file;
-  std::string model_id = "kimi-k3";
+  std::string model_id;  // "": the release the model belongs to (release_name_of)
   std::vector<std::string> aliases;
   int parallel = 1;
   int queue = 16;
@@ -148,6 +149,7 @@ void run_serve(ServeArgs& a) {
     }
   }
   const Tokenizer tok = Tokenizer::load(a.engine.model);
+  if (a.model_id.empty()) a.model_id = release_name_of(load_config(a.engine.model));
 
   // Signals go to one thread that sigwait()s; block them before any other thread exists.
   sigset_t sigs;
@@ -307,7 +309,9 @@ void register_serve(CLI::App& app) {
                   "Require Authorization: Bearer KEY on every endpoint but /health");
   cmd->add_option("--api-key-file", a->api_key_file,
                   "Read the API key from the first line of a file");
-  cmd->add_option("--model-id", a->model_id, "The model name clients use")->capture_default_str();
+  cmd->add_option("--model-id", a->model_id,
+                  "The model name clients use (default: the release the model belongs to: "
+                  "kimi-k3, kimi-linear, kimi-k2, kimi-k2-thinking, kimi-k2.5 or deepseek-v3)");
   cmd->add_option("--alias", a->aliases,
                   "Another accepted model name (repeatable; '*' accepts any)");
   cmd->add_option("--parallel", a->parallel, "Sequences decoded together in one forward pass")

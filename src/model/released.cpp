@@ -173,4 +173,18 @@ const ReleasedModel& released_model(const std::string& name) {
   fail_arg("unknown released model \"{}\" (expected one of: {})", name, known);
 }
 
+std::string release_name_of(const ModelConfig& c) {
+  switch (c.family) {
+    case Family::kK3:
+      return "kimi-k3";
+    case Family::kKimiLinear:
+      return "kimi-linear";
+    case Family::kDeepseekV3:
+      if (c.model_type == "deepseek_v3") return "deepseek-v3";
+      if (c.model_type == "kimi_k25") return "kimi-k2.5";
+      return c.expert_format() == ExpertFormat::kInt4 ? "kimi-k2-thinking" : "kimi-k2";
+  }
+  return "kimi-k3";
+}
+
 }  // namespace deltafin

@@ -26,5 +26,9 @@ struct ReleasedModel {
 const std::vector<ReleasedModel>& released_models();
 // The release named `name`; throws InvalidArgument naming the known ones otherwise.
 const ReleasedModel& released_model(const std::string& name);
+// The short name of the release a checkpoint's config belongs to, by family, model_type and
+// expert format (a Kimi K2 with INT4 experts is K2-Thinking): what `serve` calls the model when
+// --model-id is not given.
+std::string release_name_of(const ModelConfig& c);
 
 }  // namespace deltafin
