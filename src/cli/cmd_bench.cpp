@@ -514,11 +514,9 @@ void run_bench(BenchArgs& a) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto a = std::make_shared<BenchArgs>();
-  auto* cmd = app.add_subcommand(
-      "bench", "Measure prefill and decode speed on synthetic token ids, against the roofline");
-  add_engine_options(cmd, a->engine);
-  add_trace_option(cmd, a->trace);
+  auto [cmd, a] = add_traced_engine_command<BenchArgs>(
+      app, "bench", "Measure prefill and decode speed on synthetic token ids, against the roofline",
+      run_bench);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length")->capture_default_str();
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
                   "Prompt tokens per forward pass: auto (as many as the memory budget holds) or N")
@@ -559,11 +557,6 @@ void register_bench(CLI::App& app) {
             return "the folder " + dir.string() + " does not exist";
           },
           "FILE.html"));
-  cmd->callback([a] {
-    TraceSession trace(a->trace);
-    run_bench(*a);
-    trace.finish();
-  });
 }
 
 }  // namespace deltafin::cli

@@ -234,11 +234,9 @@ void run_chat(ChatArgs& a) {
 }  // namespace
 
 void register_chat(CLI::App& app) {
-  auto a = std::make_shared<ChatArgs>();
-  auto* cmd = app.add_subcommand(
-      "chat", "Interactive multi-turn chat that keeps the model state between turns");
-  add_engine_options(cmd, a->engine);
-  add_trace_option(cmd, a->trace);
+  auto [cmd, a] = add_traced_engine_command<ChatArgs>(
+      app, "chat", "Interactive multi-turn chat that keeps the model state between turns",
+      run_chat);
   cmd->add_option("--system", a->system, "System message");
   cmd->add_option("--think", a->think, "Thinking channel: on or off")->capture_default_str();
   cmd->add_option("--effort", a->effort, "Reasoning effort: low, high or max")
@@ -246,11 +244,6 @@ void register_chat(CLI::App& app) {
       ->check(CLI::IsMember({"low", "high", "max"}));
   add_gen_options(cmd, a->gen);
   add_state_cache_options(cmd, a->state_cache);
-  cmd->callback([a] {
-    TraceSession trace(a->trace);
-    run_chat(*a);
-    trace.finish();
-  });
 }
 
 }  // namespace deltafin::cli

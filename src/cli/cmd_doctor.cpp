@@ -557,8 +557,7 @@ void register_doctor(CLI::App& app) {
                       "--shape, without a checkpoint)");
   std::vector<std::string> shapes;
   for (const ReleasedModel& m : released_models()) shapes.push_back(m.name);
-  cmd->add_option("--shape", a->shape,
-                  "Without --model: the release to forecast (kimi-k3 or kimi-linear)")
+  cmd->add_option("--shape", a->shape, "Without --model: the released shape to forecast")
       ->capture_default_str()
       ->check(CLI::IsMember(shapes))
       ->excludes(model);

@@ -86,10 +86,7 @@ void run_render(const RenderOptions& o) {
   } else {
     out = prompt.text;
   }
-  if (!out.empty() && std::fwrite(out.data(), 1, out.size(), stdout) != out.size()) {
-    fail("cannot write to standard output");
-  }
-  if (std::fflush(stdout) != 0) fail("cannot write to standard output");
+  write_stdout(out);
 }
 
 }  // namespace
@@ -101,9 +98,7 @@ void register_render(CLI::App& app) {
       "Render an OpenAI-style chat request into the exact prompt in the model's chat format (K3, "
       "or the K2 family's) and print it (the text as is, or with --json the text and its token "
       "ids)");
-  sub->add_option("--model", opts->model,
-                  "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
-                  "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
+  add_tokenizer_model_option(sub, opts->model);
   sub->add_option("--request", opts->request,
                   "Chat request body as JSON ('-' reads stdin): messages, and optionally tools, "
                   "tool_choice, response_format, reasoning_effort (low|high|max, default max), "

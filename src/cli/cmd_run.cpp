@@ -130,11 +130,9 @@ void run_run(RunArgs& a) {
 }  // namespace
 
 void register_run(CLI::App& app) {
-  auto a = std::make_shared<RunArgs>();
-  auto* cmd = app.add_subcommand(
-      "run", "Generate a completion (raw text, token ids, or one chat turn with --chat)");
-  add_engine_options(cmd, a->engine);
-  add_trace_option(cmd, a->trace);
+  auto [cmd, a] = add_traced_engine_command<RunArgs>(
+      app, "run", "Generate a completion (raw text, token ids, or one chat turn with --chat)",
+      run_run);
   cmd->add_option("--prompt", a->prompt, "Prompt text");
   cmd->add_option("--prompt-ids", a->prompt_ids,
                   "Prompt as token ids, e.g. 3,1,4 (models without a tokenizer, tests)");
@@ -153,11 +151,6 @@ void register_run(CLI::App& app) {
   add_gen_options(cmd, a->gen);
   cmd->add_flag("--json", a->json,
                 "Print one JSON object (ids, text, stats) instead of streaming text");
-  cmd->callback([a] {
-    TraceSession trace(a->trace);
-    run_run(*a);
-    trace.finish();
-  });
 }
 
 }  // namespace deltafin::cli

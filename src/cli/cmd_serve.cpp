@@ -295,11 +295,9 @@ void run_serve(ServeArgs& a) {
 }  // namespace
 
 void register_serve(CLI::App& app) {
-  auto a = std::make_shared<ServeArgs>();
-  auto* cmd = app.add_subcommand(
-      "serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)");
-  add_engine_options(cmd, a->engine);
-  add_trace_option(cmd, a->trace);
+  auto [cmd, a] = add_traced_engine_command<ServeArgs>(
+      app, "serve", "OpenAI-compatible HTTP server (chat, completions, models, health, metrics)",
+      run_serve);
   cmd->add_option("--host", a->host, "Address to listen on (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", a->port, "Port (0: any free port, printed at start)")
@@ -342,11 +340,6 @@ void register_serve(CLI::App& app) {
                 "Do not serve the browser page (chat and engine view) at /");
   add_draft_options(cmd, a->draft);
   add_state_cache_options(cmd, a->state_cache);
-  cmd->callback([a] {
-    TraceSession trace(a->trace);
-    run_serve(*a);
-    trace.finish();
-  });
 }
 
 }  // namespace deltafin::cli

@@ -48,13 +48,6 @@ std::string read_input_file(const std::string& path) {
   return data;
 }
 
-void write_stdout(std::string_view bytes) {
-  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size()) {
-    fail("cannot write to standard output");
-  }
-  if (std::fflush(stdout) != 0) fail("cannot write to standard output");
-}
-
 std::vector<int32_t> parse_id_list(const std::string& input, const std::string& source) {
   nlohmann::json j;
   check_json_depth(input, kMaxJsonDepth, source);
@@ -118,9 +111,7 @@ void register_tokenize(CLI::App& app) {
       "tokenize",
       "Encode text into token ids (one JSON array and a newline on stdout), or with --decode "
       "turn a JSON id list back into exactly its bytes");
-  sub->add_option("--model", opts->model,
-                  "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
-                  "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
+  add_tokenizer_model_option(sub, opts->model);
   sub->add_flag("--special", opts->special,
                 "Recognise the model's special-token strings (names from its "
                 "tokenizer_config.json: <|open|> in K3, <|im_end|> in the K2 family, [EOS] in "

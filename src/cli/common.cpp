@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -241,6 +242,19 @@ bool has_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;
   return fs::exists(fs::path(dir) / "tiktoken.model") &&
          fs::exists(fs::path(dir) / "tokenizer_config.json");
+}
+
+void add_tokenizer_model_option(CLI::App* cmd, std::string& model) {
+  cmd->add_option("--model", model,
+                  "Model folder holding tiktoken.model and tokenizer_config.json (the tokenizer "
+                  "files alone are enough; default: $DELTAFIN_MODEL, else the built-in demo)");
+}
+
+void write_stdout(std::string_view bytes) {
+  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size()) {
+    fail("cannot write to standard output");
+  }
+  if (std::fflush(stdout) != 0) fail("cannot write to standard output");
 }
 
 std::string resolve_model_dir(const std::string& flag) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -81,11 +82,16 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o);
 // The model folder of every command that reads one: --model, else $DELTAFIN_MODEL, else the
 // demo checkpoint in the user cache folder (created on first use, and announced on stderr).
 std::string resolve_model_dir(const std::string& flag);
+// --model of the commands that need only the tokenizer files (tokenize, render).
+void add_tokenizer_model_option(CLI::App* cmd, std::string& model);
 // True when `dir` holds tiktoken.model and tokenizer_config.json.
 bool has_tokenizer(const std::string& dir);
 // Throws InvalidArgument unless `dir` is an existing folder (naming it) that holds a tokenizer
 // ("DIR has no tokenizer (...); WHO needs one").
 void require_tokenizer(const std::string& dir, const char* who);
+
+// Writes `bytes` to stdout and flushes; throws Error when it cannot (a closed pipe, a full disk).
+void write_stdout(std::string_view bytes);
 
 // "3,1,4" or "[3, 1, 4]" -> ids. Throws InvalidArgument naming `what`.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& what);

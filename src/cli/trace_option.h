@@ -3,7 +3,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
+#include <utility>
+
+#include "cli/common.h"
 
 namespace deltafin::cli {
 
@@ -25,5 +29,24 @@ class TraceSession {
   std::string path_;
   bool open_ = false;
 };
+
+// A command that runs the engine and can trace it (run, chat, serve, bench): the subcommand with
+// the engine options and --trace, and its arguments (`Args` holds `engine`, EngineOptions, and
+// `trace`), whose callback runs `run(args)` inside a TraceSession. Returns both, for the
+// command's own options.
+template <typename Args>
+std::pair<CLI::App*, std::shared_ptr<Args>> add_traced_engine_command(
+    CLI::App& app, const std::string& name, const std::string& description, void (*run)(Args&)) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(name, description);
+  add_engine_options(cmd, args->engine);
+  add_trace_option(cmd, args->trace);
+  cmd->callback([args, run] {
+    TraceSession trace(args->trace);
+    run(*args);
+    trace.finish();
+  });
+  return {cmd, args};
+}
 
 }  // namespace deltafin::cli

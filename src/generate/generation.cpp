@@ -3,29 +3,24 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/timer.h"
 
 namespace deltafin {
 
+constexpr EnumName<StopReason> kStopReasonNames[] = {
+    {StopReason::kNone, "none"},
+    {StopReason::kLength, "length"},
+    {StopReason::kContext, "context"},
+    {StopReason::kStopToken, "stop_token"},
+    {StopReason::kEndOfTurn, "end_of_turn"},
+    {StopReason::kStopString, "stop_string"},
+    {StopReason::kCancelled, "cancelled"},
+};
+
 const char* stop_reason_name(StopReason r) {
-  switch (r) {
-    case StopReason::kNone:
-      return "none";
-    case StopReason::kLength:
-      return "length";
-    case StopReason::kContext:
-      return "context";
-    case StopReason::kStopToken:
-      return "stop_token";
-    case StopReason::kEndOfTurn:
-      return "end_of_turn";
-    case StopReason::kStopString:
-      return "stop_string";
-    case StopReason::kCancelled:
-      return "cancelled";
-  }
-  return "?";
+  return name_of(kStopReasonNames, r);
 }
 
 Generation::Generation(std::vector<int32_t> prompt, const GenerationParams& params,

@@ -582,13 +582,8 @@ ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& pat
           s, path, [&](const json& x, const std::string& p) { return value_of_type(x, p, type); }))
     return b;
   if (s.contains("enum") || s.contains("const")) {
-    const json& values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
-    std::vector<ExprPtr> alts;
-    spend(values.is_array() ? values.size() : 1, path);
-    for (const auto& v : values.is_array() ? values : json::array()) {
-      if (json_type_is(v, type)) alts.push_back(literal(v));
-    }
-    return alt(std::move(alts));
+    return enum_alternatives(
+        s, path, [&](const json& v) { return json_type_is(v, type) ? literal(v) : nullptr; });
   }
   const auto types = types_of(s, path);
   auto has = [&](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); };
@@ -598,6 +593,17 @@ ExprPtr SchemaCompiler::value_of_type(const json& schema, const std::string& pat
     return nothing();
   }
   return has(type.c_str()) ? typed(s, path, type) : nothing();
+}
+
+ExprPtr SchemaCompiler::enum_alternatives(const json& s, const std::string& path,
+                                          const std::function<ExprPtr(const json&)>& make) {
+  const json& values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+  std::vector<ExprPtr> alts;
+  spend(values.is_array() ? values.size() : 1, path);
+  for (const auto& v : values.is_array() ? values : json::array()) {
+    if (ExprPtr e = make(v)) alts.push_back(std::move(e));
+  }
+  return alt(std::move(alts));
 }
 
 ExprPtr SchemaCompiler::raw_string(const json& schema, const std::string& path0) {
@@ -613,13 +619,9 @@ ExprPtr SchemaCompiler::raw_string(const json& schema, const std::string& path0)
           branches(s, path, [&](const json& x, const std::string& p) { return raw_string(x, p); }))
     return b;
   if (s.contains("enum") || s.contains("const")) {
-    const json& values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
-    std::vector<ExprPtr> alts;
-    spend(values.is_array() ? values.size() : 1, path);
-    for (const auto& v : values.is_array() ? values : json::array()) {
-      if (v.is_string()) alts.push_back(lit(v.get<std::string>()));
-    }
-    return alt(std::move(alts));
+    return enum_alternatives(s, path, [&](const json& v) {
+      return v.is_string() ? lit(v.get<std::string>()) : nullptr;
+    });
   }
   const auto types = types_of(s, path);
   if (std::find(types.begin(), types.end(), "string") == types.end()) return nothing();

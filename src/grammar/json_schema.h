@@ -87,6 +87,10 @@ class SchemaCompiler {
   [[noreturn]] void error(const std::string& path, const std::string& what) const;
   // Charges `steps` to the compile budget; its error names `path`.
   void spend(uint64_t steps, const std::string& path);
+  // The alternatives of the values of `s`'s `const` (else `enum`) that `make` turns into an
+  // expression (null: left out), each value charged to the budget.
+  ExprPtr enum_alternatives(const nlohmann::ordered_json& s, const std::string& path,
+                            const std::function<ExprPtr(const nlohmann::ordered_json&)>& make);
   // Follows a top-level $ref (with its sibling keywords merged in) and merges allOf, so the
   // result has neither at its top; `path` becomes where the result came from. Returns `schema`
   // itself when there is nothing to merge, else the merged schema, built in `storage`.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "model/config_parse.h"
@@ -117,30 +118,25 @@ void parse_layer_schedule(const nlohmann::json& lin, const std::string& prefix, 
   }
 }
 
+constexpr EnumName<Family> kFamilyNames[] = {
+    {Family::kK3, "K3"},
+    {Family::kKimiLinear, "Kimi-Linear"},
+    {Family::kDeepseekV3, "DeepSeek-V3 / Kimi K2"},
+};
+
 const char* family_name(Family f) {
-  switch (f) {
-    case Family::kK3:
-      return "K3";
-    case Family::kKimiLinear:
-      return "Kimi-Linear";
-    case Family::kDeepseekV3:
-      return "DeepSeek-V3 / Kimi K2";
-  }
-  return "?";
+  return name_of(kFamilyNames, f);
 }
 
+constexpr EnumName<ExpertFormat> kExpertFormatNames[] = {
+    {ExpertFormat::kMXFP4, "MXFP4"},
+    {ExpertFormat::kBF16, "BF16"},
+    {ExpertFormat::kFP8, "FP8 E4M3 (128x128 block scales)"},
+    {ExpertFormat::kInt4, "INT4 (pack-quantized, group 32)"},
+};
+
 const char* expert_format_name(ExpertFormat f) {
-  switch (f) {
-    case ExpertFormat::kMXFP4:
-      return "MXFP4";
-    case ExpertFormat::kBF16:
-      return "BF16";
-    case ExpertFormat::kFP8:
-      return "FP8 E4M3 (128x128 block scales)";
-    case ExpertFormat::kInt4:
-      return "INT4 (pack-quantized, group 32)";
-  }
-  return "?";
+  return name_of(kExpertFormatNames, f);
 }
 
 std::string TensorNames::layer(int64_t i) const {

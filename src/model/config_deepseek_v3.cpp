@@ -312,7 +312,12 @@ void read_token_ids(FieldReader& t, const json* top, ModelConfig& c) {
   }
 }
 
-void set_components(ModelConfig& c) {
+// The family's config before its fields are read: where it came from, the components every
+// DeepSeek-V3-architecture release shares, and the tensor names' prefix.
+ModelConfig family_config(const std::string& path, const char* prefix) {
+  ModelConfig c;
+  c.path = path;
+  c.names.prefix = prefix;
   c.family = Family::kDeepseekV3;
   c.activation = Activation::kSiLU;
   c.residual = ResidualForm::kPreNorm;
@@ -323,16 +328,14 @@ void set_components(ModelConfig& c) {
   c.attn_res_block = 0;
   c.names.moe_block = "mlp.";
   c.names.expert_proj = {"gate_proj", "down_proj", "up_proj"};
+  return c;
 }
 
 }  // namespace
 
 ModelConfig parse_deepseek_v3_config(const json& root, const std::string& path) {
   std::vector<std::string> problems;
-  ModelConfig c;
-  c.path = path;
-  set_components(c);
-  c.names.prefix = "";
+  ModelConfig c = family_config(path, "");
   parse_text(root, "", c, problems);
   FieldReader t(root, "", problems);
   read_token_ids(t, nullptr, c);
@@ -343,10 +346,7 @@ ModelConfig parse_deepseek_v3_config(const json& root, const std::string& path) 
 
 ModelConfig parse_kimi_k25_config(const json& root, const std::string& path) {
   std::vector<std::string> problems;
-  ModelConfig c;
-  c.path = path;
-  set_components(c);
-  c.names.prefix = "language_model.";
+  ModelConfig c = family_config(path, "language_model.");
   FieldReader top(root, "", problems);
   top.expect_string("model_type", "kimi_k25");
   auto tc_it = root.find("text_config");

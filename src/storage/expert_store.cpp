@@ -9,6 +9,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/log.h"
@@ -20,23 +21,19 @@
 
 namespace deltafin {
 
+constexpr EnumName<CachePolicy> kCachePolicyNames[] = {
+    {CachePolicy::kLRU, "lru"},
+    {CachePolicy::kLFU, "lfu"},
+    {CachePolicy::kPinned, "pinned"},
+};
+
 CachePolicy parse_cache_policy(const std::string& s) {
-  if (s == "lru") return CachePolicy::kLRU;
-  if (s == "lfu") return CachePolicy::kLFU;
-  if (s == "pinned") return CachePolicy::kPinned;
+  if (const auto p = value_of(kCachePolicyNames, s)) return *p;
   fail_setting("cache policy", s, "expected lru, lfu or pinned");
 }
 
 const char* cache_policy_name(CachePolicy p) {
-  switch (p) {
-    case CachePolicy::kLRU:
-      return "lru";
-    case CachePolicy::kLFU:
-      return "lfu";
-    case CachePolicy::kPinned:
-      return "pinned";
-  }
-  return "?";
+  return name_of(kCachePolicyNames, p);
 }
 
 uint64_t ExpertStore::slot_bytes_for(const ExpertDirectory& dir, const ModelConfig& c) {

@@ -2,52 +2,23 @@
 
 #include <cmath>
 
+#include "core/enum_names.h"
+
 namespace deltafin {
 
+constexpr EnumName<DType> kDTypeNames[] = {
+    {DType::kF64, "F64"},   {DType::kF32, "F32"},        {DType::kF16, "F16"},
+    {DType::kBF16, "BF16"}, {DType::kI64, "I64"},        {DType::kI32, "I32"},
+    {DType::kI16, "I16"},   {DType::kI8, "I8"},          {DType::kU8, "U8"},
+    {DType::kBool, "BOOL"}, {DType::kF8E4M3, "F8_E4M3"}, {DType::kF8E5M2, "F8_E5M2"},
+};
+
 std::optional<DType> parse_dtype(std::string_view n) {
-  if (n == "F64") return DType::kF64;
-  if (n == "F32") return DType::kF32;
-  if (n == "F16") return DType::kF16;
-  if (n == "BF16") return DType::kBF16;
-  if (n == "I64") return DType::kI64;
-  if (n == "I32") return DType::kI32;
-  if (n == "I16") return DType::kI16;
-  if (n == "I8") return DType::kI8;
-  if (n == "U8") return DType::kU8;
-  if (n == "BOOL") return DType::kBool;
-  if (n == "F8_E4M3") return DType::kF8E4M3;
-  if (n == "F8_E5M2") return DType::kF8E5M2;
-  return std::nullopt;
+  return value_of(kDTypeNames, n);
 }
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kF64:
-      return "F64";
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kI64:
-      return "I64";
-    case DType::kI32:
-      return "I32";
-    case DType::kI16:
-      return "I16";
-    case DType::kI8:
-      return "I8";
-    case DType::kU8:
-      return "U8";
-    case DType::kBool:
-      return "BOOL";
-    case DType::kF8E4M3:
-      return "F8_E4M3";
-    case DType::kF8E5M2:
-      return "F8_E5M2";
-  }
-  return "?";
+  return name_of(kDTypeNames, t);
 }
 
 size_t dtype_size(DType t) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/enum_names.h"
 #include "tensor/dtype.h"
 
 namespace deltafin {
@@ -44,22 +45,13 @@ float e4m3_to_float(uint8_t code) {
   return kE4M3.v[code];
 }
 
+constexpr EnumName<WeightFormat> kWeightFormatNames[] = {
+    {WeightFormat::kF32, "f32"},   {WeightFormat::kBF16, "bf16"}, {WeightFormat::kMXFP4, "mxfp4"},
+    {WeightFormat::kInt8, "int8"}, {WeightFormat::kFP8, "fp8"},   {WeightFormat::kInt4, "int4"},
+};
+
 const char* weight_format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kF32:
-      return "f32";
-    case WeightFormat::kBF16:
-      return "bf16";
-    case WeightFormat::kMXFP4:
-      return "mxfp4";
-    case WeightFormat::kInt8:
-      return "int8";
-    case WeightFormat::kFP8:
-      return "fp8";
-    case WeightFormat::kInt4:
-      return "int4";
-  }
-  return "?";
+  return name_of(kWeightFormatNames, f);
 }
 
 float matrix_element(const Matrix& m, int64_t r, int64_t c) {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "vision/decoders.h"
 
@@ -42,36 +43,24 @@ std::vector<uint8_t> read_image_file(const std::string& path, const ImageLimits&
   return data;
 }
 
+constexpr EnumName<ImageFormat> kImageFormatNames[] = {
+    {ImageFormat::kPng, "PNG"},
+    {ImageFormat::kJpeg, "JPEG"},
+    {ImageFormat::kGif, "GIF"},
+    {ImageFormat::kWebp, "WebP"},
+};
+
 const char* format_name(ImageFormat f) {
-  switch (f) {
-    case ImageFormat::kPng:
-      return "PNG";
-    case ImageFormat::kJpeg:
-      return "JPEG";
-    case ImageFormat::kGif:
-      return "GIF";
-    case ImageFormat::kWebp:
-      return "WebP";
-  }
-  return "?";
+  return name_of(kImageFormatNames, f);
 }
 
+constexpr EnumName<PixelMode> kPixelModeNames[] = {
+    {PixelMode::k1, "1"}, {PixelMode::kL, "L"},     {PixelMode::kLA, "LA"},
+    {PixelMode::kP, "P"}, {PixelMode::kRGB, "RGB"}, {PixelMode::kRGBA, "RGBA"},
+};
+
 const char* mode_name(PixelMode m) {
-  switch (m) {
-    case PixelMode::k1:
-      return "1";
-    case PixelMode::kL:
-      return "L";
-    case PixelMode::kLA:
-      return "LA";
-    case PixelMode::kP:
-      return "P";
-    case PixelMode::kRGB:
-      return "RGB";
-    case PixelMode::kRGBA:
-      return "RGBA";
-  }
-  return "?";
+  return name_of(kPixelModeNames, m);
 }
 
 int mode_channels(PixelMode m) {
