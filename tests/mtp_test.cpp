@@ -29,7 +29,10 @@ using nlohmann::json;
 
 std::string mtp_ids(std::span<const int32_t> v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 
@@ -179,7 +182,9 @@ TEST(MtpDraft, ConversationContinuedFromSnapshotsDraftsAsFromScratch) {
     EXPECT_EQ(kept[t].proposed, fresh[t].proposed);
     EXPECT_EQ(kept[t].accepted, fresh[t].accepted);
     EXPECT_EQ(fresh[t].restored, 0);
-    if (t > 0) EXPECT_GT(kept[t].restored, 0);  // continued from the previous turn's snapshot
+    if (t > 0) {
+      EXPECT_GT(kept[t].restored, 0);  // continued from the previous turn's snapshot
+    }
   }
 }
 
