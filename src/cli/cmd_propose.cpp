@@ -93,7 +93,8 @@ void register_propose(CLI::App& app) {
   cmd->add_option("--draft", args->draft,
                   "Draft model folder (EAGLE-3/3.1 or DSpark: config.json + model.safetensors), "
                   "or mtp (DeepSeek-V3's own MTP layer)")
-      ->required();
+      ->required()
+      ->check(CLI::IsMember({"mtp"}) | CLI::ExistingDirectory);
   cmd->add_option("--tokens", args->tokens, "Committed token ids, e.g. 5,17,200")->required();
   cmd->add_option("--anchor", args->anchor,
                   "The token the target chose after --tokens (not yet run through it)")
