@@ -103,8 +103,9 @@ typedef struct deltafin_model_params {
   /* Appended (ABI 1 still): speculative decoding for this model's generations and streams.
    * Output is unchanged by it (greedy token for token; seeded sampling too for "ngram"). */
   /* NULL/"" = the model folder's draft/ subfolder when it has one, else "none"; "none",
-   * "ngram" = prompt lookup, or a draft model folder (EAGLE-3.x, DSpark), which the memory
-   * budget counts as the CLI does */
+   * "ngram" = prompt lookup, "mtp" = DeepSeek-V3's own MTP layer, or a draft model folder
+   * (EAGLE-3.x, DSpark); a draft model (mtp too) is counted by the memory budget as the CLI
+   * does */
   const char* draft;
   int32_t draft_max; /* most drafts per pass; 0 = auto (chosen from measured pass costs), 1..256 */
   /* Appended (ABI 1 still): the Vulkan GPU for the matrix products (README "GPU"), as the

@@ -2,8 +2,9 @@
 // tests and for people checking a drafter against a reference. It runs exactly the path decoding
 // uses: the target prefills the prefix with the drafter's taps attached, then the drafter drafts
 // from the anchor. Output: {"draft_ids": [...], "confidence": [...]} (confidence only for
-// drafters that have a confidence head); --logits-out writes the drafter's raw logits, one
-// float32 LE row per draft ([K, vocab]), before any Markov bias.
+// drafters that have a confidence head; `--draft mtp` is DeepSeek-V3's own MTP layer); --logits-out
+// writes the drafter's raw logits, one float32 LE row per draft ([K, vocab]), before any Markov
+// bias.
 #include <fmt/ranges.h>
 
 #include <filesystem>
@@ -38,8 +39,8 @@ void run_propose(ProposeArgs& a) {
   // The draft is opened first so the target's memory plan counts it.
   a.engine.model = resolve_model_dir(a.engine.model);
   std::error_code ec;
-  if (!std::filesystem::is_directory(a.draft, ec))
-    fail_arg("--draft {}: expected a draft model folder", a.draft);
+  if (a.draft != "mtp" && !std::filesystem::is_directory(a.draft, ec))
+    fail_arg("--draft {}: expected a draft model folder or mtp", a.draft);
   LoadRequest req;
   req.engine = a.engine;
   req.draft = a.draft;
@@ -90,9 +91,10 @@ void register_propose(CLI::App& app) {
       "propose", "Print a draft model's proposal for a committed prefix and an anchor token");
   add_engine_options(cmd, args->engine);
   cmd->add_option("--draft", args->draft,
-                  "Draft model folder (EAGLE-3/3.1 or DSpark: config.json + model.safetensors)")
+                  "Draft model folder (EAGLE-3/3.1 or DSpark: config.json + model.safetensors), "
+                  "or mtp (DeepSeek-V3's own MTP layer)")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::IsMember({"mtp"}) | CLI::ExistingDirectory);
   cmd->add_option("--tokens", args->tokens, "Committed token ids, e.g. 5,17,200")->required();
   cmd->add_option("--anchor", args->anchor,
                   "The token the target chose after --tokens (not yet run through it)")

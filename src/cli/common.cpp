@@ -65,11 +65,12 @@ CLI::Validator parses_with(Parse parse, const char* shape) {
 
 void add_draft_options(CLI::App* cmd, DraftOptions& o) {
   cmd->add_option("--draft", o.draft,
-                  "Speculative decoding: none, ngram (drafts from the sequence's own text) or a "
-                  "draft model folder (EAGLE-3.x, DSpark); drafts are verified in one pass and "
+                  "Speculative decoding: none, ngram (drafts from the sequence's own text), mtp "
+                  "(DeepSeek-V3's own MTP layer) or a draft model folder (EAGLE-3.x, DSpark); "
+                  "drafts are verified in one pass and "
                   "the output is unchanged. Default: the model folder's draft/ subfolder when it "
                   "has one (the built-in demo's trained EAGLE-3.1 drafter), else none")
-      ->check(parses_with([](const std::string& v) { check_draft_spec(v); }, "none|ngram|DIR"));
+      ->check(parses_with([](const std::string& v) { check_draft_spec(v); }, "none|ngram|mtp|DIR"));
   cmd->add_option("--draft-max", o.draft_max,
                   "Most drafts verified per pass: auto (chosen per pass from measured pass costs "
                   "and acceptance, up to 16) or N (always up to N)")

@@ -53,7 +53,7 @@ int64_t prefill_chunk_rows(const std::string& flag);
 // Speculative decoding flags of run, chat, bench and serve.
 struct DraftOptions {
   // "" (the default): the model folder's draft/ subfolder when it has one, else none; then
-  // none | ngram | DIR (replay:FILE is a test aid).
+  // none | ngram | mtp | DIR (replay:FILE is a test aid).
   std::string draft;
   std::string draft_max = "auto";  // auto (the cost model chooses) or N
 };

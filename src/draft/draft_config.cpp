@@ -23,7 +23,15 @@ namespace deltafin {
 using nlohmann::json;
 
 const char* draft_kind_name(DraftKind k) {
-  return k == DraftKind::kEagle3 ? "eagle3" : "dspark";
+  switch (k) {
+    case DraftKind::kEagle3:
+      return "eagle3";
+    case DraftKind::kDSpark:
+      return "dspark";
+    case DraftKind::kMtp:
+      return "mtp";
+  }
+  return "?";
 }
 
 namespace {

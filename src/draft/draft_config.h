@@ -15,7 +15,8 @@
 
 namespace deltafin {
 
-enum class DraftKind { kEagle3, kDSpark };
+// kMtp: DeepSeek-V3's MTP layer of the target itself (draft/mtp.h), not read from a folder.
+enum class DraftKind { kEagle3, kDSpark, kMtp };
 const char* draft_kind_name(DraftKind k);
 
 // DeepSeek-V3 YaRN (rope_scaling / rope_parameters). factor 1 = plain RoPE.

@@ -8,11 +8,19 @@
 #include "core/error.h"
 #include "draft/dspark.h"
 #include "draft/eagle3.h"
+#include "draft/mtp.h"
 #include "storage/checkpoint.h"
 
 namespace deltafin {
 
 std::string DraftModel::describe() const {
+  if (c_.kind == DraftKind::kMtp) {
+    return fmt::format(
+        "MTP draft (the target's layer {}), taps {} ({}): {:.1f} MiB of weights, {} B of draft "
+        "cache per position",
+        c_.target_layers, fmt::join(c_.taps.layers, ","), tap_stream_name(c_.taps.stream),
+        double(weight_bytes_) / (1 << 20), cache_bytes_per_position());
+  }
   return fmt::format(
       "{} draft, {} layer(s), taps {} ({}){}: {:.1f} MiB of weights, {} B of "
       "draft cache per position",
@@ -42,6 +50,8 @@ std::shared_ptr<DraftModel> open_draft_model(const std::string& dir, const Model
       return std::make_shared<Eagle3Model>(std::move(c), std::move(ck));
     case DraftKind::kDSpark:
       return std::make_shared<DSparkModel>(std::move(c), std::move(ck));
+    case DraftKind::kMtp:
+      break;  // never read from a folder's config.json
   }
   fail("{}: unknown drafter kind", c.path);
 }

@@ -111,6 +111,13 @@ std::unique_ptr<Drafter> make_replay(const std::string& spec, const DrafterConte
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx) {
   if (spec == "none") return nullptr;
   if (spec == "ngram") return std::make_unique<NgramDrafter>();
+  if (spec == "mtp") {
+    // The model's own MTP layer (DeepSeek-V3): opened by the load path, which knows the model.
+    if (ctx.model == nullptr) return nullptr;
+    fail_setting("draft", spec,
+                 "the MTP drafter is opened once by the load path (runtime/load.h), not per "
+                 "sequence");
+  }
   if (spec.rfind("replay:", 0) == 0 || spec.rfind("replay/", 0) == 0) return make_replay(spec, ctx);
   std::error_code ec;
   if (std::filesystem::is_directory(spec, ec)) {
@@ -125,7 +132,8 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterCont
                  "a draft model folder is opened once by the load path (runtime/load.h), not "
                  "per sequence");
   }
-  fail_setting("draft", spec, "unknown drafter (expected none, ngram or a draft model folder)");
+  fail_setting("draft", spec,
+               "unknown drafter (expected none, ngram, mtp or a draft model folder)");
 }
 
 DraftStats& DraftStats::operator+=(const DraftStats& o) {

@@ -119,11 +119,11 @@ struct DrafterContext {
 };
 
 // The drafters that need no model of their own: "none" gives nullptr, "ngram" an NgramDrafter,
-// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong). A draft model folder
-// (EAGLE-3.x, DSpark) lives in a layer above this one and is opened once by the load path
-// (runtime/load.h), which hands each sequence its own drafter: here a folder is only checked
-// (it must hold a config.json) and nullptr returned when `ctx.model` is null. Anything else
-// throws InvalidArgument naming the spec and what was expected.
+// "replay:FILE" / "replay/N:FILE" a ReplayDrafter (every N-th draft wrong). "mtp" (the target's
+// own MTP layer, draft/mtp.h) and a draft model folder (EAGLE-3.x, DSpark) live in a layer above
+// this one and is opened once by the load path (runtime/load.h), which hands each sequence its own
+// drafter: here a folder is only checked (it must hold a config.json) and nullptr returned when
+// `ctx.model` is null. Anything else throws InvalidArgument naming the spec and what was expected.
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const DrafterContext& ctx = {});
 // The cap on drafts per pass when the cost model chooses (`--draft-max auto`; the setting is
 // parsed once, by DraftMax in round.h).

@@ -169,7 +169,8 @@ class Model::Pass {
   void tap(int i) { taps_->take(i, TapStream::kPartial, res_->partial()); }
 
   // §3.9: out = MIX(anchors ++ [p], output score); logits = W_lm RMSNorm(out; norm), only for
-  // the rows whose logits are wanted (only those rows are mixed).
+  // the rows whose logits are wanted (only those rows are mixed) — and RMSNorm(out; norm) of
+  // every row for a drafter that taps the final-normed stream (taps.h, kFinal).
   std::vector<float> logits() {
     TraceSpan span("lm head", "model", {{"rows", static_cast<int64_t>(rows_.logit_rows.size())}});
     const int64_t H = c_.hidden;
@@ -179,6 +180,15 @@ class Model::Pass {
     for (int64_t j = 0; j < n_out; ++j) {
       res_->mix(head->out_res_score, rows_.logit_rows[static_cast<size_t>(j)], 1, mixed.data());
       ops::rmsnorm(mixed.data(), head->final_norm.data(), c_.rms_eps, H, normed.data() + j * H);
+    }
+    if (taps_->wants(TapStream::kFinal)) {
+      // Every row's final-normed hidden, for a drafter reading what the head reads (MTP).
+      std::vector<float> all(static_cast<size_t>(rows() * H));
+      for (int64_t r = 0; r < rows(); ++r) {
+        res_->mix(head->out_res_score, r, 1, mixed.data());
+        ops::rmsnorm(mixed.data(), head->final_norm.data(), c_.rms_eps, H, all.data() + r * H);
+      }
+      taps_->take(static_cast<int>(c_.num_layers) - 1, TapStream::kFinal, all.data());
     }
     std::vector<float> logits(static_cast<size_t>(n_out * c_.vocab));
     kernels::matmul(head->lm_head, normed.data(), n_out, H, logits.data(), c_.vocab, ctx_.pool);

@@ -141,6 +141,13 @@ void TapCapture::take(int layer, TapStream stream, const float* x, int64_t first
   }
 }
 
+bool TapCapture::wants(TapStream stream) const {
+  for (const Out& o : outs_) {
+    if (o.rec->spec().stream == stream) return true;
+  }
+  return false;
+}
+
 void TapCapture::publish() const {
   for (const Out& o : outs_) {
     if (o.seq->pending == nullptr) o.rec->publish(o.seq->count);

@@ -51,6 +51,8 @@ class TapCapture {
   // pass rows [first, first + n) ([n][hidden]: one block of a blocked prompt pass, or all rows).
   void take(int layer, TapStream stream, const float* x, int64_t first = 0,
             int64_t n_rows = INT64_MAX) const;
+  // Whether some sequence of the pass records `stream` (the final-norm tap costs a norm per row).
+  bool wants(TapStream stream) const;
   // Rows of plain passes are committed now; a deferred pass's wait for Model::commit.
   void publish() const;
 

@@ -10,7 +10,15 @@
 namespace deltafin {
 
 const char* tap_stream_name(TapStream s) {
-  return s == TapStream::kPartial ? "prefix" : "attn_res";
+  switch (s) {
+    case TapStream::kPartial:
+      return "prefix";
+    case TapStream::kMixture:
+      return "attn_res";
+    case TapStream::kFinal:
+      return "final_norm";
+  }
+  return "?";
 }
 
 void validate_taps(const TapSpec& spec, const ModelConfig& c, const std::string& who) {

@@ -11,7 +11,10 @@
 //   kPartial  the raw within-block Attention-Residual partial sum after layer j (the vector
 //             layer j+1 starts from before its own mix; no norm, no banked anchors);
 //   kMixture  the AttnRes mixture layer j+1's attention consumes (its MIX over the anchors and
-//             the partial, before its input norm), so j must be below the last layer.
+//             the partial, before its input norm), so j must be below the last layer;
+//   kFinal    the final-normed hidden the LM head reads (RMSNorm(out; norm), for every row of
+//             the pass, not only the rows whose logits are wanted): DeepSeek-V3's MTP layer
+//             reads it (docs/FAMILY.md §MTP); its one tap layer is the last layer.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +25,7 @@
 
 namespace deltafin {
 
-enum class TapStream { kPartial, kMixture };
+enum class TapStream { kPartial, kMixture, kFinal };
 const char* tap_stream_name(TapStream s);
 
 struct TapSpec {

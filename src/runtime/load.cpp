@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "draft/draft_model.h"
+#include "draft/mtp.h"
 #include "draft/tap_drafter.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
@@ -63,7 +64,9 @@ LoadedEngine load_engine(LoadRequest r) {
   PlanShape shape;
   // A draft model is opened once, here, and counted before the target's memory is divided.
   if (is_model_drafter(out.draft)) {
-    auto dm = open_draft_model(out.draft, config);
+    // "mtp": the model's own MTP layer (DeepSeek-V3), counted like a draft folder's weights.
+    auto dm =
+        out.draft == "mtp" ? open_mtp_model(e.model, config) : open_draft_model(out.draft, config);
     shape.draft_weight_bytes = dm->weight_bytes();
     shape.draft_cache_bytes_per_position = dm->cache_bytes_per_position();
     if (e.verbose) fmt::print(stderr, "draft: {}\n", dm->describe());

@@ -42,8 +42,9 @@ struct StateCacheSettings {
 
 struct LoadRequest {
   EngineOptions engine;  // the model folder (resolved by the front end) and engine settings
-  // "" = the model folder's draft/ subfolder when it has one, else none; then none, ngram, a
-  // draft model folder (EAGLE-3.x, DSpark) or the test aid replay:FILE.
+  // "" = the model folder's draft/ subfolder when it has one, else none; then none, ngram, mtp
+  // (DeepSeek-V3's MTP layer of the model itself, never the default), a draft model folder
+  // (EAGLE-3.x, DSpark) or the test aid replay:FILE.
   std::string draft;
   DraftMax draft_max;
   int64_t prefill_chunk = 0;  // prompt rows per pass; 0 = automatic (as the budget allows)

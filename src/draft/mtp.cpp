@@ -1,0 +1,261 @@
+// The MTP drafter (see mtp.h). The layer runs through the model's own layer functions over a
+// one-sequence LayerContext: committing a run of accepted positions is one pass of the layer's
+// attention over all of them (their cache rows); the chain runs the whole layer one row at a
+// time (each step embeds the previous draft).
+#include "draft/mtp.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/layers.h"
+#include "model/ops.h"
+#include "storage/checkpoint.h"
+#include "storage/expert_directory.h"
+#include "storage/trunk_units.h"
+#include "tensor/quant.h"
+#include "tensor/tensor_info.h"
+
+namespace deltafin {
+
+namespace {
+
+// A BF16/F32 matrix, or an FP8 one with its block scales (the MTP eh_proj may be either).
+Matrix mtp_matrix(const TensorLookup& lookup, const std::string& name) {
+  auto [t, b] = lookup(name);
+  if (t->dtype != DType::kF8E4M3) return weight_matrix(*t, b);
+  auto [st, sb] = lookup(name + "_scale_inv");
+  Matrix m = fp8_block_matrix(*t, *st);
+  m.data = b;
+  m.scales = sb;
+  return m;
+}
+
+std::vector<float> mtp_vector(const TensorLookup& lookup, const std::string& name) {
+  auto [t, b] = lookup(name);
+  return weight_vector(*t, b);
+}
+
+// One embedding row decoded exactly (BF16 as released, or F32).
+void mtp_embed_row(const Matrix& e, int32_t token, float* out) {
+  const int64_t H = e.cols;
+  const auto* bytes = static_cast<const uint8_t*>(e.data);
+  if (e.format == WeightFormat::kF32) {
+    std::memcpy(out, bytes + static_cast<size_t>(token) * H * 4, static_cast<size_t>(H) * 4);
+    return;
+  }
+  const uint8_t* row = bytes + static_cast<size_t>(token) * H * 2;
+  for (int64_t i = 0; i < H; ++i) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    out[i] = bf16_to_f32(h);
+  }
+}
+
+}  // namespace
+
+MtpModel::MtpModel(const std::string& model_dir, const ModelConfig& target)
+    : DraftModel(DraftModelConfig{}) {
+  if (target.mtp_layers <= 0) {
+    fail("--draft mtp: {} has no MTP layer (num_nextn_predict_layers is 0)", model_dir);
+  }
+  ck_ = Checkpoint::open(model_dir);
+  const InventoryReport inv = check_inventory(target, *ck_);
+  const int L = static_cast<int>(target.num_layers);
+  // The layer as the model's code sees it: the last layer of a config whose only MoE layer it is
+  // (no other layer of this config is ever run; their caches stay empty).
+  layer_config_ = target;
+  layer_config_.num_layers = L + 1;
+  layer_config_.layer_kinds.push_back(LayerKind::kMLA);
+  layer_config_.first_k_dense = L;
+  layer_config_.mtp_layers = 0;
+  const int64_t H = target.hidden, V = target.vocab;
+  const TensorLookup lookup = checkpoint_lookup(*ck_);
+  const std::string P = target.names.layer(L);
+  w_.embed = mtp_matrix(lookup, P + "embed_tokens.weight");
+  w_.enorm = mtp_vector(lookup, P + "enorm.weight");
+  w_.hnorm = mtp_vector(lookup, P + "hnorm.weight");
+  w_.eh_proj = mtp_matrix(lookup, P + "eh_proj.weight");
+  w_.layer = bind_layer(layer_config_, L, lookup);
+  w_.head_norm = mtp_vector(lookup, P + "shared_head.norm.weight");
+  w_.head = mtp_matrix(lookup, P + "shared_head.head.weight");
+  if (w_.embed.rows != V || w_.embed.cols != H || w_.eh_proj.rows != H ||
+      w_.eh_proj.cols != 2 * H || w_.head.rows != V || w_.head.cols != H) {
+    fail("{}: the MTP layer's embed_tokens, eh_proj or shared_head.head has the wrong shape",
+         model_dir);  // the inventory check already refuses this; kept as the binding's guard
+  }
+  experts_ = std::make_unique<MmapExpertProvider>(layer_config_, *ck_, inv.expert_format);
+  for (const auto& [name, t] : ck_->tensors()) {
+    if (name.starts_with(P)) weight_bytes_ += t.nbytes;
+  }
+  c_.path = (std::filesystem::path(model_dir) / "config.json").string();
+  c_.kind = DraftKind::kMtp;
+  c_.hidden = H;
+  c_.vocab = V;
+  c_.num_layers = 1;
+  c_.mla = target.mla;
+  c_.rms_eps = target.rms_eps;
+  c_.max_positions = target.max_positions;
+  c_.taps.layers = {L - 1};
+  c_.taps.stream = TapStream::kFinal;
+  c_.target_layers = L;
+}
+
+std::unique_ptr<TapDrafter> MtpModel::new_drafter(Model& target) const {
+  return drafter_for<MtpDrafter, MtpModel>(target);
+}
+
+std::shared_ptr<DraftModel> open_mtp_model(const std::string& model_dir,
+                                           const ModelConfig& target) {
+  return std::make_shared<MtpModel>(model_dir, target);
+}
+
+MtpDrafter::MtpDrafter(Model& target, std::shared_ptr<const MtpModel> m)
+    : TapDrafter(target, m->config().taps, "MTP", m->state_id()),
+      m_(std::move(m)),
+      c_(m_->layer_config()),
+      w_(m_->weights()),
+      state_(c_) {}
+
+MlaLayerCache& MtpDrafter::cache() {
+  return state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))];
+}
+
+void MtpDrafter::reset() {
+  state_.reset();
+  cache_len_ = 0;
+  h_.clear();
+}
+
+void MtpDrafter::sync(std::span<const int32_t> committed) {
+  if (committed.empty()) return;
+  std::vector<int32_t> history(committed.begin(), committed.end());
+  history.push_back(0);  // an anchor: committing rows never reads it
+  commit_rows(history);
+}
+
+// Cache row p holds (h_p, t_{p+1}): rows lag the committed positions by one, and the hidden of
+// the last committed position is the tail.
+DraftRows MtpDrafter::export_rows(int64_t from) const {
+  const MlaLayerCache& k = state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))];
+  const int64_t cw = k.width;
+  DraftRows r;
+  r.width = cw;
+  r.lag = 1;
+  r.begin = std::clamp<int64_t>(from, 0, cache_len_);
+  r.rows.assign(k.rows.begin() + r.begin * cw, k.rows.begin() + cache_len_ * cw);
+  r.tail = h_;
+  return r;
+}
+
+void MtpDrafter::import_rows(const DraftRows& r, int64_t position) {
+  const int64_t cw = c_.mla.cache_width(), H = c_.hidden;
+  const int64_t want = std::max<int64_t>(0, position - 1);
+  if (r.width != cw || r.lag != 1 || r.begin != 0 || r.count() != want ||
+      static_cast<int64_t>(r.tail.size()) != (position > 0 ? H : 0)) {
+    fail(
+        "the kept draft state does not fit this MTP drafter ({} rows of {} floats for {} "
+        "positions)",
+        r.count(), r.width, position);
+  }
+  state_.reset();
+  cache().rows = r.rows;
+  state_.set_position(want);
+  cache_len_ = want;
+  h_ = r.tail;
+}
+
+void MtpDrafter::layer_input(std::span<const int32_t> tokens, const float* h, float* x) {
+  const int64_t H = c_.hidden, R = static_cast<int64_t>(tokens.size());
+  std::vector<float> e(static_cast<size_t>(H)), u(static_cast<size_t>(R * 2 * H));
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t t = tokens[static_cast<size_t>(r)];
+    if (t < 0 || t >= c_.vocab)
+      fail("token id {} is outside the vocabulary (0..{})", t, c_.vocab - 1);
+    mtp_embed_row(w_.embed, t, e.data());
+    ops::rmsnorm(e.data(), w_.enorm.data(), c_.rms_eps, H, u.data() + r * 2 * H);
+    ops::rmsnorm(h + r * H, w_.hnorm.data(), c_.rms_eps, H, u.data() + r * 2 * H + H);
+  }
+  kernels::matmul(w_.eh_proj, u.data(), R, 2 * H, x, H, target_.pool());
+}
+
+// The decoder layer exactly as Model::forward runs a pre-norm MLA + MoE layer:
+// x += MLA(RMSNorm(x; input_layernorm)); x += MoE(RMSNorm(x; post_attention_layernorm)).
+void MtpDrafter::run_layer(float* x, int64_t R, bool ffn) {
+  const int64_t H = c_.hidden;
+  SeqRows s;
+  s.begin = 0;
+  s.count = R;
+  s.state = &state_;
+  s.base = state_.position();
+  s.pass_count = R;
+  const LayerContext ctx{c_, target_.pool(), std::span<const SeqRows>(&s, 1), R, nullptr};
+  const LayerWeights& w = w_.layer;
+  std::vector<float> u(static_cast<size_t>(R * H)), y(u.size());
+  for (int64_t r = 0; r < R; ++r)
+    ops::rmsnorm(x + r * H, w.input_norm.data(), c_.rms_eps, H, u.data() + r * H);
+  mla_forward(ctx, w.mla, m_->layer(), u.data(), y.data());
+  state_.set_position(s.base + R);
+  if (!ffn) return;
+  for (int64_t i = 0; i < R * H; ++i) x[i] += y[static_cast<size_t>(i)];
+  for (int64_t r = 0; r < R; ++r)
+    ops::rmsnorm(x + r * H, w.post_norm.data(), c_.rms_eps, H, u.data() + r * H);
+  moe_forward(ctx, w.moe, m_->experts(), m_->layer(), u.data(), y.data());
+  for (int64_t i = 0; i < R * H; ++i) x[i] += y[static_cast<size_t>(i)];
+}
+
+void MtpDrafter::commit_rows(std::span<const int32_t> history) {
+  const int64_t H = c_.hidden;
+  const int64_t L = static_cast<int64_t>(history.size()) - 1;  // committed positions
+  TapRecorder& rec = taps();
+  const int64_t held_end = cache_len_ + static_cast<int64_t>(h_.size()) / H;
+  if (held_end > L) {
+    fail("the draft cache holds {} positions but only {} are committed", held_end, L);
+  }
+  if (rec.end() != L || rec.begin() > held_end) {
+    fail(
+        "the target's taps cover positions {}..{}, the draft needs {}..{} (a prefix that ran "
+        "without this drafter?)",
+        rec.begin(), rec.end() - 1, held_end, L - 1);
+  }
+  for (int64_t p = held_end; p < L; ++p) h_.insert(h_.end(), rec.row(p), rec.row(p) + H);
+  rec.consume_until(L);
+  const int64_t n = L - 1 - cache_len_;  // rows (h_p, t_{p+1}) for p = cache_len_ .. L-2
+  if (n <= 0) return;
+  std::vector<float> x(static_cast<size_t>(n * H));
+  layer_input(history.subspan(static_cast<size_t>(cache_len_ + 1), static_cast<size_t>(n)),
+              h_.data(), x.data());
+  run_layer(x.data(), n, false);
+  cache_len_ += n;
+  h_.erase(h_.begin(), h_.begin() + n * H);
+}
+
+DraftProposal MtpDrafter::draft(std::span<const int32_t> history, int max_tokens) {
+  commit_rows(history);
+  const int64_t H = c_.hidden, V = c_.vocab;
+  DraftProposal out;
+  std::vector<float> h(h_.begin(), h_.begin() + H);  // h_{L-1}
+  std::vector<float> x(static_cast<size_t>(H)), xn(x.size());
+  int32_t t = history.back();
+  const int64_t room = c_.max_positions > 0 ? c_.max_positions - cache_len_ : max_tokens;
+  const int64_t steps = std::min<int64_t>(max_tokens, room);
+  for (int64_t j = 0; j < steps; ++j) {
+    layer_input(std::span<const int32_t>(&t, 1), h.data(), x.data());
+    run_layer(x.data(), 1, true);  // x' at position cache_len_ + j
+    ops::rmsnorm(x.data(), w_.head_norm.data(), c_.rms_eps, H, xn.data());
+    last_logits_.resize(last_logits_.size() + static_cast<size_t>(V));
+    float* logits = last_logits_.data() + last_logits_.size() - V;
+    kernels::matmul(w_.head, xn.data(), 1, H, logits, V, target_.pool());
+    t = argmax_row(std::span<const float>(logits, static_cast<size_t>(V)));
+    out.tokens.push_back(t);
+    h = x;  // the chain's next hidden: x' before shared_head.norm
+  }
+  state_.truncate(cache_len_);  // chain rows are dropped
+  return out;
+}
+
+}  // namespace deltafin
