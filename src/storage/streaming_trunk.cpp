@@ -175,14 +175,13 @@ void StreamingTrunk::submit_locked(const UnitLayout& l, uint8_t* mem, Completion
       const Span part{s.shard, s.file_offset + off, std::min(kChunk, s.length - off),
                       s.buf_offset + off};
       done.pending++;
-      pool_.submit(p, [this, mem, part, &done, unit, ahead = p == ReaderPool::Priority::kAhead] {
+      pool_.submit(p, [this, mem, part, &done, unit] {
         // The trunk is read from the model folder: drive 0, as the expert reads number it.
         TraceSpan span("trunk read", "io",
                        {{"bytes", part.length},
                         {"shard", part.shard},
                         {"drive", 0},
                         {"unit", unit},
-                        {"ahead", ahead ? 1 : 0},
                         {"queued_us", ReaderPool::current_queued_us()},
                         {"in_flight", ReaderPool::current_in_flight()}});
         // The tail past the end of the file is padding from the 4 KiB widening.
