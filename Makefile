@@ -93,7 +93,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # draft model folder), the C API freeing a handle another thread is using, and the server's log
 # line of a request cancelled in prefill (written on the engine's thread). Budget.PeakRss is
 # left out: it measures RSS, which TSan's shadow inflates.
-TSAN_TESTS = ^((Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|Homes|Place|Drives|PrefixTree|PrefixFiles|PrefixReuse|ReuseFaults|ReuseSampling|MaskOverlap)[./]|Budget[.](StreamingIsExact|GreedyGeneration)|SpeculativeCli[.]ServeParallel|DraftSurfaces[.]ChatAndServe|CApi[.]FreeingAHandleInUseByAnotherThreadStopsTheCall|HardenedLog[.]RequestStoppedInPrefill)
+TSAN_TESTS = ^((Server|ServerAuth|ServerRequest|ServerResponse|ServerFaults|Server/ReadFaults|ThreadPool|ReaderPool|Store|ShardFiles|Homes|Place|Drives|PrefixTree|PrefixFiles|PrefixReuse|ReuseFaults|ReuseSampling|MaskOverlap)[./]|Budget[.](StreamingIsExact|GreedyGeneration)|StreamOverlap[.](ReadAheadWaits|DeeperTrunkReadAhead)|SpeculativeCli[.]ServeParallel|DraftSurfaces[.]ChatAndServe|CApi[.]FreeingAHandleInUseByAnotherThreadStopsTheCall|HardenedLog[.]RequestStoppedInPrefill)
 # tools/tsan-suppressions.txt: one entry, an uninstrumented Debian library; its reason is written there.
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tools/tsan-suppressions.txt
 

@@ -324,6 +324,12 @@ nlohmann::json bench_figures(const BenchArgs& a, const LoadedEngine& engine, con
   const double n_pass = static_cast<double>(std::max<int64_t>(1, dec.passes));
   j["trunk_bytes_streamed_per_pass"] = static_cast<double>(dec.trunk_streamed) / n_pass;
   j["expert_bytes_read_per_pass"] = static_cast<double>(dec.experts.bytes_read) / n_pass;
+  // The trunk's read-ahead as planned (units read ahead of the one computing) and as it ran (the
+  // most units read or being read ahead at once).
+  if (model.plan() && model.plan()->stream_buffers > 0) {
+    j["trunk_read_ahead_units"] = model.plan()->stream_buffers - 1;
+    j["trunk_read_ahead_peak"] = model.trunk_stats().read_ahead_peak;
+  }
   if (engine.draft != "none") j["bytes_per_verified_token"] = expert_read + trunk_read;
   // Where no in-RAM reference ran (the trunk streams, or the cache cannot hold a pass's experts),
   // the bound's in-RAM side is this run's own compute time: the pace with no wait for a read.
@@ -419,8 +425,11 @@ void print_figures(const nlohmann::json& j, const LoadedModel& model, const Benc
                                    : std::string());
   }
   if (num("trunk_bytes_streamed_per_pass") > 0) {
-    fmt::print("per pass   {:.3f} GB of trunk streamed + {:.3f} GB of experts read\n",
-               num("trunk_bytes_streamed_per_pass") / 1e9, num("expert_bytes_read_per_pass") / 1e9);
+    fmt::print("per pass   {:.3f} GB of trunk streamed + {:.3f} GB of experts read{}\n",
+               num("trunk_bytes_streamed_per_pass") / 1e9, num("expert_bytes_read_per_pass") / 1e9,
+               j.contains("trunk_read_ahead_units")
+                   ? fmt::format("; trunk read ahead {} unit(s)", num("trunk_read_ahead_units"))
+                   : std::string());
   }
   if (j["draft"] != "none") {
     fmt::print(

@@ -181,6 +181,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--readers", o.readers, "Reader threads for expert and trunk reads")
       ->capture_default_str()
       ->check(positive());
+  cmd->add_option("--trunk-read-ahead", o.trunk_read_ahead,
+                  "Streamed trunk layers read ahead of the one computing (default 0: as many as "
+                  "the budget holds beside the expert cache, at least 1; more costs resident "
+                  "layers or expert cache)")
+      ->check(CLI::Range(0, 64));
   cmd->add_flag_callback(
       "--no-prefetch", [&o] { o.prefetch = false; },
       "Do not predict and read the next layer's experts ahead");

@@ -61,12 +61,16 @@ void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const EngineO
   po.context = o.ctx;
   po.prefetch = o.prefetch;
   po.trunk = o.trunk;
+  po.trunk_read_ahead = o.trunk_read_ahead;
   po.shape = shape;
   if (c.num_moe_layers() > 0)
     po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, ck, ef), c);
   plan = plan_memory(c, ck, po);
   if (prints_plan(o)) fmt::print(stderr, "{}\n", plan->describe());
-  parts.trunk = std::make_unique<StreamingTrunk>(c, ck, *plan, o.readers, o.direct_io);
+  // One gate for the model folder's drive: the trunk's read-ahead yields to the store's demand
+  // reads there (storage/reader_pool.h).
+  auto gate = std::make_shared<ReadGate>();
+  parts.trunk = std::make_unique<StreamingTrunk>(c, ck, *plan, o.readers, o.direct_io, gate);
   if (!store || c.num_moe_layers() == 0) return;
   StoreOptions so;
   so.cache_bytes = plan->expert_cache_bytes;
@@ -77,6 +81,7 @@ void make_planned_providers(const Checkpoint& ck, ExpertFormat ef, const EngineO
   so.prefetch = o.prefetch;
   so.homes = o.homes;
   so.min_read_piece = o.read_piece;
+  so.model_gate = gate;
   parts.experts = std::make_unique<ExpertStore>(c, ck, ef, so);
 }
 

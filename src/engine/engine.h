@@ -64,6 +64,9 @@ struct EngineOptions {
   TrunkFormat trunk = TrunkFormat::kBF16;  // kInt8 is lossy (--trunk int8)
   CachePolicy cache_policy = CachePolicy::kLRU;
   int readers = 4;
+  // Streamed trunk units read ahead (--trunk-read-ahead; storage/plan.h): 0 = as the budget
+  // allows beside the expert cache.
+  int trunk_read_ahead = 0;
   bool prefetch = true;   // predict the next layer's experts and read them ahead
   bool direct_io = true;  // O_DIRECT where the file system allows it
   // Homes on other drives with copies of experts (--home; storage/home.h). Needs the store.

@@ -77,7 +77,13 @@ class MoePass {
   MoePass(const LayerContext& pass, const MoeTrunkWeights& w, int64_t block_rows);
   void route(const LayerContext& block, int64_t first_row, const float* x);
   int64_t run_experts(ExpertProvider& experts, int layer, const std::function<void()>& issued);
-  void finish(const LayerContext& block, int64_t first_row, const float* x, float* y);
+  // The shared experts of a block, y = shared(x), on their own: what the model computes while
+  // the routed experts' reads are in flight (from run_experts' `issued`). finish() with
+  // `shared_in_y` then adds the routed part to y instead of the other way round; the sum is
+  // the same two terms added once, so the result is bit-identical either way.
+  void shared(const LayerContext& block, const float* x, float* y, int layer);
+  void finish(const LayerContext& block, int64_t first_row, const float* x, float* y,
+              bool shared_in_y = false);
 
  private:
   void apply_expert(const ExpertWeights& w, std::span<const int64_t> list);

@@ -154,11 +154,22 @@ class Model::Pass {
         moe.route(bctx_[j], blocks_[j].first, u_.data());
       }
       m_.pass_stats_.expert_uses += rows() * c_.moe.top_k;
-      m_.pass_stats_.expert_fetches +=
-          moe.run_experts(*m_.experts_, i, [&] { predict_routing(i + 1); });
+      // A pass of one block computes its shared experts while the routed experts' reads are in
+      // flight (its normed input stays in u, y is free until finish); longer passes reuse u and
+      // y per block, so theirs run in finish as before. Providers that never call `issued`
+      // leave `shared_done` false, and finish computes them.
+      const bool early = blocks_.size() == 1 && c_.moe.num_shared_experts > 0;
+      bool shared_done = false;
+      m_.pass_stats_.expert_fetches += moe.run_experts(*m_.experts_, i, [&] {
+        predict_routing(i + 1);  // its prefetch reads queue first: the drive does not wait
+        if (early && !shared_done) {
+          moe.shared(bctx_[0], u_.data(), y_.data(), i);
+          shared_done = true;
+        }
+      });
       for (size_t j = 0; j < blocks_.size(); ++j) {
         if (blocks_.size() > 1) mix_norm(w.mlp_res_score, w.post_norm, j);  // else still in u
-        moe.finish(bctx_[j], blocks_[j].first, u_.data(), y_.data());
+        moe.finish(bctx_[j], blocks_[j].first, u_.data(), y_.data(), shared_done);
         res_->add(blocks_[j].first, bctx_[j].rows, y_.data());
       }
     }

@@ -230,18 +230,32 @@ int64_t MoePass::run_experts(ExpertProvider& experts, int layer,
   return static_cast<int64_t>(wanted.size());
 }
 
-void MoePass::finish(const LayerContext& block, int64_t first_row, const float* x, float* y) {
+void MoePass::finish(const LayerContext& block, int64_t first_row, const float* x, float* y,
+                     bool shared_in_y) {
   const ModelConfig& c = pass_.c;
   const int64_t n = block.rows, k = c.moe.top_k, Hl = c.expert_dim();
   if (c.moe.flavour == MoeFlavour::kPlain) {
-    // y = Σ w_e · expert_e(x) per row in ascending expert order, + the shared experts.
-    std::fill(y, y + n * Hl, 0.0f);
+    // y = Σ w_e · expert_e(x) per row in ascending expert order, + the shared experts. With
+    // the shared experts already in y, the routed sum is formed apart and added once: the same
+    // two terms as the shared matmul's accumulate adds (y + Σ, one rounding), in either order.
+    std::vector<float> routed;
+    float* sum = y;
+    if (shared_in_y) {
+      routed.assign(static_cast<size_t>(n * Hl), 0.0f);
+      sum = routed.data();
+    } else {
+      std::fill(y, y + n * Hl, 0.0f);
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = first_row + i;
       for (int64_t s = 0; s < k; ++s) {
         kernels::active().axpy(wts_[static_cast<size_t>(r * k + s)], slot_ + (r * k + s) * Hl,
-                               y + i * Hl, Hl);
+                               sum + i * Hl, Hl);
       }
+    }
+    if (shared_in_y) {
+      for (int64_t j = 0; j < n * Hl; ++j) y[j] = sum[j] + y[j];
+      return;
     }
     TraceSpan shared_span("shared experts", "model", {{"rows", n}});
     if (c.moe.num_shared_experts > 0) mlp_forward(block, w_.shared, x, y, /*accumulate=*/true);
@@ -258,9 +272,18 @@ void MoePass::finish(const LayerContext& block, int64_t first_row, const float* 
     }
     if (c.moe.latent_norm) ops::rmsnorm(out, w_.latent_norm.data(), c.rms_eps, Hl, out);
   }
-  kernels::matmul(w_.up, ybar.data(), n, Hl, y, c.hidden, block.pool);
+  // up · ybar + shared(x): whichever of the two is in y first, the other's dot product is
+  // added to it once (kernels.h: y = y + Σ), so both orders give the same floats.
+  kernels::matmul(w_.up, ybar.data(), n, Hl, y, c.hidden, block.pool, /*accumulate=*/shared_in_y);
+  if (shared_in_y) return;
   TraceSpan shared_span("shared experts", "model", {{"rows", n}});
   if (c.moe.num_shared_experts > 0) mlp_forward(block, w_.shared, x, y, /*accumulate=*/true);
+}
+
+void MoePass::shared(const LayerContext& block, const float* x, float* y, int layer) {
+  TraceSpan span("shared experts", "model",
+                 {{"rows", block.rows}, {"layer", layer}, {"overlapped", 1}});
+  mlp_forward(block, w_.shared, x, y, /*accumulate=*/false);
 }
 
 int64_t moe_forward(const LayerContext& ctx, const MoeTrunkWeights& w, ExpertProvider& experts,

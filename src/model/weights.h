@@ -102,6 +102,8 @@ struct TrunkStats {
   uint64_t bytes_streamed = 0;  // trunk bytes read per pass (layers that are not resident)
   double wait_s = 0;            // compute time spent waiting for them
   double read_s = 0;
+  // The most streamed units read (or being read) ahead of the one computing at once.
+  int64_t read_ahead_peak = 0;
 };
 
 class TrunkProvider {

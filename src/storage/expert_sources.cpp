@@ -13,7 +13,8 @@
 namespace deltafin {
 
 ExpertSources::ExpertSources(const ExpertDirectory& dir, const Checkpoint& ck, bool direct_io,
-                             int readers, const std::vector<std::string>& homes, uint64_t min_piece)
+                             int readers, const std::vector<std::string>& homes, uint64_t min_piece,
+                             std::shared_ptr<ReadGate> model_gate)
     : dir_(dir),
       min_piece_(std::max<uint64_t>(kIoAlign, io_align_up(min_piece))),
       files_(ck, direct_io) {
@@ -40,7 +41,8 @@ ExpertSources::ExpertSources(const ExpertDirectory& dir, const Checkpoint& ck, b
       }
     }
   }
-  for (auto& d : drives_) d->pool = std::make_unique<ReaderPool>(readers);
+  for (size_t i = 0; i < drives_.size(); ++i)
+    drives_[i]->pool = std::make_unique<ReaderPool>(readers, i == kModel ? model_gate : nullptr);
 }
 
 ExpertSources::~ExpertSources() {

@@ -40,8 +40,11 @@ namespace deltafin {
 
 class ExpertSources {
  public:
+  // `model_gate`: shared with the trunk streamer's pool, which reads the same drive (the model
+  // folder), so its read-ahead yields to this drive's demand reads (reader_pool.h).
   ExpertSources(const ExpertDirectory& dir, const Checkpoint& ck, bool direct_io, int readers,
-                const std::vector<std::string>& homes, uint64_t min_piece = kDefaultMinPiece);
+                const std::vector<std::string>& homes, uint64_t min_piece = kDefaultMinPiece,
+                std::shared_ptr<ReadGate> model_gate = nullptr);
   ~ExpertSources();  // stop()
   ExpertSources(const ExpertSources&) = delete;
   ExpertSources& operator=(const ExpertSources&) = delete;

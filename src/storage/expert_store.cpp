@@ -147,7 +147,8 @@ ExpertStore::ExpertStore(const ModelConfig& c, const Checkpoint& ck, ExpertForma
                          StoreOptions options)
     : dir_(c, ck, format),
       opt_(std::move(options)),
-      sources_(dir_, ck, opt_.direct_io, opt_.readers, opt_.homes, opt_.min_read_piece) {
+      sources_(dir_, ck, opt_.direct_io, opt_.readers, opt_.homes, opt_.min_read_piece,
+               opt_.model_gate) {
   slot_bytes_ = slot_bytes_for(dir_, c);
   size_t n_slots = slot_bytes_ > 0 ? static_cast<size_t>(opt_.cache_bytes / slot_bytes_) : 0;
   if (opt_.cache_slots > 0) n_slots = opt_.cache_slots;

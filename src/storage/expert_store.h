@@ -76,6 +76,9 @@ struct StoreOptions {
   // The smallest piece an expert's read is split into when several drives hold it (storage/
   // expert_sources.h); at least 4 KiB.
   uint64_t min_read_piece = ExpertSources::kDefaultMinPiece;
+  // Shared with a streaming trunk's readers (the same drive): their read-ahead waits for this
+  // store's demand reads from the model folder (storage/reader_pool.h).
+  std::shared_ptr<ReadGate> model_gate;
 };
 
 class ExpertStore : public ExpertProvider {

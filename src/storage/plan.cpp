@@ -102,9 +102,13 @@ std::string MemoryPlan::describe() const {
         vision_max_patches);
   }
   s += fmt::format(
-      "[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers\n",
+      "[plan] trunk{}: {} of {} units resident ({}), {} streamed per pass through {} of buffers"
+      "{}\n",
       trunk == TrunkFormat::kInt8 ? " (int8, lossy)" : "", n_res, resident.size(),
-      gib(trunk_resident_bytes), gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes));
+      gib(trunk_resident_bytes), gib(streamed_bytes_per_pass()), gib(stream_buffer_bytes),
+      stream_buffers > 0
+          ? fmt::format(" ({}: {} unit(s) read ahead)", stream_buffers, stream_buffers - 1)
+          : std::string());
   s += fmt::format(
       "[plan] expert cache {} = {} experts of {} ({:.1f}% of all {}); minimum working set {}\n",
       gib(expert_cache_bytes), expert_slot_bytes ? expert_cache_bytes / expert_slot_bytes : 0,
@@ -228,9 +232,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOp
     std::fill(p.resident.begin(), p.resident.end(), true);
     p.trunk_resident_bytes = all_trunk;
   } else {
-    // The two stream buffers are sized by the largest streamed unit, so keeping the largest
+    // The stream buffers are sized by the largest streamed unit, so keeping the largest
     // units resident can free more room than it takes. Try every "the k largest are resident"
     // start, fill the rest greedily by size, and keep the split with the most resident bytes.
+    // An asked-for read-ahead that does not fit is tried one buffer shallower, down to two.
     const size_t n = p.unit_bytes.size();
     std::vector<size_t> by_size(n);
     for (size_t i = 0; i < n; ++i) by_size[i] = i;
@@ -238,30 +243,47 @@ MemoryPlan plan_memory(const ModelConfig& c, const TensorTable& ck, const PlanOp
               [&](size_t a, size_t b) { return p.unit_file_bytes[a] > p.unit_file_bytes[b]; });
     uint64_t best_used = 0, best_buffers = 0;
     std::vector<bool> best(n, false);
-    for (size_t k = 0; k < n; ++k) {
-      std::vector<bool> res(n, false);
-      uint64_t used = 0;
-      for (size_t j = 0; j < k; ++j) {
-        res[by_size[j]] = true;
-        used += p.unit_bytes[by_size[j]];
-      }
-      const uint64_t buffers = 2 * p.unit_file_bytes[by_size[k]];  // largest streamed: unit k
-      if (used + buffers > avail) continue;
-      for (size_t j = k + 1; j < n; ++j) {
-        if (used + p.unit_bytes[by_size[j]] + buffers <= avail) {
+    int count = o.trunk_read_ahead > 0 ? o.trunk_read_ahead + 1 : 2;
+    for (; count >= 2 && best_buffers == 0; --count) {
+      for (size_t k = 0; k < n; ++k) {
+        std::vector<bool> res(n, false);
+        uint64_t used = 0;
+        for (size_t j = 0; j < k; ++j) {
           res[by_size[j]] = true;
           used += p.unit_bytes[by_size[j]];
         }
-      }
-      if (used > best_used || best_buffers == 0) {
-        best_used = used;
-        best_buffers = buffers;
-        best = res;
+        // The largest streamed unit is unit k.
+        const uint64_t buffers = static_cast<uint64_t>(count) * p.unit_file_bytes[by_size[k]];
+        if (used + buffers > avail) continue;
+        for (size_t j = k + 1; j < n; ++j) {
+          if (used + p.unit_bytes[by_size[j]] + buffers <= avail) {
+            res[by_size[j]] = true;
+            used += p.unit_bytes[by_size[j]];
+          }
+        }
+        if (used > best_used || best_buffers == 0) {
+          best_used = used;
+          best_buffers = buffers;
+          best = res;
+          p.stream_buffers = count;
+        }
       }
     }
+    if (best_buffers == 0) fail("internal: no trunk split fits the minimum working set");
     p.resident = best;
     p.trunk_resident_bytes = best_used;
-    p.stream_buffer_bytes = best_buffers;
+    const uint64_t unit = best_buffers / static_cast<uint64_t>(p.stream_buffers);
+    // No more buffers than streamed units (one per unit holds the whole streamed trunk).
+    const int streamed = static_cast<int>(std::count(best.begin(), best.end(), false));
+    p.stream_buffers = std::min(p.stream_buffers, std::max(2, streamed));
+    if (o.trunk_read_ahead <= 0) {
+      // Automatic: deeper only from what the expert cache holds beyond two passes' experts.
+      const uint64_t used = p.fixed_bytes() + best_used + 2 * unit + 2 * min_experts;
+      const uint64_t spare = p.budget > used ? p.budget - used : 0;
+      p.stream_buffers = std::min(streamed, 2 + static_cast<int>(spare / unit));
+      p.stream_buffers = std::max(p.stream_buffers, 2);
+    }
+    p.stream_buffer_bytes = unit * static_cast<uint64_t>(p.stream_buffers);
   }
   const uint64_t rest = p.budget - p.fixed_bytes() - p.trunk_resident_bytes - p.stream_buffer_bytes;
   p.expert_cache_bytes = std::min(rest, p.all_experts_bytes);

@@ -1,10 +1,16 @@
 // The memory planner: divides a RAM budget among fixed costs (sequence states, activation
 // buffers, tokenizer and process overhead, the routers kept for prefetch), trunk units kept
-// resident, the double buffers that stream the rest, and the expert cache. Resident trunk
+// resident, the buffers that stream the rest, and the expert cache. Resident trunk
 // comes before expert cache: a resident trunk byte saves one read per pass, a cached expert
 // byte far less (K3's routing is flat), so the planner keeps as much trunk as fits next to the
 // smallest workable expert cache and gives the remainder to experts. A budget below the
 // minimum working set is refused with the minimum stated.
+//
+// Streamed units go through stream_buffers buffers of the largest streamed unit: one computing,
+// the others read ahead (the next units in pass order, wrapping into the next pass). Two is the
+// minimum; more are planned only from room the expert cache holds beyond two passes' experts
+// (a read-ahead buffer saves no byte, a resident unit or cached expert does), or as many as
+// --trunk-read-ahead asks for, which then may cost resident units.
 //
 // Prefill passes (model/pass_plan.h) come out of the budget too: with an automatic chunk the
 // planner gives a pass as many rows as up to half of what is left after the minimum working set
@@ -67,6 +73,11 @@ struct PlanOptions {
   bool prefetch = true;  // keep every MoE layer's router resident for prediction
   TrunkFormat trunk = TrunkFormat::kBF16;
   uint64_t expert_slot_bytes = 0;  // RAM per cached expert as the store lays it out (0 = estimate)
+  // Streamed trunk units read ahead of the one computing (--trunk-read-ahead): 0 = as the budget
+  // allows beside the expert cache, never at the cost of a resident unit (at least 1); N > 0 =
+  // N, paid for by resident trunk or expert cache where the budget has no spare room (fewer
+  // where even that cannot hold them; the plan line says what it got).
+  int trunk_read_ahead = 0;
   PlanShape shape;
 };
 
@@ -96,7 +107,8 @@ struct MemoryPlan {
   std::vector<uint64_t> unit_file_bytes;  // as read from the checkpoint
   std::vector<bool> resident;
   uint64_t trunk_resident_bytes = 0;
-  uint64_t stream_buffer_bytes = 0;  // two buffers of the largest streamed unit
+  uint64_t stream_buffer_bytes = 0;  // stream_buffers buffers of the largest streamed unit
+  int stream_buffers = 0;            // one computing + the read-ahead (0: nothing streams)
   uint64_t expert_cache_bytes = 0;
   uint64_t expert_slot_bytes = 0;
   uint64_t all_experts_bytes = 0;

@@ -32,8 +32,8 @@ TensorLookup lookup_in(const std::vector<std::string>& names,
 }  // namespace
 
 StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan,
-                               int readers, bool direct_io)
-    : c_(c), ck_(ck), plan_(plan), files_(ck, direct_io), pool_(readers) {
+                               int readers, bool direct_io, std::shared_ptr<ReadGate> gate)
+    : c_(c), ck_(ck), plan_(plan), files_(ck, direct_io), pool_(readers, std::move(gate)) {
   embed_info_ = &ck.get(c.names.embed());
   if (embed_info_->dtype != DType::kBF16) fail("{}: the embedding must be BF16", embed_info_->name);
   for (int u = 0; u <= c.num_layers; ++u) layouts_.push_back(layout_for(u));
@@ -44,7 +44,7 @@ StreamingTrunk::StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const
 
 StreamingTrunk::~StreamingTrunk() {
   pool_.stop();  // in-flight reads land before the buffers go
-  for (auto& b : buffers_) std::free(b.mem);
+  for (auto& b : buffers_) std::free(b->mem);
 }
 
 // Resident units: read once (all of them together), bind, quantise if asked.
@@ -58,7 +58,7 @@ void StreamingTrunk::read_resident_units() {
     for (int u = 0; u <= L; ++u) {
       if (!plan_.resident[static_cast<size_t>(u)]) continue;
       mems[u] = alloc_weight_buffer(layouts_[u].buf_bytes, "trunk weights");
-      submit_locked(layouts_[u], mems[u], comps[u]);
+      submit_locked(layouts_[u], mems[u], comps[u], u, ReaderPool::Priority::kDemand);
     }
   }
   std::string first_error;
@@ -122,9 +122,14 @@ void StreamingTrunk::make_stream_buffers() {
   for (size_t u = 0; u < layouts_.size(); ++u) {
     if (!plan_.resident[u]) need = std::max(need, layouts_[u].buf_bytes);
   }
-  for (auto& b : buffers_) b.mem = alloc_weight_buffer(need, "trunk weights");
+  const int count = std::max(2, plan_.stream_buffers);
+  for (int i = 0; i < count; ++i) {
+    buffers_.push_back(std::make_unique<Buffer>());
+    buffers_.back()->mem = alloc_weight_buffer(need, "trunk weights");
+  }
   std::lock_guard<std::mutex> l(mu_);
-  issue_locked(next_streamed(static_cast<int>(c_.num_layers)));  // the first pass's first unit
+  cursor_ = static_cast<int>(c_.num_layers);  // so the first pass's first units come next
+  top_up_locked();
 }
 
 StreamingTrunk::UnitLayout StreamingTrunk::layout_for(int unit) const {
@@ -162,19 +167,21 @@ StreamingTrunk::UnitLayout StreamingTrunk::layout_for(int unit) const {
   return l;
 }
 
-void StreamingTrunk::submit_locked(const UnitLayout& l, uint8_t* mem, Completion& done) {
+void StreamingTrunk::submit_locked(const UnitLayout& l, uint8_t* mem, Completion& done, int unit,
+                                   ReaderPool::Priority p) {
   done.error.clear();
   for (const Span& s : l.spans) {
     for (uint64_t off = 0; off < s.length; off += kChunk) {
       const Span part{s.shard, s.file_offset + off, std::min(kChunk, s.length - off),
                       s.buf_offset + off};
       done.pending++;
-      pool_.submit(ReaderPool::Priority::kDemand, [this, mem, part, &done] {
+      pool_.submit(p, [this, mem, part, &done, unit] {
         // The trunk is read from the model folder: drive 0, as the expert reads number it.
         TraceSpan span("trunk read", "io",
                        {{"bytes", part.length},
                         {"shard", part.shard},
                         {"drive", 0},
+                        {"unit", unit},
                         {"queued_us", ReaderPool::current_queued_us()},
                         {"in_flight", ReaderPool::current_in_flight()}});
         // The tail past the end of the file is padding from the 4 KiB widening.
@@ -212,31 +219,85 @@ int StreamingTrunk::next_streamed(int unit) const {
   return -1;
 }
 
-void StreamingTrunk::issue_locked(int unit) {
-  if (unit < 0) return;
-  for (auto& b : buffers_) {
-    if (b.unit == unit) return;  // already there or on its way
+void StreamingTrunk::start_locked(Buffer& b, int unit, ReaderPool::Priority p) {
+  b.unit = unit;
+  b.bound = false;
+  submit_locked(layouts_[static_cast<size_t>(unit)], b.mem, b.done, unit, p);
+  stats_.bytes_streamed += layouts_[static_cast<size_t>(unit)].file_bytes;
+}
+
+int StreamingTrunk::find_locked(int unit) const {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (buffers_[i]->unit == unit) return static_cast<int>(i);
   }
-  for (auto& b : buffers_) {
-    if (b.unit < 0 && !b.in_use && b.done.pending == 0) {
-      b.unit = unit;
-      b.bound = false;
-      submit_locked(layouts_[static_cast<size_t>(unit)], b.mem, b.done);
-      stats_.bytes_streamed += layouts_[static_cast<size_t>(unit)].file_bytes;
-      return;
+  return -1;
+}
+
+int StreamingTrunk::claim_locked(std::unique_lock<std::mutex>& l, int unit) {
+  const int n = static_cast<int>(layouts_.size());
+  int pick = -1, furthest = -1;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const Buffer& b = *buffers_[i];
+    if (b.in_use) continue;
+    const int ahead = b.unit < 0 ? n + 1 : (b.unit - unit + n) % n;
+    if (b.unit < 0 && b.done.pending > 0) continue;  // a failed read still landing
+    if (ahead > furthest) {
+      furthest = ahead;
+      pick = static_cast<int>(i);
     }
   }
+  if (pick < 0) fail("internal: no stream buffer free for trunk unit {}", unit);
+  Buffer& b = *buffers_[static_cast<size_t>(pick)];
+  cv_.wait(l, [&] { return b.done.pending == 0; });  // its reads write into it until they land
+  b.unit = -1;
+  return pick;
+}
+
+// Every free buffer reads the next streamed unit after the cursor that no buffer holds, in pass
+// order and wrapping into the next pass; at most one lap.
+void StreamingTrunk::top_up_locked() {
+  const int n = static_cast<int>(layouts_.size());
+  for (int step = 0; step < n; ++step) {
+    const int u = next_streamed(cursor_);
+    if (u < 0) return;
+    if (find_locked(u) >= 0) {
+      cursor_ = u;  // held already (computing or read ahead): look past it
+      continue;
+    }
+    Buffer* free_buffer = nullptr;
+    for (auto& b : buffers_) {
+      if (b->unit < 0 && !b->in_use && b->done.pending == 0) {
+        free_buffer = b.get();
+        break;
+      }
+    }
+    if (free_buffer == nullptr) break;
+    start_locked(*free_buffer, u, ReaderPool::Priority::kAhead);
+    cursor_ = u;
+  }
+  int64_t ahead = 0;
+  bool computing = false;
+  for (const auto& b : buffers_) {
+    ahead += b->unit >= 0 && !b->in_use;
+    computing = computing || b->in_use;
+  }
+  // Between passes (and at load) every buffer reads ahead; the peak counts those beside a unit
+  // that computes, the read-ahead a pass itself has.
+  if (computing) stats_.read_ahead_peak = std::max(stats_.read_ahead_peak, ahead);
+  trace_counter("trunk read-ahead", {{"units", ahead}});
 }
 
 int StreamingTrunk::wait_unit(int unit) {
   std::unique_lock<std::mutex> l(mu_);
-  issue_locked(unit);
-  int bi = -1;
-  for (int k = 0; k < 2; ++k) {
-    if (buffers_[k].unit == unit) bi = k;
+  int bi = find_locked(unit);
+  if (bi < 0) {
+    // Not on its way (the first pass after an error, or an order the read-ahead did not
+    // foresee): read it now, at demand priority, and read ahead from here on.
+    bi = claim_locked(l, unit);
+    start_locked(*buffers_[static_cast<size_t>(bi)], unit, ReaderPool::Priority::kDemand);
+    cursor_ = unit;
   }
-  if (bi < 0) fail("internal: no stream buffer free for trunk unit {}", unit);
-  Buffer& b = buffers_[bi];
+  Buffer& b = *buffers_[static_cast<size_t>(bi)];
   Stopwatch sw;
   TraceSpan span("trunk wait", "io", {{"unit", unit}});
   cv_.wait(l, [&] { return b.done.pending == 0; });
@@ -247,8 +308,8 @@ int StreamingTrunk::wait_unit(int unit) {
     throw IoError(e);
   }
   b.in_use = true;
-  // Read the next streamed unit into the other buffer while this one computes.
-  issue_locked(next_streamed(unit));
+  // Read the next streamed units into the free buffers while this one computes.
+  top_up_locked();
   return bi;
 }
 
@@ -256,7 +317,7 @@ const LayerWeights& StreamingTrunk::acquire(int layer) {
   files_.check_identity();
   if (plan_.resident[static_cast<size_t>(layer)])
     return resident_layers_[static_cast<size_t>(layer)];
-  Buffer& b = buffers_[wait_unit(layer)];
+  Buffer& b = *buffers_[static_cast<size_t>(wait_unit(layer))];
   if (!b.bound) {
     bind_unit(layer, b.mem, &b.layer, nullptr);
     b.bound = true;
@@ -268,18 +329,18 @@ void StreamingTrunk::release(int layer) {
   if (plan_.resident[static_cast<size_t>(layer)]) return;
   std::lock_guard<std::mutex> l(mu_);
   for (auto& b : buffers_) {
-    if (b.unit == layer && b.in_use) {
-      b.in_use = false;
-      b.unit = -1;
+    if (b->unit == layer && b->in_use) {
+      b->in_use = false;
+      b->unit = -1;
     }
   }
-  issue_locked(next_streamed(layer));
+  top_up_locked();
 }
 
 const HeadWeights& StreamingTrunk::acquire_head() {
   const int u = static_cast<int>(c_.num_layers);
   if (plan_.resident[static_cast<size_t>(u)]) return resident_head_;
-  Buffer& b = buffers_[wait_unit(u)];
+  Buffer& b = *buffers_[static_cast<size_t>(wait_unit(u))];
   if (!b.bound) {
     bind_unit(u, b.mem, nullptr, &b.head);
     b.bound = true;

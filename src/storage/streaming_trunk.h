@@ -1,10 +1,17 @@
 // The trunk under a memory budget: the units the plan keeps resident are read once into owned
 // RAM (not mmap: the budget is honest, and a shard truncated under us is a read error, not a
-// SIGBUS); the others are streamed every pass through two buffers — while layer L computes,
-// the next streamed unit is read into the other buffer. Reads go through ShardFiles (4 KiB
-// grid, O_DIRECT where possible) in chunks served by a ReaderPool. Embedding rows are read on
-// demand (one small buffered read per token). With --trunk int8 the resident units' BF16
-// matrices are quantised once at load; streamed units are used as read (BF16).
+// SIGBUS); the others are streamed every pass through the plan's stream buffers (at least two)
+// — while layer L computes, the next streamed units in pass order are read into the other
+// buffers, as many as there are free ones, wrapping into the next pass (its first units are
+// read while the head and sampling compute). Trunk reads are known long before they are needed,
+// so they are read-ahead reads (ReaderPool::Priority::kAhead): on the model folder's drive they
+// yield to the expert store's demand reads (the router's experts, which a pass waits for) through
+// a shared ReadGate; a unit is read at demand priority only when a pass asks for one that is not
+// on its way. A pass that leaves the expected order (an error mid-pass) takes the buffer read
+// furthest ahead. Reads go through ShardFiles (4 KiB grid, O_DIRECT where possible) in chunks
+// served by a ReaderPool. Embedding rows are read on demand (one small buffered read per token).
+// With --trunk int8 the resident units' BF16 matrices are quantised once at load; streamed
+// units are used as read (BF16).
 #pragma once
 
 #include <condition_variable>
@@ -26,8 +33,9 @@ struct TensorInfo;
 
 class StreamingTrunk : public TrunkProvider {
  public:
+  // `gate`: shared with the expert store's pool for the model folder (reader_pool.h).
   StreamingTrunk(const ModelConfig& c, const Checkpoint& ck, const MemoryPlan& plan,
-                 int readers = 4, bool direct_io = true);
+                 int readers = 4, bool direct_io = true, std::shared_ptr<ReadGate> gate = nullptr);
   ~StreamingTrunk() override;
 
   void embed(std::span<const int32_t> tokens, float* out) override;
@@ -73,8 +81,14 @@ class StreamingTrunk : public TrunkProvider {
   void read_routers();
   void make_stream_buffers();
   void bind_unit(int unit, const uint8_t* mem, LayerWeights* lw, HeadWeights* hw);
-  void submit_locked(const UnitLayout& l, uint8_t* mem, Completion& done);
-  void issue_locked(int unit);        // start reading into a free buffer
+  void submit_locked(const UnitLayout& l, uint8_t* mem, Completion& done, int unit,
+                     ReaderPool::Priority p);
+  void start_locked(Buffer& b, int unit, ReaderPool::Priority p);
+  int find_locked(int unit) const;  // the buffer holding (or reading) `unit`, or -1
+  // A buffer for an unexpected unit: a free one, else the one read furthest ahead of `unit`
+  // (waiting for its reads to land).
+  int claim_locked(std::unique_lock<std::mutex>& l, int unit);
+  void top_up_locked();               // read ahead into every free buffer
   int next_streamed(int unit) const;  // in pass order, wrapping
   int wait_unit(int unit);            // returns the buffer index
 
@@ -94,7 +108,8 @@ class StreamingTrunk : public TrunkProvider {
   // Streaming.
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Buffer buffers_[2];
+  std::vector<std::unique_ptr<Buffer>> buffers_;  // fixed once made: reads point into them
+  int cursor_ = -1;                               // the last unit read ahead, in pass order
   TrunkStats stats_;
   const TensorInfo* embed_info_ = nullptr;
   ReaderPool pool_;  // last: its threads stop before anything they write into goes away
