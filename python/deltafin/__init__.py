@@ -284,8 +284,8 @@ class Model(_Handle):
         draft: speculative decoding: None (default: the model folder's draft/ subfolder when it
             has one, as the CLI does — the built-in demo ships its trained EAGLE-3.1 drafter —
             else none), "none", "ngram" (prompt lookup), "mtp" (DeepSeek-V3's own MTP
-            layer) or a draft model folder (EAGLE-3.x, DSpark; counted in the memory budget); the output is the same with it (greedy token
-            for token, seeded sampling too).
+            layer) or a draft model folder (EAGLE-3.x, DSpark; counted in the memory budget);
+            the output is the same with it (greedy token for token, seeded sampling too).
         draft_max: most drafts verified per pass (0 = auto, from measured pass costs).
         state_cache: prefix snapshots of sequence states, so a prompt that starts with a kept
             prefix (the conversation so far with create_chat_completion, a shared system
