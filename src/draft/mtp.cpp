@@ -61,7 +61,7 @@ void mtp_embed_row(const Matrix& e, int32_t token, float* out) {
 MtpModel::MtpModel(const std::string& model_dir, const ModelConfig& target)
     : DraftModel(DraftModelConfig{}) {
   if (target.mtp_layers <= 0) {
-    fail("--draft mtp: {} has no MTP layer (num_nextn_predict_layers is 0)", model_dir);
+    fail_setting("draft", "mtp", "{} has no MTP layer (num_nextn_predict_layers is 0)", model_dir);
   }
   ck_ = Checkpoint::open(model_dir);
   const InventoryReport inv = check_inventory(target, *ck_);
