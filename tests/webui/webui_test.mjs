@@ -179,6 +179,10 @@ try {
   await waitFor(page, () => document.getElementById("e-active").textContent === "1 / 1", "an active sequence shown");
   await waitFor(page, (n) => Number(document.body.dataset.engineSnapshots) >= n + 3, "more snapshots", 30000, before);
   await waitFor(page, () => Number(document.body.dataset.timelineSpans || 0) > 0, "the timeline of the last passes");
+  // The side request's ~1500-token prefill can fill the last passes (under a sanitizer it takes
+  // most of a minute): wait until a decoding pass, which samples, is among them.
+  await waitFor(page, () => (document.body.dataset.timelineNames || "").split(",").includes("sample"),
+    "a decoding pass in the timeline", 180000);
   if (SHOTS) {
     await page.setViewport({ width: 1200, height: 1150 });
     await page.screenshot({ path: path.join(SHOTS, "webui-engine.png") });
