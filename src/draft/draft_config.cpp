@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 #include "core/json_parse.h"
 #include "core/mapped_file.h"
@@ -22,16 +23,11 @@ namespace deltafin {
 
 using nlohmann::json;
 
+constexpr EnumName<DraftKind> kDraftKindNames[] = {
+    {DraftKind::kEagle3, "eagle3"}, {DraftKind::kDSpark, "dspark"}, {DraftKind::kMtp, "mtp"}};
+
 const char* draft_kind_name(DraftKind k) {
-  switch (k) {
-    case DraftKind::kEagle3:
-      return "eagle3";
-    case DraftKind::kDSpark:
-      return "dspark";
-    case DraftKind::kMtp:
-      return "mtp";
-  }
-  return "?";
+  return name_of(kDraftKindNames, k);
 }
 
 namespace {

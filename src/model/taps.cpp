@@ -5,20 +5,17 @@
 
 #include <algorithm>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace deltafin {
 
+constexpr EnumName<TapStream> kTapStreamNames[] = {{TapStream::kPartial, "prefix"},
+                                                   {TapStream::kMixture, "attn_res"},
+                                                   {TapStream::kFinal, "final_norm"}};
+
 const char* tap_stream_name(TapStream s) {
-  switch (s) {
-    case TapStream::kPartial:
-      return "prefix";
-    case TapStream::kMixture:
-      return "attn_res";
-    case TapStream::kFinal:
-      return "final_norm";
-  }
-  return "?";
+  return name_of(kTapStreamNames, s);
 }
 
 void validate_taps(const TapSpec& spec, const ModelConfig& c, const std::string& who) {
