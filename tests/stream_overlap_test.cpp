@@ -111,19 +111,8 @@ struct OverlapModel {
   uint64_t min = 0;
 };
 const OverlapModel& overlap_model() {
-  static const OverlapModel m = [] {
-    OverlapModel t;
-    t.dir = test::temp_dir("overlapmodel") + "/model";
-    make_model(t.dir, synthetic_preset("tiny"));
-    const ModelConfig c = load_config(t.dir);
-    auto ck = Checkpoint::open(t.dir);
-    PlanOptions o;
-    o.budget = 1ull << 40;
-    o.shape.max_rows = 16;
-    o.context = 256;
-    t.min = plan_memory(c, *ck, o).min_working_set;
-    return t;
-  }();
+  static const OverlapModel m{test::tiny_stream_model().dir,
+                              test::tiny_stream_model().min_working_set};
   return m;
 }
 

@@ -1,6 +1,7 @@
 // What the streaming tests of every family share: the exact logits `deltafin logits` writes for
 // a token list under some flags, and the check that a model streaming its experts under the
-// plan's minimum budget computes the mapped run's logits and greedy tokens bit for bit.
+// plan's minimum budget computes the mapped run's logits and greedy tokens bit for bit; and the
+// tiny model the trace and overlap tests stream, with the smallest budget its plan takes.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fixtures/synthetic.h"
 #include "model/config.h"
 #include "storage/checkpoint.h"
 #include "storage/expert_directory.h"
@@ -18,6 +20,29 @@
 #include "test_util.h"
 
 namespace deltafin::test {
+
+// The tiny preset (made once per process) and the plan's minimum working set for 16-row passes
+// and a 256-position context: under it experts and trunk are read every pass.
+struct TinyStreamModel {
+  std::string dir;
+  uint64_t min_working_set = 0;
+};
+inline const TinyStreamModel& tiny_stream_model() {
+  static const TinyStreamModel m = [] {
+    TinyStreamModel t;
+    t.dir = temp_dir("tinystream") + "/model";
+    make_model(t.dir, synthetic_preset("tiny"));
+    const ModelConfig c = load_config(t.dir);
+    auto ck = Checkpoint::open(t.dir);
+    PlanOptions o;
+    o.budget = 1ull << 40;
+    o.shape.max_rows = 16;
+    o.context = 256;
+    t.min_working_set = plan_memory(c, *ck, o).min_working_set;
+    return t;
+  }();
+  return m;
+}
 
 // `deltafin logits --model MODEL --tokens TOKS --mode MODE EXTRA...`, read back as floats.
 inline std::vector<float> cli_logits(const std::vector<std::string>& extra,

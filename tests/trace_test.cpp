@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "storage/checkpoint.h"
 #include "storage/plan.h"
+#include "streaming_util.h"
 #include "test_util.h"
 
 namespace deltafin {
@@ -32,20 +33,9 @@ struct TracedModel {
   std::string dir, budget;
 };
 const TracedModel& traced_model() {
-  static const TracedModel m = [] {
-    TracedModel t;
-    t.dir = test::temp_dir("tracemodel") + "/model";
-    make_model(t.dir, synthetic_preset("tiny"));
-    const ModelConfig c = load_config(t.dir);
-    auto ck = Checkpoint::open(t.dir);
-    PlanOptions o;
-    o.budget = 1ull << 40;
-    o.shape.max_rows = 16;
-    o.context = 256;
-    o.shape.sequences = 1;
-    t.budget = std::to_string(plan_memory(c, *ck, o).min_working_set / 1024 + 64) + "K";
-    return t;
-  }();
+  static const TracedModel m{
+      test::tiny_stream_model().dir,
+      std::to_string(test::tiny_stream_model().min_working_set / 1024 + 64) + "K"};
   return m;
 }
 
