@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -17,43 +16,17 @@
 #include "storage/checkpoint.h"
 #include "storage/expert_directory.h"
 #include "storage/trunk_units.h"
-#include "tensor/quant.h"
+#include "tensor/matrix.h"
 #include "tensor/tensor_info.h"
 
 namespace deltafin {
 
 namespace {
 
-// A BF16/F32 matrix, or an FP8 one with its block scales (the MTP eh_proj may be either).
-Matrix mtp_matrix(const TensorLookup& lookup, const std::string& name) {
-  auto [t, b] = lookup(name);
-  if (t->dtype != DType::kF8E4M3) return weight_matrix(*t, b);
-  auto [st, sb] = lookup(name + "_scale_inv");
-  Matrix m = fp8_block_matrix(*t, *st);
-  m.data = b;
-  m.scales = sb;
-  return m;
-}
-
-std::vector<float> mtp_vector(const TensorLookup& lookup, const std::string& name) {
-  auto [t, b] = lookup(name);
-  return weight_vector(*t, b);
-}
-
-// One embedding row decoded exactly (BF16 as released, or F32).
+// One embedding row decoded exactly (BF16 as released, or F32), as the trunk's embed does.
 void mtp_embed_row(const Matrix& e, int32_t token, float* out) {
-  const int64_t H = e.cols;
-  const auto* bytes = static_cast<const uint8_t*>(e.data);
-  if (e.format == WeightFormat::kF32) {
-    std::memcpy(out, bytes + static_cast<size_t>(token) * H * 4, static_cast<size_t>(H) * 4);
-    return;
-  }
-  const uint8_t* row = bytes + static_cast<size_t>(token) * H * 2;
-  for (int64_t i = 0; i < H; ++i) {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * i, 2);
-    out[i] = bf16_to_f32(h);
-  }
+  const Matrix row = e.row_slice(token, token + 1);
+  for (int64_t i = 0; i < e.cols; ++i) out[i] = matrix_element(row, 0, i);
 }
 
 }  // namespace
@@ -76,13 +49,13 @@ MtpModel::MtpModel(const std::string& model_dir, const ModelConfig& target)
   const int64_t H = target.hidden, V = target.vocab;
   const TensorLookup lookup = checkpoint_lookup(*ck_);
   const std::string P = target.names.layer(L);
-  w_.embed = mtp_matrix(lookup, P + "embed_tokens.weight");
-  w_.enorm = mtp_vector(lookup, P + "enorm.weight");
-  w_.hnorm = mtp_vector(lookup, P + "hnorm.weight");
-  w_.eh_proj = mtp_matrix(lookup, P + "eh_proj.weight");
+  w_.embed = lookup_matrix(lookup, P + "embed_tokens.weight");
+  w_.enorm = lookup_vector(lookup, P + "enorm.weight");
+  w_.hnorm = lookup_vector(lookup, P + "hnorm.weight");
+  w_.eh_proj = lookup_matrix(lookup, P + "eh_proj.weight");
   w_.layer = bind_layer(layer_config_, L, lookup);
-  w_.head_norm = mtp_vector(lookup, P + "shared_head.norm.weight");
-  w_.head = mtp_matrix(lookup, P + "shared_head.head.weight");
+  w_.head_norm = lookup_vector(lookup, P + "shared_head.norm.weight");
+  w_.head = lookup_matrix(lookup, P + "shared_head.head.weight");
   if (w_.embed.rows != V || w_.embed.cols != H || w_.eh_proj.rows != H ||
       w_.eh_proj.cols != 2 * H || w_.head.rows != V || w_.head.cols != H) {
     fail("{}: the MTP layer's embed_tokens, eh_proj or shared_head.head has the wrong shape",

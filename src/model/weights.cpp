@@ -56,25 +56,27 @@ std::vector<float> weight_vector(const TensorInfo& t, const uint8_t* bytes) {
   return v;
 }
 
+Matrix lookup_matrix(const TensorLookup& lookup, const std::string& name) {
+  auto [t, b] = lookup(name);
+  if (t->dtype != DType::kF8E4M3) return weight_matrix(*t, b);
+  auto [st, sb] = lookup(name + "_scale_inv");  // quant.h checks the pair
+  Matrix m = fp8_block_matrix(*t, *st);
+  m.data = b;  // the lookup's bytes: a mapped shard or a streamed copy
+  m.scales = sb;
+  return m;
+}
+
+std::vector<float> lookup_vector(const TensorLookup& lookup, const std::string& name) {
+  auto [t, b] = lookup(name);
+  return weight_vector(*t, b);
+}
+
 namespace {
 
 struct Binder {
   const TensorLookup& lookup;
-  // BF16 / F32, or FP8 E4M3 with its `.weight_scale_inv` block scales (DeepSeek-V3 / Kimi K2's
-  // trunk linears, quant.h checks the pair): the stored dtype decides, as the inventory does.
-  Matrix matrix(const std::string& name) const {
-    auto [t, b] = lookup(name);
-    if (t->dtype != DType::kF8E4M3) return weight_matrix(*t, b);
-    auto [st, sb] = lookup(name + "_scale_inv");
-    Matrix m = fp8_block_matrix(*t, *st);
-    m.data = b;  // the lookup's bytes: a mapped shard or a streamed copy
-    m.scales = sb;
-    return m;
-  }
-  std::vector<float> floats(const std::string& name) const {
-    auto [t, b] = lookup(name);
-    return weight_vector(*t, b);
-  }
+  Matrix matrix(const std::string& name) const { return lookup_matrix(lookup, name); }
+  std::vector<float> floats(const std::string& name) const { return lookup_vector(lookup, name); }
   // norm ⊙ proj (both bf16 in the release: their product is exact in fp32)
   std::vector<float> score(const std::string& norm, const std::string& proj) const {
     auto n = floats(norm);

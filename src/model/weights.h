@@ -82,6 +82,11 @@ using TensorLookup =
 Matrix weight_matrix(const TensorInfo& t, const uint8_t* bytes);
 // A vector (norm weights, biases) as fp32, decoded from F32 or BF16 (throws naming the tensor).
 std::vector<float> weight_vector(const TensorInfo& t, const uint8_t* bytes);
+// The matrix `name` through `lookup`: BF16 / F32, or FP8 E4M3 with its `name_scale_inv` block
+// scales (DeepSeek-V3 / Kimi K2's trunk linears): the stored dtype decides, as the inventory does.
+Matrix lookup_matrix(const TensorLookup& lookup, const std::string& name);
+// The vector `name` through `lookup`, as weight_vector decodes it.
+std::vector<float> lookup_vector(const TensorLookup& lookup, const std::string& name);
 LayerWeights bind_layer(const ModelConfig& c, int layer, const TensorLookup& lookup);
 HeadWeights bind_head(const ModelConfig& c, const TensorLookup& lookup);
 RouterWeights bind_router(const ModelConfig& c, int layer, const TensorLookup& lookup);
