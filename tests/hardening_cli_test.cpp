@@ -297,11 +297,14 @@ TEST(Hardening, ChatSaveLoadRoundTripsIdsAndCtrlCKeepsTheAnswer) {
   const std::regex in_conv("(\\d+) in the conversation");
   ASSERT_TRUE(std::regex_search(stats, m, in_conv)) << stats;
   EXPECT_EQ(std::stoul(m[1].str()), saved["token_ids"].size());
+  const size_t before_next = c.stderr_size();
   c.write_stdin("Next\n");
   std::this_thread::sleep_for(500ms);
   c.signal(SIGINT);  // mid-answer again: the turn continued from the kept state
-  const std::string next = c.wait_stderr("reused from the kept state", 60);
-  EXPECT_NE(next.find("reused from the kept state"), std::string::npos) << next;
+  // The turn is over once its last stats line is out (turn 1's lines do not count: a Ctrl-C
+  // sent while this turn still runs would only cancel it again, and the chat would stay).
+  const std::string next = c.wait_stderr("[stats] peak RSS", 60, before_next);
+  EXPECT_NE(next.find("reused from the kept state", before_next), std::string::npos) << next;
   std::this_thread::sleep_for(300ms);
   c.signal(SIGINT);  // at the prompt: leave
   const auto done = c.wait(60);

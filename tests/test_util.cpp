@@ -232,8 +232,8 @@ std::string Child::wait_stdout(const std::string& needle, double timeout_s) {
   return r_.out;
 }
 
-std::string Child::wait_stderr(const std::string& needle, double timeout_s) {
-  pump(timeout_s, [&] { return r_.err.find(needle) != std::string::npos; });
+std::string Child::wait_stderr(const std::string& needle, double timeout_s, size_t from) {
+  pump(timeout_s, [&] { return r_.err.find(needle, from) != std::string::npos; });
   return r_.err;
 }
 

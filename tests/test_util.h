@@ -54,7 +54,10 @@ class Child {
   ~Child();
   // Reads stdout until it holds `needle` (or `timeout_s` passes); returns what was read so far.
   std::string wait_stdout(const std::string& needle, double timeout_s = 60);
-  std::string wait_stderr(const std::string& needle, double timeout_s = 60);
+  // Reads stderr until `needle` appears at or after byte `from` (what was printed before a step
+  // does not answer for the step); returns all of stderr so far.
+  std::string wait_stderr(const std::string& needle, double timeout_s = 60, size_t from = 0);
+  size_t stderr_size() const { return r_.err.size(); }
   void signal(int sig);
   // Waits for exit (killing it after `timeout_s`) and returns everything it printed.
   RunResult wait(double timeout_s = 60);

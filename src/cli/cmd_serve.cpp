@@ -141,15 +141,16 @@ void run_serve(ServeArgs& a) {
   const uint64_t max_image = byte_size_flag(a.max_image_bytes, "--max-image-bytes", "20M");
   a.engine.model = resolve_model_dir(a.engine.model);
   require_tokenizer(a.engine.model, "the server");
-  if (a.engine.ctx > 0) {
+  {
+    // Read once before the socket opens: the --ctx bound and the default model id.
     const ModelConfig cfg = load_config(a.engine.model);
     if (a.engine.ctx > cfg.max_positions) {
       fail_arg("--ctx {} exceeds the model's context of {} positions", a.engine.ctx,
                cfg.max_positions);
     }
+    if (a.model_id.empty()) a.model_id = release_name_of(cfg);
   }
   const Tokenizer tok = Tokenizer::load(a.engine.model);
-  if (a.model_id.empty()) a.model_id = release_name_of(load_config(a.engine.model));
 
   // Signals go to one thread that sigwait()s; block them before any other thread exists.
   sigset_t sigs;
