@@ -37,52 +37,11 @@ std::unique_ptr<TapDrafter> Eagle3Model::new_drafter(Model& target) const {
 }
 
 Eagle3Drafter::Eagle3Drafter(Model& target, std::shared_ptr<const Eagle3Model> m)
-    : TapDrafter(target, m->config().taps, m->config().norm_output ? "EAGLE-3.1" : "EAGLE-3",
-                 m->state_id()),
+    : LaggedTapDrafter(target, m->config().taps, m->config().norm_output ? "EAGLE-3.1" : "EAGLE-3",
+                       m->state_id(), m->config().mla.cache_width(), m->config().hidden),
       m_(std::move(m)),
       c_(m_->config()),
       w_(m_->weights()) {}
-
-void Eagle3Drafter::reset() {
-  cache_.clear();
-  cache_len_ = 0;
-  g_.clear();
-}
-
-void Eagle3Drafter::sync(std::span<const int32_t> committed) {
-  if (committed.empty()) return;
-  std::vector<int32_t> history(committed.begin(), committed.end());
-  history.push_back(0);  // an anchor: committing rows never reads it
-  commit_rows(history);
-}
-
-// Cache row p holds (g_p, x_{p+1}): rows lag the committed positions by one, and the fused g of
-// the last committed position is the tail.
-DraftRows Eagle3Drafter::export_rows(int64_t from) const {
-  const int64_t cw = c_.mla.cache_width();
-  DraftRows r;
-  r.width = cw;
-  r.lag = 1;
-  r.begin = std::clamp<int64_t>(from, 0, cache_len_);
-  r.rows.assign(cache_.begin() + r.begin * cw, cache_.begin() + cache_len_ * cw);
-  r.tail = g_;
-  return r;
-}
-
-void Eagle3Drafter::import_rows(const DraftRows& r, int64_t position) {
-  const int64_t cw = c_.mla.cache_width(), H = c_.hidden;
-  const int64_t want = std::max<int64_t>(0, position - 1);
-  if (r.width != cw || r.lag != 1 || r.begin != 0 || r.count() != want ||
-      static_cast<int64_t>(r.tail.size()) != (position > 0 ? H : 0)) {
-    fail(
-        "the kept draft state does not fit this EAGLE drafter ({} rows of {} floats for {} "
-        "positions)",
-        r.count(), r.width, position);
-  }
-  cache_ = r.rows;
-  cache_len_ = want;
-  g_ = r.tail;
-}
 
 void Eagle3Drafter::fuse(const float* taps, float* g) const {
   fuse_taps(c_, w_.fc, taps, 1, g, target_.pool());
@@ -102,7 +61,7 @@ void Eagle3Drafter::commit_rows(std::span<const int32_t> history) {
   const int64_t H = c_.hidden, cw = c_.mla.cache_width();
   const int64_t L = static_cast<int64_t>(history.size()) - 1;  // committed positions
   TapRecorder& rec = taps();
-  const int64_t fused_end = cache_len_ + static_cast<int64_t>(g_.size()) / H;
+  const int64_t fused_end = cache_len_ + static_cast<int64_t>(tail_.size()) / H;
   if (fused_end > L) {
     fail("the draft cache holds {} positions but only {} are committed", fused_end, L);
   }
@@ -113,23 +72,23 @@ void Eagle3Drafter::commit_rows(std::span<const int32_t> history) {
         rec.begin(), rec.end() - 1, fused_end, L - 1);
   }
   if (L > fused_end) {
-    g_.resize(g_.size() + static_cast<size_t>((L - fused_end) * H));
+    tail_.resize(tail_.size() + static_cast<size_t>((L - fused_end) * H));
     fuse_taps(c_, w_.fc, rec.row(fused_end), L - fused_end,
-              g_.data() + (fused_end - cache_len_) * H, target_.pool());
+              tail_.data() + (fused_end - cache_len_) * H, target_.pool());
   }
   rec.consume_until(L);
   const int64_t n = L - 1 - cache_len_;  // rows (g_p, x_{p+1}) for p = cache_len_ .. L-2
   if (n <= 0) return;
   std::vector<float> u(static_cast<size_t>(n * 2 * H));
   layer_input(history.subspan(static_cast<size_t>(cache_len_ + 1), static_cast<size_t>(n)),
-              g_.data(), u.data());
+              tail_.data(), u.data());
   std::vector<int64_t> pos(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = cache_len_ + i;
   cache_.resize(static_cast<size_t>((cache_len_ + n) * cw));
   draft_kv_rows(c_, w_.attn, m_->yarn(), u.data(), n, pos.data(), cache_.data() + cache_len_ * cw,
                 target_.pool());
   cache_len_ += n;
-  g_.erase(g_.begin(), g_.begin() + n * H);
+  tail_.erase(tail_.begin(), tail_.begin() + n * H);
 }
 
 DraftProposal Eagle3Drafter::draft(std::span<const int32_t> history, int max_tokens) {
@@ -137,7 +96,7 @@ DraftProposal Eagle3Drafter::draft(std::span<const int32_t> history, int max_tok
   const int64_t H = c_.hidden, cw = c_.mla.cache_width(), V = c_.vocab;
   ThreadPool& pool = target_.pool();
   DraftProposal out;
-  std::vector<float> h(g_.begin(), g_.begin() + H);  // g_{L-1}
+  std::vector<float> h(tail_.begin(), tail_.begin() + H);  // g_{L-1}
   std::vector<float> u(static_cast<size_t>(2 * H)), a(static_cast<size_t>(H)), xn(a.size()),
       y(a.size());
   int32_t x = history.back();

@@ -43,31 +43,24 @@ class Eagle3Model : public TapDraftModel<Eagle3Weights> {
   std::unique_ptr<TapDrafter> new_drafter(Model& target) const override;
 };
 
-class Eagle3Drafter : public TapDrafter {
+// The tail features are the fused g of the taps.
+class Eagle3Drafter : public LaggedTapDrafter {
  public:
   Eagle3Drafter(Model& target, std::shared_ptr<const Eagle3Model> m);
   // g = the fused feature of one position's taps [taps][hidden].
   void fuse(const float* taps, float* g) const;
 
  protected:
-  void reset() override;
   DraftProposal draft(std::span<const int32_t> history, int max_tokens) override;
-  void sync(std::span<const int32_t> committed) override;
-  DraftRows export_rows(int64_t from) const override;
-  void import_rows(const DraftRows& rows, int64_t position) override;
+  void commit_rows(std::span<const int32_t> history) override;
 
  private:
   // u [R][2·hidden] = [RMSNorm(E[x_r]; input_layernorm) ; RMSNorm(h_r; hidden_norm)].
   void layer_input(std::span<const int32_t> tokens, const float* h, float* u);
-  // Brings the draft cache to L-1 rows and g_ to the pending g_{L-1}.
-  void commit_rows(std::span<const int32_t> history);
 
   std::shared_ptr<const Eagle3Model> m_;
   const DraftModelConfig& c_;
   const Eagle3Weights& w_;
-  std::vector<float> cache_;  // [cache_len_ (+ chain rows while proposing)][kv_lora + rope]
-  int64_t cache_len_ = 0;
-  std::vector<float> g_;  // fused features of positions [cache_len_, cache_len_ + rows)
 };
 
 }  // namespace deltafin

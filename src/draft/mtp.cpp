@@ -88,58 +88,22 @@ std::shared_ptr<DraftModel> open_mtp_model(const std::string& model_dir,
 }
 
 MtpDrafter::MtpDrafter(Model& target, std::shared_ptr<const MtpModel> m)
-    : TapDrafter(target, m->config().taps, "MTP", m->state_id()),
+    : LaggedTapDrafter(target, m->config().taps, "MTP", m->state_id(),
+                       m->layer_config().mla.cache_width(), m->layer_config().hidden),
       m_(std::move(m)),
       c_(m_->layer_config()),
       w_(m_->weights()),
       state_(c_) {}
 
-MlaLayerCache& MtpDrafter::cache() {
-  return state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))];
+std::span<const float> MtpDrafter::cache_rows() const {
+  return state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))].rows;
 }
 
-void MtpDrafter::reset() {
-  state_.reset();
-  cache_len_ = 0;
-  h_.clear();
-}
-
-void MtpDrafter::sync(std::span<const int32_t> committed) {
-  if (committed.empty()) return;
-  std::vector<int32_t> history(committed.begin(), committed.end());
-  history.push_back(0);  // an anchor: committing rows never reads it
-  commit_rows(history);
-}
-
-// Cache row p holds (h_p, t_{p+1}): rows lag the committed positions by one, and the hidden of
-// the last committed position is the tail.
-DraftRows MtpDrafter::export_rows(int64_t from) const {
-  const MlaLayerCache& k = state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))];
-  const int64_t cw = k.width;
-  DraftRows r;
-  r.width = cw;
-  r.lag = 1;
-  r.begin = std::clamp<int64_t>(from, 0, cache_len_);
-  r.rows.assign(k.rows.begin() + r.begin * cw, k.rows.begin() + cache_len_ * cw);
-  r.tail = h_;
-  return r;
-}
-
-void MtpDrafter::import_rows(const DraftRows& r, int64_t position) {
-  const int64_t cw = c_.mla.cache_width(), H = c_.hidden;
-  const int64_t want = std::max<int64_t>(0, position - 1);
-  if (r.width != cw || r.lag != 1 || r.begin != 0 || r.count() != want ||
-      static_cast<int64_t>(r.tail.size()) != (position > 0 ? H : 0)) {
-    fail(
-        "the kept draft state does not fit this MTP drafter ({} rows of {} floats for {} "
-        "positions)",
-        r.count(), r.width, position);
-  }
-  state_.reset();
-  cache().rows = r.rows;
-  state_.set_position(want);
-  cache_len_ = want;
-  h_ = r.tail;
+void MtpDrafter::replace_cache_rows(std::vector<float> rows, int64_t count) {
+  state_.reset();  // keeps the allocations
+  if (count > 0)
+    state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))].rows = std::move(rows);
+  state_.set_position(count);
 }
 
 void MtpDrafter::layer_input(std::span<const int32_t> tokens, const float* h, float* x) {
@@ -185,7 +149,7 @@ void MtpDrafter::commit_rows(std::span<const int32_t> history) {
   const int64_t H = c_.hidden;
   const int64_t L = static_cast<int64_t>(history.size()) - 1;  // committed positions
   TapRecorder& rec = taps();
-  const int64_t held_end = cache_len_ + static_cast<int64_t>(h_.size()) / H;
+  const int64_t held_end = cache_len_ + static_cast<int64_t>(tail_.size()) / H;
   if (held_end > L) {
     fail("the draft cache holds {} positions but only {} are committed", held_end, L);
   }
@@ -195,23 +159,23 @@ void MtpDrafter::commit_rows(std::span<const int32_t> history) {
         "without this drafter?)",
         rec.begin(), rec.end() - 1, held_end, L - 1);
   }
-  for (int64_t p = held_end; p < L; ++p) h_.insert(h_.end(), rec.row(p), rec.row(p) + H);
+  for (int64_t p = held_end; p < L; ++p) tail_.insert(tail_.end(), rec.row(p), rec.row(p) + H);
   rec.consume_until(L);
   const int64_t n = L - 1 - cache_len_;  // rows (h_p, t_{p+1}) for p = cache_len_ .. L-2
   if (n <= 0) return;
   std::vector<float> x(static_cast<size_t>(n * H));
   layer_input(history.subspan(static_cast<size_t>(cache_len_ + 1), static_cast<size_t>(n)),
-              h_.data(), x.data());
+              tail_.data(), x.data());
   run_layer(x.data(), n, false);
   cache_len_ += n;
-  h_.erase(h_.begin(), h_.begin() + n * H);
+  tail_.erase(tail_.begin(), tail_.begin() + n * H);
 }
 
 DraftProposal MtpDrafter::draft(std::span<const int32_t> history, int max_tokens) {
   commit_rows(history);
   const int64_t H = c_.hidden, V = c_.vocab;
   DraftProposal out;
-  std::vector<float> h(h_.begin(), h_.begin() + H);  // h_{L-1}
+  std::vector<float> h(tail_.begin(), tail_.begin() + H);  // h_{L-1}
   std::vector<float> x(static_cast<size_t>(H)), xn(x.size());
   int32_t t = history.back();
   const int64_t room = c_.max_positions > 0 ? c_.max_positions - cache_len_ : max_tokens;

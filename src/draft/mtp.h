@@ -64,16 +64,17 @@ class MtpModel : public DraftModel {
   std::unique_ptr<ExpertProvider> experts_;
 };
 
-class MtpDrafter : public TapDrafter {
+// The tail features are the hiddens h the target's last layer hands over (final-normed).
+class MtpDrafter : public LaggedTapDrafter {
  public:
   MtpDrafter(Model& target, std::shared_ptr<const MtpModel> m);
 
  protected:
-  void reset() override;
   DraftProposal draft(std::span<const int32_t> history, int max_tokens) override;
-  void sync(std::span<const int32_t> committed) override;
-  DraftRows export_rows(int64_t from) const override;
-  void import_rows(const DraftRows& rows, int64_t position) override;
+  void commit_rows(std::span<const int32_t> history) override;
+  // The rows live in state_'s cache of the MTP layer, where the layer code appends them.
+  std::span<const float> cache_rows() const override;
+  void replace_cache_rows(std::vector<float> rows, int64_t count) override;
 
  private:
   // x [R][H] = eh_proj · [RMSNorm(E_mtp[tokens]; enorm) ; RMSNorm(h; hnorm)].
@@ -81,16 +82,11 @@ class MtpDrafter : public TapDrafter {
   // Runs the decoder layer on rows x [R][H] at positions cache_len .. cache_len + R - 1,
   // appending their cache rows; with `ffn` the MoE too, leaving x' in x (else x is unchanged).
   void run_layer(float* x, int64_t R, bool ffn);
-  // Brings the cache to L-1 rows and h_ to the pending h_{L-1}.
-  void commit_rows(std::span<const int32_t> history);
-  MlaLayerCache& cache();
 
   std::shared_ptr<const MtpModel> m_;
   const ModelConfig& c_;
   const MtpWeights& w_;
-  State state_;            // only the MTP layer's cache is used
-  int64_t cache_len_ = 0;  // committed rows (chain rows are dropped after each proposal)
-  std::vector<float> h_;   // final-normed hiddens of positions [cache_len_, cache_len_ + rows)
+  State state_;  // only the MTP layer's cache is used
 };
 
 // `--draft mtp`: the MTP layer of the model in `model_dir`.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "model/state.h"
 
@@ -76,6 +77,51 @@ DraftProposal TapDrafter::propose(std::span<const int32_t> history, int max_toke
     last_logits_.clear();
     return {};
   }
+}
+
+LaggedTapDrafter::LaggedTapDrafter(Model& target, TapSpec spec, std::string name,
+                                   std::string state_id, int64_t row_width, int64_t feature_width)
+    : TapDrafter(target, std::move(spec), name, std::move(state_id)),
+      row_width_(row_width),
+      feature_width_(feature_width),
+      kind_(std::move(name)) {}
+
+void LaggedTapDrafter::reset() {
+  replace_cache_rows({}, 0);
+  cache_len_ = 0;
+  tail_.clear();
+}
+
+void LaggedTapDrafter::sync(std::span<const int32_t> committed) {
+  if (committed.empty()) return;
+  std::vector<int32_t> history(committed.begin(), committed.end());
+  history.push_back(0);  // an anchor: committing rows never reads it
+  commit_rows(history);
+}
+
+DraftRows LaggedTapDrafter::export_rows(int64_t from) const {
+  const std::span<const float> rows = cache_rows();
+  DraftRows r;
+  r.width = row_width_;
+  r.lag = 1;
+  r.begin = std::clamp<int64_t>(from, 0, cache_len_);
+  r.rows.assign(rows.begin() + r.begin * row_width_, rows.begin() + cache_len_ * row_width_);
+  r.tail = tail_;
+  return r;
+}
+
+void LaggedTapDrafter::import_rows(const DraftRows& r, int64_t position) {
+  const int64_t want = std::max<int64_t>(0, position - 1);
+  if (r.width != row_width_ || r.lag != 1 || r.begin != 0 || r.count() != want ||
+      static_cast<int64_t>(r.tail.size()) != (position > 0 ? feature_width_ : 0)) {
+    fail(
+        "the kept draft state does not fit this {} drafter ({} rows of {} floats for {} "
+        "positions)",
+        kind_, r.count(), r.width, position);
+  }
+  replace_cache_rows(r.rows, want);
+  cache_len_ = want;
+  tail_ = r.tail;
 }
 
 int32_t argmax_row(std::span<const float> logits) {

@@ -1,4 +1,4 @@
-// What EAGLE-3 and DSpark share as drafters of a K3 target: a tap recorder attached to the
+// What EAGLE-3, DSpark and MTP share as drafters of a target: a tap recorder attached to the
 // sequence's State (model/taps.h), so the target's prefill and verify passes hand over the
 // committed rows' vectors; and the rule that a drafter failing mid-run (a bug, an allocation
 // failure, taps that were never recorded for a reused prefix) costs only speed: the sequence
@@ -56,6 +56,38 @@ class TapDrafter : public Drafter {
   // Stops drafting for this sequence, saying why once on stderr.
   void stop(const std::string& why);
   std::string name_, state_id_, why_;
+};
+
+// EAGLE-3 and MTP keep one draft cache whose row p holds (feature_p, x_{p+1}): the rows lag the
+// committed positions by one, and the features of positions not yet in a row (at rest, the last
+// committed one's) are the tail. Resetting, syncing, saving and restoring such a cache is the
+// same for both; they say where the rows live.
+class LaggedTapDrafter : public TapDrafter {
+ public:
+  // `row_width`: floats per cache row; `feature_width`: floats per tail feature.
+  LaggedTapDrafter(Model& target, TapSpec spec, std::string name, std::string state_id,
+                   int64_t row_width, int64_t feature_width);
+
+ protected:
+  void reset() final;
+  void sync(std::span<const int32_t> committed) final;
+  DraftRows export_rows(int64_t from) const final;
+  void import_rows(const DraftRows& rows, int64_t position) final;
+  // Brings the cache to L-1 rows and tail_ to the pending feature of x_{L-1}; `history` is the
+  // L committed tokens then an anchor that committing never reads.
+  virtual void commit_rows(std::span<const int32_t> history) = 0;
+  // The cache's rows (at least cache_len_ of them), and their replacement by `count` rows: by
+  // default cache_, for a drafter whose rows live elsewhere (MTP: in a State) where they live.
+  virtual std::span<const float> cache_rows() const { return cache_; }
+  virtual void replace_cache_rows(std::vector<float> rows, int64_t) { cache_ = std::move(rows); }
+
+  std::vector<float> cache_;  // [cache_len_ (+ chain rows while proposing)][row_width]
+  int64_t cache_len_ = 0;     // committed rows (chain rows are dropped after each proposal)
+  std::vector<float> tail_;   // features of positions [cache_len_, cache_len_ + rows)
+
+ private:
+  int64_t row_width_, feature_width_;
+  std::string kind_;
 };
 
 int32_t argmax_row(std::span<const float> logits);
