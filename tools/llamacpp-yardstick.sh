@@ -6,9 +6,10 @@
 #   tools/llamacpp-yardstick.sh build
 #       Builds llama.cpp's llama-bench for this CPU (native ISA flags) in $LLAMACPP_DIR.
 #   tools/llamacpp-yardstick.sh convert MODEL_DIR OUT.gguf [bf16|f32]
-#       Writes a K3 checkpoint in the release layout (`deltafin make-model` output, the golden
-#       models in tests/data) as GGUF with llama.cpp's own converter. The trunk becomes the
-#       given type; routed experts stay MXFP4, so both engines read the same weights.
+#       Writes a checkpoint in the release layout (`deltafin make-model` output, the golden
+#       models in tests/data) as GGUF with llama.cpp's own converter: K3 (llama.cpp's kimi-k3),
+#       Kimi-Linear (kimi-linear) or DeepseekV3ForCausalLM (deepseek2). The trunk becomes the
+#       given type; K3's routed experts stay MXFP4, so both engines read the same weights.
 #   tools/llamacpp-yardstick.sh compare MODEL_DIR OUT.gguf [ROUNDS]
 #       ROUNDS (default 3) interleaved rounds of `deltafin bench` and `llama-bench` (prompt
 #       $PROMPT tokens, $GEN generated, $THREADS threads, $REPS repetitions each) and one table
@@ -86,7 +87,7 @@ convert() {
   [ $# -ge 2 ] || usage
   local model=$1 out=$2 type=${3:-bf16}
   [ -d "$WORK/src" ] || { echo "no llama.cpp source in $WORK: run '$0 build' first" >&2; exit 1; }
-  [ -f "$model/config.json" ] || { echo "$model: no config.json (expected a K3 checkpoint folder)" >&2; exit 1; }
+  [ -f "$model/config.json" ] || { echo "$model: no config.json (expected a checkpoint folder)" >&2; exit 1; }
   if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
     echo "installing python3-torch python3-numpy python3-tqdm" >&2
     apt-get update -qq &&
@@ -123,7 +124,20 @@ for name, same_width in (("uint16", torch.int16), ("uint32", torch.int32), ("uin
         setattr(torch, name, same_width)
 
 import gguf
-from conversion.kimi_k3 import KimiK3Model
+import json
+
+# llama.cpp's converter class for the checkpoint's architecture: K3 (kimi-k3), Kimi-Linear
+# (kimi-linear) and the DeepSeek-V3 layout K2 and DeepSeek-V3 use (its deepseek2 architecture).
+arch = json.load(open(os.path.join(model, "config.json")))["architectures"][0]
+if arch == "KimiK3ForConditionalGeneration":
+    from conversion.kimi_k3 import KimiK3Model as Converter
+elif arch == "KimiLinearForCausalLM":
+    from conversion.kimi_linear import KimiLinearModel as Converter
+elif arch == "DeepseekV3ForCausalLM":
+    from conversion.deepseek import DeepseekV2Model as Converter
+else:
+    sys.exit(f"{model}: architecture {arch} has no llama.cpp converter wired in here "
+             "(KimiK3ForConditionalGeneration, KimiLinearForCausalLM, DeepseekV3ForCausalLM)")
 
 
 def placeholder_vocab(self):
@@ -138,7 +152,7 @@ def placeholder_vocab(self):
     w.add_eos_token_id(2)
 
 
-KimiK3Model.set_vocab = placeholder_vocab
+Converter.set_vocab = placeholder_vocab
 
 import convert_hf_to_gguf
 
