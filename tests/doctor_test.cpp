@@ -106,6 +106,16 @@ TEST(Doctor, ReleasedShapeWithoutCheckpoint) {
   const std::string best = j["advice"]["best"];
   EXPECT_TRUE(best == "more_ram" || best == "second_drive" || best == "trunk_int8") << best;
   EXPECT_EQ(j["advice"]["options"].size(), 3u);
+  // A second drive (a home) holds routed experts, not the trunk: its forecast still streams the
+  // trunk from this drive alone, so a token takes at least that read's time.
+  for (const json& o : j["advice"]["options"]) {
+    if (o["change"] != "second_drive") continue;
+    EXPECT_GE(o["decode_s_per_token"].get<double>() * 1.0001,
+              j["plan"]["trunk_streamed_bytes_per_pass"].get<double>() /
+                  m["disk_read_bytes_per_s"].get<double>())
+        << o.dump();
+    EXPECT_LE(o["speedup"].get<double>(), 2.0) << o.dump();
+  }
   EXPECT_TRUE(j["checkpoint"].is_null());
   EXPECT_TRUE(j["ok"].get<bool>());
   // K3 is released with its vision tower: 401 M parameters (patch embedding, the 64 x 64 position

@@ -401,8 +401,9 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
                                  : xf == ExpertFormat::kInt4 ? "INT4"
                                                              : "BF16";
   if (plan.vision_params > 0) r["vision"] = doctor_vision(c, plan, s, m.ck ? a.model : "");
-  auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr) {
-    return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d);
+  auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr,
+                     double home_bw = 0) {
+    return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d, home_bw);
   };
   const Forecast base = predict(plan, disk_bw);
   ojson fc = ojson::array();
@@ -454,11 +455,13 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
     option("more_ram", fmt::format("twice the RAM (a {} budget)", gib(pr.budget)),
            predict(plan_for(pr), disk_bw));
   }
+  // A home holds routed experts, not trunk units: the trunk's reads stay on this drive.
   if (base.decode.read_bytes > 0)
     option("second_drive",
-           "a second drive as fast as this one, holding half of the experts (reads split over "
-           "both; `deltafin place --home` where this build has it, else a RAID 0 of the two)",
-           predict(plan, 2 * disk_bw));
+           "a second drive as fast as this one, holding the routed experts beside this one "
+           "(`deltafin place --home`: expert reads split over both; the trunk still streams "
+           "from this drive)",
+           predict(plan, disk_bw, nullptr, disk_bw));
   option("trunk_int8", "--trunk int8 (lossy: per-row int8 trunk weights)", int8);
   size_t best = 0;
   for (size_t i = 1; i < options.size(); ++i)

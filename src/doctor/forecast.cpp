@@ -400,25 +400,17 @@ double lru_hit_rate(const ModelConfig& c, const MemoryPlan& plan, int64_t rows) 
 namespace {
 
 // The disk as two flows sharing its bandwidth: the trunk streamer's one read ahead, and the
-// expert store's reads of a layer's misses (each pool has its own readers).
+// expert store's reads of a layer's misses (each pool has its own readers). A home drive
+// (`place --home`) adds its bandwidth to the expert flow only: homes hold routed experts, the
+// trunk streams from the model's own drive.
 class DiskTimeline {
  public:
-  explicit DiskTimeline(double bw) : bw_(bw) {}
+  DiskTimeline(double bw, double home_bw) : bw_(bw), home_bw_(home_bw) {}
   // Moves the clock to `t`, progressing the flows in flight.
   void advance(double t) {
-    while (now_ < t) {
-      const int active = (trunk_left_ > 0) + (expert_left_ > 0);
-      if (active == 0) {
-        now_ = t;
-        break;
-      }
-      const double rate = bw_ / active;
-      double first = 1e300;
-      if (trunk_left_ > 0) first = std::min(first, trunk_left_ / rate);
-      if (expert_left_ > 0) first = std::min(first, expert_left_ / rate);
-      const double dt = std::min(first, t - now_);
-      step(dt, rate);
-    }
+    while (now_ < t && (trunk_left_ > 0 || expert_left_ > 0))
+      step(std::min(first_done(), t - now_));
+    now_ = std::max(now_, t);
   }
   void read_trunk(int unit, double bytes) {
     if (trunk_unit_ == unit || ready_unit_ == unit) return;
@@ -427,39 +419,42 @@ class DiskTimeline {
   }
   // When the trunk read of `unit` completes (it must be in flight or done).
   double trunk_ready(int unit) {
-    while (ready_unit_ != unit && trunk_left_ > 0) next_event();
+    while (ready_unit_ != unit && trunk_left_ > 0) step(first_done());
     return ready_at_;
   }
   double read_experts(double bytes) {
     expert_left_ = std::max(bytes, 1.0);
-    while (expert_left_ > 0) next_event();
+    while (expert_left_ > 0) step(first_done());
     return expert_done_;
   }
   double now() const { return now_; }
 
  private:
-  void next_event() {
-    const int active = (trunk_left_ > 0) + (expert_left_ > 0);
-    const double rate = bw_ / std::max(active, 1);
+  // The model's drive is shared evenly by the flows in flight; the home serves experts only.
+  double share() const { return bw_ / std::max((trunk_left_ > 0) + (expert_left_ > 0), 1); }
+  double expert_rate() const { return share() + home_bw_; }
+  // Seconds until the first flow in flight completes.
+  double first_done() const {
     double first = 1e300;
-    if (trunk_left_ > 0) first = std::min(first, trunk_left_ / rate);
-    if (expert_left_ > 0) first = std::min(first, expert_left_ / rate);
-    step(first, rate);
+    if (trunk_left_ > 0) first = std::min(first, trunk_left_ / share());
+    if (expert_left_ > 0) first = std::min(first, expert_left_ / expert_rate());
+    return first;
   }
-  void step(double dt, double rate) {
+  void step(double dt) {
+    const double trunk_rate = share(), experts_rate = expert_rate();
     now_ += dt;
-    if (trunk_left_ > 0 && (trunk_left_ -= dt * rate) <= 1e-6) {
+    if (trunk_left_ > 0 && (trunk_left_ -= dt * trunk_rate) <= 1e-6) {
       trunk_left_ = 0;
       ready_unit_ = trunk_unit_;
       ready_at_ = now_;
       trunk_unit_ = -1;
     }
-    if (expert_left_ > 0 && (expert_left_ -= dt * rate) <= 1e-6) {
+    if (expert_left_ > 0 && (expert_left_ -= dt * experts_rate) <= 1e-6) {
       expert_left_ = 0;
       expert_done_ = now_;
     }
   }
-  double bw_, now_ = 0;
+  double bw_, home_bw_, now_ = 0;
   double trunk_left_ = 0, expert_left_ = 0, ready_at_ = 0, expert_done_ = 0;
   int trunk_unit_ = -1, ready_unit_ = -1;
 };
@@ -468,7 +463,7 @@ class DiskTimeline {
 
 Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const MemoryPlan& plan,
                   const KernelSpeeds& s, double disk_bw, int64_t prompt_tokens,
-                  const DraftAssumption* draft) {
+                  const DraftAssumption* draft, double home_bw) {
   Forecast f;
   const int L = static_cast<int>(c.num_layers);
   const bool int8 = plan.trunk == TrunkFormat::kInt8;
@@ -509,7 +504,7 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
     const double u = experts_touched(c, rows);
     const double blocks = decode ? 1.0 : std::ceil(r / static_cast<double>(plan.pass.block_rows));
     const double prefill_experts = decode ? 0.0 : expected_expert_seconds(c, s, rows);
-    DiskTimeline io(disk);
+    DiskTimeline io(disk, std::max(home_bw, 0.0));
     double t = 0, second_start = 0;
     for (int round = 0; round < 2; ++round) {
       if (round == 1) second_start = t;
@@ -569,16 +564,17 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
         if (round == 1) {
           p.compute_s += trunk + other + experts;
           p.touched_bytes += tu.bytes + (c.is_dense(i) || head ? 0 : u * expert_bytes);
-          p.read_bytes +=
-              missed + (streamed[static_cast<size_t>(i)]
-                            ? static_cast<double>(plan.unit_file_bytes[static_cast<size_t>(i)])
-                            : 0);
+          const double unit_read =
+              streamed[static_cast<size_t>(i)]
+                  ? static_cast<double>(plan.unit_file_bytes[static_cast<size_t>(i)])
+                  : 0;
+          p.read_bytes += missed + unit_read;
+          p.read_s += unit_read / disk + missed / (disk + std::max(home_bw, 0.0));
           if (!c.is_dense(i) && !head) p.experts += u;
         }
       }
     }
     p.seconds = t - second_start;
-    p.read_s = p.read_bytes / disk;
     return p;
   };
 

@@ -84,7 +84,7 @@ struct DraftAssumption {
 struct PassCost {
   double seconds = 0;
   double compute_s = 0;      // all compute at the measured rates
-  double read_s = 0;         // all reads at the disk bandwidth
+  double read_s = 0;         // all reads at the drives' bandwidth (trunk: the model's drive)
   double touched_bytes = 0;  // weight bytes the pass computes with
   double read_bytes = 0;     // bytes it reads from the disk
   double experts = 0;        // routed experts it applies (all MoE layers)
@@ -104,9 +104,11 @@ struct Forecast {
   std::string bound;  // "disk" or "compute" (decode)
 };
 
-// The forecast for a prompt of `prompt_tokens` tokens and the tokens decoded after it.
+// The forecast for a prompt of `prompt_tokens` tokens and the tokens decoded after it. With
+// `home_bandwidth` > 0 a home drive of that read bandwidth serves routed-expert reads beside the
+// model's drive (homes hold experts; the trunk still streams from the model's drive alone).
 Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const MemoryPlan& plan,
                   const KernelSpeeds& speeds, double disk_bandwidth, int64_t prompt_tokens,
-                  const DraftAssumption* draft = nullptr);
+                  const DraftAssumption* draft = nullptr, double home_bandwidth = 0);
 
 }  // namespace deltafin
