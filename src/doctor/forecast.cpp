@@ -483,7 +483,7 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
   const double kda_state =
       static_cast<double>(c.kda.num_heads * c.kda.head_dim * c.kda.head_dim) * 4;
   const double mem = std::max(s.memory_bandwidth, 1.0);
-  const double disk = std::max(disk_bw, 1.0);
+  const double disk = std::max(disk_bw, 1.0), home = std::max(home_bw, 0.0);
   auto rate = [](double r) { return std::max(r, 1.0); };
   auto next_streamed = [&](int u) {
     for (int k = 1; k <= L + 1; ++k) {
@@ -504,7 +504,7 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
     const double u = experts_touched(c, rows);
     const double blocks = decode ? 1.0 : std::ceil(r / static_cast<double>(plan.pass.block_rows));
     const double prefill_experts = decode ? 0.0 : expected_expert_seconds(c, s, rows);
-    DiskTimeline io(disk, std::max(home_bw, 0.0));
+    DiskTimeline io(disk, home);
     double t = 0, second_start = 0;
     for (int round = 0; round < 2; ++round) {
       if (round == 1) second_start = t;
@@ -569,7 +569,7 @@ Forecast forecast(const ModelConfig& c, const TensorTable& tensors, const Memory
                   ? static_cast<double>(plan.unit_file_bytes[static_cast<size_t>(i)])
                   : 0;
           p.read_bytes += missed + unit_read;
-          p.read_s += unit_read / disk + missed / (disk + std::max(home_bw, 0.0));
+          p.read_s += unit_read / disk + missed / (disk + home);
           if (!c.is_dense(i) && !head) p.experts += u;
         }
       }

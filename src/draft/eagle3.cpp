@@ -61,16 +61,7 @@ void Eagle3Drafter::commit_rows(std::span<const int32_t> history) {
   const int64_t H = c_.hidden, cw = c_.mla.cache_width();
   const int64_t L = static_cast<int64_t>(history.size()) - 1;  // committed positions
   TapRecorder& rec = taps();
-  const int64_t fused_end = cache_len_ + static_cast<int64_t>(tail_.size()) / H;
-  if (fused_end > L) {
-    fail("the draft cache holds {} positions but only {} are committed", fused_end, L);
-  }
-  if (rec.end() != L || rec.begin() > fused_end) {
-    fail(
-        "the target's taps cover positions {}..{}, the draft needs {}..{} (a prefix that ran "
-        "without this drafter?)",
-        rec.begin(), rec.end() - 1, fused_end, L - 1);
-  }
+  const int64_t fused_end = first_unheld(L);
   if (L > fused_end) {
     tail_.resize(tail_.size() + static_cast<size_t>((L - fused_end) * H));
     fuse_taps(c_, w_.fc, rec.row(fused_end), L - fused_end,

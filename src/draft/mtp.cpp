@@ -93,16 +93,16 @@ MtpDrafter::MtpDrafter(Model& target, std::shared_ptr<const MtpModel> m)
       m_(std::move(m)),
       c_(m_->layer_config()),
       w_(m_->weights()),
-      state_(c_) {}
+      state_(c_),
+      slot_(static_cast<size_t>(state_.mla_slot(m_->layer()))) {}
 
 std::span<const float> MtpDrafter::cache_rows() const {
-  return state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))].rows;
+  return state_.mla()[slot_].rows;
 }
 
 void MtpDrafter::replace_cache_rows(std::vector<float> rows, int64_t count) {
   state_.reset();  // keeps the allocations
-  if (count > 0)
-    state_.mla()[static_cast<size_t>(state_.mla_slot(m_->layer()))].rows = std::move(rows);
+  if (count > 0) state_.mla()[slot_].rows = std::move(rows);
   state_.set_position(count);
 }
 
@@ -149,16 +149,7 @@ void MtpDrafter::commit_rows(std::span<const int32_t> history) {
   const int64_t H = c_.hidden;
   const int64_t L = static_cast<int64_t>(history.size()) - 1;  // committed positions
   TapRecorder& rec = taps();
-  const int64_t held_end = cache_len_ + static_cast<int64_t>(tail_.size()) / H;
-  if (held_end > L) {
-    fail("the draft cache holds {} positions but only {} are committed", held_end, L);
-  }
-  if (rec.end() != L || rec.begin() > held_end) {
-    fail(
-        "the target's taps cover positions {}..{}, the draft needs {}..{} (a prefix that ran "
-        "without this drafter?)",
-        rec.begin(), rec.end() - 1, held_end, L - 1);
-  }
+  const int64_t held_end = first_unheld(L);
   for (int64_t p = held_end; p < L; ++p) tail_.insert(tail_.end(), rec.row(p), rec.row(p) + H);
   rec.consume_until(L);
   const int64_t n = L - 1 - cache_len_;  // rows (h_p, t_{p+1}) for p = cache_len_ .. L-2

@@ -87,6 +87,7 @@ class MtpDrafter : public LaggedTapDrafter {
   const ModelConfig& c_;
   const MtpWeights& w_;
   State state_;  // only the MTP layer's cache is used
+  size_t slot_;  // that cache's index in state_.mla()
 };
 
 // `--draft mtp`: the MTP layer of the model in `model_dir`.

@@ -81,10 +81,9 @@ DraftProposal TapDrafter::propose(std::span<const int32_t> history, int max_toke
 
 LaggedTapDrafter::LaggedTapDrafter(Model& target, TapSpec spec, std::string name,
                                    std::string state_id, int64_t row_width, int64_t feature_width)
-    : TapDrafter(target, std::move(spec), name, std::move(state_id)),
+    : TapDrafter(target, std::move(spec), std::move(name), std::move(state_id)),
       row_width_(row_width),
-      feature_width_(feature_width),
-      kind_(std::move(name)) {}
+      feature_width_(feature_width) {}
 
 void LaggedTapDrafter::reset() {
   replace_cache_rows({}, 0);
@@ -97,6 +96,21 @@ void LaggedTapDrafter::sync(std::span<const int32_t> committed) {
   std::vector<int32_t> history(committed.begin(), committed.end());
   history.push_back(0);  // an anchor: committing rows never reads it
   commit_rows(history);
+}
+
+int64_t LaggedTapDrafter::first_unheld(int64_t L) {
+  const TapRecorder& rec = taps();
+  const int64_t held_end = cache_len_ + static_cast<int64_t>(tail_.size()) / feature_width_;
+  if (held_end > L) {
+    fail("the draft cache holds {} positions but only {} are committed", held_end, L);
+  }
+  if (rec.end() != L || rec.begin() > held_end) {
+    fail(
+        "the target's taps cover positions {}..{}, the draft needs {}..{} (a prefix that ran "
+        "without this drafter?)",
+        rec.begin(), rec.end() - 1, held_end, L - 1);
+  }
+  return held_end;
 }
 
 DraftRows LaggedTapDrafter::export_rows(int64_t from) const {
@@ -117,7 +131,7 @@ void LaggedTapDrafter::import_rows(const DraftRows& r, int64_t position) {
     fail(
         "the kept draft state does not fit this {} drafter ({} rows of {} floats for {} "
         "positions)",
-        kind_, r.count(), r.width, position);
+        name(), r.count(), r.width, position);
   }
   replace_cache_rows(r.rows, want);
   cache_len_ = want;

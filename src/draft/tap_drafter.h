@@ -48,6 +48,7 @@ class TapDrafter : public Drafter {
   virtual DraftRows export_rows(int64_t from) const = 0;
   virtual void import_rows(const DraftRows& rows, int64_t position) = 0;
   TapRecorder& taps() { return *rec_; }
+  const std::string& name() const { return name_; }
   Model& target_;
   std::vector<float> last_logits_;
 
@@ -76,6 +77,9 @@ class LaggedTapDrafter : public TapDrafter {
   // Brings the cache to L-1 rows and tail_ to the pending feature of x_{L-1}; `history` is the
   // L committed tokens then an anchor that committing never reads.
   virtual void commit_rows(std::span<const int32_t> history) = 0;
+  // For commit_rows of L committed positions: the first position whose feature is not held yet
+  // (cache_len_ + tail rows), after checking that the taps recorded cover it through L - 1.
+  int64_t first_unheld(int64_t L);
   // The cache's rows (at least cache_len_ of them), and their replacement by `count` rows: by
   // default cache_, for a drafter whose rows live elsewhere (MTP: in a State) where they live.
   virtual std::span<const float> cache_rows() const { return cache_; }
@@ -87,7 +91,6 @@ class LaggedTapDrafter : public TapDrafter {
 
  private:
   int64_t row_width_, feature_width_;
-  std::string kind_;
 };
 
 int32_t argmax_row(std::span<const float> logits);
