@@ -210,6 +210,14 @@ void GemvBf16_12288x7168(benchmark::State& s) {
 void GemvBf16_7168x12288(benchmark::State& s) {
   run_matmul(s, kB, 7168, 12288, 1);
 }
+// Kimi-Linear's BF16 rows of 2304 (4.5 KB): an expert's gate/up [1024 x 2304] and the KDA
+// projections [4096 x 2304]; its decode spends most of its time in these one-row products.
+void GemvBf16_1024x2304(benchmark::State& s) {
+  run_matmul(s, kB, 1024, 2304, 1);
+}
+void GemvBf16_4096x2304(benchmark::State& s) {
+  run_matmul(s, kB, 4096, 2304, 1);
+}
 void GemvMxfp4_3072x3584(benchmark::State& s) {
   run_matmul(s, kQ, 3072, 3584, 1);
 }
@@ -334,6 +342,8 @@ BENCHMARK(MemoryBandwidth)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMill
 BENCHMARK(DotBandwidth)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 DF_BENCH(GemvBf16_12288x7168);
 DF_BENCH(GemvBf16_7168x12288);
+DF_BENCH(GemvBf16_1024x2304);
+DF_BENCH(GemvBf16_4096x2304);
 DF_BENCH(GemvMxfp4_3072x3584);
 DF_BENCH(GemvMxfp4_3584x3072);
 DF_BENCH(GemvMxfp4_3072x3584_L3);

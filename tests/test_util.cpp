@@ -15,8 +15,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "scoped_env.h"
 
@@ -40,6 +43,35 @@ SyntheticSpec small_k3_spec() {
   return s;
 }
 
+namespace {
+// The folders temp_dir made in this process. Each ctest test is a process of its own, so nothing
+// outlives it but the shared models: when its tests passed, its folders go at the end (the whole
+// suite's scratch once filled a CI machine's small disk: models of the release's widths, caches,
+// snapshots, made by 800 tests and left behind); when one failed, they stay to be read.
+std::mutex g_made_mutex;
+std::vector<std::string>& made_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (!::testing::UnitTest::GetInstance()->Passed() ||
+        std::getenv("DELTAFIN_TEST_KEEP") != nullptr)
+      return;
+    const std::lock_guard<std::mutex> lock(g_made_mutex);
+    for (const std::string& dir : made_dirs()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+    made_dirs().clear();
+  }
+};
+[[maybe_unused]] ::testing::Environment* const g_remove_temp_dirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
+}  // namespace
+
 std::string temp_dir(const std::string& name) {
   static std::atomic<int> counter{0};
   namespace fs = std::filesystem;
@@ -47,6 +79,8 @@ std::string temp_dir(const std::string& name) {
                (name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   fs::remove_all(p);
   fs::create_directories(p);
+  const std::lock_guard<std::mutex> lock(g_made_mutex);
+  made_dirs().push_back(p.string());
   return p.string();
 }
 
