@@ -413,14 +413,25 @@ struct Impl {
     DF_UNROLL
     for (int m = 0; m < M; ++m) DF_UNROLL
     for (int r = 0; r < R; ++r) acc[m][r] = V::zero();
-    // Short rows: prefetch the next R rows at the pace these are consumed (see gemv_mx). Long
-    // rows are long streams, which the hardware prefetchers handle better alone.
+    // Rows up to 16 KB: prefetch the next R rows at the pace these are consumed (see gemv_mx),
+    // every line of them: a step that consumes several lines prefetches as many (one line per
+    // step left the R rows' streams to the hardware, which kept one Zen 5 core at 60% of its
+    // read bandwidth on K3's and Kimi-Linear's rows). Longer rows are long streams, which the
+    // hardware prefetchers handle as well alone (K3's 24 KB rows: no difference measured).
     constexpr int kEsz = Fmt == WeightFormat::kF32 ? 4 : Fmt == WeightFormat::kBF16 ? 2 : 1;
-    const bool short_rows = w.row_bytes() <= 4096;
+    constexpr int kStep = L * kEsz * R;  // bytes of the R rows consumed per step
+    const bool prefetch_rows = w.row_bytes() <= 16384;
     const uint8_t* pf = static_cast<const uint8_t*>(w.data) + (n + R) * w.row_bytes();
     int64_t k = 0;
     for (; k + L <= K; k += L) {
-      if (short_rows && (k * kEsz * R) % 64 < L * kEsz * R) V::prefetch(pf + k * kEsz * R);
+      if (prefetch_rows) {
+        if constexpr (kStep <= 64) {
+          if ((k * kEsz * R) % 64 < kStep) V::prefetch(pf + k * kEsz * R);
+        } else {
+          DF_UNROLL
+          for (int b = 0; b < kStep; b += 64) V::prefetch(pf + k * kEsz * R + b);
+        }
+      }
       F wv[R];
       DF_UNROLL
       for (int r = 0; r < R; ++r) wv[r] = row[r].load(k);
@@ -685,12 +696,26 @@ struct Impl {
     }
   }
 
+  // Weight rows per step of the plain formats' GEMV (f32, bf16, int8): the traits' own where
+  // they set one (V::gemv_rows_plain), else the same as the quantised formats'. How many rows
+  // run side by side changes no output's additions, only how many streams are in flight.
+  template <int M>
+  static constexpr int plain_rows() {
+    if constexpr (requires { V::gemv_rows_plain(M); }) {
+      return V::gemv_rows_plain(M);
+    } else {
+      return V::gemv_rows(M);
+    }
+  }
+
   // gemv's row loop over x already in the layout the format needs (see gemv).
   template <WeightFormat Fmt, int M>
   static void gemv_rows(const Matrix& w, int64_t n0, int64_t n1, const float* x, int64_t ldx,
                         float* y, int64_t ldy, bool accumulate) {
     constexpr bool kMx = Fmt == WeightFormat::kMXFP4;
-    constexpr int R = kMx ? V::gemv_rows_mx(M) : V::gemv_rows(M);
+    constexpr int R = kMx               ? V::gemv_rows_mx(M)
+                      : kQuantized<Fmt> ? V::gemv_rows(M)
+                                        : plain_rows<M>();
     int64_t n = n0;
     for (; n + R <= n1; n += R) {
       if constexpr (kMx) {
