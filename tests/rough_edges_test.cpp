@@ -524,6 +524,26 @@ TEST(RoughEdges, UserNamedOutputsNeverReplaceWhatIsNotARegularFile) {
 // C6: a config.json that is a FIFO (or a folder) is refused at once, naming what it is, by
 // propose and run (draft folder) and for the model itself; nothing waits on it.
 
+// What make-model writes is private whatever the umask (folder 0700, files 0600), like every
+// other file Deltafin creates; its shards were 0644 and its folder followed the umask.
+TEST(RoughEdges, MakeModelWritesAPrivateFolder) {
+  const std::string out = test::temp_dir("edges-private") + "/model";
+  const mode_t old = ::umask(022);
+  const auto r = test::run_deltafin({"make-model", out, "--preset", "tiny", "--quiet"});
+  ::umask(old);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  struct stat st {};
+  ASSERT_EQ(::stat(out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(out)) {
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << e.path();
+    ++files;
+  }
+  EXPECT_GE(files, 4) << "config, index or single shard, tokenizer files";
+}
+
 TEST(RoughEdges, ConfigFilesMustBeRegularFiles) {
   const std::string dir = test::temp_dir("edges-c6");
   const std::string draft = dir + "/draft";
