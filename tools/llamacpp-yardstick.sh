@@ -4,22 +4,34 @@
 # the tests uses it.
 #
 #   tools/llamacpp-yardstick.sh build
-#       Builds llama.cpp's llama-bench for this CPU (native ISA flags) in $LLAMACPP_DIR.
+#       Builds llama.cpp's llama-bench for this CPU (native ISA flags) in $LLAMACPP_DIR, and
+#       llamacpp-logits (tools/llamacpp/logits.cpp) against its library.
 #   tools/llamacpp-yardstick.sh convert MODEL_DIR OUT.gguf [bf16|f32]
 #       Writes a checkpoint in the release layout (`deltafin make-model` output, the golden
 #       models in tests/data) as GGUF with llama.cpp's own converter: K3 (llama.cpp's kimi-k3),
 #       Kimi-Linear (kimi-linear) or DeepseekV3ForCausalLM (deepseek2). The trunk becomes the
-#       given type; K3's routed experts stay MXFP4, so both engines read the same weights.
+#       given type; K3's routed experts stay MXFP4, so both engines read the same weights. An
+#       FP8 or INT4 checkpoint (K2, K2-Thinking) is first copied as float32
+#       (tools/llamacpp/dequantize.py: the float32 weights Deltafin's kernels dequantise to), so
+#       convert it with f32.
 #   tools/llamacpp-yardstick.sh compare MODEL_DIR OUT.gguf [ROUNDS]
 #       ROUNDS (default 3) interleaved rounds of `deltafin bench` and `llama-bench` (prompt
 #       $PROMPT tokens, $GEN generated, $THREADS threads, $REPS repetitions each) and one table
 #       line per round: prefill and decode tokens/s of both and their ratios. Interleaving
 #       matters on a shared machine: compare the ratios of one round, not runs from different
 #       times.
+#   tools/llamacpp-yardstick.sh logits MODEL_DIR F32.gguf [BF16.gguf]
+#       The logits of both engines for $COUNT token ids (seeded, below 32000) in each mode
+#       (prefill, decode, split:N), llama.cpp's with a float32 KV cache. With F32.gguf (convert
+#       ... f32) llama.cpp's products keep float32 activations as Deltafin's do, so the two must
+#       agree to float32 rounding; BF16.gguf (the same weights, products with BF16 activations)
+#       measures llama.cpp's own precision, the bar Deltafin's difference must stay under. Prints
+#       max |difference|, its share of the largest logit, greedy agreement, and PASS or FAIL.
 #
 # Environment: LLAMACPP_DIR (work folder, default ~/.cache/deltafin/llamacpp), DELTAFIN (the
 # binary, default build/src/cli/deltafin), THREADS (2), PROMPT (256), GEN (16), REPS (3),
-# LLAMACPP_NPM_VERSION (the node-llama-cpp release whose llama.cpp is built, default 3.22.1).
+# LLAMACPP_NPM_VERSION (the node-llama-cpp release whose llama.cpp is built, default 3.22.1),
+# COUNT (logits: token ids, default 24), SEED (logits: 7).
 #
 # Why these sources: Debian 12 has no llama.cpp package. The npm package node-llama-cpp ships a
 # git bundle of the llama.cpp source it binds, and its 3.22.1 release carries a llama.cpp with
@@ -42,7 +54,10 @@ THREADS=${THREADS:-2}
 PROMPT=${PROMPT:-256}
 GEN=${GEN:-16}
 REPS=${REPS:-3}
+COUNT=${COUNT:-24}
+SEED=${SEED:-7}
 BENCH=$WORK/build/bin/llama-bench
+LOGITS=$WORK/build/bin/llamacpp-logits
 # Debian's interpreter, which sees the python3-* packages apt installs (a python3 earlier on PATH,
 # pyenv's say, would not).
 PY=/usr/bin/python3
@@ -59,9 +74,18 @@ need() {  # need COMMAND DEBIAN-PACKAGE...
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${@:2}" >/dev/null
 }
 
+build_logits() {
+  [ -x "$LOGITS" ] && [ "$LOGITS" -nt "$ROOT/tools/llamacpp/logits.cpp" ] && return
+  c++ -O2 -std=c++17 -I "$WORK/src/include" -I "$WORK/src/ggml/include" \
+    "$ROOT/tools/llamacpp/logits.cpp" -L "$WORK/build/bin" -lllama -lggml -lggml-base \
+    -Wl,-rpath,"$WORK/build/bin" -o "$LOGITS"
+  echo "llamacpp-logits built: $LOGITS"
+}
+
 build() {
   if [ -x "$BENCH" ]; then
     echo "llama-bench already built: $BENCH"
+    build_logits
     return
   fi
   need npm nodejs npm
@@ -79,8 +103,9 @@ build() {
   cmake -S "$WORK/src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     >/dev/null
-  cmake --build "$WORK/build" -j "$(nproc)" --target llama-bench >/dev/null
+  cmake --build "$WORK/build" -j "$(nproc)" --target llama-bench llama >/dev/null
   echo "llama-bench built: $BENCH"
+  build_logits
 }
 
 convert() {
@@ -103,6 +128,17 @@ class _Absent:
         raise RuntimeError("transformers is not used by the yardstick's conversion")
 AutoConfig = AutoTokenizer = _Absent
 PY
+  # FP8 and INT4 checkpoints (K2, DeepSeek-V3, K2-Thinking as released) go through a float32
+  # copy: the converter's dequantisation does not run on Debian 12's torch (no float8 type; its
+  # INT4 unpacking fails on lazy tensors).
+  local copy=""
+  if "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); q = c.get("quantization_config") or {}; sys.exit(q.get("quant_method") not in ("fp8", "compressed-tensors"))' "$model/config.json"; then
+    copy=$(mktemp -d "${out}.as-f32.XXXXXX")
+    # shellcheck disable=SC2064 # expanded now: `copy` is local, gone when the trap runs
+    trap "rm -rf '$copy'" EXIT
+    "$PY" "$ROOT/tools/llamacpp/dequantize.py" "$model" "$copy/model"
+    model=$copy/model
+  fi
   SRC="$WORK/src" SHIM="$WORK/shim" "$PY" - "$model" "$out" "$type" <<'PY'
 import os
 import sys
@@ -189,8 +225,68 @@ compare() {
   done
 }
 
+logits() {
+  [ $# -ge 2 ] || usage
+  local model=$1 f32=$2 bf16=${3:-}
+  [ -x "$BENCH" ] || { echo "no llama.cpp build in $WORK: run '$0 build' first" >&2; exit 1; }
+  [ -x "$DELTAFIN" ] || { echo "no deltafin binary at $DELTAFIN (set DELTAFIN)" >&2; exit 1; }
+  build_logits >&2
+  local ids split
+  ids=$("$PY" -c "import random; r = random.Random($SEED); print(','.join(str(r.randrange(32000)) for _ in range($COUNT)))")
+  split=$((COUNT / 2))
+  echo "model $model; $COUNT ids (seed $SEED); $THREADS threads; $(lscpu | sed -n 's/^Model name: *//p')"
+  TMP=$(mktemp -d)
+  trap 'rm -rf "$TMP"' EXIT
+  for mode in prefill decode "split:$split"; do
+    "$DELTAFIN" logits --model "$model" --mmap --threads "$THREADS" --tokens "$ids" --mode "$mode" \
+      --out "$TMP/deltafin-$mode.bin" >/dev/null
+    "$LOGITS" "$f32" "$ids" "$mode" "$THREADS" "$TMP/f32-$mode.bin" >/dev/null 2>"$TMP/llama.log" ||
+      { cat "$TMP/llama.log" >&2; exit 1; }
+    if [ -n "$bf16" ]; then
+      "$LOGITS" "$bf16" "$ids" "$mode" "$THREADS" "$TMP/bf16-$mode.bin" >/dev/null 2>"$TMP/llama.log" ||
+        { cat "$TMP/llama.log" >&2; exit 1; }
+    fi
+  done
+  "$PY" - "$TMP" "$COUNT" "$split" "$bf16" <<'PY'
+import sys
+import numpy as np
+
+tmp, count, split, bf16 = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+
+def load(name):
+    a = np.fromfile(f"{tmp}/{name}.bin", dtype=np.float32)
+    if a.size % count:
+        sys.exit(f"{name}: {a.size} floats is not {count} rows")
+    return a.reshape(count, -1).astype(np.float64)
+
+
+def line(label, x, y):
+    d = np.abs(x - y).max()
+    agree = int((x.argmax(1) == y.argmax(1)).sum())
+    print(f"{label:<36} {d:<12.3g} {d / np.abs(y).max():<12.3g} {agree}/{count}")
+    return d, agree
+
+
+print(f"{'mode: pair':<36} {'max |diff|':<12} {'/ max|logit|':<12} greedy")
+ok = True
+for mode in ("prefill", "decode", f"split:{split}"):
+    ours, f32 = load(f"deltafin-{mode}"), load(f"f32-{mode}")
+    d, agree = line(f"{mode}: deltafin vs llama.cpp f32", ours, f32)
+    if bf16:
+        own, _ = line(f"{mode}: llama.cpp bf16 vs f32", load(f"bf16-{mode}"), f32)
+        ok &= d < own
+    ok &= d <= 1e-4 * np.abs(f32).max() and agree == count
+print("PASS: Deltafin agrees with llama.cpp's float32 products to float32 rounding"
+      + (", far inside llama.cpp's own BF16 precision" if bf16 else "") if ok else
+      "FAIL: the engines disagree beyond float32 rounding")
+sys.exit(0 if ok else 1)
+PY
+}
+
 case "${1:-}" in
 build) build ;;
+logits) shift && logits "$@" ;;
 convert) shift && convert "$@" ;;
 compare) shift && compare "$@" ;;
 *) usage ;;
