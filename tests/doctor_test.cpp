@@ -280,3 +280,57 @@ TEST(Doctor, DraftFolderIsChecked) {
   j = doctor_json({"--model", model}, 1);
   EXPECT_TRUE(mentions(j["checkpoint"]["draft"]["problems"], "model.safetensors", "truncated"));
 }
+
+// A budget above the tiny model's minimum working set (37.8 MiB) that still streams experts.
+constexpr const char* kStreamingBudget = "40M";
+
+// doctor --home (issue 37 item 5): a home `place` filled for the model counts in every forecast
+// at the bandwidth place probed, for the share of the experts it holds; a home of another
+// checkpoint, or a folder that is no home, is left out with the reason, as run leaves it out.
+TEST(Doctor, HomesCountInTheForecast) {
+  const std::string model = golden_copy("doctor-homes");
+  const std::string base = deltafin::test::temp_dir("doctor-homes-h");
+  const std::string home = base + "/home", other = base + "/other", none = base + "/none";
+  fs::create_directories(none);
+  ASSERT_EQ(
+      run_deltafin({"place", "--model", model, "--home", home, "--probe-size", "1M", "--quiet"})
+          .exit_code,
+      0);
+  ASSERT_EQ(run_deltafin({"place", "--model", deltafin::test::data_dir() + "/k3-tiny-bf16/model",
+                          "--home", other, "--probe-size", "1M", "--quiet"})
+                .exit_code,
+            0);
+  const std::vector<std::string> common{"--model", model, "--memory-budget", kStreamingBudget};
+  std::vector<std::string> with = common;
+  for (const auto& h : {home, other, none}) with.insert(with.end(), {"--home", h});
+  const json j = doctor_json(with, 0);
+  const json& hs = j["machine"]["homes"];
+  ASSERT_EQ(hs.size(), 3u) << j["machine"].dump();
+  EXPECT_TRUE(hs[0]["used"].get<bool>());
+  EXPECT_GT(hs[0]["experts"].get<double>(), 0);
+  EXPECT_GT(hs[0]["expert_share"].get<double>(), 0);
+  EXPECT_GT(hs[0]["read_bytes_per_s"].get<double>(), 0);
+  EXPECT_FALSE(hs[1]["used"].get<bool>());
+  EXPECT_NE(hs[1]["why"].get<std::string>().find("another checkpoint"), std::string::npos);
+  EXPECT_FALSE(hs[2]["used"].get<bool>());
+  EXPECT_NE(hs[2]["why"].get<std::string>().find("deltafin place"), std::string::npos)
+      << hs[2]["why"];
+  EXPECT_NEAR(j["machine"]["homes_read_bytes_per_s"].get<double>(),
+              hs[0]["read_bytes_per_s"].get<double>() * hs[0]["expert_share"].get<double>(), 1);
+  // The same machine without the home: the experts' reads take longer.
+  const json plain = doctor_json(common, 0);
+  const json& f = j["forecasts"][0];
+  const json& p = plain["forecasts"][0];
+  ASSERT_GT(p["bytes_read_per_token"].get<double>(), 0) << "the budget must stream experts";
+  EXPECT_LT(f["decode_s_per_token"].get<double>(), p["decode_s_per_token"].get<double>());
+  // The text says which homes count; --home needs --model.
+  const auto t = run_deltafin({"doctor", "--model", model, "--memory-budget", kStreamingBudget,
+                               "--threads", "1", "--home", home, "--home", other});
+  EXPECT_NE(t.out.find("home       " + home + ": "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("home       " + other + ": not used: placed from another checkpoint"),
+            std::string::npos)
+      << t.out;
+  const auto bad = run_deltafin({"doctor", "--home", home});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--home requires --model"), std::string::npos) << bad.err;
+}

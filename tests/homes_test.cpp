@@ -94,6 +94,39 @@ TEST(Placement, ReplicatesTheHottestOnEveryHome) {
   EXPECT_NEAR(sum, 1.0, 1e-9);
 }
 
+// Step 3: a home's spare room takes the hottest experts it does not hold yet, hottest first, as
+// far as the spare room and its capacity go; the forecast splits a shared expert by bandwidth.
+TEST(Placement, SpareRoomTakesTheHottestAgain) {
+  PlacementRequest r = uniform(40, 1.0, {1.0});
+  for (size_t e = 0; e < 40; ++e) r.heat[e] = static_cast<double>(e);  // 39 is the hottest
+  const Placement shares = plan_placement(r);
+  EXPECT_EQ(shares.spare_copies, 0u);
+  std::vector<size_t> want = shares.homes[0];
+  for (size_t e = 40, added = 0; e-- > 0 && added < 5;) {
+    if (std::count(want.begin(), want.end(), e)) continue;
+    want.push_back(e);
+    ++added;
+  }
+  std::sort(want.begin(), want.end());
+  r.spare = {5 * 4096 + 100};
+  Placement p = plan_placement(r);
+  EXPECT_EQ(p.homes[0], want);
+  EXPECT_EQ(p.spare_copies, 5u);
+  EXPECT_EQ(p.spare_bytes, 5u * 4096);
+  EXPECT_NEAR(p.share[0] + p.share[1], 1.0, 1e-9);
+  // Room for everything: a full copy, read half from each of two equal drives.
+  r.spare = {1ull << 30};
+  p = plan_placement(r);
+  EXPECT_EQ(p.homes[0].size(), 40u);
+  EXPECT_NEAR(p.share[1], 0.5, 1e-9);
+  // The home's capacity (--budget-per-home) bounds the spare copies too.
+  r.home_capacity = {(shares.homes[0].size() + 2) * 4096};
+  p = plan_placement(r);
+  EXPECT_EQ(p.spare_copies, 2u);
+  r.spare = {1, 2};
+  EXPECT_THROW(plan_placement(r), InvalidArgument);  // one spare room per home
+}
+
 TEST(Placement, RefusesInconsistentInput) {
   PlacementRequest r = uniform(4, 1.0, {1.0});
   r.bytes.pop_back();
@@ -176,7 +209,7 @@ TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
   auto ref = open_model(test::engine_options(model_dir()), {}, store_with_homes({}));
   const std::vector<float> want = logits_of(*ref);
   for (int n = 1; n <= 3; ++n) {
-    for (double rep : {0.0, 0.5}) {
+    for (double rep : {0.0, 0.5, kSpareRoom}) {
       const auto homes = fresh_homes("homes-exact", n);
       const PlaceResult r = place_experts(place_options(homes, rep));
       ASSERT_EQ(r.homes.size(), static_cast<size_t>(n));
@@ -191,7 +224,7 @@ TEST(Homes, LogitsIdenticalWithZeroToThreeHomesAndReplicas) {
         home_reads += s.sources[i].reads;
       }
       EXPECT_GT(home_reads, 0u) << n << " homes";
-      if (rep > 0 && n > 1) {
+      if ((rep > 0 || rep == kSpareRoom) && n > 1) {
         EXPECT_GT(r.replicated, 0u);
       }
     }
@@ -751,6 +784,38 @@ TEST(Place, WhatItWritesIsPrivate) {
     ++files;
   }
   EXPECT_GT(files, 1);  // the layers' data files and the journal
+}
+
+// place's default: each home's share, then the hottest experts again in its spare room (up to
+// half its drive's free space, within --budget-per-home), said in one line; --replicate 0 gives
+// the share alone.
+TEST(Place, DefaultFillsSpareRoomWithTheHottest) {
+  const auto homes = fresh_homes("homes-spare", 4);
+  const PlaceResult shares = place_experts(place_options({homes[0]}, 0));
+  EXPECT_EQ(shares.spare_copies, 0u);
+  const PlaceResult full = place_experts(place_options({homes[1]}, kSpareRoom));
+  ASSERT_EQ(full.homes.size(), 1u);
+  // The tiny model fits many times over in half of this disk's free space: a full copy. (The
+  // share part follows each run's own probes, so only the totals are compared.)
+  const size_t all = place_experts(place_options({homes[3]}, 1.0)).homes[0].experts;
+  EXPECT_EQ(full.homes[0].experts, all);
+  EXPECT_LT(shares.homes[0].experts, all);
+  EXPECT_GT(full.spare_copies, 0u);
+  EXPECT_LT(full.spare_copies, all);
+  for (const auto& ch : verify_homes(model_dir(), {homes[1]}, false))
+    EXPECT_TRUE(ch.problems.empty()) << ch.problems.front();
+  // Through the binary, capped by --budget-per-home ten experts short of a full copy: the share
+  // and then the spare room stop at the cap.
+  const uint64_t cap = full.homes[0].bytes - 10 * (full.homes[0].bytes / all);
+  auto r = test::run_deltafin({"place", "--model", model_dir(), "--home", homes[2], "--probe-size",
+                               "1M", "--budget-per-home", std::to_string(cap / 1024) + "K"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("place: spare room: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("up to 50% of each home drive's free space"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("spare room: "), std::string::npos) << r.out;
+  const HomeManifest m = read_home_manifest(homes[2]);
+  EXPECT_GE(m.experts.size(), all - 11);  // the cap is given in whole KiB
+  EXPECT_LT(m.experts.size(), all);
 }
 
 // A probe that fails because the drive is full leaves nothing behind (issue 39, finding 9): the

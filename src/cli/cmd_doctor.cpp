@@ -33,6 +33,7 @@
 #include "storage/checkpoint_check.h"
 #include "storage/expert_directory.h"
 #include "storage/expert_store.h"
+#include "storage/home.h"
 #include "storage/trunk_units.h"
 #include "vision/preprocess.h"
 
@@ -45,7 +46,8 @@ using ojson = nlohmann::ordered_json;
 
 struct DoctorArgs {
   std::string model, dir, memory_budget, kernels;
-  std::string shape = "kimi-k3";  // the release forecast without --model
+  std::vector<std::string> homes;  // --home: homes `place` filled for --model
+  std::string shape = "kimi-k3";   // the release forecast without --model
   int threads = 0, readers = 4;
   int64_t ctx = 0, prompt_tokens = 1024;
   bool json = false, verify = false;
@@ -382,10 +384,46 @@ Examined examine_released_shape(const std::string& name) {
   return m;
 }
 
+// The homes given with --home, as `run --home` would use them: each one's bandwidth as `place`
+// probed it, counted for the share of the experts it holds (a home with half of them serves about
+// half its bandwidth's worth of a pass's misses: the reader splits an expert only over the drives
+// that hold it). A home of another checkpoint, or none at all, is left out, as run leaves it out
+// with a warning; `homes_json` says which and why. Returns the bandwidth they add to expert reads.
+double examine_homes(const DoctorArgs& a, const Examined& m, ojson& homes_json) {
+  homes_json = ojson::array();
+  if (a.homes.empty() || !m.ck || !m.config) return 0;
+  const ModelConfig& c = *m.config;
+  const double all = static_cast<double>(c.num_moe_layers()) * c.moe.num_experts;
+  const std::string fingerprint = checkpoint_fingerprint(*m.ck);
+  double bw = 0;
+  for (const std::string& dir : a.homes) {
+    ojson h = {{"dir", dir}};
+    try {
+      const HomeManifest hm = read_home_manifest(dir);
+      if (hm.checkpoint != fingerprint) {
+        h["used"] = false;
+        h["why"] = "placed from another checkpoint (run deltafin place for this one)";
+      } else {
+        const double share = all > 0 ? std::min(1.0, hm.experts.size() / all) : 0.0;
+        h["used"] = true;
+        h["experts"] = hm.experts.size();
+        h["expert_share"] = share;
+        h["read_bytes_per_s"] = hm.probe_bytes_per_s;
+        bw += hm.probe_bytes_per_s * share;
+      }
+    } catch (const Error& e) {
+      h["used"] = false;
+      h["why"] = e.what();
+    }
+    homes_json.push_back(h);
+  }
+  return bw;
+}
+
 // The forecasts (this machine; the int8 trunk; a drafter: the model's own draft/ folder, else
 // EAGLE-3.1 sized for this target) and the one change that would help most.
 void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions& po,
-                      uint64_t weight_bytes, double disk_bw, DoctorReport& r) {
+                      uint64_t weight_bytes, double disk_bw, double home_bw, DoctorReport& r) {
   const ModelConfig& c = *m.config;
   auto plan_for = [&](PlanOptions o) { return plan_memory(c, m.tensors, o); };
   const MemoryPlan plan = plan_for(po);
@@ -401,9 +439,10 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
                                  : xf == ExpertFormat::kInt4 ? "INT4"
                                                              : "BF16";
   if (plan.vision_params > 0) r["vision"] = doctor_vision(c, plan, s, m.ck ? a.model : "");
+  // Every forecast counts the --home drives; "a second drive" is one more.
   auto predict = [&](const MemoryPlan& p, double bw, const DraftAssumption* d = nullptr,
-                     double home_bw = 0) {
-    return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d, home_bw);
+                     double extra_home_bw = 0) {
+    return forecast(c, m.tensors, p, s, bw, a.prompt_tokens, d, home_bw + extra_home_bw);
   };
   const Forecast base = predict(plan, disk_bw);
   ojson fc = ojson::array();
@@ -458,9 +497,10 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
   // A home holds routed experts, not trunk units: the trunk's reads stay on this drive.
   if (base.decode.read_bytes > 0)
     option("second_drive",
-           "a second drive as fast as this one, holding the routed experts beside this one "
-           "(`deltafin place --home`: expert reads split over both; the trunk still streams "
-           "from this drive)",
+           fmt::format("{} drive as fast as this one, holding the routed experts beside this one "
+                       "(`deltafin place --home`: expert reads split over the drives; the trunk "
+                       "still streams from this drive)",
+                       home_bw > 0 ? "another" : "a second"),
            predict(plan, disk_bw, nullptr, disk_bw));
   option("trunk_int8", "--trunk int8 (lossy: per-row int8 trunk weights)", int8);
   size_t best = 0;
@@ -472,7 +512,7 @@ void forecast_section(const DoctorArgs& a, const Examined& m, const PlanOptions&
 
 // The model's size and whether it fits, then its memory plan and forecasts on this machine.
 void plan_and_forecast(const DoctorArgs& a, Examined& m, const std::string& dir, double disk_bw,
-                       DoctorReport& r) {
+                       double home_bw, DoctorReport& r) {
   const ModelConfig& c = *m.config;
   uint64_t bytes = 0;
   for (const auto& [n, t] : m.tensors) bytes += t.nbytes;
@@ -509,7 +549,7 @@ void plan_and_forecast(const DoctorArgs& a, Examined& m, const std::string& dir,
     po.expert_slot_bytes = ExpertStore::slot_bytes_for(ExpertDirectory(c, *m.ck, ef), c);
   }
   try {
-    forecast_section(a, m, po, bytes, disk_bw, r);
+    forecast_section(a, m, po, bytes, disk_bw, home_bw, r);
   } catch (const InvalidArgument& e) {  // the budget is below the minimum working set
     r["plan"] = {{"error", e.what()}};
     r["forecasts"] = ojson::array();
@@ -533,8 +573,14 @@ void run_doctor(const DoctorArgs& a) {
   const double disk_bw = probe_disk(a.dir.empty() ? m.shard_paths : std::vector<std::string>{}, dir,
                                     a.readers, disk_how);
   r["machine"] = machine_json(a, dir, disk_bw, disk_how);
+  ojson homes;
+  const double home_bw = examine_homes(a, m, homes);
+  if (!a.homes.empty()) {
+    r["machine"]["homes"] = homes;
+    r["machine"]["homes_read_bytes_per_s"] = home_bw;
+  }
   if (m.config && !m.tensors.empty()) {
-    plan_and_forecast(a, m, dir, disk_bw, r);
+    plan_and_forecast(a, m, dir, disk_bw, home_bw, r);
   } else {
     r["model"] = m.model;
   }
@@ -567,6 +613,11 @@ void register_doctor(CLI::App& app) {
   cmd->add_option("--dir", a->dir,
                   "Folder whose free space and read bandwidth count (default: the model folder, "
                   "else the current folder)");
+  cmd->add_option("--home", a->homes,
+                  "With --model: a home `deltafin place` filled for it (repeatable); the "
+                  "forecasts read experts from it as run --home does, at the bandwidth place "
+                  "probed")
+      ->needs(model);
   cmd->add_flag("--json", a->json, "Print one JSON object (docs/DOCTOR.md)");
   cmd->add_flag("--verify", a->verify,
                 "With --model: also read every byte of every shard and report unreadable regions");

@@ -18,7 +18,7 @@ struct PlaceArgs {
   std::string model;
   std::vector<std::string> homes;
   std::string budget_per_home;
-  double replicate = 0;
+  double replicate = kSpareRoom;
   std::string probe_size = "256M";
   int threads = 4;
   bool verify = false;
@@ -84,6 +84,9 @@ void run_place(const PlaceArgs& a) {
   }
   if (r.replicated > 0)
     fmt::print("replicated: {} experts are on more than one home\n", r.replicated);
+  if (r.spare_copies > 0)
+    fmt::print("spare room: {} more copies of the hottest experts ({})\n", r.spare_copies,
+               human_bytes(static_cast<double>(r.spare_bytes)));
 }
 
 }  // namespace
@@ -96,10 +99,12 @@ void register_place(CLI::App& app) {
   cmd->add_option("--model", a->model, "Checkpoint folder (the source of truth)")->required();
   cmd->add_option("--home", a->homes, "A folder on another drive (repeatable)")->required();
   cmd->add_option("--budget-per-home", a->budget_per_home,
-                  "Most bytes of copies on each home (default: its share of the experts)");
+                  "Most bytes of copies on each home (default: no cap beyond the default's share "
+                  "of free space)");
   cmd->add_option("--replicate", a->replicate,
-                  "Share of the experts, hottest first, copied to every home (0 to 1)")
-      ->capture_default_str()
+                  "Share of the experts, hottest first, copied to every home (0 to 1; 0: each "
+                  "home holds its share of the reads alone). Default: its share, then the "
+                  "hottest experts again in its spare room, up to half its drive's free space")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--probe-size", a->probe_size, "Bytes each drive's bandwidth probe reads")
       ->capture_default_str();

@@ -40,6 +40,17 @@ void machine(std::string& o, const ojson& m) {
                    disk_bytes(num(m, "disk_free_bytes")),
                    bw > 0 ? fmt::format("{}/s ({})", disk_bytes(bw), str(m, "disk_probe"))
                           : str(m, "disk_probe"));
+  if (m.contains("homes")) {
+    for (const auto& h : m["homes"]) {
+      o += h["used"].get<bool>()
+               ? fmt::format(
+                     "  home       {}: {:.0f} experts ({:.0f}% of them); read {}/s (place's "
+                     "probe)\n",
+                     str(h, "dir"), num(h, "experts"), 100 * num(h, "expert_share"),
+                     disk_bytes(num(h, "read_bytes_per_s")))
+               : fmt::format("  home       {}: not used: {}\n", str(h, "dir"), str(h, "why"));
+    }
+  }
   if (m["gpus"].empty()) {
     o += fmt::format("  GPU        none ({})\n", str(m, "gpu_note"));
   } else {

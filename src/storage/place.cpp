@@ -139,6 +139,8 @@ struct Decision {
   std::string args;
   double model_probe = 0, model_share = 0;
   size_t replicated = 0;
+  size_t spare_copies = 0;
+  uint64_t spare_bytes = 0;
   struct Home {
     std::string dir;
     double probe = 0, share = 0;
@@ -153,6 +155,8 @@ struct Decision {
     j["model_probe_bytes_per_s"] = model_probe;
     j["model_share"] = model_share;
     j["replicated"] = replicated;
+    j["spare_copies"] = spare_copies;
+    j["spare_bytes"] = spare_bytes;
     for (const auto& h : homes) {
       nlohmann::json list = nlohmann::json::array();
       for (const auto& [l, e] : h.experts) list.push_back({l, e});
@@ -177,6 +181,8 @@ struct Decision {
       d.model_probe = j.at("model_probe_bytes_per_s").get<double>();
       d.model_share = j.at("model_share").get<double>();
       d.replicated = j.at("replicated").get<size_t>();
+      d.spare_copies = j.value("spare_copies", size_t{0});
+      d.spare_bytes = j.value("spare_bytes", uint64_t{0});
       for (const auto& h : j.at("homes")) {
         Home x;
         x.dir = h.at("dir").get<std::string>();
@@ -507,6 +513,34 @@ std::string canonical_home(const std::string& home) {
   return fs::canonical(p, ec).string();
 }
 
+// Step 3's room per home, after the share placement `p`: kSpareShareOfFree of what its drive has
+// free beyond the shares of every home on it (homes on one drive split it), within the budget.
+std::vector<uint64_t> spare_room(const std::vector<std::string>& homes, const Placement& p,
+                                 const std::vector<uint64_t>& bytes, uint64_t budget_per_home) {
+  std::vector<uint64_t> share_bytes(homes.size(), 0), spare(homes.size(), 0);
+  std::map<uint64_t, std::vector<size_t>> by_drive;
+  for (size_t h = 0; h < homes.size(); ++h) {
+    for (size_t e : p.homes[h]) share_bytes[h] += bytes[e];
+    by_drive[device_of(homes[h])].push_back(h);
+  }
+  for (const auto& [dev, hs] : by_drive) {
+    const uint64_t free = free_bytes(homes[hs.front()]).value_or(0);
+    uint64_t taken = 0;
+    for (size_t h : hs) taken += share_bytes[h];
+    if (free <= taken) continue;
+    const auto each = static_cast<uint64_t>(static_cast<double>(free - taken) * kSpareShareOfFree /
+                                            static_cast<double>(hs.size()));
+    for (size_t h : hs) {
+      spare[h] = each;
+      if (budget_per_home > 0)
+        spare[h] =
+            std::min(spare[h], budget_per_home > share_bytes[h] ? budget_per_home - share_bytes[h]
+                                                                : uint64_t{0});
+    }
+  }
+  return spare;
+}
+
 // The decision for this request: the one a previous run wrote (a rerun continues it) or a new
 // one from fresh probes.
 Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std::string>& homes,
@@ -558,8 +592,19 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
   }
   say(heat_total > 0 ? fmt::format("heat: {} expert uses counted by earlier runs", heat_total)
                      : std::string("heat: no earlier runs counted; all experts count as equal"));
-  r.replicate = o.replicate;
-  const Placement p = plan_placement(r);
+  r.replicate = o.replicate == kSpareRoom ? 0.0 : o.replicate;
+  Placement p = plan_placement(r);
+  if (o.replicate == kSpareRoom) {
+    r.spare = spare_room(homes, p, r.bytes, o.budget_per_home);
+    p = plan_placement(r);
+    say(fmt::format(
+        "spare room: {} more copies of the hottest experts ({}) beyond the homes' shares, in up "
+        "to {:.0f}% of each home drive's free space (--replicate 0: the shares alone; "
+        "--budget-per-home caps a home)",
+        p.spare_copies, gib(p.spare_bytes), 100.0 * kSpareShareOfFree));
+  }
+  d.spare_copies = p.spare_copies;
+  d.spare_bytes = p.spare_bytes;
   d.model_share = p.share[0];
   d.replicated = p.replicated;
   for (size_t h = 0; h < homes.size(); ++h) {
@@ -577,7 +622,7 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
 
 PlaceResult place_experts(const PlaceOptions& o) {
   if (o.homes.empty()) fail_setting("home", "", "place needs at least one home folder");
-  if (!(o.replicate >= 0 && o.replicate <= 1))
+  if (o.replicate != kSpareRoom && !(o.replicate >= 0 && o.replicate <= 1))
     fail_setting("replicate", fmt::format("{}", o.replicate), "expected a share between 0 and 1");
   const Source src(o.model, o.direct_io);
   const std::string model_dir = fs::canonical(o.model).string();
@@ -667,6 +712,8 @@ PlaceResult place_experts(const PlaceOptions& o) {
   res.model_probe_bytes_per_s = d.model_probe;
   res.model_share = d.model_share;
   res.replicated = d.replicated;
+  res.spare_copies = d.spare_copies;
+  res.spare_bytes = d.spare_bytes;
   for (size_t i = 0; i < homes.size(); ++i) {
     PlacedHome ph;
     ph.dir = homes[i];

@@ -28,11 +28,17 @@
 
 namespace deltafin {
 
+inline constexpr double kSpareRoom = -1;
+inline constexpr double kSpareShareOfFree = 0.5;
+
 struct PlaceOptions {
-  std::string model;                    // the model folder (the source of truth)
-  std::vector<std::string> homes;       // folders on other drives (created if their parent exists)
-  uint64_t budget_per_home = 0;         // most bytes of copies on each home (0 = its share)
-  double replicate = 0;                 // share of the experts, hottest first, copied to every home
+  std::string model;               // the model folder (the source of truth)
+  std::vector<std::string> homes;  // folders on other drives (created if their parent exists)
+  uint64_t budget_per_home = 0;    // most bytes of copies on each home (0: no cap)
+  // Share of the experts, hottest first, copied to every home; kSpareRoom (the default): each
+  // home gets its share of the reads, then its spare room (up to kSpareShareOfFree of its drive's
+  // free space, within budget_per_home) takes the hottest experts again (placement.h, step 3).
+  double replicate = kSpareRoom;
   uint64_t probe_bytes = 256ull << 20;  // bytes read per drive by the bandwidth probe
   int threads = 4;                      // reads in flight per drive (probe and copy)
   std::string heat_file;                // persisted expert heat ("" or missing: all equal)
@@ -57,6 +63,8 @@ struct PlaceResult {
   double model_probe_bytes_per_s = 0;
   double model_share = 0;
   size_t replicated = 0;
+  size_t spare_copies = 0;  // copies in the homes' spare room (the default)
+  uint64_t spare_bytes = 0;
   std::vector<PlacedHome> homes;
 };
 

@@ -8,6 +8,52 @@
 
 namespace deltafin {
 
+namespace {
+
+// Step 3: each home's spare room takes the hottest experts it does not hold yet.
+void fill_spare_room(const PlacementRequest& r, const std::vector<size_t>& order,
+                     std::vector<uint64_t>& room, Placement& p) {
+  for (size_t h = 0; h < r.spare.size(); ++h) {
+    uint64_t spare = r.spare[h];
+    std::vector<bool> held(r.heat.size(), false);
+    for (size_t e : p.homes[h]) held[e] = true;
+    for (size_t e : order) {
+      if (held[e] || r.bytes[e] > spare || r.bytes[e] > room[h]) continue;
+      spare -= r.bytes[e];
+      room[h] -= r.bytes[e];
+      p.homes[h].push_back(e);
+      p.spare_copies++;
+      p.spare_bytes += r.bytes[e];
+    }
+  }
+}
+
+// Shares as the reader serves them: an expert's bytes split over every drive that holds it (the
+// model folder holds all) in proportion to their bandwidths.
+Placement with_split_shares(const PlacementRequest& r, const std::vector<double>& load_of,
+                            double total, Placement p) {
+  const size_t n = r.heat.size(), H = r.home_bandwidth.size();
+  std::vector<std::vector<size_t>> holders(n);
+  for (size_t h = 0; h < H; ++h) {
+    for (size_t e : p.homes[h]) holders[e].push_back(h);
+  }
+  std::vector<double> share(H + 1, 0.0);
+  p.replicated = 0;
+  for (size_t e = 0; e < n; ++e) {
+    double bw = r.model_bandwidth;
+    for (size_t h : holders[e]) bw += r.home_bandwidth[h];
+    share[0] += load_of[e] * r.model_bandwidth / bw;
+    for (size_t h : holders[e]) share[h + 1] += load_of[e] * r.home_bandwidth[h] / bw;
+    if (holders[e].size() > 1) p.replicated++;
+  }
+  for (double& s : share) s = total > 0 ? s / total : 0.0;
+  if (total <= 0) share[0] = 1.0;
+  p.share = std::move(share);
+  return p;
+}
+
+}  // namespace
+
 Placement plan_placement(const PlacementRequest& r) {
   const size_t n = r.heat.size(), H = r.home_bandwidth.size();
   if (r.bytes.size() != n || r.home_capacity.size() != H)
@@ -20,6 +66,8 @@ Placement plan_placement(const PlacementRequest& r) {
   }
   if (!(r.replicate >= 0 && r.replicate <= 1))
     fail_arg("placement: the replicated share {} is not between 0 and 1", r.replicate);
+  if (!r.spare.empty() && r.spare.size() != H)
+    fail_arg("placement: {} spare rooms for {} homes", r.spare.size(), H);
 
   double total_bw = r.model_bandwidth;
   for (double b : r.home_bandwidth) total_bw += b;
@@ -86,7 +134,9 @@ Placement plan_placement(const PlacementRequest& r) {
     load[h] += load_of[e];
     p.homes[h].push_back(e);
   }
+  fill_spare_room(r, order, room, p);
   for (auto& list : p.homes) std::sort(list.begin(), list.end());
+  if (p.spare_copies > 0) return with_split_shares(r, load_of, total, std::move(p));
   p.share.push_back(total > 0 ? model_load / total : 1.0);
   for (size_t h = 0; h < H; ++h) p.share.push_back(total > 0 ? load[h] / total : 0.0);
   return p;

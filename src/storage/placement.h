@@ -15,7 +15,12 @@
 //     earliest: the model folder (no copy), or a home below its share with room. So hot experts
 //     spread over all drives (each gets a like mix of experts the cache tends to keep and experts
 //     it must read: placing the hottest on the homes alone would leave them fewer reads than their
-//     share), and a fast home too small for its share holds the hottest experts it can.
+//     share), and a fast home too small for its share holds the hottest experts it can;
+//  3. a home's spare room (`spare`: bytes beyond its share, `place`'s default fills up to half
+//     of its drive's free space) takes the hottest experts it does not hold yet, so they are read
+//     from one more drive: with room for everything, every home is a full copy, the fastest
+//     placement measured (docs/PERFORMANCE-DRIVES.md). The shares are then forecast as the
+//     reader splits an expert held by several drives: by their bandwidths.
 #pragma once
 
 #include <cstddef>
@@ -32,13 +37,17 @@ struct PlacementRequest {
   std::vector<double> heat;             // per expert: how often passes asked for it
   std::vector<uint64_t> bytes;          // per expert: bytes a copy takes on a home
   double replicate = 0;                 // share of experts (hottest first) on every home
+  std::vector<uint64_t> spare;          // per home: bytes of copies beyond its share (step 3;
+                                        // empty = none)
 };
 
 struct Placement {
   std::vector<std::vector<size_t>> homes;  // per home: the experts it holds (ascending)
   // Expected share of a pass's bytes per drive, the model folder first (sums to 1).
   std::vector<double> share;
-  size_t replicated = 0;  // experts copied to more than one home
+  size_t replicated = 0;     // experts copied to more than one home
+  size_t spare_copies = 0;   // copies step 3 made (all homes)
+  uint64_t spare_bytes = 0;  // and their bytes
 };
 
 inline constexpr uint64_t kNoCapacityLimit = std::numeric_limits<uint64_t>::max();

@@ -47,8 +47,10 @@ std::vector<llama_token> parse_ids(const char* text, int32_t vocab) {
            std::to_string(vocab) + ") separated by commas)");
     ids.push_back(static_cast<llama_token>(id));
     p = end;
-    if (*p == ',') ++p;
-    else if (*p != '\0') fail(std::string("unexpected '") + *p + "' in the token ids");
+    if (*p == ',')
+      ++p;
+    else if (*p != '\0')
+      fail(std::string("unexpected '") + *p + "' in the token ids");
   }
   if (ids.empty()) fail("no token ids");
   return ids;
@@ -112,7 +114,8 @@ int main(int argc, char** argv) {
       batch.seq_id[i][0] = 0;
       batch.logits[i] = 1;
     }
-    if (llama_decode(ctx, batch) != 0) fail("llama_decode failed at position " + std::to_string(start));
+    if (llama_decode(ctx, batch) != 0)
+      fail("llama_decode failed at position " + std::to_string(start));
     for (int32_t i = 0; i < step; ++i) {
       const float* row = llama_get_logits_ith(ctx, i);
       if (row == nullptr) fail("no logits for position " + std::to_string(start + i));
