@@ -21,7 +21,7 @@
 #       matters on a shared machine: compare the ratios of one round, not runs from different
 #       times.
 #   tools/llamacpp-yardstick.sh logits MODEL_DIR F32.gguf [BF16.gguf]
-#       The logits of both engines for $COUNT token ids (seeded, below 32000) in each mode
+#       The logits of both engines for $COUNT token ids (seeded, ordinary ids below 32000) in each mode
 #       (prefill, decode, split:N), llama.cpp's with a float32 KV cache. With F32.gguf (convert
 #       ... f32) llama.cpp's products keep float32 activations as Deltafin's do, so the two must
 #       agree to float32 rounding; BF16.gguf (the same weights, products with BF16 activations)
@@ -231,8 +231,10 @@ logits() {
   [ -x "$BENCH" ] || { echo "no llama.cpp build in $WORK: run '$0 build' first" >&2; exit 1; }
   [ -x "$DELTAFIN" ] || { echo "no deltafin binary at $DELTAFIN (set DELTAFIN)" >&2; exit 1; }
   build_logits >&2
-  local ids split
-  ids=$("$PY" -c "import random; r = random.Random($SEED); print(','.join(str(r.randrange(32000)) for _ in range($COUNT)))")
+  local ids split top
+  # Ordinary ids: below the last 256 (the specials; a tiny test vocabulary: all) and 32000.
+  top=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c = c.get("text_config", c); v = c["vocab_size"]; print(min(32000, v - 256 if v > 512 else v))' "$model/config.json")
+  ids=$("$PY" -c "import random; r = random.Random($SEED); print(','.join(str(r.randrange($top)) for _ in range($COUNT)))")
   split=$((COUNT / 2))
   echo "model $model; $COUNT ids (seed $SEED); $THREADS threads; $(lscpu | sed -n 's/^Model name: *//p')"
   TMP=$(mktemp -d)

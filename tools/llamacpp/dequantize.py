@@ -25,47 +25,31 @@ import sys
 
 import numpy as np
 
-MAX_HEADER = 100 << 20
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "family"))
+import safetensors_io as st  # noqa: E402  (the family tools' checked reader)
 
 
 def e4m3_table():
-    """float32 value of each E4M3 (fn) byte: bias 7, 3 mantissa bits, no infinities."""
-    t = np.zeros(256, dtype=np.float32)
-    for b in range(256):
-        sign = -1.0 if b & 0x80 else 1.0
-        exp, man = (b >> 3) & 0xF, b & 7
-        if exp == 0xF and man == 7:
-            t[b] = np.nan
-        elif exp == 0:
-            t[b] = sign * man / 8.0 * 2.0 ** -6
-        else:
-            t[b] = sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7)
-    return t
+    """float32 value of each E4M3FN code: (8 + m) 2^(e-10), subnormal m 2^-9, 0x7F/0xFF NaN."""
+    c = np.arange(256)
+    e, m = (c >> 3) & 15, c & 7
+    v = np.where(e == 0, m * 2.0 ** -9, (8 + m) * np.exp2(e - 10.0))
+    v = np.where(c & 0x80, -v, v).astype(np.float32)
+    v[(e == 15) & (m == 7)] = np.nan
+    return v
 
 
-def read_header(path):
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > MAX_HEADER:
-            sys.exit(f"{path}: safetensors header of {n} bytes (at most {MAX_HEADER} expected)")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header, 8 + n
-
-
-def load(path, base, info):
-    begin, end = info["data_offsets"]
-    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=base + begin, shape=(end - begin,))
-    dtype, shape = info["dtype"], info["shape"]
-    if dtype == "F8_E4M3":
-        return TABLE[raw].reshape(shape)
-    if dtype == "BF16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    if dtype == "F32":
-        return np.array(raw.view(np.float32).reshape(shape))
-    if dtype in ("I32", "I64"):
-        return raw.view(np.int32 if dtype == "I32" else np.int64).reshape(shape)
-    sys.exit(f"{path}: tensor dtype {dtype} (expected F8_E4M3, BF16, F32, I32 or I64)")
+def value(t):
+    """A stored tensor's values: float32 for F8_E4M3 codes, BF16 and F32; integers as stored."""
+    if t.dtype == "F8_E4M3":
+        return TABLE[t.raw]
+    if t.dtype == "BF16":
+        return (t.raw.astype(np.uint32) << 16).view(np.float32)
+    if t.dtype == "F32":
+        return np.asarray(t.raw, dtype=np.float32)
+    if t.dtype in ("I32", "I64"):
+        return t.raw
+    raise ValueError(f"tensor dtype {t.dtype} (expected F8_E4M3, BF16, F32, I32 or I64)")
 
 
 def dequant_fp8(w, scale):
@@ -107,23 +91,18 @@ def check(quant_dir):
     failures = 0
     for file, cases in (("fp8.safetensors", ("ragged", "special")),
                         ("int4.safetensors", ("expert", "ragged"))):
-        path = os.path.join(quant_dir, file)
-        header, base = read_header(path)
+        t = st.read_file(os.path.join(quant_dir, file))
         for case in cases:
-            want = load(path, base, header[case + ".expected"])
+            want = value(t[case + ".expected"])
             if file.startswith("fp8"):
-                got = dequant_fp8(load(path, base, header[case + ".weight"]),
-                                  load(path, base, header[case + ".weight_scale_inv"]))
+                got = dequant_fp8(value(t[case + ".weight"]), value(t[case + ".weight_scale_inv"]))
             else:
-                got = unpack_int4(load(path, base, header[case + ".weight_packed"]),
-                                  load(path, base, header[case + ".weight_scale"]),
-                                  load(path, base, header[case + ".weight_shape"]))
+                got = unpack_int4(value(t[case + ".weight_packed"]), value(t[case + ".weight_scale"]),
+                                  value(t[case + ".weight_shape"]))
             same = got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
             print(f"{file} {case}: {'bit-identical' if same else 'DIFFERENT'} {list(want.shape)}")
             failures += not same
-    path = os.path.join(quant_dir, "fp8.safetensors")
-    header, base = read_header(path)
-    want = load(path, base, header["e4m3_values"])
+    want = value(st.read_file(os.path.join(quant_dir, "fp8.safetensors"))["e4m3_values"])
     nan = np.isnan(want)
     same = np.array_equal(nan, np.isnan(TABLE)) and np.array_equal(
         TABLE[~nan].view(np.uint32), want[~nan].view(np.uint32))
@@ -156,18 +135,17 @@ def main():
         f.write(json.dumps(config, indent=2).encode())
     weight_map = {}
     for shard in shards:
-        path = os.path.join(model, shard)
-        header, base = read_header(path)
+        t = st.read_file(os.path.join(model, shard))
         # name in the copy -> (source tensor, the copy's shape)
         out_names = {}
-        for n in sorted(header):
+        for n in sorted(t):
             if kind == "fp8" and not n.endswith("_scale_inv"):
-                out_names[n] = (n, header[n]["shape"])
+                out_names[n] = (n, list(t[n].shape))
             elif kind == "int4" and n.endswith(".weight_packed"):
                 stem = n.removesuffix("_packed")
-                out_names[stem] = (n, [int(v) for v in load(path, base, header[stem + "_shape"])])
+                out_names[stem] = (n, [int(v) for v in value(t[stem + "_shape"])])
             elif kind == "int4" and not n.endswith((".weight_scale", ".weight_shape")):
-                out_names[n] = (n, header[n]["shape"])
+                out_names[n] = (n, list(t[n].shape))
         names = sorted(out_names)
         layout, offset = {}, 0
         for name in names:
@@ -181,11 +159,11 @@ def main():
             f.write(struct.pack("<Q", len(blob)) + blob)
             for name in names:
                 src, shape = out_names[name]
-                w = load(path, base, header[src])
+                w = value(t[src])
                 if src.endswith(".weight_packed"):
-                    w = unpack_int4(w, load(path, base, header[name + "_scale"]), shape)
-                elif header[src]["dtype"] == "F8_E4M3":
-                    w = dequant_fp8(w, load(path, base, header[name + "_scale_inv"]))
+                    w = unpack_int4(w, value(t[name + "_scale"]), shape)
+                elif t[src].dtype == "F8_E4M3":
+                    w = dequant_fp8(w, value(t[name + "_scale_inv"]))
                 f.write(np.ascontiguousarray(w, dtype=np.float32).tobytes())
                 weight_map[name] = shard
         print(f"{shard}: {len(names)} tensors as float32", flush=True)
