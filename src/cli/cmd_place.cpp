@@ -85,8 +85,10 @@ void run_place(const PlaceArgs& a) {
   if (r.replicated > 0)
     fmt::print("replicated: {} experts are on more than one home\n", r.replicated);
   if (r.spare_copies > 0)
-    fmt::print("spare room: {} more copies of the hottest experts ({})\n", r.spare_copies,
-               human_bytes(static_cast<double>(r.spare_bytes)));
+    fmt::print(
+        "spare room: {} more copies of the hottest experts ({}; --replicate 0 for the shares "
+        "alone, --budget-per-home to cap a home)\n",
+        r.spare_copies, human_bytes(static_cast<double>(r.spare_bytes)));
 }
 
 }  // namespace

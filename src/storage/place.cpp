@@ -599,8 +599,8 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
     p = plan_placement(r);
     say(fmt::format(
         "spare room: {} more copies of the hottest experts ({}) beyond the homes' shares, in up "
-        "to {:.0f}% of each home drive's free space (--replicate 0: the shares alone; "
-        "--budget-per-home caps a home)",
+        "to {:.0f}% of each home drive's free space (a replicated share of 0 keeps the shares "
+        "alone; the budget per home caps a home)",
         p.spare_copies, gib(p.spare_bytes), 100.0 * kSpareShareOfFree));
   }
   d.spare_copies = p.spare_copies;
