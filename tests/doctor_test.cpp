@@ -281,8 +281,9 @@ TEST(Doctor, DraftFolderIsChecked) {
   EXPECT_TRUE(mentions(j["checkpoint"]["draft"]["problems"], "model.safetensors", "truncated"));
 }
 
-// A budget above the tiny model's minimum working set (37.8 MiB) that still streams experts.
-constexpr const char* kStreamingBudget = "40M";
+// A budget that keeps the tiny model's trunk resident and streams its experts (homes hold experts
+// only: at 40M the trunk streams too).
+constexpr const char* kStreamingBudget = "48M";
 
 // doctor --home (issue 37 item 5): a home `place` filled for the model counts in every forecast
 // at the bandwidth place probed, for the share of the experts it holds; a home of another
@@ -300,6 +301,12 @@ TEST(Doctor, HomesCountInTheForecast) {
                           "--home", other, "--probe-size", "1M", "--quiet"})
                 .exit_code,
             0);
+  // The home's recorded bandwidth far above the model drive's, so that what it changes in the
+  // forecast does not depend on this machine's disk probe (two runs probe it separately).
+  const std::string manifest = home + "/deltafin-home.json";
+  json mj = json::parse(deltafin::test::slurp(manifest));
+  mj["probe_bytes_per_s"] = 1e14;
+  deltafin::test::spit(manifest, mj.dump());
   const std::vector<std::string> common{"--model", model, "--memory-budget", kStreamingBudget};
   std::vector<std::string> with = common;
   for (const auto& h : {home, other, none}) with.insert(with.end(), {"--home", h});
@@ -317,12 +324,14 @@ TEST(Doctor, HomesCountInTheForecast) {
       << hs[2]["why"];
   EXPECT_NEAR(j["machine"]["homes_read_bytes_per_s"].get<double>(),
               hs[0]["read_bytes_per_s"].get<double>() * hs[0]["expert_share"].get<double>(), 1);
-  // The same machine without the home: the experts' reads take longer.
+  // The same machine without the home: the experts' reads take their time on the model's drive;
+  // with the (very fast) home they take next to none.
   const json plain = doctor_json(common, 0);
   const json& f = j["forecasts"][0];
   const json& p = plain["forecasts"][0];
   ASSERT_GT(p["bytes_read_per_token"].get<double>(), 0) << "the budget must stream experts";
-  EXPECT_LT(f["decode_s_per_token"].get<double>(), p["decode_s_per_token"].get<double>());
+  EXPECT_EQ(f["bytes_read_per_token"], p["bytes_read_per_token"]);
+  EXPECT_LT(f["decode_read_s"].get<double>(), 0.1 * p["decode_read_s"].get<double>());
   // The text says which homes count; --home needs --model.
   const auto t = run_deltafin({"doctor", "--model", model, "--memory-budget", kStreamingBudget,
                                "--threads", "1", "--home", home, "--home", other});
@@ -330,6 +339,17 @@ TEST(Doctor, HomesCountInTheForecast) {
   EXPECT_NE(t.out.find("home       " + other + ": not used: placed from another checkpoint"),
             std::string::npos)
       << t.out;
+  // A manifest whose bandwidth is no positive figure is not used (it would bend the forecast).
+  {
+    mj["probe_bytes_per_s"] = -1e12;
+    deltafin::test::spit(manifest, mj.dump());
+    const json neg =
+        doctor_json({"--model", model, "--memory-budget", kStreamingBudget, "--home", home}, 0);
+    EXPECT_FALSE(neg["machine"]["homes"][0]["used"].get<bool>());
+    EXPECT_NE(neg["machine"]["homes"][0]["why"].get<std::string>().find("positive figure"),
+              std::string::npos);
+    EXPECT_EQ(neg["machine"]["homes_read_bytes_per_s"].get<double>(), 0);
+  }
   const auto bad = run_deltafin({"doctor", "--home", home});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--home requires --model"), std::string::npos) << bad.err;

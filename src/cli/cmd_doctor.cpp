@@ -394,15 +394,31 @@ double examine_homes(const DoctorArgs& a, const Examined& m, ojson& homes_json) 
   if (a.homes.empty() || !m.ck || !m.config) return 0;
   const ModelConfig& c = *m.config;
   const double all = static_cast<double>(c.num_moe_layers()) * c.moe.num_experts;
-  const std::string fingerprint = checkpoint_fingerprint(*m.ck);
+  std::string fingerprint, unreadable;
+  try {
+    fingerprint = checkpoint_fingerprint(*m.ck);
+  } catch (const Error& e) {  // the checkpoint section lists what is wrong with it
+    unreadable = std::string("the checkpoint could not be fingerprinted: ") + e.what();
+  }
   double bw = 0;
   for (const std::string& dir : a.homes) {
     ojson h = {{"dir", dir}};
     try {
       const HomeManifest hm = read_home_manifest(dir);
-      if (hm.checkpoint != fingerprint) {
+      // The manifest is a file in a folder we were pointed at: a bandwidth that is not a positive
+      // number (JSON has no NaN) would bend every forecast.
+      if (!unreadable.empty()) {
+        h["used"] = false;
+        h["why"] = unreadable;
+      } else if (hm.checkpoint != fingerprint) {
         h["used"] = false;
         h["why"] = "placed from another checkpoint (run deltafin place for this one)";
+      } else if (!(hm.probe_bytes_per_s > 0 && hm.probe_bytes_per_s < 1e15)) {
+        h["used"] = false;
+        h["why"] = fmt::format(
+            "its manifest records a read bandwidth of {} bytes/s (expected a positive figure "
+            "below 1e15: run deltafin place again)",
+            hm.probe_bytes_per_s);
       } else {
         const double share = all > 0 ? std::min(1.0, hm.experts.size() / all) : 0.0;
         h["used"] = true;
