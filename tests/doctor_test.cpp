@@ -336,7 +336,8 @@ TEST(Doctor, HomesCountInTheForecast) {
   const auto t = run_deltafin({"doctor", "--model", model, "--memory-budget", kStreamingBudget,
                                "--threads", "1", "--home", home, "--home", other});
   EXPECT_NE(t.out.find("home       " + home + ": "), std::string::npos) << t.out;
-  EXPECT_NE(t.out.find("home       " + other + ": not used: placed from another checkpoint"),
+  EXPECT_NE(t.out.find("home       " + other + ": not used: " + other +
+                       " holds experts of another checkpoint"),
             std::string::npos)
       << t.out;
   // A manifest whose bandwidth is no positive figure is not used (it would bend the forecast).

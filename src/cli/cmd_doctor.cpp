@@ -384,37 +384,35 @@ Examined examine_released_shape(const std::string& name) {
   return m;
 }
 
-// The homes given with --home, as `run --home` would use them: each one's bandwidth as `place`
-// probed it, counted for the share of the experts it holds (a home with half of them serves about
-// half its bandwidth's worth of a pass's misses: the reader splits an expert only over the drives
-// that hold it). A home of another checkpoint, or none at all, is left out, as run leaves it out
-// with a warning; `homes_json` says which and why. Returns the bandwidth they add to expert reads.
+// The homes given with --home, checked as `run --home` checks them (ExpertHome: the manifest, the
+// checkpoint's fingerprint, every entry against the model, the data files' sizes) and left out
+// with run's reason when it would leave them out; `homes_json` says which and why. A used home
+// counts at the bandwidth `place` probed, times the share of the experts it holds (a home with
+// half of them serves about half its bandwidth's worth of a pass's misses: the reader splits an
+// expert only over the drives that hold it). Returns the bandwidth they add to expert reads.
 double examine_homes(const DoctorArgs& a, const Examined& m, ojson& homes_json) {
   homes_json = ojson::array();
   if (a.homes.empty() || !m.ck || !m.config) return 0;
   const ModelConfig& c = *m.config;
-  const double all = static_cast<double>(c.num_moe_layers()) * c.moe.num_experts;
+  std::optional<ExpertDirectory> experts;
   std::string fingerprint, unreadable;
   try {
+    experts.emplace(c, *m.ck, check_inventory(c, *m.ck).expert_format);
     fingerprint = checkpoint_fingerprint(*m.ck);
   } catch (const Error& e) {  // the checkpoint section lists what is wrong with it
-    unreadable = std::string("the checkpoint could not be fingerprinted: ") + e.what();
+    unreadable = std::string("the checkpoint's experts could not be read: ") + e.what();
   }
+  const double all = static_cast<double>(c.num_moe_layers()) * c.moe.num_experts;
   double bw = 0;
   for (const std::string& dir : a.homes) {
-    ojson h = {{"dir", dir}};
+    ojson h = {{"dir", dir}, {"used", false}};
     try {
-      const HomeManifest hm = read_home_manifest(dir);
+      if (!unreadable.empty()) throw Error(unreadable);
+      const ExpertHome home(dir, fingerprint, *experts, /*direct_io=*/false);
+      const HomeManifest& hm = home.manifest();
       // The manifest is a file in a folder we were pointed at: a bandwidth that is not a positive
       // number (JSON has no NaN) would bend every forecast.
-      if (!unreadable.empty()) {
-        h["used"] = false;
-        h["why"] = unreadable;
-      } else if (hm.checkpoint != fingerprint) {
-        h["used"] = false;
-        h["why"] = "placed from another checkpoint (run deltafin place for this one)";
-      } else if (!(hm.probe_bytes_per_s > 0 && hm.probe_bytes_per_s < 1e15)) {
-        h["used"] = false;
+      if (!(hm.probe_bytes_per_s > 0 && hm.probe_bytes_per_s < 1e15)) {
         h["why"] = fmt::format(
             "its manifest records a read bandwidth of {} bytes/s (expected a positive figure "
             "below 1e15: run deltafin place again)",
@@ -428,7 +426,6 @@ double examine_homes(const DoctorArgs& a, const Examined& m, ojson& homes_json) 
         bw += hm.probe_bytes_per_s * share;
       }
     } catch (const Error& e) {
-      h["used"] = false;
       h["why"] = e.what();
     }
     homes_json.push_back(h);

@@ -514,9 +514,10 @@ std::string canonical_home(const std::string& home) {
 }
 
 // Step 3's room per home, after the share placement `p`: kSpareShareOfFree of what its drive has
-// free beyond the shares of every home on it (homes on one drive split it), within the budget.
+// free beyond the shares of every home on it (homes on one drive split it). The budget per home
+// needs no term here: it is the home's capacity, which plan_placement's filling respects.
 std::vector<uint64_t> spare_room(const std::vector<std::string>& homes, const Placement& p,
-                                 const std::vector<uint64_t>& bytes, uint64_t budget_per_home) {
+                                 const std::vector<uint64_t>& bytes) {
   std::vector<uint64_t> share_bytes(homes.size(), 0), spare(homes.size(), 0);
   std::map<uint64_t, std::vector<size_t>> by_drive;
   for (size_t h = 0; h < homes.size(); ++h) {
@@ -530,13 +531,7 @@ std::vector<uint64_t> spare_room(const std::vector<std::string>& homes, const Pl
     if (free <= taken) continue;
     const auto each = static_cast<uint64_t>(static_cast<double>(free - taken) * kSpareShareOfFree /
                                             static_cast<double>(hs.size()));
-    for (size_t h : hs) {
-      spare[h] = each;
-      if (budget_per_home > 0)
-        spare[h] =
-            std::min(spare[h], budget_per_home > share_bytes[h] ? budget_per_home - share_bytes[h]
-                                                                : uint64_t{0});
-    }
+    for (size_t h : hs) spare[h] = each;
   }
   return spare;
 }
@@ -595,7 +590,7 @@ Decision decide(const Source& src, const PlaceOptions& o, const std::vector<std:
   r.replicate = o.replicate == kSpareRoom ? 0.0 : o.replicate;
   Placement p = plan_placement(r);
   if (o.replicate == kSpareRoom) {
-    r.spare = spare_room(homes, p, r.bytes, o.budget_per_home);
+    r.spare = spare_room(homes, p, r.bytes);
     p = plan_placement(r);
     say(fmt::format(
         "spare room: {} more copies of the hottest experts ({}) beyond the homes' shares, in up "
