@@ -55,6 +55,8 @@ def value(t):
 def dequant_fp8(w, scale):
     """w: the codes' float32 values [R, C]; scale [ceil(R/128), ceil(C/128)] float32."""
     rows, cols = w.shape
+    if scale.shape != (-(-rows // 128), -(-cols // 128)):
+        raise ValueError(f"block scales {list(scale.shape)} for a [{rows}, {cols}] weight")
     full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:rows, :cols]
     return (w * full).astype(np.float32)
 
@@ -62,6 +64,9 @@ def dequant_fp8(w, scale):
 def unpack_int4(packed, scale, shape):
     """W [R, C] = (nibble - 8) * scale[r, c // 32]; column 8j + i in bits 4i..4i+3 of word j."""
     rows, cols = (int(v) for v in shape)
+    if packed.shape != (rows, -(-cols // 8)) or scale.shape != (rows, -(-cols // 32)):
+        raise ValueError(f"weight_shape [{rows}, {cols}] with packed words {list(packed.shape)} "
+                         f"and scales {list(scale.shape)}")
     words = packed.astype(np.uint32)
     nibbles = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
     q = nibbles.reshape(rows, -1)[:, :cols].astype(np.float32) - 8.0
@@ -174,4 +179,7 @@ def main():
 TABLE = e4m3_table()
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, KeyError, OSError) as e:  # a malformed checkpoint: say what, not a trace
+        sys.exit(f"dequantize.py: {e}")

@@ -18,6 +18,9 @@
 // pairs 11-19 of K2's rope dimensions at blended frequencies the published modeling code does
 // not use (measured: logits up to 6% apart by position 24). This tool passes the GGUF's values
 // as context parameters, so llama.cpp runs the model the config describes.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -125,7 +128,9 @@ int main(int argc, char** argv) {
   }
   llama_batch_free(batch);
 
-  FILE* f = std::fopen(argv[5], "wb");
+  // A new file of the user's alone, never written through a link or over another file.
+  const int fd = ::open(argv[5], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  FILE* f = fd < 0 ? nullptr : ::fdopen(fd, "wb");
   if (f == nullptr) fail(std::string("cannot write ") + argv[5] + ": " + std::strerror(errno));
   if (std::fwrite(out.data(), sizeof(float), out.size(), f) != out.size() || std::fclose(f) != 0)
     fail(std::string("short write to ") + argv[5]);
