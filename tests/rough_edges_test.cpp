@@ -520,10 +520,6 @@ TEST(RoughEdges, UserNamedOutputsNeverReplaceWhatIsNotARegularFile) {
   EXPECT_GT(fs::file_size(t.dir + "/old.f32"), 3u);
 }
 
-// ------------------------------------------------------------------------------------------
-// C6: a config.json that is a FIFO (or a folder) is refused at once, naming what it is, by
-// propose and run (draft folder) and for the model itself; nothing waits on it.
-
 // What make-model writes is private whatever the umask (folder 0700, files 0600), like every
 // other file Deltafin creates; its shards were 0644 and its folder followed the umask.
 TEST(RoughEdges, MakeModelWritesAPrivateFolder) {
@@ -543,6 +539,10 @@ TEST(RoughEdges, MakeModelWritesAPrivateFolder) {
   }
   EXPECT_GE(files, 4) << "config, index or single shard, tokenizer files";
 }
+
+// ------------------------------------------------------------------------------------------
+// C6: a config.json that is a FIFO (or a folder) is refused at once, naming what it is, by
+// propose and run (draft folder) and for the model itself; nothing waits on it.
 
 TEST(RoughEdges, ConfigFilesMustBeRegularFiles) {
   const std::string dir = test::temp_dir("edges-c6");
